@@ -1,0 +1,134 @@
+//! What an emulated controller looks like to the driver.
+
+use crate::spec::SglSupport;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// One namespace of an emulated controller.
+#[derive(Clone, Debug)]
+pub struct NamespaceConfig {
+    /// Size in logical blocks.
+    pub blocks: u64,
+    /// log2 of the logical block size: 9 (512 B) or 12 (4096 B).
+    pub lba_shift: u8,
+}
+
+impl NamespaceConfig {
+    /// A namespace of `bytes` (rounded down to whole blocks) with `lba_size`-byte blocks.
+    pub fn with_bytes(bytes: u64, lba_size: u32) -> Self {
+        let lba_shift = lba_size.trailing_zeros() as u8;
+        NamespaceConfig { blocks: bytes >> lba_shift, lba_shift }
+    }
+    pub fn bytes(&self) -> u64 {
+        self.blocks << self.lba_shift
+    }
+}
+
+/// Where an emulated controller keeps its blocks.
+#[derive(Clone, Debug)]
+pub enum MediaConfig {
+    /// Anonymous memory, allocated lazily by the kernel as blocks are written.
+    Ram,
+    /// A regular file, created sparse if it does not exist; namespaces are laid
+    /// out one after another. Data survives the controller (and the process).
+    File(PathBuf),
+}
+
+/// Optional timing so the emulator can stand in for a slower device.
+#[derive(Clone, Debug, Default)]
+pub struct CostModel {
+    /// Added to every I/O command before it completes.
+    pub per_command: Duration,
+    /// If set, data transfers are paced to this many bytes per second.
+    pub bytes_per_sec: Option<u64>,
+}
+
+/// Everything that can be configured about an emulated controller.
+#[derive(Clone, Debug)]
+pub struct EmulatedConfig {
+    /// Name used in messages and as the device name (`emu0`).
+    pub name: String,
+    pub model: String,
+    pub serial: String,
+    pub firmware: String,
+    pub namespaces: Vec<NamespaceConfig>,
+    /// Identify Controller MDTS: max transfer = 2^mdts × min page; 0 = no limit.
+    pub mdts: u8,
+    pub sgl: SglSupport,
+    /// I/O queue pairs the controller grants through Set Features.
+    pub max_io_queue_pairs: u16,
+    /// Maximum entries per queue (CAP.MQES + 1), 2..=65536.
+    pub max_queue_entries: u32,
+    /// Doorbell stride: doorbells are 4 << dstrd bytes apart.
+    pub dstrd: u8,
+    /// CAP.CQR: queues must be physically contiguous.
+    pub contiguous_queues_required: bool,
+    /// CAP.TO in 500 ms units.
+    pub timeout_500ms: u8,
+    /// CAP.MPSMIN / CAP.MPSMAX (page = 2^(12 + n)).
+    pub mps_min: u8,
+    pub mps_max: u8,
+    pub volatile_write_cache: bool,
+    pub media: MediaConfig,
+    pub cost: CostModel,
+    /// How long CSTS.RDY takes to follow CC.EN.
+    pub ready_delay: Duration,
+}
+
+impl Default for EmulatedConfig {
+    fn default() -> Self {
+        EmulatedConfig {
+            name: "emu0".into(),
+            model: "tutti emulated NVMe".into(),
+            serial: "TUTTI-EMU-0".into(),
+            firmware: env!("CARGO_PKG_VERSION").into(),
+            namespaces: vec![NamespaceConfig::with_bytes(256 << 20, 512)],
+            mdts: 5,
+            sgl: SglSupport::Supported,
+            max_io_queue_pairs: 16,
+            max_queue_entries: 1024,
+            dstrd: 0,
+            contiguous_queues_required: true,
+            timeout_500ms: 20,
+            mps_min: 0,
+            mps_max: 4,
+            volatile_write_cache: true,
+            media: MediaConfig::Ram,
+            cost: CostModel::default(),
+            ready_delay: Duration::ZERO,
+        }
+    }
+}
+
+impl EmulatedConfig {
+    /// Checks that the configuration describes a controller the spec allows.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.namespaces.is_empty() {
+            return Err("at least one namespace is required".into());
+        }
+        for (i, ns) in self.namespaces.iter().enumerate() {
+            if !(9..=16).contains(&ns.lba_shift) {
+                return Err(format!("namespace {}: LBA size 2^{} is not 512..=65536 bytes", i + 1, ns.lba_shift));
+            }
+            if ns.blocks == 0 {
+                return Err(format!("namespace {}: size is zero blocks", i + 1));
+            }
+        }
+        if !(2..=65536).contains(&self.max_queue_entries) {
+            return Err(format!("max_queue_entries {} is not 2..=65536", self.max_queue_entries));
+        }
+        if self.max_io_queue_pairs == 0 || self.max_io_queue_pairs > 1024 {
+            return Err(format!("max_io_queue_pairs {} is not 1..=1024", self.max_io_queue_pairs));
+        }
+        if self.dstrd > 4 {
+            return Err(format!("dstrd {} is larger than this emulator supports (4)", self.dstrd));
+        }
+        if self.mps_min > self.mps_max || self.mps_max > 15 {
+            return Err(format!("mps_min {} / mps_max {} are inconsistent", self.mps_min, self.mps_max));
+        }
+        if self.mdts > 0 && self.mdts as u32 + 12 + self.mps_min as u32 > 30 {
+            return Err(format!("mdts {} gives a transfer over 1 GiB", self.mdts));
+        }
+        Ok(())
+    }
+}

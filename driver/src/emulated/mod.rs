@@ -1,0 +1,152 @@
+//! A software NVMe controller that behaves as a device.
+//!
+//! It has a register file ([`regs`]) the driver pokes exactly as it would a
+//! BAR, an IOMMU ([`iommu`]) through which it reaches every byte of host
+//! memory, and one thread that watches CC and the doorbells, fetches commands
+//! from submission queues, walks their PRP lists and SGLs per spec, moves data
+//! between its media and host memory, and posts completions with phase tags
+//! and SQ head pointers. Malformed commands get the spec's status codes.
+//! [`faults`] can make chosen commands fail, stall or lose their completion,
+//! and [`EmulatedController::set_fatal`] raises CSTS.CFS.
+//!
+//! The driver brings it up through the same code path as a real drive:
+//! `Controller::new(ctrl.registers(), ctrl.dma_space(), ..)`.
+
+pub mod config;
+mod engine;
+pub mod faults;
+pub mod iommu;
+mod media;
+pub mod regs;
+mod walk;
+
+pub use config::{CostModel, EmulatedConfig, MediaConfig, NamespaceConfig};
+pub use faults::{FaultAction, FaultInjector, FaultMatch};
+pub use iommu::EmuIommu;
+pub use regs::RegisterFile;
+
+use crate::error::{DriverError, Result};
+use crate::transport::{DmaSpace, Registers};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// Counters the controller keeps; read with [`EmulatedController::stats`].
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub commands: AtomicU64,
+    pub admin_commands: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub errors: AtomicU64,
+    pub dropped_completions: AtomicU64,
+}
+
+/// A snapshot of an emulated controller's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct EmulatedStats {
+    /// I/O commands executed (completed or dropped).
+    pub commands: u64,
+    pub admin_commands: u64,
+    /// Bytes moved from media to host (reads).
+    pub bytes_read: u64,
+    /// Bytes moved from host to media (writes).
+    pub bytes_written: u64,
+    /// Commands completed with a non-success status.
+    pub errors: u64,
+    pub dropped_completions: u64,
+    /// DMA accesses to unmapped addresses.
+    pub iommu_faults: u64,
+}
+
+/// State shared by the controller handle and its thread.
+pub(crate) struct Shared {
+    pub cfg: EmulatedConfig,
+    pub regs: Arc<RegisterFile>,
+    pub iommu: EmuIommu,
+    pub faults: Arc<FaultInjector>,
+    pub counters: Counters,
+    /// Ask the thread to exit.
+    pub stop: AtomicBool,
+    /// Ask the thread to raise CSTS.CFS and stop processing commands.
+    pub fatal: AtomicBool,
+}
+
+/// A running emulated controller. Dropping it stops its thread.
+pub struct EmulatedController {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EmulatedController {
+    /// Validates `cfg`, opens the media and starts the controller thread. The
+    /// controller starts disabled (CC.EN = 0, CSTS.RDY = 0), as after reset.
+    pub fn start(cfg: EmulatedConfig) -> Result<Self> {
+        cfg.validate().map_err(|e| DriverError::Emulated(format!("{}: {e}", cfg.name)))?;
+        let media = media::Media::open(&cfg)?;
+        let regs = Arc::new(RegisterFile::new(&cfg.name, cfg.max_io_queue_pairs, cfg.dstrd));
+        let shared = Arc::new(Shared {
+            iommu: EmuIommu::new(&cfg.name),
+            regs,
+            faults: Arc::default(),
+            counters: Counters::default(),
+            stop: AtomicBool::new(false),
+            fatal: AtomicBool::new(false),
+            cfg,
+        });
+        engine::reset_registers(&shared);
+        let thread_shared = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("nvme-{}", shared.cfg.name))
+            .spawn(move || engine::run(thread_shared, media))
+            .map_err(|e| DriverError::io("spawning the emulated controller thread", e))?;
+        Ok(EmulatedController { shared, thread: Some(thread) })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.shared.cfg.name
+    }
+    pub fn config(&self) -> &EmulatedConfig {
+        &self.shared.cfg
+    }
+    /// BAR0, for `Controller::new`.
+    pub fn registers(&self) -> Arc<dyn Registers> {
+        self.shared.regs.clone()
+    }
+    /// The DMA space (IOMMU) of this controller, for `Controller::new`.
+    pub fn dma_space(&self) -> Arc<dyn DmaSpace> {
+        Arc::new(self.shared.iommu.clone())
+    }
+    pub fn iommu(&self) -> &EmuIommu {
+        &self.shared.iommu
+    }
+    /// Fault rules of this controller.
+    pub fn faults(&self) -> &Arc<FaultInjector> {
+        &self.shared.faults
+    }
+    /// Makes the controller report Controller Fatal Status and stop processing.
+    pub fn set_fatal(&self) {
+        self.shared.fatal.store(true, Ordering::Release);
+    }
+    pub fn stats(&self) -> EmulatedStats {
+        let c = &self.shared.counters;
+        EmulatedStats {
+            commands: c.commands.load(Ordering::Relaxed),
+            admin_commands: c.admin_commands.load(Ordering::Relaxed),
+            bytes_read: c.bytes_read.load(Ordering::Relaxed),
+            bytes_written: c.bytes_written.load(Ordering::Relaxed),
+            errors: c.errors.load(Ordering::Relaxed),
+            dropped_completions: c.dropped_completions.load(Ordering::Relaxed),
+            iommu_faults: self.shared.iommu.fault_count(),
+        }
+    }
+}
+
+impl Drop for EmulatedController {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

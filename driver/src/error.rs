@@ -1,0 +1,76 @@
+//! The driver's one error type.
+
+use crate::spec::Status;
+use std::time::Duration;
+
+/// Everything that can go wrong between the driver and a controller.
+///
+/// Messages name the device, and where there is one the queue, the command id
+/// and the command, so a log line is enough to find what failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    #[error("nvme {device} qid {qid} cid {cid}: {command} failed: {status}")]
+    CommandFailed { device: String, qid: u16, cid: u16, command: &'static str, status: Status },
+
+    #[error("nvme {device} qid {qid} cid {cid}: {command} did not complete within {waited:?} (completion lost or controller hung)")]
+    CommandTimeout { device: String, qid: u16, cid: u16, command: &'static str, waited: Duration },
+
+    #[error("nvme {device}: timed out after {waited:?} waiting for {what}")]
+    Timeout { device: String, what: String, waited: Duration },
+
+    #[error("nvme {device}: controller fatal status (CSTS.CFS=1){context}")]
+    ControllerFatal { device: String, context: String },
+
+    #[error("nvme {device} qid {qid}: queue full ({depth} entries, {in_flight} in flight)")]
+    QueueFull { device: String, qid: u16, depth: u32, in_flight: u32 },
+
+    #[error("nvme {device}: register access at {offset:#x} ({width} bytes) is outside BAR0 of {len:#x} bytes")]
+    RegisterOutOfRange { device: String, offset: usize, width: usize, len: usize },
+
+    #[error("nvme {device}: {what}")]
+    Unsupported { device: String, what: String },
+
+    #[error("nvme {device}: the controller returned malformed data: {what}")]
+    BadDeviceResponse { device: String, what: String },
+
+    #[error("DMA ({space}): {what}")]
+    Dma { space: String, what: String },
+
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("VFIO: {0}")]
+    Vfio(String),
+
+    #[error("emulated controller: {0}")]
+    Emulated(String),
+}
+
+impl DriverError {
+    /// An I/O error with what was being done when it happened.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        DriverError::Io { context: context.into(), source }
+    }
+    pub fn dma(space: impl Into<String>, what: impl Into<String>) -> Self {
+        DriverError::Dma { space: space.into(), what: what.into() }
+    }
+    pub fn invalid(what: impl Into<String>) -> Self {
+        DriverError::InvalidArgument(what.into())
+    }
+    /// The NVMe status of a failed command, if this error carries one.
+    pub fn status(&self) -> Option<Status> {
+        match self {
+            DriverError::CommandFailed { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+pub type Result<T, E = DriverError> = std::result::Result<T, E>;

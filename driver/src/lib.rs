@@ -1,0 +1,19 @@
+//! tutti's userspace NVMe driver.
+//!
+//! - [`spec`]: the wire formats of the NVMe base specification.
+//! - [`transport`]: what the driver needs from a transport ([`transport::Registers`],
+//!   [`transport::DmaSpace`]); implemented by [`emulated`] and `transport::vfio`.
+//! - [`controller`]: bring-up, admin commands, namespaces, I/O queue pairs, shutdown.
+//! - [`queue`]: submission/completion rings with phase tags and CID matching.
+//! - [`command`]: command builders and PRP/SGL data pointers.
+//! - [`emulated`]: a software NVMe controller for machines without a drive.
+
+pub mod command;
+pub mod controller;
+pub mod emulated;
+pub mod error;
+pub mod queue;
+pub mod spec;
+pub mod transport;
+
+pub use error::{DriverError, Result};

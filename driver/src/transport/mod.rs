@@ -1,0 +1,131 @@
+//! What the controller and queue code need from a transport, and nothing more.
+//!
+//! [`Registers`] is BAR0: bounds-checked 32/64-bit register access plus
+//! doorbells that an executor (host lanes or a GPU) may ring directly.
+//! [`DmaSpace`] is the device's view of memory: buffers it can DMA to, each
+//! with an IOVA, released (and unmapped) when dropped.
+//!
+//! Implementations: [`crate::emulated`] (a software controller in this
+//! process) and `vfio` (a real PCI function bound to vfio-pci).
+
+pub mod dma;
+
+pub use dma::{DmaBuffer, DmaMapping, IovaSegment};
+
+use crate::error::{DriverError, Result};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+/// BAR0 of one controller.
+pub trait Registers: Send + Sync {
+    /// The device's name in messages: a PCI address or `emu0`.
+    fn name(&self) -> &str;
+    /// Bytes of BAR0 that may be accessed.
+    fn len(&self) -> usize;
+    fn read32(&self, offset: usize) -> Result<u32>;
+    fn write32(&self, offset: usize, value: u32) -> Result<()>;
+    /// 64-bit registers (CAP, ASQ, ACQ). The default reads the low then the
+    /// high dword, which §3.1 allows for every 64-bit register.
+    fn read64(&self, offset: usize) -> Result<u64> {
+        let lo = self.read32(offset)? as u64;
+        let hi = self.read32(offset + 4)? as u64;
+        Ok(lo | hi << 32)
+    }
+    fn write64(&self, offset: usize, value: u64) -> Result<()> {
+        self.write32(offset, value as u32)?;
+        self.write32(offset + 4, (value >> 32) as u32)
+    }
+    /// The address of a 32-bit doorbell register and how stores to it must be made.
+    fn doorbell_ptr(&self, offset: usize) -> Result<(NonNull<u32>, DoorbellKind)>;
+}
+
+/// Bounds check shared by every `Registers` implementation.
+pub fn check_register(name: &str, len: usize, offset: usize, width: usize) -> Result<()> {
+    if offset % width != 0 || offset.checked_add(width).is_none_or(|end| end > len) {
+        return Err(DriverError::RegisterOutOfRange { device: name.to_string(), offset, width, len });
+    }
+    Ok(())
+}
+
+/// How a doorbell store reaches the device.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum DoorbellKind {
+    /// Memory-mapped I/O (a real BAR): a volatile store after a release fence.
+    Mmio,
+    /// Ordinary memory watched by a software controller: a release store.
+    Memory,
+}
+
+/// One doorbell register, kept alive with the BAR it lives in.
+///
+/// Rings are `&self` so that a queue's doorbell can also be handed to an
+/// executor as a raw pointer ([`Doorbell::as_ptr`]).
+pub struct Doorbell {
+    ptr: NonNull<u32>,
+    kind: DoorbellKind,
+    offset: usize,
+    _bar: Arc<dyn Registers>,
+}
+
+// SAFETY: the pointer targets a register inside a BAR that `_bar` keeps mapped;
+// stores to it are single 32-bit volatile or atomic writes, valid from any thread.
+unsafe impl Send for Doorbell {}
+// SAFETY: as above; `ring` takes `&self` and performs one atomic-width store.
+unsafe impl Sync for Doorbell {}
+
+impl Doorbell {
+    pub fn new(bar: &Arc<dyn Registers>, offset: usize) -> Result<Doorbell> {
+        check_register(bar.name(), bar.len(), offset, 4)?;
+        let (ptr, kind) = bar.doorbell_ptr(offset)?;
+        Ok(Doorbell { ptr, kind, offset, _bar: bar.clone() })
+    }
+
+    /// Writes `value` to the doorbell. Every store to queue memory made by this
+    /// thread before the call is visible to the device before the doorbell.
+    #[inline]
+    pub fn ring(&self, value: u32) {
+        match self.kind {
+            DoorbellKind::Mmio => {
+                std::sync::atomic::fence(Ordering::Release);
+                // SAFETY: `ptr` is a 4-byte aligned register in a live BAR mapping (checked in `new`).
+                unsafe { self.ptr.as_ptr().write_volatile(value) }
+            }
+            DoorbellKind::Memory => {
+                // SAFETY: `ptr` is 4-byte aligned memory owned by the emulated register file that
+                // `_bar` keeps alive; every access to it goes through atomics.
+                unsafe { AtomicU32::from_ptr(self.ptr.as_ptr()) }.store(value, Ordering::Release)
+            }
+        }
+    }
+
+    pub fn as_ptr(&self) -> *mut u32 {
+        self.ptr.as_ptr()
+    }
+    pub fn kind(&self) -> DoorbellKind {
+        self.kind
+    }
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+}
+
+/// The device's view of memory.
+pub trait DmaSpace: Send + Sync {
+    /// A name for messages (`emulated iommu`, `vfio type1 0000:00:03.0`).
+    fn name(&self) -> &str;
+    /// The host page size mappings are made in.
+    fn page_size(&self) -> usize {
+        4096
+    }
+    /// Allocates `len` bytes (rounded up to pages) of zeroed memory that is
+    /// contiguous in IOVA space and page aligned.
+    fn alloc(&self, len: usize) -> Result<DmaBuffer>;
+    /// Makes a caller's memory reachable by the device.
+    ///
+    /// # Safety
+    /// `vaddr..vaddr+len` must be memory of this process that stays allocated,
+    /// and is not used for anything the device must not see, until the returned
+    /// mapping is dropped.
+    unsafe fn map(&self, vaddr: *mut u8, len: usize) -> Result<DmaMapping>;
+}
