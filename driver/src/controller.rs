@@ -1,0 +1,454 @@
+//! Controller bring-up, admin commands, namespaces and queue-pair creation.
+//!
+//! Bring-up follows §7.6.1 exactly: CC.EN=0 and wait for CSTS.RDY=0 within
+//! CAP.TO; program AQA/ASQ/ACQ; CC with the NVM command set, MPS from
+//! MPSMIN, IOSQES=6, IOCQES=4; CC.EN=1 and wait for RDY=1; Identify; Set
+//! Features (Number of Queues); discover namespaces. CSTS.CFS is checked at
+//! every wait. The controller is shut down (CC.SHN) when the last handle
+//! drops. Ownership of the controller and use of a queue pair are separate
+//! objects: queue pairs hold an `Arc<Controller>` and delete themselves.
+
+use crate::command::Command;
+use crate::error::{DriverError, Result};
+use crate::queue::{backoff, Completion, QueueCore};
+use crate::spec::registers::{cq_head_doorbell, offset, sq_tail_doorbell, ShutdownNotification};
+use crate::spec::{Aqa, Cap, Cc, Csts, IdentifyController, IdentifyNamespace, ShutdownStatus, SglSupport, Version};
+use crate::transport::{DmaBuffer, DmaSpace, Doorbell, Registers};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use zerocopy::FromBytes;
+
+/// The driver's own cap on one command's transfer when MDTS reports no limit.
+pub const DRIVER_MAX_TRANSFER: u64 = 4 << 20;
+
+/// How to bring a controller up.
+#[derive(Clone, Debug)]
+pub struct ControllerOptions {
+    /// Admin queue entries (bounded by CAP.MQES and 4096).
+    pub admin_queue_entries: u16,
+    /// I/O queue pairs to ask for with Set Features (the controller may grant fewer).
+    pub io_queue_pairs: u16,
+    /// Deadline for one admin command.
+    pub admin_timeout: Duration,
+    /// Deadline for one I/O command in the synchronous helpers.
+    pub io_timeout: Duration,
+    /// Upper bound on waits for CSTS.RDY/SHST; `None` uses CAP.TO.
+    pub ready_timeout: Option<Duration>,
+}
+
+impl Default for ControllerOptions {
+    fn default() -> Self {
+        ControllerOptions {
+            admin_queue_entries: 32,
+            io_queue_pairs: 16,
+            admin_timeout: Duration::from_secs(5),
+            io_timeout: Duration::from_secs(10),
+            ready_timeout: None,
+        }
+    }
+}
+
+/// One active namespace.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct NamespaceInfo {
+    pub nsid: u32,
+    /// Size in logical blocks (NSZE).
+    pub blocks: u64,
+    /// Logical block size in bytes.
+    pub lba_size: u32,
+}
+
+impl NamespaceInfo {
+    pub fn bytes(&self) -> u64 {
+        self.blocks * self.lba_size as u64
+    }
+}
+
+/// What the driver learned about a controller at bring-up.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ControllerInfo {
+    pub device: String,
+    pub vid: u16,
+    pub model: String,
+    pub serial: String,
+    pub firmware: String,
+    pub version: String,
+    /// Memory page size in use (bytes).
+    pub page_size: u32,
+    /// Identify MDTS decoded to bytes; `None` = the controller reports no limit.
+    pub mdts_bytes: Option<u64>,
+    /// Largest transfer one command carries (MDTS, or the driver's own cap).
+    pub max_transfer: u64,
+    pub sgl: SglSupport,
+    /// Maximum entries per queue (CAP.MQES + 1).
+    pub max_queue_entries: u32,
+    pub contiguous_queues_required: bool,
+    pub doorbell_stride: u32,
+    /// I/O queue pairs granted by Set Features (Number of Queues).
+    pub io_queue_pairs: u16,
+    pub volatile_write_cache: bool,
+    pub write_zeroes: bool,
+    pub dataset_management: bool,
+    /// CAP.TO in milliseconds.
+    pub ready_timeout_ms: u64,
+    pub namespaces: Vec<NamespaceInfo>,
+}
+
+impl ControllerInfo {
+    pub fn namespace(&self, nsid: u32) -> Option<&NamespaceInfo> {
+        self.namespaces.iter().find(|n| n.nsid == nsid)
+    }
+}
+
+/// A controller brought up and owned by this process.
+pub struct Controller {
+    name: String,
+    regs: Arc<dyn Registers>,
+    dma: Arc<dyn DmaSpace>,
+    cap: Cap,
+    opts: ControllerOptions,
+    admin: Mutex<QueueCore>,
+    /// One page for Identify data and other small admin payloads (guarded by `admin`).
+    admin_page: DmaBuffer,
+    info: ControllerInfo,
+    qids: Mutex<Vec<bool>>,
+    shut_down: AtomicBool,
+}
+
+impl std::fmt::Debug for Controller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Controller").field("name", &self.name).field("cap", &self.cap).finish()
+    }
+}
+
+impl Controller {
+    /// Brings the controller behind `regs`/`dma` up from whatever state it is in.
+    pub fn new(regs: Arc<dyn Registers>, dma: Arc<dyn DmaSpace>, opts: ControllerOptions) -> Result<Arc<Self>> {
+        let name = regs.name().to_string();
+        let cap = Cap(regs.read64(offset::CAP)?);
+        let version = Version(regs.read32(offset::VS)?);
+        tracing::debug!(device = %name, ?cap, %version, "bring-up");
+        if !cap.supports_nvm_command_set() {
+            return Err(DriverError::Unsupported { device: name, what: "CAP.CSS: NVM command set not supported".into() });
+        }
+        let page_shift = 12u32;
+        if cap.mps_min_shift() > page_shift || cap.mps_max_shift() < page_shift {
+            return Err(DriverError::Unsupported {
+                device: name,
+                what: format!(
+                    "memory page sizes {}..={} bytes exclude the host's 4096",
+                    1u64 << cap.mps_min_shift(),
+                    1u64 << cap.mps_max_shift()
+                ),
+            });
+        }
+        let ready_wait = opts.ready_timeout.unwrap_or(Duration::from_millis(cap.timeout_ms().max(500)));
+
+        // §7.6.1 step 1: disable and wait for RDY=0.
+        let cc = Cc(regs.read32(offset::CC)?);
+        if cc.enabled() {
+            regs.write32(offset::CC, cc.with_enable(false).0)?;
+        }
+        wait_csts(&*regs, &name, ready_wait, "CSTS.RDY=0 after disabling", false, |c| !c.ready())?;
+
+        // Admin queue.
+        let admin_entries = (opts.admin_queue_entries as u32).clamp(2, cap.max_queue_entries().min(4096));
+        let asq = dma.alloc(admin_entries as usize * 64)?;
+        let acq = dma.alloc(admin_entries as usize * 16)?;
+        regs.write32(offset::AQA, Aqa::new(admin_entries as u16, admin_entries as u16).0)?;
+        regs.write64(offset::ASQ, asq.iova())?;
+        regs.write64(offset::ACQ, acq.iova())?;
+        let cc = Cc::default().with_css(0).with_page_shift(page_shift).with_iosqes(6).with_iocqes(4);
+        regs.write32(offset::CC, cc.0)?;
+        regs.write32(offset::CC, cc.with_enable(true).0)?;
+        wait_csts(&*regs, &name, ready_wait, "CSTS.RDY=1 after enabling", true, |c| c.ready())?;
+
+        let dstrd = cap.dstrd();
+        let admin = QueueCore::new(
+            &name,
+            0,
+            admin_entries,
+            asq,
+            acq,
+            Doorbell::new(&regs, sq_tail_doorbell(0, dstrd))?,
+            Doorbell::new(&regs, cq_head_doorbell(0, dstrd))?,
+        )?;
+        let admin_page = dma.alloc(4096)?;
+        let mut ctrl = Controller {
+            name: name.clone(),
+            regs,
+            dma,
+            cap,
+            opts,
+            admin: Mutex::new(admin),
+            admin_page,
+            info: ControllerInfo {
+                device: name,
+                vid: 0,
+                model: String::new(),
+                serial: String::new(),
+                firmware: String::new(),
+                version: version.to_string(),
+                page_size: 1 << page_shift,
+                mdts_bytes: None,
+                max_transfer: DRIVER_MAX_TRANSFER,
+                sgl: SglSupport::None,
+                max_queue_entries: cap.max_queue_entries(),
+                contiguous_queues_required: cap.contiguous_queues_required(),
+                doorbell_stride: 4 << dstrd,
+                io_queue_pairs: 0,
+                volatile_write_cache: false,
+                write_zeroes: false,
+                dataset_management: false,
+                ready_timeout_ms: cap.timeout_ms(),
+                namespaces: Vec::new(),
+            },
+            qids: Mutex::new(Vec::new()),
+            shut_down: AtomicBool::new(false),
+        };
+        ctrl.identify()?;
+        Ok(Arc::new(ctrl))
+    }
+
+    fn identify(&mut self) -> Result<()> {
+        let id: IdentifyController = self.admin_read(Command::identify_controller())?;
+        if id.sqes_required() > 6 || id.sqes_max() < 6 || id.cqes_required() > 4 || id.cqes_max() < 4 {
+            return Err(DriverError::Unsupported {
+                device: self.name.clone(),
+                what: format!("queue entry sizes SQES={:#x} CQES={:#x} exclude 64/16 bytes", id.sqes, id.cqes),
+            });
+        }
+        let mdts = id.max_transfer_bytes(self.cap.mps_min_shift());
+        let info = &mut self.info;
+        info.vid = id.vid;
+        info.model = id.model();
+        info.serial = id.serial();
+        info.firmware = id.firmware();
+        info.mdts_bytes = mdts;
+        info.max_transfer = mdts.map_or(DRIVER_MAX_TRANSFER, |m| m.min(DRIVER_MAX_TRANSFER));
+        info.sgl = id.sgl_support();
+        info.volatile_write_cache = id.volatile_write_cache();
+        info.write_zeroes = id.supports_write_zeroes();
+        info.dataset_management = id.supports_dataset_management();
+
+        // Number of Queues: DW0 returns the granted counts, 0-based (§5.21.1.7).
+        let want = self.opts.io_queue_pairs.max(1);
+        let c = self.admin_command(Command::set_number_of_queues(want, want), None)?;
+        let granted = ((c.dw0 & 0xffff) as u16).min((c.dw0 >> 16) as u16).saturating_add(1).min(want);
+        self.info.io_queue_pairs = granted;
+        *self.qids.lock().map_err(|_| self.poisoned())? = vec![false; granted as usize + 1];
+
+        // Active namespaces (CNS 02h), then each one's geometry.
+        let list: [u32; 1024] = self.admin_read(Command::identify_active_namespaces(0))?;
+        let mut namespaces = Vec::new();
+        for &nsid in list.iter().take_while(|&&n| n != 0) {
+            if nsid > id.nn {
+                return Err(self.bad(format!("active namespace list names nsid {nsid} above NN={}", id.nn)));
+            }
+            let ns: IdentifyNamespace = self.admin_read(Command::identify_namespace(nsid))?;
+            if ns.nsze == 0 {
+                continue;
+            }
+            let Some(lba_size) = ns.lba_size() else {
+                tracing::warn!(device = %self.name, nsid, lbads = ns.active_format().lbads(), "namespace LBA size unusable; skipped");
+                continue;
+            };
+            namespaces.push(NamespaceInfo { nsid, blocks: ns.nsze, lba_size });
+        }
+        self.info.namespaces = namespaces;
+        tracing::info!(device = %self.name, model = %self.info.model, namespaces = self.info.namespaces.len(), io_queue_pairs = granted, "controller ready");
+        Ok(())
+    }
+
+    fn bad(&self, what: String) -> DriverError {
+        DriverError::BadDeviceResponse { device: self.name.clone(), what }
+    }
+    fn poisoned(&self) -> DriverError {
+        DriverError::Emulated(format!("{}: internal lock poisoned", self.name))
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn info(&self) -> &ControllerInfo {
+        &self.info
+    }
+    pub fn cap(&self) -> Cap {
+        self.cap
+    }
+    pub fn options(&self) -> &ControllerOptions {
+        &self.opts
+    }
+    pub fn dma(&self) -> &Arc<dyn DmaSpace> {
+        &self.dma
+    }
+    pub fn registers(&self) -> &Arc<dyn Registers> {
+        &self.regs
+    }
+
+    /// Current CSTS.
+    pub fn status(&self) -> Result<Csts> {
+        Ok(Csts(self.regs.read32(offset::CSTS)?))
+    }
+
+    /// An error if the controller reports Controller Fatal Status.
+    pub fn check_fatal(&self) -> Result<()> {
+        if self.status()?.fatal() {
+            return Err(DriverError::ControllerFatal { device: self.name.clone(), context: String::new() });
+        }
+        Ok(())
+    }
+
+    /// Runs one admin command and waits for it; a non-success status is an error.
+    /// `data` (at most one page) becomes PRP1.
+    pub fn admin_command(&self, cmd: Command, data: Option<&DmaBuffer>) -> Result<Completion> {
+        let mut q = self.admin.lock().map_err(|_| self.poisoned())?;
+        self.admin_locked(&mut q, cmd, data.map(|d| d.iova()))
+    }
+
+    fn admin_locked(&self, q: &mut QueueCore, cmd: Command, prp1: Option<u64>) -> Result<Completion> {
+        let mut entry = cmd.entry();
+        if let Some(p) = prp1 {
+            entry.dptr = [p, 0];
+        }
+        let cid = q.submit(entry, cmd.name(), 0)?;
+        q.ring();
+        let c = q.wait(cid, self.opts.admin_timeout, || self.check_fatal())?;
+        if !c.status.is_success() {
+            return Err(DriverError::CommandFailed {
+                device: self.name.clone(),
+                qid: 0,
+                cid,
+                command: cmd.name(),
+                status: c.status,
+            });
+        }
+        Ok(c)
+    }
+
+    /// Runs an admin command that returns one page and decodes it as `T`.
+    fn admin_read<T: FromBytes>(&self, cmd: Command) -> Result<T> {
+        let mut q = self.admin.lock().map_err(|_| self.poisoned())?;
+        self.admin_page.fill(0);
+        self.admin_locked(&mut q, cmd, Some(self.admin_page.iova()))?;
+        let mut page = vec![0u8; 4096];
+        self.admin_page.copy_out(0, &mut page)?;
+        T::read_from_prefix(&page)
+            .map(|(t, _)| t)
+            .map_err(|_| self.bad(format!("{} returned a short payload", cmd.name())))
+    }
+
+    /// Claims a free I/O queue id.
+    pub(crate) fn claim_qid(&self) -> Result<u16> {
+        let mut qids = self.qids.lock().map_err(|_| self.poisoned())?;
+        let qid = (1..qids.len()).find(|&q| !qids[q]).ok_or_else(|| DriverError::Unsupported {
+            device: self.name.clone(),
+            what: format!("all {} granted I/O queue pairs are in use", self.info.io_queue_pairs),
+        })?;
+        qids[qid] = true;
+        Ok(qid as u16)
+    }
+
+    pub(crate) fn release_qid(&self, qid: u16) {
+        if let Ok(mut qids) = self.qids.lock() {
+            if let Some(q) = qids.get_mut(qid as usize) {
+                *q = false;
+            }
+        }
+    }
+
+    /// Creates the CQ and SQ of queue `qid` on the controller, with memory of
+    /// `depth` entries. On failure nothing is left behind.
+    pub(crate) fn create_queues(&self, qid: u16, depth: u32) -> Result<(DmaBuffer, DmaBuffer, Doorbell, Doorbell)> {
+        let max = self.info.max_queue_entries;
+        if depth < 2 || depth > max {
+            return Err(DriverError::invalid(format!(
+                "{}: queue depth {depth} is outside 2..={max} (CAP.MQES)",
+                self.name
+            )));
+        }
+        let sq = self.dma.alloc(depth as usize * 64)?;
+        let cq = self.dma.alloc(depth as usize * 16)?;
+        // Our queue memory is always IOVA-contiguous, so PC=1 whether or not CQR requires it.
+        self.admin_command(Command::create_io_cq(qid, depth, cq.iova(), true), None)?;
+        if let Err(e) = self.admin_command(Command::create_io_sq(qid, depth, sq.iova(), qid, true), None) {
+            let _ = self.admin_command(Command::delete_io_cq(qid), None);
+            return Err(e);
+        }
+        let dstrd = self.cap.dstrd();
+        let sq_db = Doorbell::new(&self.regs, sq_tail_doorbell(qid, dstrd))?;
+        let cq_db = Doorbell::new(&self.regs, cq_head_doorbell(qid, dstrd))?;
+        Ok((sq, cq, sq_db, cq_db))
+    }
+
+    /// Deletes the SQ then the CQ of `qid` (§5.5, §5.6 order).
+    pub(crate) fn delete_queues(&self, qid: u16) -> Result<()> {
+        let sq = self.admin_command(Command::delete_io_sq(qid), None);
+        let cq = self.admin_command(Command::delete_io_cq(qid), None);
+        sq.and(cq).map(|_| ())
+    }
+
+    /// Orderly shutdown (§7.6.2): CC.SHN = normal, wait for SHST = complete.
+    pub fn shutdown(&self) -> Result<()> {
+        if self.shut_down.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let cc = Cc(self.regs.read32(offset::CC)?);
+        self.regs.write32(offset::CC, cc.with_shutdown(ShutdownNotification::Normal).0)?;
+        let wait = self.opts.ready_timeout.unwrap_or(Duration::from_millis(self.cap.timeout_ms().max(500)));
+        wait_csts(&*self.regs, &self.name, wait, "CSTS.SHST=complete after shutdown notification", false, |c| {
+            c.shutdown_status() == ShutdownStatus::Complete
+        })?;
+        tracing::info!(device = %self.name, "controller shut down");
+        Ok(())
+    }
+
+    /// Whether [`shutdown`](Self::shutdown) has run.
+    pub fn is_shut_down(&self) -> bool {
+        self.shut_down.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown() {
+            tracing::warn!(device = %self.name, error = %e, "shutdown on drop failed");
+        }
+    }
+}
+
+/// Polls CSTS until `done` holds, CFS appears, or `timeout` passes.
+fn wait_csts(
+    regs: &dyn Registers,
+    name: &str,
+    timeout: Duration,
+    what: &str,
+    fatal_is_error: bool,
+    done: impl Fn(Csts) -> bool,
+) -> Result<()> {
+    let start = Instant::now();
+    let mut spins = 0;
+    loop {
+        let csts = Csts(regs.read32(offset::CSTS)?);
+        if csts.fatal() && fatal_is_error {
+            return Err(DriverError::ControllerFatal {
+                device: name.to_string(),
+                context: format!(" while waiting for {what}"),
+            });
+        }
+        if done(csts) {
+            return Ok(());
+        }
+        if start.elapsed() >= timeout {
+            if csts.fatal() {
+                return Err(DriverError::ControllerFatal {
+                    device: name.to_string(),
+                    context: format!("; gave up after {timeout:?} waiting for {what}"),
+                });
+            }
+            return Err(DriverError::Timeout { device: name.to_string(), what: what.to_string(), waited: timeout });
+        }
+        backoff(&mut spins);
+    }
+}

@@ -1,0 +1,11 @@
+//! Queues: the ring mechanics ([`QueueCore`]), I/O queue pairs driven from
+//! Rust ([`IoQueuePair`]), and raw queue pairs handed to an executor that
+//! builds commands itself ([`RawQueuePair`]).
+
+mod core;
+mod pair;
+mod raw;
+
+pub use self::core::{backoff, Completion, QueueCore};
+pub use pair::{slice_segments, IoQueuePair};
+pub use raw::RawQueuePair;
