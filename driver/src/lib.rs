@@ -12,7 +12,9 @@ pub mod command;
 pub mod controller;
 pub mod emulated;
 pub mod error;
+pub mod pci;
 pub mod queue;
+pub mod selftest;
 pub mod spec;
 pub mod transport;
 

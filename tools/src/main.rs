@@ -1,1 +1,44 @@
-fn main() {}
+//! `tutti`: administer drives, run the demo, benchmarks, profiling and simulation.
+
+mod cmd;
+mod emu;
+mod report;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "tutti", version, about = "GPU-initiated NVMe I/O for LLM KV cache", propagate_version = true)]
+struct Cli {
+    /// Log level for diagnostics on stderr (error, warn, info, debug, trace).
+    #[arg(long, global = true, default_value = "warn", env = "TUTTI_LOG")]
+    log: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Bring a controller up and print its identity.
+    Identify(cmd::identify::Args),
+    /// The main job: round-trip data through tutti on emulated (or VFIO) drives.
+    Demo(cmd::demo::Args),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match &cli.command {
+        Command::Identify(a) => cmd::identify::run(a),
+        Command::Demo(a) => cmd::demo::run(a),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tutti: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! Bring-up, identify, queue behaviour and error paths against the emulated controller.
+
+use std::sync::Arc;
+use std::time::Duration;
+use tutti_driver::command::{Command, DataMode, DataPtr};
+use tutti_driver::controller::{Controller, ControllerOptions};
+use tutti_driver::emulated::{EmulatedConfig, EmulatedController, FaultMatch, NamespaceConfig};
+use tutti_driver::spec::{SglDescriptor, SglSupport, Status};
+use tutti_driver::transport::IovaSegment;
+use tutti_driver::DriverError;
+
+fn start(cfg: EmulatedConfig) -> (EmulatedController, Arc<Controller>) {
+    start_with(cfg, ControllerOptions::default())
+}
+
+fn start_with(cfg: EmulatedConfig, opts: ControllerOptions) -> (EmulatedController, Arc<Controller>) {
+    let emu = EmulatedController::start(cfg).expect("emulated controller starts");
+    let ctrl = Controller::new(emu.registers(), emu.dma_space(), opts).expect("bring-up succeeds");
+    (emu, ctrl)
+}
+
+fn small(name: &str) -> EmulatedConfig {
+    EmulatedConfig {
+        name: name.into(),
+        namespaces: vec![NamespaceConfig::with_bytes(16 << 20, 512)],
+        ..EmulatedConfig::default()
+    }
+}
+
+#[test]
+fn identify_reports_what_the_controller_was_configured_with() {
+    let cfg = EmulatedConfig {
+        serial: "SN-42".into(),
+        model: "unit model".into(),
+        namespaces: vec![NamespaceConfig::with_bytes(8 << 20, 512), NamespaceConfig::with_bytes(32 << 20, 4096)],
+        mdts: 3,
+        sgl: SglSupport::DwordAligned,
+        max_io_queue_pairs: 5,
+        max_queue_entries: 256,
+        dstrd: 2,
+        ..small("emu-id")
+    };
+    let (_emu, ctrl) = start(cfg);
+    let info = ctrl.info();
+    assert_eq!(info.serial, "SN-42");
+    assert_eq!(info.model, "unit model");
+    assert_eq!(info.mdts_bytes, Some(32 << 10));
+    assert_eq!(info.max_transfer, 32 << 10);
+    assert_eq!(info.sgl, SglSupport::DwordAligned);
+    assert_eq!(info.io_queue_pairs, 5);
+    assert_eq!(info.max_queue_entries, 256);
+    assert_eq!(info.doorbell_stride, 16);
+    assert_eq!(info.namespaces.len(), 2);
+    assert_eq!((info.namespaces[0].nsid, info.namespaces[0].blocks, info.namespaces[0].lba_size), (1, 16384, 512));
+    assert_eq!((info.namespaces[1].nsid, info.namespaces[1].blocks, info.namespaces[1].lba_size), (2, 8192, 4096));
+}
+
+#[test]
+fn queue_pairs_are_limited_by_the_grant_and_depth_by_mqes() {
+    let (_emu, ctrl) = start(EmulatedConfig { max_io_queue_pairs: 2, max_queue_entries: 64, ..small("emu-q") });
+    assert!(matches!(ctrl.create_io_queue_pair(65), Err(DriverError::InvalidArgument(_))));
+    let a = ctrl.create_io_queue_pair(64).expect("first pair");
+    let b = ctrl.create_io_queue_pair(8).expect("second pair");
+    assert!(matches!(ctrl.create_io_queue_pair(8), Err(DriverError::Unsupported { .. })));
+    drop(a);
+    // The freed qid (and the controller's queue) can be used again.
+    let c = ctrl.create_io_queue_pair(8).expect("pair after delete");
+    assert_ne!(b.qid(), c.qid());
+}
+
+#[test]
+fn round_trip_on_four_queue_pairs_from_four_threads() {
+    let (emu, ctrl) = start(EmulatedConfig { max_queue_entries: 1024, ..small("emu-rt") });
+    let opts = tutti_driver::selftest::SelftestOptions {
+        queue_pairs: 4,
+        queue_depth: 16,
+        commands_per_queue: 400,
+        max_blocks: 24,
+        ..Default::default()
+    };
+    let rep = tutti_driver::selftest::round_trip(&ctrl, &opts, &|_| {}).expect("round trip verifies");
+    let prp = rep.modes.iter().find(|m| m.mode == "PRP").expect("PRP ran");
+    let sgl = rep.modes.iter().find(|m| m.mode == "SGL").expect("SGL ran");
+    assert!(prp.bytes_verified > 0 && sgl.bytes_verified > 0);
+    // 4 queues × 2 modes × 400 commands × (write + read) on 16-entry queues: every queue wraps many times.
+    assert_eq!(prp.commands + sgl.commands, 4 * 2 * 400 * 2);
+    assert!(rep.queue_wraps >= 4 * 50, "queues wrapped {} times", rep.queue_wraps);
+    let stats = emu.stats();
+    assert_eq!(stats.errors, 0);
+    assert_eq!(stats.iommu_faults, 0);
+    assert!(stats.bytes_written >= prp.bytes_written + sgl.bytes_written);
+}
+
+#[test]
+fn prp_only_controllers_with_4k_blocks_and_small_mdts() {
+    let cfg = EmulatedConfig {
+        namespaces: vec![NamespaceConfig::with_bytes(32 << 20, 4096)],
+        mdts: 1,
+        sgl: SglSupport::None,
+        ..small("emu-prp")
+    };
+    let (_emu, ctrl) = start(cfg);
+    assert_eq!(ctrl.info().max_transfer, 8192);
+    let mut qp = ctrl.create_io_queue_pair(8).expect("queue pair");
+    assert!(matches!(qp.resolve_mode(DataMode::Sgl), Err(DriverError::Unsupported { .. })));
+    assert_eq!(qp.resolve_mode(DataMode::Auto).ok(), Some(DataMode::Prp));
+    drop(qp);
+    let opts = tutti_driver::selftest::SelftestOptions {
+        queue_pairs: 2,
+        queue_depth: 8,
+        commands_per_queue: 64,
+        modes: vec![DataMode::Prp],
+        ..Default::default()
+    };
+    let rep = tutti_driver::selftest::round_trip(&ctrl, &opts, &|_| {}).expect("PRP round trip");
+    assert_eq!(rep.lba_size, 4096);
+}
+
+#[test]
+fn dword_aligned_sgl_rule_is_honoured() {
+    let (_emu, ctrl) = start(EmulatedConfig { sgl: SglSupport::DwordAligned, ..small("emu-dw") });
+    let mut qp = ctrl.create_io_queue_pair(8).expect("queue pair");
+    let buf = ctrl.dma().alloc(8192).expect("buffer");
+    let odd = [IovaSegment { iova: buf.iova() + 2, len: 510 }, IovaSegment { iova: buf.iova() + 1024, len: 2 }];
+    let err = qp.submit_data(Command::read(1, 0, 1), &odd, DataMode::Sgl, 0).expect_err("odd segments refused");
+    assert!(err.to_string().contains("dword"), "{err}");
+    let ok = [IovaSegment { iova: buf.iova() + 4, len: 508 }, IovaSegment { iova: buf.iova() + 1024, len: 4 }];
+    let cid = qp.submit_data(Command::read(1, 0, 1), &ok, DataMode::Sgl, 0).expect("aligned segments accepted");
+    qp.ring();
+    assert!(qp.wait(cid).expect("completes").status.is_success());
+}
+
+/// Submits one raw command and returns its completion status.
+fn raw_status(ctrl: &Arc<Controller>, cmd: Command) -> Status {
+    let mut qp = ctrl.create_io_queue_pair(4).expect("queue pair");
+    let cid = qp.submit(cmd, 0).expect("submit");
+    qp.ring();
+    qp.wait(cid).expect("completion").status
+}
+
+#[test]
+fn malformed_commands_get_the_spec_status() {
+    let (_emu, ctrl) = start(small("emu-bad"));
+    let buf = ctrl.dma().alloc(3 * 4096).expect("buffer");
+    let b = buf.iova();
+    let cases: Vec<(&str, Command, Status)> = vec![
+        ("PRP1 not dword aligned", Command::read(1, 0, 1).data(DataPtr::Prp { prp1: b + 2, prp2: 0 }), Status::PRP_OFFSET_INVALID),
+        ("PRP2 with an offset", Command::read(1, 0, 16).data(DataPtr::Prp { prp1: b, prp2: b + 4096 + 8 }), Status::PRP_OFFSET_INVALID),
+        (
+            "unknown SGL type",
+            Command::read(1, 0, 1).data(DataPtr::Sgl(tutti_driver::spec::SglDescriptor { id: 0x50, ..SglDescriptor::data_block(b, 512) })),
+            Status::SGL_TYPE_INVALID,
+        ),
+        ("SGL shorter than the transfer", Command::read(1, 0, 2).data(DataPtr::Sgl(SglDescriptor::data_block(b, 512))), Status::DATA_SGL_LENGTH_INVALID),
+        ("LBA past the namespace", Command::read(1, 32767, 2).data(DataPtr::Sgl(SglDescriptor::data_block(b, 1024))), Status::LBA_OUT_OF_RANGE),
+        ("namespace that does not exist", Command::read(7, 0, 1).data(DataPtr::Sgl(SglDescriptor::data_block(b, 512))), Status::INVALID_NAMESPACE),
+        (
+            "transfer above MDTS",
+            Command::read(1, 0, 512).data(DataPtr::Sgl(SglDescriptor::data_block(b, 512 * 512))),
+            Status::INVALID_FIELD,
+        ),
+        ("unmapped data address", Command::read(1, 0, 1).data(DataPtr::Sgl(SglDescriptor::data_block(0x10, 512))), Status::DATA_TRANSFER_ERROR),
+    ];
+    for (what, cmd, want) in cases {
+        let got = raw_status(&ctrl, cmd);
+        assert_eq!(got.code(), want.code(), "{what}: got {got}, want {want}");
+    }
+}
+
+#[test]
+fn the_driver_refuses_lbas_past_the_namespace_before_submitting() {
+    let (emu, ctrl) = start(small("emu-range"));
+    let mut qp = ctrl.create_io_queue_pair(4).expect("queue pair");
+    let buf = ctrl.dma().alloc(4096).expect("buffer");
+    let before = emu.stats().commands;
+    let err = qp.read_buf(1, 32767, &buf, 0, 1024, DataMode::Auto).expect_err("refused");
+    assert!(err.to_string().contains("past the end of namespace 1"), "{err}");
+    assert_eq!(emu.stats().commands, before, "nothing reached the controller");
+}
+
+#[test]
+fn injected_failures_name_queue_cid_and_status() {
+    let (emu, ctrl) = start(small("emu-fail"));
+    let mut qp = ctrl.create_io_queue_pair(8).expect("queue pair");
+    let buf = ctrl.dma().alloc(4096).expect("buffer");
+    emu.faults().fail_next(FaultMatch { opcode: Some(0x02), ..Default::default() }, Status::UNRECOVERED_READ_ERROR);
+    let err = qp.read_buf(1, 0, &buf, 0, 4096, DataMode::Prp).expect_err("read fails");
+    let msg = err.to_string();
+    assert_eq!(err.status(), Some(Status::UNRECOVERED_READ_ERROR));
+    assert!(msg.contains(&format!("qid {}", qp.qid())) && msg.contains("Read failed: Media/Unrecovered Read Error (0x0281)"), "{msg}");
+    // The next read is unaffected.
+    qp.read_buf(1, 0, &buf, 0, 4096, DataMode::Prp).expect("read succeeds after the fault");
+}
+
+#[test]
+fn a_dropped_completion_is_a_timeout_naming_queue_and_cid() {
+    let opts = ControllerOptions { io_timeout: Duration::from_millis(300), ..Default::default() };
+    let (emu, ctrl) = start_with(small("emu-drop"), opts);
+    let mut qp = ctrl.create_io_queue_pair(8).expect("queue pair");
+    let buf = ctrl.dma().alloc(4096).expect("buffer");
+    emu.faults().drop_next(FaultMatch { opcode: Some(0x01), ..Default::default() });
+    let seg = [IovaSegment { iova: buf.iova(), len: 512 }];
+    let cid = qp.submit_data(Command::write(1, 8, 1), &seg, DataMode::Sgl, 0).expect("submit");
+    qp.ring();
+    let err = qp.wait(cid).expect_err("times out");
+    match &err {
+        DriverError::CommandTimeout { qid, cid: c, command, .. } => {
+            assert_eq!((*qid, *c, *command), (qp.qid(), cid, "Write"));
+        }
+        other => panic!("expected a command timeout, got {other}"),
+    }
+    assert!(err.to_string().contains(&format!("qid {} cid {cid}: Write did not complete", qp.qid())), "{err}");
+    // The queue stays usable and the abandoned CID is not handed out again.
+    let cid2 = qp.submit_data(Command::read(1, 8, 1), &seg, DataMode::Sgl, 0).expect("submit after timeout");
+    assert_ne!(cid2, cid);
+    qp.ring();
+    assert!(qp.wait(cid2).expect("completes").status.is_success());
+    assert_eq!(emu.stats().dropped_completions, 1);
+}
+
+#[test]
+fn queue_full_is_back_pressure_not_an_overwrite() {
+    let (_emu, ctrl) = start(small("emu-full"));
+    let mut qp = ctrl.create_io_queue_pair(4).expect("queue pair");
+    for _ in 0..3 {
+        qp.submit(Command::flush(1), 0).expect("fits");
+    }
+    assert!(matches!(qp.submit(Command::flush(1), 0), Err(DriverError::QueueFull { depth: 4, in_flight: 3, .. })));
+    qp.ring();
+    let mut done = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while done.len() < 3 && std::time::Instant::now() < deadline {
+        qp.reap(&mut done).expect("reap");
+    }
+    assert_eq!(done.len(), 3);
+    assert!(qp.submit(Command::flush(1), 0).is_ok());
+}
+
+#[test]
+fn controller_fatal_status_is_reported() {
+    let opts = ControllerOptions { io_timeout: Duration::from_millis(500), ..Default::default() };
+    let (emu, ctrl) = start_with(small("emu-cfs"), opts);
+    let mut qp = ctrl.create_io_queue_pair(4).expect("queue pair");
+    emu.set_fatal();
+    let cid = qp.submit(Command::flush(1), 0).expect("submit");
+    qp.ring();
+    let err = qp.wait(cid).expect_err("fails");
+    assert!(matches!(err, DriverError::ControllerFatal { .. }), "{err}");
+    assert!(ctrl.status().expect("csts").fatal());
+
+    // A controller that is fatal from the start fails bring-up with the same error.
+    let emu2 = EmulatedController::start(small("emu-cfs2")).expect("start");
+    emu2.set_fatal();
+    let err = Controller::new(emu2.registers(), emu2.dma_space(), ControllerOptions {
+        ready_timeout: Some(Duration::from_millis(500)),
+        ..Default::default()
+    })
+    .expect_err("bring-up fails");
+    assert!(matches!(err, DriverError::ControllerFatal { .. }), "{err}");
+}
+
+#[test]
+fn write_zeroes_deallocate_and_flush() {
+    let (_emu, ctrl) = start(small("emu-wz"));
+    let mut qp = ctrl.create_io_queue_pair(8).expect("queue pair");
+    let buf = ctrl.dma().alloc(8192).expect("buffer");
+    buf.fill(0x5a);
+    qp.write_buf(1, 100, &buf, 0, 8192, DataMode::Auto).expect("write");
+    qp.flush(1).expect("flush");
+    qp.write_zeroes(1, 100, 4).expect("write zeroes");
+    qp.deallocate(1, &[(108, 4)]).expect("deallocate");
+    let back = ctrl.dma().alloc(8192).expect("buffer");
+    back.fill(0xff);
+    qp.read_buf(1, 100, &back, 0, 8192, DataMode::Auto).expect("read");
+    let mut got = vec![0u8; 8192];
+    back.copy_out(0, &mut got).expect("copy");
+    assert!(got[..2048].iter().all(|&b| b == 0), "write zeroes range reads zero");
+    assert!(got[2048..4096].iter().all(|&b| b == 0x5a), "untouched range keeps data");
+    assert!(got[4096..6144].iter().all(|&b| b == 0), "deallocated range reads zero");
+    assert!(got[6144..].iter().all(|&b| b == 0x5a));
+}
+
+#[test]
+fn shutdown_is_orderly_and_idempotent() {
+    let (_emu, ctrl) = start(small("emu-shn"));
+    ctrl.shutdown().expect("shutdown");
+    assert_eq!(ctrl.status().expect("csts").shutdown_status(), tutti_driver::spec::ShutdownStatus::Complete);
+    ctrl.shutdown().expect("second shutdown is a no-op");
+    assert!(ctrl.is_shut_down());
+}
+
+#[test]
+fn bring_up_waits_for_a_slow_ready_and_can_be_repeated() {
+    let cfg = EmulatedConfig { ready_delay: Duration::from_millis(50), ..small("emu-slow") };
+    let emu = EmulatedController::start(cfg).expect("start");
+    let ctrl = Controller::new(emu.registers(), emu.dma_space(), ControllerOptions::default()).expect("first bring-up");
+    let mut qp = ctrl.create_io_queue_pair(4).expect("qp");
+    let buf = ctrl.dma().alloc(4096).expect("buf");
+    buf.fill(7);
+    qp.write_buf(1, 0, &buf, 0, 4096, DataMode::Auto).expect("write");
+    drop(qp);
+    drop(ctrl);
+    // A second bring-up (reset from a shut-down, enabled controller) sees the same data.
+    let ctrl = Controller::new(emu.registers(), emu.dma_space(), ControllerOptions::default()).expect("second bring-up");
+    let mut qp = ctrl.create_io_queue_pair(4).expect("qp");
+    let back = ctrl.dma().alloc(4096).expect("buf");
+    qp.read_buf(1, 0, &back, 0, 4096, DataMode::Auto).expect("read");
+    let mut got = vec![0u8; 4096];
+    back.copy_out(0, &mut got).expect("copy");
+    assert!(got.iter().all(|&b| b == 7));
+}

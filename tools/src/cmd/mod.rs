@@ -1,0 +1,4 @@
+//! One module per subcommand; each has a clap `Args` and `run(&Args)`.
+
+pub mod demo;
+pub mod identify;
