@@ -18,7 +18,7 @@ pub mod faults;
 pub mod iommu;
 mod media;
 pub mod regs;
-mod walk;
+pub mod walk;
 
 pub use config::{CostModel, EmulatedConfig, MediaConfig, NamespaceConfig};
 pub use faults::{FaultAction, FaultInjector, FaultMatch};

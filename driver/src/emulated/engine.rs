@@ -1,0 +1,387 @@
+//! The controller thread: CC/CSTS state machine, queues, completions.
+//!
+//! One thread per controller polls CC and the doorbells of the queues that
+//! exist, fetches submission entries between an SQ's head and its tail
+//! doorbell, executes them ([`admin`], [`io`]) and posts completion entries
+//! with phase tags. Completions that must wait (fault delays, the cost model)
+//! sit in a list ordered by due time while other commands keep flowing.
+
+mod admin;
+mod io;
+mod queues;
+
+use super::faults::FaultAction;
+use super::media::Media;
+use super::Shared;
+use crate::spec::registers::offset;
+use crate::spec::status::StatusCodeType;
+use crate::spec::{Aqa, Cap, Cc, Csts, IoOpcode, ShutdownStatus, Status, SubmissionEntry};
+use queues::{Cq, Pending, QueueMem, Sq};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const ADMIN_QID: u16 = 0;
+/// NVMe 1.4.0 (§3.1.2).
+const VERSION: u32 = 0x0001_0400;
+/// The longest the idle thread sleeps between polls.
+const MAX_IDLE_SLEEP: Duration = Duration::from_micros(200);
+
+/// Puts the registers into their state after a power-on reset.
+pub(super) fn reset_registers(shared: &Shared) {
+    let c = &shared.cfg;
+    let mqes = (c.max_queue_entries.clamp(2, 65536) - 1) as u16;
+    let cap = Cap::build(mqes, c.contiguous_queues_required, c.timeout_500ms, c.dstrd, c.mps_min, c.mps_max);
+    shared.regs.set64(offset::CAP, cap.0);
+    shared.regs.set32(offset::VS, VERSION);
+    shared.regs.set32(offset::CC, 0);
+    shared.regs.set32(offset::CSTS, 0);
+}
+
+/// The controller thread's body; returns when `shared.stop` is set.
+pub(super) fn run(shared: Arc<Shared>, media: Media) {
+    let mut engine = Engine::new(shared, media);
+    let mut idle = Backoff::default();
+    while !engine.shared.stop.load(Ordering::Acquire) {
+        if engine.step() {
+            idle.reset();
+        } else {
+            idle.wait(engine.pending.first().map(|p| p.due));
+        }
+    }
+    if let Err(e) = engine.media.flush() {
+        tracing::warn!(device = %engine.shared.cfg.name, error = ?e, "flushing media at exit failed");
+    }
+}
+
+/// Spin briefly, then yield, then sleep in growing steps up to [`MAX_IDLE_SLEEP`]:
+/// a busy controller reacts within microseconds, an idle one wakes a few
+/// thousand times a second instead of holding a core.
+#[derive(Default)]
+struct Backoff {
+    idle: u32,
+}
+
+impl Backoff {
+    fn reset(&mut self) {
+        self.idle = 0;
+    }
+    fn wait(&mut self, next_due: Option<Instant>) {
+        self.idle = self.idle.saturating_add(1);
+        match self.idle {
+            0..=64 => std::hint::spin_loop(),
+            65..=128 => std::thread::yield_now(),
+            n => {
+                let step = Duration::from_micros(5u64 << ((n - 129) / 8).min(6));
+                let mut sleep = step.min(MAX_IDLE_SLEEP);
+                // A completion already due but not postable must not turn this into a spin.
+                if let Some(left) = next_due.map(|d| d.saturating_duration_since(Instant::now())) {
+                    if !left.is_zero() {
+                        sleep = sleep.min(left);
+                    }
+                }
+                if !sleep.is_zero() {
+                    std::thread::sleep(sleep);
+                }
+            }
+        }
+    }
+}
+
+/// What executing a command produced.
+struct Done {
+    status: Status,
+    dw0: u32,
+    /// Post no earlier than this.
+    due: Option<Instant>,
+}
+
+impl Done {
+    fn ok(dw0: u32) -> Done {
+        Done { status: Status::SUCCESS, dw0, due: None }
+    }
+    fn err(status: Status) -> Done {
+        Done { status, dw0: 0, due: None }
+    }
+}
+
+impl From<Result<u32, Status>> for Done {
+    fn from(r: Result<u32, Status>) -> Done {
+        match r {
+            Ok(dw0) => Done::ok(dw0),
+            Err(status) => Done::err(status),
+        }
+    }
+}
+
+/// Errors in what the host sent will fail again if retried, so they carry DNR
+/// (§4.6.1); transfer, media and abort statuses may succeed on a retry.
+fn with_dnr_if_permanent(s: Status) -> Status {
+    let retryable = s.sct() == StatusCodeType::MediaDataIntegrity
+        || [Status::DATA_TRANSFER_ERROR, Status::INTERNAL_ERROR, Status::ABORTED_SQ_DELETION]
+            .contains(&s.with_dnr(false));
+    if s.is_success() || retryable {
+        s
+    } else {
+        s.with_dnr(true)
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Phase {
+    Disabled,
+    Enabling(Instant),
+    Running,
+    /// CSTS.SHST = complete: no commands until a reset.
+    ShutDown,
+    /// CSTS.CFS = 1: no commands until a reset.
+    Fatal,
+}
+
+/// Feature values that Set Features changes and a reset restores.
+struct Features {
+    /// I/O SQs and CQs the host may create (Number of Queues, §5.21.1.7).
+    sq_granted: u16,
+    cq_granted: u16,
+    write_cache: bool,
+}
+
+struct Engine {
+    shared: Arc<Shared>,
+    media: Media,
+    phase: Phase,
+    /// CC.EN as last seen.
+    enabled: bool,
+    rdy: bool,
+    cfs: bool,
+    shst: ShutdownStatus,
+    /// log2 of the memory page size (CC.MPS) chosen at enable.
+    page_shift: u32,
+    sqs: Vec<Option<Sq>>,
+    cqs: Vec<Option<Cq>>,
+    /// Ordered by due time.
+    pending: Vec<Pending>,
+    features: Features,
+    /// The cost model's transfer clock: when the paced "media" is next free.
+    paced_until: Instant,
+}
+
+impl Engine {
+    fn new(shared: Arc<Shared>, media: Media) -> Engine {
+        let queues = shared.cfg.max_io_queue_pairs as usize + 1;
+        let features = Self::default_features(&shared);
+        Engine {
+            media,
+            phase: Phase::Disabled,
+            enabled: false,
+            rdy: false,
+            cfs: false,
+            shst: ShutdownStatus::Normal,
+            page_shift: 12,
+            sqs: (0..queues).map(|_| None).collect(),
+            cqs: (0..queues).map(|_| None).collect(),
+            pending: Vec::new(),
+            features,
+            paced_until: Instant::now(),
+            shared,
+        }
+    }
+
+    fn default_features(shared: &Shared) -> Features {
+        let n = shared.cfg.max_io_queue_pairs;
+        Features { sq_granted: n, cq_granted: n, write_cache: shared.cfg.volatile_write_cache }
+    }
+
+    fn name(&self) -> &str {
+        &self.shared.cfg.name
+    }
+
+    fn page_size(&self) -> u64 {
+        1 << self.page_shift
+    }
+
+    fn dstrd(&self) -> u8 {
+        self.shared.cfg.dstrd
+    }
+
+    fn write_csts(&self) {
+        self.shared.regs.set32(offset::CSTS, Csts::build(self.rdy, self.cfs, self.shst).0);
+    }
+
+    /// One pass over registers and queues; returns whether anything happened.
+    fn step(&mut self) -> bool {
+        let cc = Cc(self.shared.regs.get32(offset::CC));
+        if cc.enabled() != self.enabled {
+            self.enabled = cc.enabled();
+            if self.enabled {
+                self.enable(cc);
+            } else {
+                self.reset();
+            }
+            return true;
+        }
+        if self.phase != Phase::Fatal && self.shared.fatal.load(Ordering::Acquire) {
+            self.enter_fatal("fatal status requested by the host");
+            return true;
+        }
+        if self.enabled && cc.shutdown() != 0 && self.shst == ShutdownStatus::Normal {
+            self.shutdown();
+            return true;
+        }
+        match self.phase {
+            Phase::Enabling(ready_at) if Instant::now() >= ready_at => {
+                self.rdy = true;
+                self.phase = Phase::Running;
+                self.write_csts();
+                tracing::debug!(device = %self.name(), "controller ready");
+                true
+            }
+            Phase::Running => self.service(),
+            _ => false,
+        }
+    }
+
+    /// What is wrong with the configuration the host enabled us with, if anything (§7.6.1).
+    fn check_enable(&self, cc: Cc) -> Result<(Aqa, u64, u64), String> {
+        let cfg = &self.shared.cfg;
+        if cc.css() != 0 {
+            return Err(format!("CC.CSS = {} selects a command set other than NVM", cc.css()));
+        }
+        let (min, max) = (12 + cfg.mps_min as u32, 12 + cfg.mps_max as u32);
+        if !(min..=max).contains(&cc.page_shift()) {
+            return Err(format!(
+                "CC.MPS page 2^{} is outside CAP.MPSMIN..MPSMAX (2^{min}..2^{max})",
+                cc.page_shift()
+            ));
+        }
+        if cc.iosqes() != 6 || cc.iocqes() != 4 {
+            return Err(format!(
+                "CC.IOSQES/IOCQES = {}/{} but entries are 2^6/2^4 bytes",
+                cc.iosqes(),
+                cc.iocqes()
+            ));
+        }
+        let aqa = Aqa(self.shared.regs.get32(offset::AQA));
+        let limit = cfg.max_queue_entries;
+        for (what, n) in [("ASQS", aqa.sq_entries()), ("ACQS", aqa.cq_entries())] {
+            if n < 2 || n > limit {
+                return Err(format!("AQA.{what} gives {n} entries; allowed 2..={limit}"));
+            }
+        }
+        let (asq, acq) = (self.shared.regs.get64(offset::ASQ), self.shared.regs.get64(offset::ACQ));
+        let mask = (1u64 << cc.page_shift()) - 1;
+        if asq & mask != 0 || acq & mask != 0 {
+            return Err(format!("ASQ {asq:#x} / ACQ {acq:#x} not aligned to the {}-byte page", mask + 1));
+        }
+        Ok((aqa, asq, acq))
+    }
+
+    /// CC.EN 0 → 1.
+    fn enable(&mut self, cc: Cc) {
+        if self.shared.fatal.load(Ordering::Acquire) {
+            self.enter_fatal("enabled while in fatal status");
+            return;
+        }
+        match self.check_enable(cc) {
+            Err(why) => {
+                tracing::warn!(device = %self.name(), "refusing CC.EN = 1: {why}; reporting CSTS.CFS");
+                self.cfs = true;
+                self.phase = Phase::Fatal;
+                self.write_csts();
+            }
+            Ok((aqa, asq, acq)) => {
+                self.page_shift = cc.page_shift();
+                self.zero_sq_doorbell(ADMIN_QID);
+                self.zero_cq_doorbell(ADMIN_QID);
+                self.cqs[0] = Some(Cq::new(QueueMem::Contiguous(acq), aqa.cq_entries(), 1));
+                self.sqs[0] = Some(Sq::new(QueueMem::Contiguous(asq), aqa.sq_entries(), 0));
+                self.phase = Phase::Enabling(Instant::now() + self.shared.cfg.ready_delay);
+            }
+        }
+    }
+
+    /// CC.EN 1 → 0: controller reset (§7.3.2). Queues, pending completions and
+    /// feature values are forgotten; CSTS returns to all zeroes.
+    fn reset(&mut self) {
+        self.sqs.iter_mut().for_each(|q| *q = None);
+        self.cqs.iter_mut().for_each(|q| *q = None);
+        self.pending.clear();
+        self.features = Self::default_features(&self.shared);
+        for qid in 0..self.sqs.len() as u16 {
+            self.zero_sq_doorbell(qid);
+            self.zero_cq_doorbell(qid);
+        }
+        self.shared.fatal.store(false, Ordering::Release);
+        self.rdy = false;
+        self.cfs = false;
+        self.shst = ShutdownStatus::Normal;
+        self.phase = Phase::Disabled;
+        self.write_csts();
+        tracing::debug!(device = %self.name(), "controller reset");
+    }
+
+    /// CSTS.CFS = 1 and stop processing commands until a reset.
+    fn enter_fatal(&mut self, why: &str) {
+        tracing::warn!(device = %self.name(), "controller fatal status: {why}");
+        self.cfs = true;
+        self.phase = Phase::Fatal;
+        self.write_csts();
+    }
+
+    /// CC.SHN written (§7.6.2): finish what is outstanding, flush, report complete.
+    fn shutdown(&mut self) {
+        self.shst = ShutdownStatus::Occurring;
+        self.write_csts();
+        if self.phase == Phase::Running {
+            self.post_due(true);
+        }
+        if let Err(e) = self.media.flush() {
+            tracing::warn!(device = %self.name(), error = ?e, "flushing media during shutdown failed");
+        }
+        self.shst = ShutdownStatus::Complete;
+        if self.phase != Phase::Fatal {
+            self.phase = Phase::ShutDown;
+        }
+        self.write_csts();
+    }
+
+    /// Runs one command, applying fault rules; `None` when its completion is to be lost.
+    fn execute(&mut self, qid: u16, sqe: &SubmissionEntry) -> Option<Done> {
+        let opcode = sqe.opcode();
+        let counters = &self.shared.counters;
+        let slba = if qid == ADMIN_QID {
+            counters.admin_commands.fetch_add(1, Ordering::Relaxed);
+            None
+        } else {
+            counters.commands.fetch_add(1, Ordering::Relaxed);
+            matches!(
+                IoOpcode::from_raw(opcode),
+                Some(IoOpcode::Read | IoOpcode::Write | IoOpcode::WriteZeroes)
+            )
+            .then(|| sqe.slba())
+        };
+        let action = self.shared.faults.check(qid, opcode, slba);
+        let mut done = match &action {
+            Some(FaultAction::Fail(status)) => Done::err(*status),
+            _ => {
+                let mut d = if qid == ADMIN_QID { self.admin_command(sqe) } else { self.io_command(sqe) };
+                d.status = with_dnr_if_permanent(d.status);
+                d
+            }
+        };
+        match action {
+            Some(FaultAction::Delay(by)) => done.due = Some(done.due.unwrap_or_else(Instant::now) + by),
+            Some(FaultAction::DropCompletion) => {
+                self.shared.counters.dropped_completions.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(device = %self.name(), qid, cid = sqe.cid(), opcode, "fault: completion dropped");
+                return None;
+            }
+            _ => {}
+        }
+        if !done.status.is_success() {
+            self.shared.counters.errors.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(device = %self.name(), qid, cid = sqe.cid(), ?sqe, status = %done.status, "command failed");
+        }
+        Some(done)
+    }
+}

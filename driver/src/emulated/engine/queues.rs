@@ -1,0 +1,254 @@
+//! Queue state, command fetching and completion posting (§4.1, §4.6, §7.2).
+
+use super::{Done, Engine, Phase};
+use crate::spec::registers::{cq_head_doorbell, sq_tail_doorbell};
+use crate::spec::{CompletionEntry, Status, SubmissionEntry};
+use crate::spec::{CQE_SIZE, SQE_SIZE};
+use std::time::Instant;
+use zerocopy::IntoBytes;
+
+/// Commands taken from one SQ before the next SQ gets a turn.
+const BURST: u32 = 32;
+
+/// Where a queue's entries are: one contiguous run, or pages from a PRP list (CAP.CQR = 0).
+pub(super) enum QueueMem {
+    Contiguous(u64),
+    Pages(Vec<u64>),
+}
+
+impl QueueMem {
+    fn entry(&self, index: u32, entry_size: usize, page_size: u64) -> u64 {
+        let off = index as u64 * entry_size as u64;
+        match self {
+            QueueMem::Contiguous(base) => base + off,
+            // An index past the list yields address 0, which the IOMMU refuses.
+            QueueMem::Pages(pages) => {
+                pages.get((off / page_size) as usize).map_or(0, |p| p + off % page_size)
+            }
+        }
+    }
+}
+
+pub(super) struct Sq {
+    pub(super) mem: QueueMem,
+    pub(super) size: u32,
+    pub(super) head: u32,
+    pub(super) tail: u32,
+    pub(super) cqid: u16,
+    /// The last out-of-range doorbell value, so it is reported once.
+    pub(super) bad_tail: Option<u32>,
+}
+
+pub(super) struct Cq {
+    pub(super) mem: QueueMem,
+    pub(super) size: u32,
+    /// From the host's head doorbell.
+    pub(super) head: u32,
+    pub(super) tail: u32,
+    pub(super) phase: bool,
+    pub(super) bound_sqs: u32,
+    /// Slots promised to completions waiting in the pending list.
+    pub(super) reserved: u32,
+    pub(super) bad_head: Option<u32>,
+}
+
+impl Sq {
+    pub(super) fn new(mem: QueueMem, size: u32, cqid: u16) -> Sq {
+        Sq { mem, size, head: 0, tail: 0, cqid, bad_tail: None }
+    }
+}
+
+impl Cq {
+    /// An empty CQ; the controller's phase tag starts at 1 over host-zeroed memory (§4.6).
+    pub(super) fn new(mem: QueueMem, size: u32, bound_sqs: u32) -> Cq {
+        Cq { mem, size, head: 0, tail: 0, phase: true, bound_sqs, reserved: 0, bad_head: None }
+    }
+
+    /// Empty slots; one slot always stays empty, so full is tail + 1 == head (§4.1).
+    fn free(&self) -> u32 {
+        (self.head + self.size - self.tail - 1) % self.size
+    }
+    /// Whether one more command may be fetched for this CQ without risking an overwrite.
+    fn can_accept(&self) -> bool {
+        self.free() > self.reserved
+    }
+}
+
+/// A completion waiting for its due time.
+pub(super) struct Pending {
+    pub(super) due: Instant,
+    pub(super) sqid: u16,
+    pub(super) cqid: u16,
+    /// SQ head when the command was fetched, used if the SQ is gone at posting time.
+    pub(super) sqhd: u16,
+    pub(super) cid: u16,
+    dw0: u32,
+    pub(super) status: Status,
+}
+
+impl Engine {
+    /// A new or deleted queue starts from an empty ring: stale doorbell values must not be read.
+    pub(super) fn zero_sq_doorbell(&self, qid: u16) {
+        self.shared.regs.set32(sq_tail_doorbell(qid, self.dstrd()), 0);
+    }
+    pub(super) fn zero_cq_doorbell(&self, qid: u16) {
+        self.shared.regs.set32(cq_head_doorbell(qid, self.dstrd()), 0);
+    }
+
+    pub(super) fn service(&mut self) -> bool {
+        self.refresh_cq_heads();
+        let mut busy = self.post_due(false);
+        for qid in 0..self.sqs.len() {
+            if self.phase != Phase::Running {
+                break;
+            }
+            busy |= self.fetch(qid as u16);
+        }
+        busy
+    }
+
+    fn refresh_cq_heads(&mut self) {
+        let (regs, dstrd) = (&self.shared.regs, self.shared.cfg.dstrd);
+        for (qid, slot) in self.cqs.iter_mut().enumerate() {
+            let Some(cq) = slot.as_mut() else { continue };
+            let value = regs.get32(cq_head_doorbell(qid as u16, dstrd));
+            // The head may only move over entries we posted (§4.1); anything else is a host bug.
+            let posted = (cq.tail + cq.size - cq.head) % cq.size;
+            let advance = value.wrapping_add(cq.size).wrapping_sub(cq.head) % cq.size;
+            if value < cq.size && advance <= posted {
+                cq.head = value;
+                cq.bad_head = None;
+            } else if cq.bad_head != Some(value) {
+                tracing::warn!(
+                    device = %self.shared.cfg.name, qid, value, head = cq.head, tail = cq.tail, size = cq.size,
+                    "ignoring invalid CQ head doorbell write"
+                );
+                cq.bad_head = Some(value);
+            }
+        }
+    }
+
+    /// Fetches and executes up to [`BURST`] commands from SQ `qid`.
+    fn fetch(&mut self, qid: u16) -> bool {
+        let page = self.page_size();
+        let doorbell = self.shared.regs.get32(sq_tail_doorbell(qid, self.dstrd()));
+        let Some(sq) = self.sqs[qid as usize].as_mut() else { return false };
+        if doorbell < sq.size {
+            sq.tail = doorbell;
+            sq.bad_tail = None;
+        } else if sq.bad_tail != Some(doorbell) {
+            tracing::warn!(device = %self.shared.cfg.name, qid, value = doorbell, size = sq.size,
+                "ignoring SQ tail doorbell write beyond the queue");
+            sq.bad_tail = Some(doorbell);
+        }
+        let mut busy = false;
+        for _ in 0..BURST {
+            let Some(sq) = self.sqs[qid as usize].as_mut() else { break };
+            if sq.head == sq.tail {
+                break;
+            }
+            let cqid = sq.cqid;
+            if !self.cqs[cqid as usize].as_ref().is_some_and(Cq::can_accept) {
+                break;
+            }
+            let addr = sq.mem.entry(sq.head, SQE_SIZE, page);
+            let mut sqe = SubmissionEntry::default();
+            if self.shared.iommu.dma_read(addr, sqe.as_mut_bytes()).is_err() {
+                let why = format!("cannot fetch SQ {qid} entry {} at {addr:#x}", sq.head);
+                self.enter_fatal(&why);
+                return true;
+            }
+            sq.head = (sq.head + 1) % sq.size;
+            busy = true;
+            if let Some(done) = self.execute(qid, &sqe) {
+                self.complete(qid, cqid, sqe.cid(), done);
+            }
+            if self.phase != Phase::Running {
+                break;
+            }
+        }
+        busy
+    }
+
+    /// Posts now, or queues the completion until it is due.
+    fn complete(&mut self, sqid: u16, cqid: u16, cid: u16, done: Done) {
+        let sqhd = self.sqs[sqid as usize].as_ref().map_or(0, |sq| sq.head as u16);
+        match done.due {
+            Some(due) if due > Instant::now() => {
+                if let Some(cq) = self.cqs[cqid as usize].as_mut() {
+                    cq.reserved += 1;
+                }
+                let at = self.pending.partition_point(|p| p.due <= due);
+                let p = Pending { due, sqid, cqid, sqhd, cid, dw0: done.dw0, status: done.status };
+                self.pending.insert(at, p);
+            }
+            _ => self.post(cqid, sqid, sqhd, cid, done.dw0, done.status),
+        }
+    }
+
+    /// Posts pending completions that are due (all of them with `force`) and whose CQ has room.
+    pub(super) fn post_due(&mut self, force: bool) -> bool {
+        let now = Instant::now();
+        let mut posted = false;
+        let mut i = 0;
+        while i < self.pending.len() {
+            let (due, cqid, sqid) = (self.pending[i].due, self.pending[i].cqid, self.pending[i].sqid);
+            if !force && due > now {
+                break;
+            }
+            let Some(cq) = self.cqs[cqid as usize].as_mut() else {
+                self.pending.remove(i);
+                continue;
+            };
+            if cq.free() == 0 {
+                i += 1;
+                continue;
+            }
+            cq.reserved = cq.reserved.saturating_sub(1);
+            let p = self.pending.remove(i);
+            let sqhd = self.sqs[sqid as usize].as_ref().map_or(p.sqhd, |sq| sq.head as u16);
+            self.post(cqid, sqid, sqhd, p.cid, p.dw0, p.status);
+            posted = true;
+        }
+        posted
+    }
+
+    /// Writes one completion entry at the CQ tail. Callers make sure the CQ has room.
+    fn post(&mut self, cqid: u16, sqid: u16, sqhd: u16, cid: u16, dw0: u32, status: Status) {
+        let page = self.page_size();
+        let Some(cq) = self.cqs[cqid as usize].as_mut() else { return };
+        let entry = CompletionEntry::new(dw0, sqhd, sqid, cid, cq.phase, status);
+        let addr = cq.mem.entry(cq.tail, CQE_SIZE, page);
+        cq.tail += 1;
+        if cq.tail == cq.size {
+            cq.tail = 0;
+            cq.phase = !cq.phase;
+        }
+        // §4.6: the host owns an entry once its phase tag flips, so DW3 (which
+        // holds the tag) is stored last, with release ordering.
+        let iommu = &self.shared.iommu;
+        let written = iommu
+            .dma_write(addr, &entry.as_bytes()[..12])
+            .and_then(|()| iommu.dma_store_u32(addr + 12, entry.dw3));
+        if written.is_err() {
+            self.enter_fatal(&format!("cannot write CQ {cqid} entry at {addr:#x}"));
+        }
+    }
+
+    /// Completes the pending commands of SQ `sqid` now with Aborted: SQ Deletion (§5.6).
+    pub(super) fn abort_pending_for_sq(&mut self, sqid: u16) {
+        let now = Instant::now();
+        let sqhd = self.sqs[sqid as usize].as_ref().map_or(0, |sq| sq.head as u16);
+        let mut any = false;
+        for p in self.pending.iter_mut().filter(|p| p.sqid == sqid) {
+            p.due = now.min(p.due);
+            p.status = Status::ABORTED_SQ_DELETION;
+            p.sqhd = sqhd;
+            any = true;
+        }
+        if any {
+            self.pending.sort_by_key(|p| p.due);
+            self.post_due(false);
+        }
+    }
+}
