@@ -1,1 +1,31 @@
-//! placeholder
+//! tutti's I/O kernels: CUDA C sources for gio_uring's executor, written once
+//! against `include/portable.cuh` and built two ways.
+//!
+//! - [`abi`]: the shared memory layout, mirrored from `include/tutti_gio.h`.
+//! - [`GIO_SOURCE`]: the kernels as one NVRTC program (`cuda/gio.cu` with its
+//!   includes inlined at build time); [`nvrtc`] compiles it to a cubin and
+//!   reports registers per kernel.
+//! - [`host`]: the same source compiled as C++20 by build.rs and run by host
+//!   threads, one per CUDA thread — the executor used without a GPU.
+//!
+//! Kernels: `tt_gio_issue` (launch mode), `tt_gio_persistent` (SQPOLL mode),
+//! `tt_gio_wait` (waits for IOCB completions on a stream).
+
+pub mod abi;
+mod error;
+pub mod host;
+pub mod nvrtc;
+
+pub use error::KernelError;
+
+/// The kernels as a single NVRTC translation unit.
+pub const GIO_SOURCE: &str = include_str!(concat!(env!("OUT_DIR"), "/gio_bundle.cu"));
+/// Name of the program in NVRTC messages.
+pub const GIO_PROGRAM: &str = "tutti_gio.cu";
+/// Entry points of [`GIO_SOURCE`].
+pub const KERNEL_ISSUE: &str = "tt_gio_issue";
+pub const KERNEL_PERSISTENT: &str = "tt_gio_persistent";
+pub const KERNEL_WAIT: &str = "tt_gio_wait";
+pub const KERNELS: [&str; 3] = [KERNEL_ISSUE, KERNEL_PERSISTENT, KERNEL_WAIT];
+/// Threads per block the issue kernels are compiled for (`TT_GIO_BLOCK_THREADS`).
+pub const GPU_BLOCK_THREADS: u32 = 512;

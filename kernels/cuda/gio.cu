@@ -1,0 +1,95 @@
+/*
+ * gio.cu — the I/O executor's kernels.
+ *
+ *   tt_gio_issue       launch mode: each block takes IOCB parts from the
+ *                      submission ring until it is empty, then returns.
+ *   tt_gio_persistent  SQPOLL mode: the same, but an empty ring is polled
+ *                      until the host sets control->stop.
+ *   tt_gio_wait        waits (on the engine's stream) until IOCBs have
+ *                      completed a given issue, or a timeout passes;
+ *                      adds the number completed to *done.
+ *
+ * Blocks must be a multiple of 32 threads. On the GPU the grid must be
+ * co-resident (sized from the occupancy of the SM partition): blocks wait on
+ * each other's progress through the NVMe queues.
+ */
+#include "gio_iocb.cuh"
+#include "gio_queue.cuh"
+#include "gio_ring.cuh"
+#include "portable.cuh"
+
+struct tt_block_shared {
+    uint64_t entry;
+    uint32_t what;
+    uint32_t pad;
+};
+
+/* Largest block the issue kernels are built for (the GPU executor launches this size). */
+#define TT_GIO_BLOCK_THREADS 512
+
+#define TT_RUN_EXIT 0u
+#define TT_RUN_WORK 1u
+#define TT_RUN_IDLE 2u
+
+TT_DEVICE void tt_gio_run(const struct tt_exec_ctx* ctx, bool persistent) {
+    TT_SHARED(struct tt_block_shared, sh);
+    const uint32_t tid = tt_thread_idx();
+    uint32_t idle = 256;
+    if (persistent && tid == 0) tt_atomic_add_u32(&ctx->control->running, 1);
+    for (;;) {
+        if (tid == 0) {
+            uint64_t v = 0;
+            if (tt_ring_pop(ctx->sq_ring, &v)) {
+                sh.what = TT_RUN_WORK;
+                sh.entry = v;
+            } else {
+                sh.what = (persistent && !tt_ld_acquire_u32(&ctx->control->stop)) ? TT_RUN_IDLE : TT_RUN_EXIT;
+            }
+        }
+        tt_syncthreads();
+        const uint32_t what = sh.what;
+        const uint64_t entry = sh.entry;
+        tt_syncthreads();
+        if (what == TT_RUN_EXIT) break;
+        if (what == TT_RUN_IDLE) {
+            tt_backoff(&idle, ctx->idle_sleep_ns);
+            continue;
+        }
+        idle = 256;
+        const uint32_t b = (uint32_t)entry;
+        const uint32_t part = (uint32_t)(entry >> 32) & 0xFFFFu;
+        const uint32_t nparts = (uint32_t)(entry >> 48);
+        if (b >= ctx->niocbs || nparts == 0 || part >= nparts) continue;
+        tt_process_part(ctx, b, part, nparts);
+    }
+    if (persistent && tid == 0) tt_atomic_add_u32(&ctx->control->running, 0xFFFFFFFFu);
+}
+
+/* 2 x 512 threads per SM: one IOCB of 2048 IOCTXs fills an SM pair with one thread per IOCTX. */
+TT_KERNEL void TT_LAUNCH_BOUNDS(TT_GIO_BLOCK_THREADS, 2) tt_gio_issue(const struct tt_exec_ctx* ctx) {
+    tt_gio_run(ctx, false);
+}
+
+TT_KERNEL void TT_LAUNCH_BOUNDS(TT_GIO_BLOCK_THREADS, 2) tt_gio_persistent(const struct tt_exec_ctx* ctx) {
+    tt_gio_run(ctx, true);
+}
+
+TT_KERNEL void tt_gio_wait(const struct tt_exec_ctx* ctx, const uint32_t* ids, const uint32_t* seqs, uint32_t n,
+                           uint64_t timeout_ns, uint32_t* done) {
+    const uint64_t deadline = tt_now_ns() + timeout_ns;
+    const uint32_t stride = tt_grid_dim() * tt_block_dim();
+    for (uint32_t k = tt_block_idx() * tt_block_dim() + tt_thread_idx(); k < n; k += stride) {
+        if (ids[k] >= ctx->niocbs) continue;
+        const uint32_t* done_seq = &ctx->iocbs[ids[k]].hdr.done_seq;
+        uint32_t sleep = 64;
+        for (;;) {
+            /* Sequence numbers wrap; "at or after this issue" is a signed difference. */
+            if ((int32_t)(tt_ld_acquire_u32(done_seq) - seqs[k]) >= 0) {
+                tt_atomic_add_u32(done, 1);
+                break;
+            }
+            if (tt_now_ns() > deadline) break;
+            tt_backoff(&sleep, ctx->max_backoff_ns);
+        }
+    }
+}

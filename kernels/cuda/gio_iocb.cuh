@@ -1,0 +1,226 @@
+/*
+ * gio_iocb.cuh — turning IOCTXs into NVMe commands, and running one part of an IOCB.
+ *
+ * An IOCB is split into `nparts` parts run by different blocks: part p takes
+ * IOCTXs in runs of blockDim, every nparts-th run. A lane builds the command
+ * for its IOCTX — from the IOCTX itself, or for a layer IOCB by expanding a
+ * (file, block) pair through the device-resident layer table — takes a ticket
+ * (tt_warp_reserve), submits, and after its last submission waits for each of
+ * its IOCTXs to finish. The last part to finish posts the IOCB's completion.
+ */
+#ifndef TUTTI_GIO_IOCB_CUH
+#define TUTTI_GIO_IOCB_CUH
+
+#include "gio_queue.cuh"
+#include "gio_ring.cuh"
+#include "portable.cuh"
+
+#define TT_OPC_WRITE 0x01u
+#define TT_OPC_READ 0x02u
+#define TT_SGL_TYPE_DATA_BLOCK 0x0u
+
+TT_DEVICE uint32_t tt_invalid(uint32_t detail) { return TT_STATUS(TT_KIND_INVALID, detail); }
+TT_DEVICE uint32_t tt_xlate(uint32_t detail) { return TT_STATUS(TT_KIND_TRANSLATION, detail); }
+
+/* Read/Write (§6.9, §6.15): CDW10-11 SLBA, CDW12[15:0] NLB (0's based), CDW12[31:16] flags. */
+TT_DEVICE void tt_sqe_rw(struct tt_sqe* s, uint32_t opcode, bool sgl, uint32_t nsid, uint64_t d0, uint64_t d1,
+                         uint64_t slba, uint32_t nlb, uint32_t cdw12_hi) {
+    /* CDW0: opcode [7:0], PSDT [15:14] (01b: SGL, 00b: PRP), CID [31:16] set at submission. */
+    s->w[0] = (uint64_t)(opcode | ((sgl ? 1u : 0u) << 14)) | ((uint64_t)nsid << 32);
+    s->w[1] = 0; /* CDW2-3 */
+    s->w[2] = 0; /* MPTR */
+    s->w[3] = d0;
+    s->w[4] = d1;
+    s->w[5] = slba;
+    s->w[6] = (uint64_t)((nlb - 1u) | (cdw12_hi << 16)); /* CDW13 = 0 */
+    s->w[7] = 0;                                        /* CDW14-15 */
+}
+
+/* What the controller would reject anyway, caught here so the status names our
+ * mistake instead of the device's. */
+TT_DEVICE uint32_t tt_check_rw(const struct tt_drive* d, uint32_t opcode, uint32_t nlb, bool sgl, uint64_t d0,
+                               uint64_t d1) {
+    if (opcode != TT_OPC_READ && opcode != TT_OPC_WRITE) return tt_invalid(TT_INVALID_OPCODE);
+    if (nlb == 0 || nlb > 65536u || nlb > d->max_lbas) return tt_invalid(TT_INVALID_LENGTH);
+    if (sgl) {
+        if (!(d->flags & TT_DRIVE_SGL)) return tt_invalid(TT_INVALID_NO_SGL);
+        const uint32_t len = (uint32_t)d1;
+        /* §4.4: descriptor byte 15 is type [7:4] | subtype [3:0]. */
+        if ((uint32_t)(d1 >> 60) == TT_SGL_TYPE_DATA_BLOCK && (uint64_t)len != ((uint64_t)nlb << d->lba_shift))
+            return tt_invalid(TT_INVALID_SGL_LENGTH);
+        if ((d->flags & TT_DRIVE_SGL_DWORD) && ((d0 | len) & 3u)) return tt_invalid(TT_INVALID_SGL_ALIGN);
+    }
+    return TT_STATUS_SUCCESS;
+}
+
+/* Spreads warps over a drive's queues; lanes of one warp mostly share a drive,
+ * so they usually share one ticket atomic. */
+TT_DEVICE uint32_t tt_pick_queue(const struct tt_drive* d) {
+    const uint32_t warp = tt_block_idx() * (tt_block_dim() / TT_WARP_SIZE) + tt_thread_idx() / TT_WARP_SIZE;
+    return d->first_queue + warp % d->nqueues;
+}
+
+/* A command from an IOCTX the host filled. */
+TT_DEVICE uint32_t tt_build_explicit(const struct tt_exec_ctx* ctx, struct tt_ioctx* io, struct tt_sqe* sqe,
+                                     uint32_t* queue) {
+    const uint32_t drive = tt_ld_relaxed_u16(&io->drive);
+    if (drive >= ctx->ndrives) return tt_xlate(TT_XLATE_DRIVE);
+    const struct tt_drive* d = &ctx->drives[drive];
+    const uint32_t flags = tt_ld_relaxed_u8(&io->flags);
+    uint64_t d0, d1;
+    bool sgl;
+    if (flags == TT_IOCTX_SGL || flags == TT_IOCTX_PRP) {
+        d0 = tt_ld_relaxed_u64(&io->dptr[0]);
+        d1 = tt_ld_relaxed_u64(&io->dptr[1]);
+        sgl = flags == TT_IOCTX_SGL;
+    } else if (flags == TT_IOCTX_TABLE) {
+        const uint32_t t = tt_ld_relaxed_u8(&io->table);
+        if (t >= ctx->ntables || ctx->tables[t].kind == TT_TABLE_UNUSED) return tt_xlate(TT_XLATE_TABLE);
+        const struct tt_layer_table* tb = &ctx->tables[t];
+        const uint32_t idx = tt_ld_relaxed_u32(&io->table_index);
+        if (idx >= tb->entry_count) return tt_xlate(TT_XLATE_INDEX);
+        d0 = tb->entries[2 * (uint64_t)idx];
+        d1 = tb->entries[2 * (uint64_t)idx + 1];
+        sgl = tb->kind == TT_TABLE_SGL;
+        if (sgl ? (uint32_t)d1 == 0 : d0 == 0) return tt_xlate(TT_XLATE_EMPTY);
+    } else {
+        return tt_invalid(TT_INVALID_DPTR);
+    }
+    const uint32_t opcode = tt_ld_relaxed_u8(&io->opcode);
+    const uint32_t nlb = tt_ld_relaxed_u32(&io->nlb);
+    const uint32_t st = tt_check_rw(d, opcode, nlb, sgl, d0, d1);
+    if (st != TT_STATUS_SUCCESS) return st;
+    uint32_t nsid = tt_ld_relaxed_u32(&io->nsid);
+    if (nsid == 0) nsid = d->nsid;
+    tt_sqe_rw(sqe, opcode, sgl, nsid, d0, d1, tt_ld_relaxed_u64(&io->slba), nlb, tt_ld_relaxed_u16(&io->cdw12_hi));
+    *queue = tt_pick_queue(d);
+    return TT_STATUS_SUCCESS;
+}
+
+/* What a layer IOCB asks for, read once per part. */
+struct tt_layer_req {
+    const struct tt_layer_table* tb; /* NULL: no such table */
+    uint32_t table;
+    uint32_t layer;
+    uint32_t opcode;
+};
+
+/* IOCTX `i` of a layer IOCB: pair i / (2 chunks), then K or V, then the chunk.
+ * The tutti_gio.h comment on tt_layer_table gives the placement formula. The
+ * IOCTX is filled in too, so the host can see what each command was. */
+TT_DEVICE uint32_t tt_build_layer(const struct tt_exec_ctx* ctx, const struct tt_layer_req* req,
+                                  const struct tt_iocb* b, uint32_t i, struct tt_ioctx* io, struct tt_sqe* sqe,
+                                  uint32_t* queue) {
+    tt_st_relaxed_u32(&io->status, TT_STATUS_PENDING);
+    const struct tt_layer_table* tb = req->tb;
+    if (!tb) return tt_xlate(TT_XLATE_TABLE);
+    if (req->layer >= tb->layers) return tt_xlate(TT_XLATE_LAYER);
+    const uint32_t chunks = tb->chunks;
+    const uint32_t p = i / (2u * chunks);
+    const uint32_t kv = (i / chunks) & 1u;
+    const uint32_t c = i % chunks;
+    const uint32_t file = tt_ld_relaxed_u32(&b->pairs[p].file);
+    const uint32_t block = tt_ld_relaxed_u32(&b->pairs[p].block);
+    if (file >= tb->files) return tt_xlate(TT_XLATE_FILE);
+    if (block >= tb->blocks) return tt_xlate(TT_XLATE_BLOCK);
+    const uint32_t j = 2u * req->layer + kv;
+    const uint32_t pool_drive = (uint32_t)(((uint64_t)file + j) % tb->ndrives);
+    const uint64_t slba = tb->data_start_lba[pool_drive] +
+                          ((uint64_t)file * tb->slots_per_file + j / tb->ndrives) * tb->object_lbas +
+                          (uint64_t)c * tb->chunk_lbas;
+    const uint32_t nlb = tt_min_u32(tb->chunk_lbas, tb->object_lbas - c * tb->chunk_lbas);
+    const uint64_t idx = (((uint64_t)block * tb->layers + req->layer) * 2u + kv) * chunks + c;
+    if (idx >= tb->entry_count) return tt_xlate(TT_XLATE_INDEX);
+    const uint32_t drive = tb->drive[pool_drive];
+    if (drive >= ctx->ndrives) return tt_xlate(TT_XLATE_DRIVE);
+    const struct tt_drive* d = &ctx->drives[drive];
+    const uint64_t d0 = tb->entries[2 * idx];
+    const uint64_t d1 = tb->entries[2 * idx + 1];
+    const bool sgl = tb->kind == TT_TABLE_SGL;
+    tt_st_relaxed_u64(&io->dptr[0], d0);
+    tt_st_relaxed_u64(&io->dptr[1], d1);
+    tt_st_relaxed_u64(&io->slba, slba);
+    tt_st_relaxed_u32(&io->nlb, nlb);
+    tt_st_relaxed_u32(&io->nsid, d->nsid);
+    tt_st_relaxed_u32(&io->table_index, (uint32_t)idx);
+    tt_st_relaxed_u16(&io->drive, (uint16_t)drive);
+    tt_st_relaxed_u8(&io->opcode, (uint8_t)req->opcode);
+    tt_st_relaxed_u8(&io->flags, (uint8_t)TT_IOCTX_TABLE);
+    tt_st_relaxed_u8(&io->table, (uint8_t)req->table);
+    if (sgl ? (uint32_t)d1 == 0 : d0 == 0) return tt_xlate(TT_XLATE_EMPTY);
+    if (sgl && (uint32_t)(d1 >> 60) == TT_SGL_TYPE_DATA_BLOCK && (uint64_t)(uint32_t)d1 != ((uint64_t)nlb << d->lba_shift))
+        return tt_xlate(TT_XLATE_LENGTH);
+    const uint32_t st = tt_check_rw(d, req->opcode, nlb, sgl, d0, d1);
+    if (st != TT_STATUS_SUCCESS) return st;
+    tt_sqe_rw(sqe, req->opcode, sgl, d->nsid, d0, d1, slba, nlb, 0);
+    *queue = tt_pick_queue(d);
+    return TT_STATUS_SUCCESS;
+}
+
+/* Marks the IOCB done and hands its index to the host. */
+TT_DEVICE void tt_post_iocb(const struct tt_exec_ctx* ctx, uint32_t b) {
+    struct tt_iocb_hdr* h = &ctx->iocbs[b].hdr;
+    tt_st_relaxed_u64(&h->done_ns, tt_now_ns());
+    tt_st_release_u32(&h->done_seq, tt_ld_relaxed_u32(&h->seq));
+    if (tt_ring_push(ctx->cq_ring, b))
+        tt_atomic_add_u64(&ctx->control->iocbs_done, 1);
+    else
+        tt_atomic_add_u64(&ctx->control->lost_posts, 1);
+}
+
+/* Runs part `part` of `nparts` of IOCB `b` with every thread of the block. */
+TT_NOINLINE void tt_process_part(const struct tt_exec_ctx* ctx, uint32_t b, uint32_t part, uint32_t nparts) {
+    struct tt_iocb* iocb = &ctx->iocbs[b];
+    const uint32_t count = tt_min_u32(tt_ld_relaxed_u32(&iocb->hdr.count), TT_IOCB_MAX_IOCTX);
+    const bool layer = tt_ld_relaxed_u32(&iocb->hdr.kind) == TT_IOCB_LAYER;
+    struct tt_layer_req req;
+    req.table = tt_ld_relaxed_u32(&iocb->hdr.table);
+    req.layer = tt_ld_relaxed_u32(&iocb->hdr.layer);
+    req.opcode = tt_ld_relaxed_u8(&iocb->hdr.opcode);
+    req.tb = (req.table < ctx->ntables && ctx->tables[req.table].kind != TT_TABLE_UNUSED) ? &ctx->tables[req.table]
+                                                                                          : 0;
+    const uint32_t tid = tt_thread_idx();
+    const uint32_t bdim = tt_block_dim();
+    const uint32_t stride = nparts * bdim;
+    if (tid == 0) tt_atomic_cas_u64(&iocb->hdr.start_ns, 0, tt_now_ns());
+
+    /* Every lane of a warp stays in this loop until no lane of the warp has work:
+     * the ticket reservation is a warp collective. */
+    for (uint32_t base = part * bdim;; base += stride) {
+        const uint32_t i = base + tid;
+        const bool have = i < count;
+        if (!tt_warp_any(have)) break;
+        struct tt_sqe sqe;
+        uint32_t queue = 0;
+        int32_t target = -1;
+        const uint32_t ref = tt_ioctx_ref(b, have ? i : 0);
+        if (have) {
+            struct tt_ioctx* io = &iocb->ioctx[i];
+            uint32_t st = layer ? tt_build_layer(ctx, &req, iocb, i, io, &sqe, &queue)
+                                : tt_build_explicit(ctx, io, &sqe, &queue);
+            if (st == TT_STATUS_SUCCESS && tt_ld_relaxed_u32(&ctx->queues[queue].dead))
+                st = TT_STATUS(TT_KIND_QUEUE_DEAD, queue);
+            if (st == TT_STATUS_SUCCESS)
+                target = (int32_t)queue;
+            else
+                tt_finish_ioctx(ctx, ref, st, 0);
+        }
+        const uint64_t ticket = tt_warp_reserve(ctx, target);
+        if (target >= 0) {
+            const uint32_t st = tt_sq_submit(ctx, queue, ticket, &sqe, ref, &iocb->ioctx[i]);
+            if (st != TT_STATUS_PENDING) tt_finish_ioctx(ctx, ref, st, 0);
+        }
+    }
+
+    for (uint32_t base = part * bdim; base < count; base += stride) {
+        if (base + tid < count) tt_wait_ioctx(ctx, b, base + tid);
+    }
+
+    tt_syncthreads();
+    if (tid == 0) {
+        tt_atomic_add_u64(&ctx->control->parts_done, 1);
+        if (tt_atomic_add_u32(&iocb->hdr.parts_left, 0xFFFFFFFFu) == 1u) tt_post_iocb(ctx, b);
+    }
+}
+
+#endif /* TUTTI_GIO_IOCB_CUH */

@@ -1,0 +1,245 @@
+/*
+ * gio_queue.cuh — many executor threads driving one NVMe queue pair.
+ *
+ * Submission (see struct tt_nvmeq in tutti_gio.h):
+ *   1. tickets: a warp takes one ticket per lane with a single atomic add per
+ *      queue it targets (tt_warp_reserve);
+ *   2. ordered laps: ticket t owns slot t % depth on lap t / depth and waits
+ *      until slot_turn says the previous lap's command finished (its CID is
+ *      free) and the last SQHD says the SQ has room;
+ *   3. the lane writes the 64-byte entry, marks the slot ready, and whoever
+ *      holds the tail lock publishes every contiguous ready slot with one
+ *      doorbell write (tt_sq_publish).
+ * Completion: whoever holds the head lock consumes every completion entry
+ * whose phase tag matches (§4.6), matches it to its slot by CID — never by
+ * position, completions arrive in any order — finishes the IOCTX, frees the
+ * slot for the next lap, learns SQHD, and writes the CQ head doorbell once per
+ * batch. Every wait has a deadline: a command with no completion after
+ * command_timeout_ns is expired (TT_TIMEOUT_COMPLETION) and its slot reused
+ * under a new CID generation; a submitter that cannot get its slot within
+ * submit_timeout_ns marks the queue dead, because the hole its unwritten
+ * ticket leaves can never be published past.
+ */
+#ifndef TUTTI_GIO_QUEUE_CUH
+#define TUTTI_GIO_QUEUE_CUH
+
+#include "portable.cuh"
+
+struct tt_sqe {
+    uint64_t w[8];
+};
+
+TT_DEVICE uint32_t tt_ioctx_ref(uint32_t iocb, uint32_t index) { return (iocb << TT_IOCTX_INDEX_BITS) | index; }
+
+/* Records the final status of an IOCTX. The status store comes last: once it
+ * is visible, the part waiting for this IOCTX may complete the IOCB, after
+ * which the host may reuse it. */
+TT_DEVICE void tt_finish_ioctx(const struct tt_exec_ctx* ctx, uint32_t ref, uint32_t status, uint64_t latency_ns) {
+    const uint32_t b = ref >> TT_IOCTX_INDEX_BITS;
+    const uint32_t i = ref & (TT_IOCB_MAX_IOCTX - 1u);
+    if (b >= ctx->niocbs) return;
+    struct tt_iocb* iocb = &ctx->iocbs[b];
+    if (status != TT_STATUS_SUCCESS) {
+        tt_atomic_add_u32(&iocb->hdr.failed, 1);
+        tt_atomic_cas_u64(&iocb->hdr.first_error, TT_NO_ERROR, ((uint64_t)i << 32) | status);
+    }
+    tt_atomic_add_u32(&iocb->hdr.completed, 1);
+    tt_st_relaxed_u32(&iocb->ioctx[i].latency_us, (uint32_t)tt_min_u64(latency_ns / 1000u, 0xFFFFFFFFull));
+    tt_st_release_u32(&iocb->ioctx[i].status, status);
+}
+
+/* The CID carries the slot in its low cid_shift bits and the lap's low bits above. */
+TT_DEVICE uint32_t tt_cid_gen_mask(const struct tt_nvmeq* q) {
+    return q->cid_shift >= 16u ? 0u : (1u << (16u - q->cid_shift)) - 1u;
+}
+
+/* Learns how far the controller has fetched from an SQHD value (§4.6 DW2). */
+TT_DEVICE void tt_sq_head_advance(struct tt_nvmeq* q, uint32_t sqhd) {
+    const uint32_t depth = q->depth;
+    if (sqhd >= depth) return;
+    const uint64_t head = tt_ld_relaxed_u64(&q->sq_head);
+    const uint64_t tail = tt_ld_acquire_u64(&q->sq_tail);
+    const uint64_t delta = (uint64_t)((sqhd + depth - (uint32_t)(head % depth)) % depth);
+    /* The controller cannot fetch past the published tail; a larger step is an older SQHD. */
+    if (delta != 0 && delta <= tail - head) tt_st_release_u64(&q->sq_head, head + delta);
+}
+
+/* Frees `slot` and finishes its IOCTX as timed out, if it still holds `expect`
+ * (or, with expect == TT_SLOT_FREE, whatever command it holds) and that command
+ * is older than the command timeout. True if this call expired it. */
+TT_DEVICE bool tt_slot_expire(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q, uint32_t slot, uint64_t expect,
+                              uint64_t now) {
+    uint64_t owner = expect;
+    if (owner == TT_SLOT_FREE) {
+        owner = tt_ld_acquire_u64(&q->slot_owner[slot]);
+        if (owner == TT_SLOT_FREE) return false;
+    }
+    const uint64_t t0 = tt_ld_relaxed_u64(&q->slot_time[slot]);
+    if (t0 > now || now - t0 < ctx->command_timeout_ns) return false;
+    if (tt_atomic_cas_u64(&q->slot_owner[slot], owner, TT_SLOT_FREE) != owner) return false;
+    tt_finish_ioctx(ctx, (uint32_t)(owner >> 32), TT_STATUS(TT_KIND_TIMEOUT, TT_TIMEOUT_COMPLETION), now - t0);
+    tt_st_release_u32(&q->slot_turn[slot], (uint32_t)owner + 1u);
+    tt_atomic_add_u64(&q->expired, 1);
+    return true;
+}
+
+/* One completion entry, already known to be valid (phase matched). */
+TT_DEVICE void tt_cq_complete(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q, uint32_t dw3, uint64_t now) {
+    const uint32_t cid = dw3 & 0xFFFFu;
+    const uint32_t slot = cid & ((1u << q->cid_shift) - 1u);
+    const uint32_t gen = q->cid_shift >= 16u ? 0u : cid >> q->cid_shift;
+    if (slot >= q->depth) {
+        tt_atomic_add_u64(&q->stale, 1);
+        return;
+    }
+    const uint64_t owner = tt_ld_acquire_u64(&q->slot_owner[slot]);
+    /* A completion for a command we already expired carries an older generation. */
+    if (owner == TT_SLOT_FREE || ((uint32_t)owner & tt_cid_gen_mask(q)) != gen ||
+        tt_atomic_cas_u64(&q->slot_owner[slot], owner, TT_SLOT_FREE) != owner) {
+        tt_atomic_add_u64(&q->stale, 1);
+        return;
+    }
+    const uint32_t field = (dw3 >> 17) & 0x7FFFu;
+    /* §4.6.1: success is SCT 0 / SC 0; the M and DNR bits do not make it a failure. */
+    const uint32_t status = (field & 0x7FFu) == 0 ? TT_STATUS_SUCCESS : TT_STATUS(TT_KIND_NVME, field);
+    const uint64_t t0 = tt_ld_relaxed_u64(&q->slot_time[slot]);
+    tt_finish_ioctx(ctx, (uint32_t)(owner >> 32), status, now > t0 ? now - t0 : 0);
+    tt_st_release_u32(&q->slot_turn[slot], (uint32_t)owner + 1u);
+    tt_atomic_add_u64(&q->completed, 1);
+    if (status != TT_STATUS_SUCCESS) tt_atomic_add_u64(&q->errors, 1);
+}
+
+/* Consumes every completion entry present, if no other thread is doing so.
+ * Returns how many were consumed. */
+TT_DEVICE uint32_t tt_cq_reap(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q) {
+    if (!tt_lock_try(&q->head_lock)) return 0;
+    const uint32_t depth = q->depth;
+    const uint64_t now = tt_now_ns();
+    uint64_t head = tt_ld_relaxed_u64(&q->cq_head);
+    uint32_t n = 0;
+    uint32_t sqhd = 0xFFFFFFFFu;
+    while (n < depth) {
+        const uint32_t* e = (const uint32_t*)(q->cq + (size_t)(head % depth) * 16u);
+        /* §4.6: the phase tag is 1 on the first pass through the queue and flips every wrap. */
+        const uint32_t phase = ((head / depth) & 1u) ? 0u : 1u;
+        const uint32_t dw3 = tt_ld_acquire_u32(e + 3);
+        if (((dw3 >> 16) & 1u) != phase) break;
+        sqhd = tt_ld_relaxed_u32(e + 2) & 0xFFFFu;
+        tt_cq_complete(ctx, q, dw3, now);
+        head++;
+        n++;
+    }
+    if (n) {
+        tt_sq_head_advance(q, sqhd);
+        tt_st_relaxed_u64(&q->cq_head, head);
+        /* The entries were read before the controller may overwrite them. */
+        tt_fence_system();
+        tt_st_mmio_u32(q->cq_db, (uint32_t)(head % depth));
+        tt_atomic_add_u64(&q->cq_doorbells, 1);
+    }
+    tt_lock_release(&q->head_lock);
+    return n;
+}
+
+/* Publishes every contiguous ready entry with one tail doorbell write, if no
+ * other thread holds the tail lock. After dropping the lock it looks once more:
+ * a submitter that marked its slot while we held the lock failed to take it,
+ * and relies on this second look (the fences on both sides make one of the
+ * two see the other). */
+TT_DEVICE void tt_sq_publish(struct tt_nvmeq* q) {
+    const uint32_t depth = q->depth;
+    for (;;) {
+        if (!tt_lock_try(&q->tail_lock)) return;
+        const uint64_t start = tt_ld_relaxed_u64(&q->sq_tail);
+        uint64_t tail = start;
+        while (tail - start < depth && tt_ld_acquire_u64(&q->slot_ready[tail % depth]) == tail + 1) tail++;
+        if (tail != start) {
+            tt_st_release_u64(&q->sq_tail, tail);
+            /* Entries (released by their writers at system scope) before the doorbell. */
+            tt_fence_system();
+            tt_st_mmio_u32(q->sq_db, (uint32_t)(tail % depth));
+            /* ... and this doorbell before the next holder's. */
+            tt_fence_system();
+            tt_atomic_add_u64(&q->sq_doorbells, 1);
+        }
+        tt_lock_release(&q->tail_lock);
+        tt_fence_device();
+        if (tt_ld_acquire_u64(&q->slot_ready[tail % depth]) != tail + 1) return;
+    }
+}
+
+/* Each lane names the queue it wants a ticket on (-1: none); one atomic per
+ * distinct queue in the warp. Every lane of the warp must call this. */
+TT_DEVICE uint64_t tt_warp_reserve(const struct tt_exec_ctx* ctx, int32_t queue) {
+    const uint32_t peers = tt_warp_match((uint32_t)queue);
+    const uint32_t lane = tt_lane_id();
+    const uint32_t leader = tt_ffs(peers) - 1u;
+    uint64_t base = 0;
+    if (queue >= 0 && lane == leader) base = tt_atomic_add_u64(&ctx->queues[queue].ticket, tt_popc(peers));
+    base = tt_warp_shfl_u64(base, leader);
+    return base + tt_popc(peers & ((1u << lane) - 1u));
+}
+
+/* Puts `cmd` into slot ticket % depth of queue `qidx` and publishes it.
+ * Returns TT_STATUS_PENDING once submitted, or the status the IOCTX fails with. */
+TT_DEVICE uint32_t tt_sq_submit(const struct tt_exec_ctx* ctx, uint32_t qidx, uint64_t ticket, struct tt_sqe* cmd,
+                                uint32_t ref, struct tt_ioctx* io) {
+    struct tt_nvmeq* q = &ctx->queues[qidx];
+    const uint32_t depth = q->depth;
+    const uint32_t slot = (uint32_t)(ticket % depth);
+    const uint32_t lap = (uint32_t)(ticket / depth);
+    const uint64_t deadline = tt_now_ns() + ctx->submit_timeout_ns;
+    uint32_t sleep = 32;
+    for (;;) {
+        if (tt_ld_relaxed_u32(&q->dead)) return TT_STATUS(TT_KIND_QUEUE_DEAD, qidx);
+        const bool turn = tt_ld_acquire_u32(&q->slot_turn[slot]) == lap;
+        /* §4.1: the SQ is full when tail + 1 == head, so at most depth - 1 entries. */
+        if (turn && ticket < tt_ld_acquire_u64(&q->sq_head) + depth - 1u) break;
+        const uint64_t now = tt_now_ns();
+        /* The previous lap's command may never complete: expire it when it is due. */
+        if (!turn) tt_slot_expire(ctx, q, slot, TT_SLOT_FREE, now);
+        const uint32_t reaped = tt_cq_reap(ctx, q);
+        tt_sq_publish(q);
+        if (now > deadline) {
+            tt_st_release_u32(&q->dead, 1);
+            return TT_STATUS(TT_KIND_TIMEOUT, TT_TIMEOUT_SUBMIT);
+        }
+        if (!reaped) tt_backoff(&sleep, ctx->max_backoff_ns);
+    }
+    tt_st_relaxed_u32(&io->queue, qidx);
+    tt_st_relaxed_u64(&io->ticket, ticket);
+    tt_st_relaxed_u64(&q->slot_time[slot], tt_now_ns());
+    tt_st_release_u64(&q->slot_owner[slot], ((uint64_t)ref << 32) | lap);
+    const uint32_t cid = slot | ((lap & tt_cid_gen_mask(q)) << q->cid_shift);
+    cmd->w[0] = (cmd->w[0] & ~0xFFFF0000ull) | ((uint64_t)cid << 16);
+    uint64_t* entry = (uint64_t*)(q->sq + (size_t)slot * 64u);
+    for (int k = 0; k < 8; k++) tt_st_relaxed_u64(&entry[k], cmd->w[k]);
+    /* System-scope release: the entry reaches the controller before any doorbell that covers it. */
+    tt_st_release_u64(&q->slot_ready[slot], ticket + 1);
+    /* Pairs with the fence in tt_sq_publish after the lock is dropped. */
+    tt_fence_device();
+    tt_sq_publish(q);
+    return TT_STATUS_PENDING;
+}
+
+/* Waits until IOCTX `index` of IOCB `b` (submitted by this lane) is finished,
+ * reaping its queue meanwhile and expiring it once it is past the command
+ * timeout. Bounded by command_timeout_ns after its submission. */
+TT_DEVICE void tt_wait_ioctx(const struct tt_exec_ctx* ctx, uint32_t b, uint32_t index) {
+    struct tt_ioctx* io = &ctx->iocbs[b].ioctx[index];
+    if (tt_ld_acquire_u32(&io->status) != TT_STATUS_PENDING) return;
+    const uint32_t qidx = tt_ld_relaxed_u32(&io->queue);
+    struct tt_nvmeq* q = &ctx->queues[qidx];
+    const uint64_t ticket = tt_ld_relaxed_u64(&io->ticket);
+    const uint32_t slot = (uint32_t)(ticket % q->depth);
+    const uint64_t owner = ((uint64_t)tt_ioctx_ref(b, index) << 32) | (uint32_t)(ticket / q->depth);
+    uint32_t sleep = 32;
+    while (tt_ld_acquire_u32(&io->status) == TT_STATUS_PENDING) {
+        const uint32_t reaped = tt_cq_reap(ctx, q);
+        if (!reaped) tt_sq_publish(q);
+        if (tt_slot_expire(ctx, q, slot, owner, tt_now_ns())) return;
+        if (!reaped) tt_backoff(&sleep, ctx->max_backoff_ns);
+    }
+}
+
+#endif /* TUTTI_GIO_QUEUE_CUH */

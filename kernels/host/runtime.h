@@ -1,0 +1,61 @@
+/*
+ * runtime.h — what kernel code compiled for the host needs from the lane runtime
+ * (runtime.cpp): thread indices, warp collectives, block barriers, per-block
+ * shared memory, time and sleep. One OS thread runs one CUDA thread ("lane").
+ */
+#ifndef TUTTI_HOST_RUNTIME_H
+#define TUTTI_HOST_RUNTIME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct tt_host_lane_ctx {
+    uint32_t thread_idx;
+    uint32_t block_idx;
+    uint32_t block_dim;
+    uint32_t grid_dim;
+    void* block;          /* runtime-private */
+    void* warp;           /* runtime-private */
+    size_t shared_offset; /* bytes of block shared memory handed out so far */
+};
+
+extern thread_local struct tt_host_lane_ctx tt_host_lane;
+
+/* Warp collective: every lane of the warp passes `v`; `all[i]` receives lane i's value. */
+void tt_host_warp_exchange(uint64_t v, uint64_t* all);
+/* __syncthreads. */
+void tt_host_block_sync(void);
+/* Storage shared by the lanes of this block; successive calls get successive chunks. */
+void* tt_host_block_shared(size_t bytes);
+void tt_host_nanosleep(uint32_t ns);
+uint64_t tt_host_now_ns(void);
+
+/* Arguments of every host-launched kernel (the kernel picks what it uses). */
+struct tt_host_args {
+    struct tt_exec_ctx* ctx;
+    const uint32_t* ids;
+    const uint32_t* seqs;
+    uint32_t n;
+    uint32_t rsvd;
+    uint64_t timeout_ns;
+    uint32_t* result;
+};
+
+typedef void (*tt_host_kernel_fn)(const struct tt_host_args*);
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* Starts grid x block lanes running `fn`. Returns NULL and writes a message to
+ * `err` when the shape is invalid or threads cannot be created (no lane runs then). */
+void* tt_host_launch_fn(tt_host_kernel_fn fn, uint32_t grid, uint32_t block, const struct tt_host_args* args,
+                        char* err, size_t errlen);
+/* 1 once every lane of the launch has returned. */
+int tt_host_launch_finished(void* launch);
+/* Waits for every lane, then frees the launch. */
+void tt_host_launch_join(void* launch);
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TUTTI_HOST_RUNTIME_H */

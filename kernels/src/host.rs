@@ -1,0 +1,151 @@
+//! The kernels compiled for the host (build.rs), run by host threads.
+//!
+//! A launch starts grid x block OS threads ("lanes"), each running the kernel
+//! with its own thread and block index; warp collectives and `__syncthreads`
+//! are barriers (`host/runtime.cpp`). Keep launches small on small machines:
+//! every lane is a thread.
+
+use crate::abi::{ExecCtx, RingHeader};
+use crate::error::KernelError;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ptr::NonNull;
+
+/// `struct tt_host_args`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct HostArgs {
+    pub ctx: *mut ExecCtx,
+    pub ids: *const u32,
+    pub seqs: *const u32,
+    pub n: u32,
+    pub rsvd: u32,
+    pub timeout_ns: u64,
+    pub result: *mut u32,
+}
+
+impl HostArgs {
+    /// Arguments of `tt_gio_issue` / `tt_gio_persistent`.
+    pub fn exec(ctx: *mut ExecCtx) -> Self {
+        HostArgs {
+            ctx,
+            ids: std::ptr::null(),
+            seqs: std::ptr::null(),
+            n: 0,
+            rsvd: 0,
+            timeout_ns: 0,
+            result: std::ptr::null_mut(),
+        }
+    }
+}
+
+/// The kernels of `cuda/gio.cu`, by the ids `host/gio_host.cpp` dispatches on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostKernel {
+    Issue = 1,
+    Persistent = 2,
+    Wait = 3,
+}
+
+impl HostKernel {
+    pub fn name(self) -> &'static str {
+        match self {
+            HostKernel::Issue => crate::KERNEL_ISSUE,
+            HostKernel::Persistent => crate::KERNEL_PERSISTENT,
+            HostKernel::Wait => crate::KERNEL_WAIT,
+        }
+    }
+}
+
+extern "C" {
+    fn tt_host_launch(
+        kernel: u32,
+        grid: u32,
+        block: u32,
+        args: *const HostArgs,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> *mut c_void;
+    fn tt_host_launch_finished(launch: *mut c_void) -> c_int;
+    fn tt_host_launch_join(launch: *mut c_void);
+    fn tt_host_ring_pop(ring: *mut RingHeader, out: *mut u64) -> c_int;
+    fn tt_host_ring_push(ring: *mut RingHeader, value: u64) -> c_int;
+}
+
+/// A running host launch. Dropping it waits for every lane to return.
+pub struct HostLaunch {
+    handle: NonNull<c_void>,
+    kernel: HostKernel,
+}
+
+// SAFETY: the handle is only used through the runtime's thread-safe entry
+// points (an atomic counter and pthread_join), from one owner at a time.
+unsafe impl Send for HostLaunch {}
+
+impl HostLaunch {
+    /// Starts `grid` blocks of `block` lanes (a multiple of 32) running `kernel`.
+    ///
+    /// # Safety
+    /// Every pointer in `args` must stay valid, and the memory it reaches laid
+    /// out as `tutti_gio.h` says, until the launch has been joined (dropped).
+    pub unsafe fn start(
+        kernel: HostKernel,
+        grid: u32,
+        block: u32,
+        args: HostArgs,
+    ) -> Result<Self, KernelError> {
+        let mut err = [0 as c_char; 256];
+        // SAFETY: `args` is a valid struct for the duration of the call (the runtime copies it);
+        // `err` is a writable buffer of the length passed. The caller upholds the pointer contract.
+        let handle =
+            unsafe { tt_host_launch(kernel as u32, grid, block, &args, err.as_mut_ptr(), err.len()) };
+        match NonNull::new(handle) {
+            Some(handle) => Ok(HostLaunch { handle, kernel }),
+            None => {
+                // SAFETY: the runtime NUL-terminates the message within the buffer (snprintf).
+                let reason = unsafe { CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned();
+                Err(KernelError::HostLaunch { kernel: kernel.name(), grid, block, reason })
+            }
+        }
+    }
+
+    pub fn kernel(&self) -> HostKernel {
+        self.kernel
+    }
+
+    /// True once every lane has returned.
+    pub fn finished(&self) -> bool {
+        // SAFETY: `handle` is a live launch until `drop`.
+        unsafe { tt_host_launch_finished(self.handle.as_ptr()) != 0 }
+    }
+
+    /// Waits for every lane.
+    pub fn join(self) {
+        drop(self)
+    }
+}
+
+impl Drop for HostLaunch {
+    fn drop(&mut self) {
+        // SAFETY: joined and freed exactly once, here.
+        unsafe { tt_host_launch_join(self.handle.as_ptr()) }
+    }
+}
+
+/// The executor's consumer side of a ring (the code `tt_gio_issue` uses).
+///
+/// # Safety
+/// `ring` must point at a ring header followed by its cells, laid out as in `tutti_gio.h`.
+pub unsafe fn executor_ring_pop(ring: *mut RingHeader) -> Option<u64> {
+    let mut v = 0u64;
+    // SAFETY: the caller guarantees the ring; `v` is a valid out pointer.
+    (unsafe { tt_host_ring_pop(ring, &mut v) } != 0).then_some(v)
+}
+
+/// The executor's producer side of a ring (how completions are posted).
+///
+/// # Safety
+/// As for [`executor_ring_pop`].
+pub unsafe fn executor_ring_push(ring: *mut RingHeader, value: u64) -> bool {
+    // SAFETY: the caller guarantees the ring.
+    unsafe { tt_host_ring_push(ring, value) != 0 }
+}
