@@ -54,6 +54,8 @@ pub enum SchedError {
     Backpressure(Backpressure),
     #[error("drive {drive}: completion of {completed} {kind} IOCBs but only {in_flight} in flight")]
     CompletionMismatch { drive: usize, kind: IoKind, completed: u32, in_flight: u32 },
+    #[error("no drive {drive}: the scheduler manages {drives} drives")]
+    NoSuchDrive { drive: usize, drives: usize },
     #[error("expected one count per drive ({expected} drives), got {got}")]
     DriveCount { expected: usize, got: usize },
     #[error("layer {layer} out of range: the model has {layers} layers")]

@@ -141,17 +141,15 @@ fn bad_inputs_are_errors_not_panics() {
 #[test]
 fn progress_reaches_its_total() {
     let cfg = SimConfig::default();
-    let (mut last, mut total) = (0, 0);
-    sweep(
-        &cfg,
-        &[PolicyKind::Interleaved, PolicyKind::SlackAware],
-        &[0.0, 0.5, 0.99],
-        &table(&cfg),
-        &mut |d, t| {
+    // The first sweep bisects both crossovers; in the second neither policy ever crosses over.
+    for hit_rates in [&[0.0, 0.5, 0.99][..], &[0.0, 0.1][..]] {
+        let (mut last, mut total) = (0, 0);
+        let policies = [PolicyKind::Interleaved, PolicyKind::SlackAware];
+        sweep(&cfg, &policies, hit_rates, &table(&cfg), &mut |d, t| {
             assert!(d >= last && d <= t);
             (last, total) = (d, t);
-        },
-    )
-    .unwrap();
-    assert_eq!(last, total);
+        })
+        .unwrap();
+        assert_eq!(last, total);
+    }
 }

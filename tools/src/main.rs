@@ -20,6 +20,11 @@ struct Cli {
 enum Command {
     /// Bring a controller up and print its identity.
     Identify(cmd::identify::Args),
+    /// Administer NVMe drives: list, bind to vfio-pci, unbind, identify through VFIO.
+    Admin(cmd::admin::Args),
+    /// Verify vfio-bound drives (read/write round trip, IOMMU fault checks); used by the QEMU harness.
+    #[command(hide = true)]
+    Selftest(cmd::selftest::Args),
     /// The main job: round-trip data through tutti on emulated (or VFIO) drives.
     Demo(cmd::demo::Args),
 }
@@ -32,6 +37,8 @@ fn main() -> std::process::ExitCode {
         .init();
     let result = match &cli.command {
         Command::Identify(a) => cmd::identify::run(a),
+        Command::Admin(a) => cmd::admin::run(a),
+        Command::Selftest(a) => cmd::selftest::run(a),
         Command::Demo(a) => cmd::demo::run(a),
     };
     match result {

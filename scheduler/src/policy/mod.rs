@@ -374,8 +374,7 @@ impl Scheduler {
     ) -> Result<Vec<Issue>, SchedError> {
         let rates = self.config.rates;
         let drives = self.drives.len();
-        let d =
-            self.drives.get_mut(drive).ok_or(SchedError::DriveCount { expected: drives, got: drive + 1 })?;
+        let d = self.drives.get_mut(drive).ok_or(SchedError::NoSuchDrive { drive, drives })?;
         let in_flight = match kind {
             IoKind::Read => &mut d.reads_in_flight,
             IoKind::Write => &mut d.writes_in_flight,

@@ -143,7 +143,8 @@ fn bad_arguments_are_errors() {
     assert!(matches!(s.plan_prefill_layer(shape(), LAYERS, 0), Err(SchedError::LayerOutOfRange { .. })));
     let e = s.complete(1, IoKind::Read, 1, 0).unwrap_err();
     assert!(e.to_string().contains("drive 1: completion of 1 read IOCBs but only 0 in flight"), "{e}");
-    assert!(s.complete(7, IoKind::Read, 0, 0).is_err());
+    let e = s.complete(7, IoKind::Read, 0, 0).unwrap_err().to_string();
+    assert_eq!(e, "no drive 7: the scheduler manages 2 drives");
     assert!(Scheduler::new(table(1, 1), SchedulerConfig { drives: 0, ..config(1, 1) }).is_err());
     assert!(Scheduler::new(table(1, 1), SchedulerConfig { write_guard: 1.0, ..config(1, 1) }).is_err());
 }

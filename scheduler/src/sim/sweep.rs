@@ -105,9 +105,11 @@ pub fn sweep(
                 Crossover { policy, hit_rate: Some(lo), beyond_sweep: false }
             }
         };
-        done =
-            done.max(total.min(done + u64::from(BISECT_STEPS) * u64::from(first_bad.is_none_or(|i| i == 0))));
-        progress(done, total);
+        if !matches!(first_bad, Some(i) if i > 0) {
+            // No bisection was needed: count its share of the total as done.
+            done += u64::from(BISECT_STEPS);
+            progress(done, total);
+        }
         crossovers.push(crossover);
         runs.extend(series);
     }

@@ -1,4 +1,6 @@
 //! One module per subcommand; each has a clap `Args` and `run(&Args)`.
 
+pub mod admin;
 pub mod demo;
 pub mod identify;
+pub mod selftest;

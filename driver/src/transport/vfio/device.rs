@@ -1,0 +1,280 @@
+//! The device fd: region information, PCI config space, and BAR0 mapped as
+//! the controller's registers.
+
+use super::ioctl::{self, InfoBuf};
+use super::Shared;
+use crate::error::{DriverError, Result};
+use crate::transport::{check_register, DoorbellKind, Registers};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::Arc;
+use vfio_bindings::bindings::vfio::{
+    vfio_device_info, vfio_region_info, VFIO_DEVICE_FLAGS_PCI, VFIO_PCI_BAR0_REGION_INDEX,
+    VFIO_PCI_CONFIG_REGION_INDEX, VFIO_REGION_INFO_CAP_SPARSE_MMAP, VFIO_REGION_INFO_FLAG_CAPS,
+    VFIO_REGION_INFO_FLAG_MMAP,
+};
+
+/// PCI configuration space: the Command register and its enable bits (PCI Local Bus 3.0 §6.2.2).
+const PCI_COMMAND: u64 = 0x04;
+const COMMAND_MEMORY: u16 = 1 << 1;
+const COMMAND_BUS_MASTER: u16 = 1 << 2;
+
+#[derive(Clone, Debug)]
+pub struct RegionInfo {
+    pub flags: u32,
+    pub size: u64,
+    /// Offset of the region in the device fd.
+    pub offset: u64,
+    /// Parts that may be mmapped, when not the whole region (e.g. around an MSI-X table).
+    pub sparse: Option<Vec<(u64, u64)>>,
+}
+
+pub struct Device {
+    fd: OwnedFd,
+    name: String,
+    config: RegionInfo,
+}
+
+impl Device {
+    pub fn new(fd: OwnedFd, name: &str) -> Result<Device> {
+        let mut info = vfio_device_info { argsz: size_of::<vfio_device_info>() as u32, ..Default::default() };
+        // SAFETY: a complete vfio_device_info with argsz set; the kernel fills it.
+        unsafe { ioctl::ioctl_ptr(fd.as_fd(), ioctl::DEVICE_GET_INFO, &mut info) }
+            .map_err(|e| DriverError::Vfio(format!("{name}: VFIO_DEVICE_GET_INFO: {e}")))?;
+        if info.flags & VFIO_DEVICE_FLAGS_PCI == 0 || info.num_regions <= VFIO_PCI_CONFIG_REGION_INDEX {
+            return Err(DriverError::Vfio(format!(
+                "{name}: not a PCI device with a config region (flags {:#x}, {} regions)",
+                info.flags, info.num_regions
+            )));
+        }
+        let mut dev = Device {
+            fd,
+            name: name.to_string(),
+            config: RegionInfo { flags: 0, size: 0, offset: 0, sparse: None },
+        };
+        dev.config = dev.region(VFIO_PCI_CONFIG_REGION_INDEX)?;
+        Ok(dev)
+    }
+
+    pub fn region(&self, index: u32) -> Result<RegionInfo> {
+        let base = size_of::<vfio_region_info>();
+        let mut info = vfio_region_info { argsz: base as u32, index, ..Default::default() };
+        // SAFETY: a complete vfio_region_info with argsz set; the kernel fills it.
+        unsafe { ioctl::ioctl_ptr(self.fd.as_fd(), ioctl::DEVICE_GET_REGION_INFO, &mut info) }.map_err(
+            |e| DriverError::Vfio(format!("{}: VFIO_DEVICE_GET_REGION_INFO({index}): {e}", self.name)),
+        )?;
+        let mut sparse = None;
+        if info.flags & VFIO_REGION_INFO_FLAG_CAPS != 0 && info.argsz as usize > base {
+            let mut buf = InfoBuf::new(info.argsz as usize);
+            // SAFETY: the buffer is argsz bytes, 8-aligned, and starts with the info structure.
+            unsafe {
+                let head: *mut vfio_region_info = buf.as_mut_ptr();
+                head.write(vfio_region_info { argsz: info.argsz, index, ..Default::default() });
+                ioctl::ioctl_ptr(self.fd.as_fd(), ioctl::DEVICE_GET_REGION_INFO, head)
+            }
+            .map_err(|e| {
+                DriverError::Vfio(format!("{}: VFIO_DEVICE_GET_REGION_INFO({index}) caps: {e}", self.name))
+            })?;
+            let cap_offset = ioctl::u32_at(buf.bytes(), 12).unwrap_or(0);
+            for cap in ioctl::capabilities(buf.bytes(), cap_offset)? {
+                if cap.id as u32 == VFIO_REGION_INFO_CAP_SPARSE_MMAP {
+                    // header (8) | nr_areas u32 | reserved u32 | { offset u64, size u64 }[nr]
+                    let n = ioctl::u32_at(cap.bytes, 8).unwrap_or(0) as usize;
+                    sparse = Some(
+                        (0..n)
+                            .filter_map(|i| {
+                                Some((
+                                    ioctl::u64_at(cap.bytes, 16 + 16 * i)?,
+                                    ioctl::u64_at(cap.bytes, 24 + 16 * i)?,
+                                ))
+                            })
+                            .collect(),
+                    );
+                }
+            }
+        }
+        Ok(RegionInfo { flags: info.flags, size: info.size, offset: info.offset, sparse })
+    }
+
+    /// Reads exactly `buf.len()` bytes of config space at `off`; a short read is an error.
+    pub fn config_read(&self, off: u64, buf: &mut [u8]) -> Result<()> {
+        self.check_config(off, buf.len())?;
+        // SAFETY: `buf` is valid for writes of its length.
+        let n = unsafe {
+            libc::pread(
+                self.fd.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                (self.config.offset + off) as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(DriverError::io(format!("{}: reading config space at {off:#x}", self.name), e));
+        }
+        if n as usize != buf.len() {
+            return Err(DriverError::Vfio(format!(
+                "{}: short config space read at {off:#x}: {n} of {} bytes",
+                self.name,
+                buf.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Writes all of `buf` to config space at `off`; a short write is an error.
+    pub fn config_write(&self, off: u64, buf: &[u8]) -> Result<()> {
+        self.check_config(off, buf.len())?;
+        // SAFETY: `buf` is valid for reads of its length.
+        let n = unsafe {
+            libc::pwrite(
+                self.fd.as_raw_fd(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                (self.config.offset + off) as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(DriverError::io(format!("{}: writing config space at {off:#x}", self.name), e));
+        }
+        if n as usize != buf.len() {
+            return Err(DriverError::Vfio(format!(
+                "{}: short config space write at {off:#x}: {n} of {} bytes",
+                self.name,
+                buf.len()
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_config(&self, off: u64, len: usize) -> Result<()> {
+        if off + len as u64 > self.config.size {
+            return Err(DriverError::Vfio(format!(
+                "{}: config access {off:#x}+{len} is outside the {:#x}-byte config space",
+                self.name, self.config.size
+            )));
+        }
+        Ok(())
+    }
+
+    /// Turns on memory-space decoding (for BAR0) and bus mastering (for DMA),
+    /// and reads the Command register back to see that both took.
+    pub fn enable_memory_and_bus_master(&self) -> Result<()> {
+        let mut cmd = [0u8; 2];
+        self.config_read(PCI_COMMAND, &mut cmd)?;
+        let before = u16::from_le_bytes(cmd);
+        let wanted = before | COMMAND_MEMORY | COMMAND_BUS_MASTER;
+        if wanted != before {
+            self.config_write(PCI_COMMAND, &wanted.to_le_bytes())?;
+        }
+        self.config_read(PCI_COMMAND, &mut cmd)?;
+        let after = u16::from_le_bytes(cmd);
+        if after & (COMMAND_MEMORY | COMMAND_BUS_MASTER) != COMMAND_MEMORY | COMMAND_BUS_MASTER {
+            return Err(DriverError::Vfio(format!(
+                "{}: PCI Command register is {after:#06x} after writing {wanted:#06x}: memory space or bus \
+                 master did not enable",
+                self.name
+            )));
+        }
+        tracing::debug!(device = %self.name, before, after, "memory space and bus master enabled");
+        Ok(())
+    }
+
+    pub fn raw_fd(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// BAR0 of a VFIO device mapped into this process: the controller's registers
+/// and doorbells, accessed with volatile loads and stores.
+pub struct Bar0 {
+    name: String,
+    ptr: NonNull<u8>,
+    len: usize,
+    _shared: Arc<Shared>,
+}
+
+// SAFETY: the mapping is MMIO owned by this value; every access is a single
+// volatile load or store of an aligned, bounds-checked register.
+unsafe impl Send for Bar0 {}
+// SAFETY: as above; no access creates a reference into the mapping.
+unsafe impl Sync for Bar0 {}
+
+impl Bar0 {
+    /// Maps BAR0 (or, when the kernel only allows parts of it, the part that
+    /// starts at offset 0 and holds the registers and doorbells).
+    pub fn map(shared: Arc<Shared>) -> Result<Bar0> {
+        let name = shared.name.clone();
+        let region = shared.device.region(VFIO_PCI_BAR0_REGION_INDEX)?;
+        if region.flags & VFIO_REGION_INFO_FLAG_MMAP == 0 || region.size == 0 {
+            return Err(DriverError::Vfio(format!(
+                "{name}: BAR0 cannot be mmapped (flags {:#x}, size {:#x}); is it an I/O-port BAR?",
+                region.flags, region.size
+            )));
+        }
+        let len = match &region.sparse {
+            Some(areas) => areas.iter().find(|a| a.0 == 0).map(|a| a.1).ok_or_else(|| {
+                DriverError::Vfio(format!("{name}: no mmappable part of BAR0 starts at offset 0: {areas:x?}"))
+            })?,
+            None => region.size,
+        } as usize;
+        // SAFETY: a fresh shared mapping of the device fd at the region's offset; the
+        // kernel checks offset and length against the BAR.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                shared.device.raw_fd(),
+                region.offset as libc::off_t,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            let e = std::io::Error::last_os_error();
+            return Err(DriverError::io(format!("{name}: mmap of BAR0 ({len:#x} bytes)"), e));
+        }
+        let ptr = NonNull::new(ptr.cast::<u8>())
+            .ok_or_else(|| DriverError::Vfio(format!("{name}: mmap of BAR0 returned null")))?;
+        tracing::debug!(device = %name, len, bar_size = region.size, "BAR0 mapped");
+        Ok(Bar0 { name, ptr, len, _shared: shared })
+    }
+}
+
+impl Drop for Bar0 {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `map`; nothing refers to it any more
+        // (doorbells hold an Arc to this value).
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+impl Registers for Bar0 {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn read32(&self, offset: usize) -> Result<u32> {
+        check_register(&self.name, self.len, offset, 4)?;
+        // SAFETY: in bounds and 4-byte aligned (checked); MMIO is read with one volatile load.
+        Ok(unsafe { self.ptr.as_ptr().add(offset).cast::<u32>().read_volatile() })
+    }
+    fn write32(&self, offset: usize, value: u32) -> Result<()> {
+        check_register(&self.name, self.len, offset, 4)?;
+        // Queue memory written before a register store (ASQ/ACQ contents, SQ entries)
+        // must reach memory first.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+        // SAFETY: in bounds and 4-byte aligned (checked); one volatile store.
+        unsafe { self.ptr.as_ptr().add(offset).cast::<u32>().write_volatile(value) };
+        Ok(())
+    }
+    fn doorbell_ptr(&self, offset: usize) -> Result<(NonNull<u32>, DoorbellKind)> {
+        check_register(&self.name, self.len, offset, 4)?;
+        // SAFETY: in bounds (checked) of a live mapping, so the pointer is non-null.
+        let p = unsafe { NonNull::new_unchecked(self.ptr.as_ptr().add(offset).cast::<u32>()) };
+        Ok((p, DoorbellKind::Mmio))
+    }
+}

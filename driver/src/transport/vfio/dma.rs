@@ -1,0 +1,232 @@
+//! The device's view of memory through VFIO (a [`DmaSpace`]).
+//!
+//! Type1: memory is mapped into the device's IOMMU domain at IOVAs we choose,
+//! contiguous in IOVA space whatever the physical pages are; dropping a buffer
+//! or mapping unmaps it (then frees it). No-IOMMU: the device sees physical
+//! addresses, so only hugepages (memory the kernel does not move) are used and
+//! a buffer larger than one hugepage must be physically contiguous.
+
+use super::iova::IovaAllocator;
+use super::mem::{Memory, Pagemap, HUGE, PAGE};
+use super::{HugepagePolicy, IommuMode, Shared};
+use crate::error::{DriverError, Result};
+use crate::transport::{DmaBuffer, DmaMapping, DmaSpace, IovaSegment};
+use std::sync::{Arc, Mutex};
+
+pub struct VfioDma {
+    name: String,
+    shared: Arc<Shared>,
+    hugepages: HugepagePolicy,
+    kind: Kind,
+}
+
+enum Kind {
+    Type1 { iova: Arc<Mutex<IovaAllocator>> },
+    NoIommu { pagemap: Pagemap },
+}
+
+/// Unmaps a type1 mapping, then returns its IOVA range and frees its memory.
+struct Type1Release {
+    shared: Arc<Shared>,
+    iova_space: Arc<Mutex<IovaAllocator>>,
+    iova: u64,
+    size: u64,
+    memory: Option<Memory>,
+}
+
+impl Drop for Type1Release {
+    fn drop(&mut self) {
+        if let Err(e) = self.shared.container.unmap_dma(self.iova, self.size) {
+            // The device may still reach these pages: keep them (and the IOVA range)
+            // out of circulation rather than hand them to someone else.
+            tracing::error!(device = %self.shared.name, error = %e, "DMA unmap failed; leaking the memory");
+            std::mem::forget(self.memory.take());
+            return;
+        }
+        if let Ok(mut space) = self.iova_space.lock() {
+            space.free(self.iova, self.size);
+        }
+        drop(self.memory.take());
+    }
+}
+
+impl VfioDma {
+    pub(super) fn new(shared: Arc<Shared>, hugepages: HugepagePolicy) -> Result<VfioDma> {
+        let kind = match shared.mode {
+            IommuMode::Type1 => {
+                let (windows, pgsize) = shared.container.iova_windows()?;
+                if pgsize > PAGE as u64 {
+                    return Err(DriverError::Vfio(format!(
+                        "{}: the IOMMU's smallest page is {pgsize:#x} bytes; this driver maps 4 KiB pages",
+                        shared.name
+                    )));
+                }
+                tracing::debug!(device = %shared.name, ?windows, "type1 IOVA windows");
+                Kind::Type1 { iova: Arc::new(Mutex::new(IovaAllocator::new(&windows))) }
+            }
+            IommuMode::NoIommu => {
+                if hugepages == HugepagePolicy::Never {
+                    return Err(DriverError::Vfio(format!(
+                        "{}: no-IOMMU mode needs hugepages (memory the kernel does not move); \
+                         hugepages were disabled",
+                        shared.name
+                    )));
+                }
+                Kind::NoIommu { pagemap: Pagemap::open()? }
+            }
+        };
+        let name = format!("vfio {} {}", shared.mode.label(), shared.name);
+        Ok(VfioDma { name, shared, hugepages, kind })
+    }
+
+    /// Memory for a buffer of `len` bytes under the hugepage policy.
+    fn memory(&self, len: usize) -> Result<Memory> {
+        let must = matches!(self.kind, Kind::NoIommu { .. }) || self.hugepages == HugepagePolicy::Always;
+        let want = must || (self.hugepages == HugepagePolicy::Auto && len >= HUGE);
+        if !want {
+            return Memory::anonymous(len, false);
+        }
+        match Memory::anonymous(len, true) {
+            Ok(m) => Ok(m),
+            Err(e) if must => Err(DriverError::dma(
+                &self.name,
+                format!(
+                    "{e}; reserve hugepages first, e.g. `echo 64 > /proc/sys/vm/nr_hugepages`{}",
+                    if matches!(self.kind, Kind::NoIommu { .. }) {
+                        " (no-IOMMU mode refuses memory that can move)"
+                    } else {
+                        ""
+                    }
+                ),
+            )),
+            Err(e) => {
+                tracing::debug!(dma = %self.name, error = %e, "no hugepages; using locked 4 KiB pages");
+                Memory::anonymous(len, false)
+            }
+        }
+    }
+
+    fn map_type1(
+        &self,
+        space: &Arc<Mutex<IovaAllocator>>,
+        vaddr: *const u8,
+        size: u64,
+        align: u64,
+    ) -> Result<u64> {
+        let iova = space
+            .lock()
+            .map_err(|_| DriverError::dma(&self.name, "IOVA allocator poisoned"))?
+            .alloc(size, align)?;
+        if let Err(e) = self.shared.container.map_dma(vaddr, iova, size) {
+            if let Ok(mut s) = space.lock() {
+                s.free(iova, size);
+            }
+            return Err(e);
+        }
+        Ok(iova)
+    }
+}
+
+impl DmaSpace for VfioDma {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn alloc(&self, len: usize) -> Result<DmaBuffer> {
+        if len == 0 {
+            return Err(DriverError::invalid("zero-length DMA allocation"));
+        }
+        let memory = self.memory(len)?;
+        let ptr = memory.ptr();
+        let visible = len.next_multiple_of(PAGE);
+        match &self.kind {
+            Kind::Type1 { iova: space } => {
+                let size = memory.len() as u64;
+                let align = if memory.is_huge() { HUGE as u64 } else { PAGE as u64 };
+                let iova = self.map_type1(space, ptr.as_ptr(), size, align)?;
+                let release = Type1Release {
+                    shared: self.shared.clone(),
+                    iova_space: space.clone(),
+                    iova,
+                    size,
+                    memory: Some(memory),
+                };
+                // SAFETY: `ptr..ptr+visible` is zeroed, page-aligned memory owned by
+                // `release`, mapped for the device at `iova` until `release` drops.
+                Ok(unsafe { DmaBuffer::from_raw(ptr, visible, iova, Box::new(release)) })
+            }
+            Kind::NoIommu { pagemap } => {
+                let base = ptr.as_ptr() as usize;
+                let phys = pagemap.phys(base)?;
+                for k in (HUGE..memory.len()).step_by(HUGE) {
+                    if pagemap.phys(base + k)? != phys + k as u64 {
+                        return Err(DriverError::dma(
+                            &self.name,
+                            format!(
+                                "a {len:#x}-byte buffer spans hugepages that are not physically contiguous; \
+                                 no-IOMMU mode can only give out buffers of up to {HUGE:#x} bytes here"
+                            ),
+                        ));
+                    }
+                }
+                // SAFETY: zeroed, page-aligned hugepage memory owned by the release box;
+                // without an IOMMU the device sees it at its physical address.
+                Ok(unsafe { DmaBuffer::from_raw(ptr, visible, phys, Box::new(memory)) })
+            }
+        }
+    }
+
+    unsafe fn map(&self, vaddr: *mut u8, len: usize) -> Result<DmaMapping> {
+        if len == 0 || vaddr.is_null() {
+            return Err(DriverError::invalid(format!("cannot map {len} bytes at {vaddr:p} for DMA")));
+        }
+        let start = vaddr as usize & !(PAGE - 1);
+        let end = (vaddr as usize)
+            .checked_add(len)
+            .map(|e| e.next_multiple_of(PAGE))
+            .ok_or_else(|| DriverError::invalid(format!("DMA range {vaddr:p}+{len:#x} overflows")))?;
+        match &self.kind {
+            Kind::Type1 { iova: space } => {
+                let size = (end - start) as u64;
+                let iova = self.map_type1(space, start as *const u8, size, PAGE as u64)?;
+                let release = Type1Release {
+                    shared: self.shared.clone(),
+                    iova_space: space.clone(),
+                    iova,
+                    size,
+                    memory: None,
+                };
+                let segments =
+                    vec![IovaSegment { iova: iova + (vaddr as usize - start) as u64, len: len as u64 }];
+                // SAFETY: the device sees `vaddr..vaddr+len` at `segments` until `release`
+                // (which unmaps it) drops; the caller keeps the memory alive (DmaSpace::map).
+                Ok(unsafe { DmaMapping::from_raw(vaddr, len, segments, Box::new(release)) })
+            }
+            Kind::NoIommu { pagemap } => {
+                let mut segments: Vec<IovaSegment> = Vec::new();
+                for page in (start..end).step_by(PAGE) {
+                    let phys = pagemap.phys(page)?;
+                    if pagemap.is_huge(phys) != Some(true) {
+                        return Err(DriverError::dma(
+                            &self.name,
+                            format!(
+                                "page {page:#x} is not (or cannot be shown to be) in a hugepage; no-IOMMU mode \
+                                 only maps memory the kernel cannot move"
+                            ),
+                        ));
+                    }
+                    let lo = page.max(vaddr as usize);
+                    let hi = (page + PAGE).min(vaddr as usize + len);
+                    let seg = IovaSegment { iova: phys + (lo - page) as u64, len: (hi - lo) as u64 };
+                    match segments.last_mut() {
+                        Some(last) if last.iova + last.len == seg.iova => last.len += seg.len,
+                        _ => segments.push(seg),
+                    }
+                }
+                // SAFETY: the segments are where the device sees the pages (physical
+                // addresses of hugepages, which do not move); nothing to undo on drop.
+                Ok(unsafe { DmaMapping::from_raw(vaddr, len, segments, Box::new(())) })
+            }
+        }
+    }
+}

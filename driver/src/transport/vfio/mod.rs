@@ -1,0 +1,175 @@
+//! A real PCI NVMe controller bound to vfio-pci, driven from userspace.
+//!
+//! [`VfioDevice::open`] walks the VFIO setup sequence of
+//! Documentation/driver-api/vfio.rst: open a container, open the device's
+//! group and check it is viable, attach the group, select the IOMMU driver,
+//! get the device fd, enable memory decoding and bus mastering, map BAR0.
+//! The result offers the same two objects the emulated controller does, so
+//! `Controller::new(dev.registers(), dev.dma_space(), opts)` is the same call.
+//!
+//! Two IOMMU modes:
+//! - [`IommuMode::Type1`] (the default and the production path): the IOMMU
+//!   translates every DMA; we map each buffer at an IOVA we choose and unmap it
+//!   when the buffer drops.
+//! - [`IommuMode::NoIommu`], only when asked for: no translation and no
+//!   protection; the device is given physical addresses of hugepages.
+
+mod container;
+mod device;
+mod dma;
+pub mod faultlog;
+mod group;
+mod ioctl;
+mod iova;
+mod mem;
+
+pub use device::Bar0;
+pub use dma::VfioDma;
+pub use faultlog::{FaultLog, IommuFault};
+
+use crate::error::{DriverError, Result};
+use crate::pci::{Bdf, PciSystem};
+use crate::transport::{DmaSpace, Registers};
+use container::Container;
+use device::Device;
+use group::Group;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum IommuMode {
+    /// Type1 v2 IOMMU: DMA translated and confined to what we mapped.
+    Type1,
+    /// vfio's unsafe no-IOMMU mode: DMA untranslated, to physical addresses.
+    NoIommu,
+}
+
+impl IommuMode {
+    pub fn label(self) -> &'static str {
+        match self {
+            IommuMode::Type1 => "type1",
+            IommuMode::NoIommu => "noiommu",
+        }
+    }
+}
+
+/// Where DMA memory comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum HugepagePolicy {
+    /// Hugepages for allocations of 2 MiB or more when the pool has them,
+    /// locked 4 KiB pages otherwise (no-IOMMU mode always uses hugepages).
+    #[default]
+    Auto,
+    /// Every allocation from hugepages; fail when there are none.
+    Always,
+    /// Never hugepages (not allowed in no-IOMMU mode).
+    Never,
+}
+
+#[derive(Clone, Debug)]
+pub struct VfioOptions {
+    pub mode: IommuMode,
+    pub hugepages: HugepagePolicy,
+    /// Root of the `sys/` and `dev/` trees (`/` on a real machine).
+    pub root: PathBuf,
+}
+
+impl Default for VfioOptions {
+    fn default() -> Self {
+        VfioOptions { mode: IommuMode::Type1, hugepages: HugepagePolicy::Auto, root: PathBuf::from("/") }
+    }
+}
+
+/// The fds of one opened device. Fields drop in order: device, group, container.
+pub struct Shared {
+    device: Device,
+    group: Group,
+    container: Container,
+    name: String,
+    mode: IommuMode,
+}
+
+/// An NVMe controller opened through VFIO.
+pub struct VfioDevice {
+    bdf: Bdf,
+    mode: IommuMode,
+    group: u32,
+    regs: Arc<Bar0>,
+    dma: Arc<VfioDma>,
+}
+
+impl std::fmt::Debug for VfioDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "VfioDevice({} group {} {})", self.bdf, self.group, self.mode.label())
+    }
+}
+
+impl VfioDevice {
+    /// Opens the NVMe controller at `bdf`, which must be bound to vfio-pci.
+    pub fn open(bdf: &Bdf, opts: &VfioOptions) -> Result<VfioDevice> {
+        let sys = PciSystem::with_root(&opts.root);
+        let function = sys.function(bdf)?;
+        if !function.is_nvme() {
+            return Err(DriverError::Vfio(format!(
+                "{bdf} is a {} (class {:#08x}), not an NVMe controller",
+                function.kind(),
+                function.class
+            )));
+        }
+        let group_path = sys.vfio_group(bdf)?;
+        match (group_path.noiommu, opts.mode) {
+            (true, IommuMode::Type1) => {
+                return Err(DriverError::Vfio(format!(
+                    "{bdf} is in a no-IOMMU VFIO group ({}): its DMA cannot be confined; open it in no-IOMMU \
+                     mode (--noiommu) only if you accept that",
+                    group_path.path.display()
+                )))
+            }
+            (false, IommuMode::NoIommu) => {
+                return Err(DriverError::Vfio(format!(
+                    "{bdf} is behind an IOMMU (group {}): no-IOMMU mode is only for machines without one; \
+                     drop --noiommu",
+                    group_path.group
+                )))
+            }
+            _ => {}
+        }
+        if opts.mode == IommuMode::NoIommu {
+            tracing::warn!(
+                device = %bdf,
+                "VFIO NO-IOMMU MODE: {bdf} can DMA anywhere in physical memory and nothing checks the \
+                 addresses it is given; a driver bug can corrupt the kernel. Use only for testing."
+            );
+        }
+        let name = bdf.to_string();
+        let container = Container::open(&opts.root.join("dev"), opts.mode, &name)?;
+        let group = Group::open(&group_path.path, group_path.group, &sys, bdf)?;
+        group.set_container(&container)?;
+        container.set_iommu(opts.mode)?;
+        let device = Device::new(group.device_fd(bdf)?, &name)?;
+        device.enable_memory_and_bus_master()?;
+        let shared = Arc::new(Shared { device, group, container, name, mode: opts.mode });
+        let regs = Arc::new(Bar0::map(shared.clone())?);
+        let dma = Arc::new(VfioDma::new(shared.clone(), opts.hugepages)?);
+        tracing::info!(device = %bdf, group = shared.group.number(), mode = opts.mode.label(), "opened through VFIO");
+        Ok(VfioDevice { bdf: bdf.clone(), mode: opts.mode, group: group_path.group, regs, dma })
+    }
+
+    pub fn bdf(&self) -> &Bdf {
+        &self.bdf
+    }
+    pub fn mode(&self) -> IommuMode {
+        self.mode
+    }
+    pub fn iommu_group(&self) -> u32 {
+        self.group
+    }
+    /// BAR0, for `Controller::new`.
+    pub fn registers(&self) -> Arc<dyn Registers> {
+        self.regs.clone()
+    }
+    /// The device's DMA space, for `Controller::new`.
+    pub fn dma_space(&self) -> Arc<dyn DmaSpace> {
+        self.dma.clone()
+    }
+}

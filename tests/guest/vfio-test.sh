@@ -1,0 +1,89 @@
+#!/bin/sh
+# Runs inside the QEMU guest (scripts/qemu/run): the VFIO path end to end on
+# QEMU's NVMe controllers. Exit status 0 = pass. Topology (scripts/qemu/run):
+#   0000:00:04.0  NVMe, 4096-byte LBAs, MDTS 3, own IOMMU group
+#   0000:00:05.0  NVMe, 512-byte LBAs, MDTS 3, own IOMMU group
+#   0000:01:01.0  NVMe behind a PCI bridge, sharing its group with a virtio device
+#   0000:00:00.0  the q35 host bridge (not NVMe)
+set -u
+NVME0=0000:00:04.0
+NVME1=0000:00:05.0
+SHARED=0000:01:01.0
+VIRTIO=0000:01:02.0
+HOSTBRIDGE=0000:00:00.0
+
+step() { echo "guest: === $*"; }
+fail() { echo "GUEST-FAIL: $*"; exit 1; }
+# expect_refusal WHAT TEXT CMD...: CMD must fail and its output must contain TEXT.
+expect_refusal() {
+    what="$1"; text="$2"; shift 2
+    if "$@" >/tmp/out 2>&1; then cat /tmp/out; fail "$what: '$*' succeeded"; fi
+    cat /tmp/out
+    grep -q -- "$text" /tmp/out || fail "$what: the message does not say '$text'"
+}
+driver_of() { basename "$(readlink "/sys/bus/pci/devices/$1/driver" 2>/dev/null)" 2>/dev/null; }
+no_iommu_faults() {
+    if dmesg | grep 'DMAR: \[DMA'; then fail "IOMMU fault in the kernel log $1"; fi
+}
+
+# The kernel's nvme driver probes asynchronously: wait for the namespaces.
+for _ in $(seq 100); do
+    [ -b /dev/nvme0n1 ] && [ -b /dev/nvme1n1 ] && [ -b /dev/nvme2n1 ] && break
+    sleep 0.1
+done
+[ -b /dev/nvme0n1 ] || fail "the kernel's nvme driver did not bring up the controllers"
+# Hugepages for the large DMA buffers of the first drive (the second uses locked 4 KiB pages).
+echo 64 >/proc/sys/vm/nr_hugepages
+
+step "tutti admin list"
+tutti admin list || fail "admin list"
+tutti admin list --json >/tmp/list.json || fail "admin list --json"
+for b in $NVME0 $NVME1 $SHARED; do grep -q "\"$b\"" /tmp/list.json || fail "admin list --json misses $b"; done
+grep -q '"model": "QEMU NVMe Ctrl' /tmp/list.json || fail "admin list --json shows no model"
+
+step "refusals"
+expect_refusal "not NVMe" "not an NVMe controller" tutti admin bind $HOSTBRIDGE
+expect_refusal "non-viable group" "not viable" tutti admin bind $SHARED
+grep -q "$VIRTIO" /tmp/out || fail "non-viable group: the message does not name $VIRTIO"
+[ "$(driver_of $SHARED)" = nvme ] || fail "$SHARED was touched by a refused bind"
+
+mke2fs -q -b 4096 /dev/nvme0n1 >/dev/null 2>&1 || fail "mke2fs"
+mkdir -p /mnt/data && mount -t ext4 /dev/nvme0n1 /mnt/data || fail "mount"
+tutti admin list | grep -q "mounted at /mnt/data" || fail "admin list does not show the mount"
+expect_refusal "mounted" "mounted at /mnt/data" tutti admin bind $NVME0
+umount /mnt/data
+mkswap /dev/nvme1n1 >/dev/null 2>&1 && swapon /dev/nvme1n1 || fail "swapon"
+expect_refusal "swap" "swapoff" tutti admin bind $NVME1
+swapoff /dev/nvme1n1
+[ "$(driver_of $NVME0)" = nvme ] && [ "$(driver_of $NVME1)" = nvme ] || fail "a refused bind changed a driver"
+
+step "tutti admin bind"
+tutti admin bind $NVME0 $NVME1 || fail "admin bind"
+[ "$(driver_of $NVME0)" = vfio-pci ] && [ "$(driver_of $NVME1)" = vfio-pci ] || fail "not bound to vfio-pci"
+tutti admin list
+
+step "tutti admin identify"
+tutti admin identify $NVME0 || fail "admin identify $NVME0"
+tutti admin identify $NVME1 --json >/tmp/id.json || fail "admin identify --json $NVME1"
+grep -q '"lba_size": 512' /tmp/id.json || fail "identify $NVME1 does not show 512-byte LBAs"
+expect_refusal "noiommu on an IOMMU machine" "drop --noiommu" tutti admin identify $NVME0 --noiommu
+
+step "read/write verification through VFIO"
+# stderr goes to a file: on the serial console it is a terminal and would get progress bars.
+tutti selftest --drives $NVME0,$NVME1 --hugepages auto,never 2>/tmp/err || { cat /tmp/err; fail "selftest"; }
+cat /tmp/err
+no_iommu_faults "during the verification"
+
+step "unmapped IOVA"
+echo "TUTTI-NEGATIVE-TEST-BEGIN" >/dev/kmsg
+echo "TUTTI-NEGATIVE-TEST-BEGIN"
+tutti selftest --drives $NVME1 --no-verify --iommu-negative 2>/tmp/err || { cat /tmp/err; fail "negative test"; }
+cat /tmp/err
+dmesg | grep -q 'DMAR: \[DMA' || fail "negative test: no IOMMU fault in the kernel log"
+echo "TUTTI-NEGATIVE-TEST-END"
+
+step "tutti admin unbind"
+tutti admin unbind $NVME0 $NVME1 || fail "admin unbind"
+[ "$(driver_of $NVME0)" = nvme ] && [ "$(driver_of $NVME1)" = nvme ] || fail "not returned to nvme"
+tutti admin list
+echo "GUEST-PASS"

@@ -1,0 +1,151 @@
+//! The VFIO path on a controller we did not write: QEMU's NVMe device in a
+//! Linux guest with a virtual Intel IOMMU (scripts/qemu/, tests/guest/).
+//!
+//! Builds `tutti` as a static binary, packs it into an initramfs with a Debian
+//! kernel's nvme/vfio modules, boots the guest, and requires: the guest's
+//! verdict is pass (QEMU's exit code), and no IOMMU fault was logged before
+//! the deliberate unmapped-IOVA test (QEMU's controller completes a blocked
+//! DMA with success status, so the log is the only witness). Skips with a
+//! reason when qemu-system-x86_64 or a guest kernel cannot be had.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const NEGATIVE_BEGIN: &str = "TUTTI-NEGATIVE-TEST-BEGIN";
+const NEGATIVE_END: &str = "TUTTI-NEGATIVE-TEST-END";
+const IOMMU_FAULT: &str = "DMAR: [DMA";
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+fn on_path(bin: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
+}
+
+/// What the console log says beyond the exit code; `Err` names the violation.
+fn check_console(log: &str) -> Result<(), String> {
+    let begin = log.find(NEGATIVE_BEGIN).ok_or("the guest never reached the unmapped-IOVA test")?;
+    if let Some(line) = log[..begin].lines().find(|l| l.contains(IOMMU_FAULT)) {
+        return Err(format!("IOMMU fault before the negative test (a command's DMA was blocked): {line}"));
+    }
+    let end =
+        log[begin..].find(NEGATIVE_END).map(|e| begin + e).ok_or("the unmapped-IOVA test did not finish")?;
+    let negative = &log[begin..end];
+    if !negative.contains("counted as FAILED") {
+        return Err("the unmapped-IOVA Read was not reported as a failed command".into());
+    }
+    if let Some(line) = log[end..].lines().find(|l| l.contains(IOMMU_FAULT)) {
+        return Err(format!("IOMMU fault after the negative test: {line}"));
+    }
+    if !log.contains("GUEST-PASS") {
+        return Err("the guest script did not reach its end".into());
+    }
+    Ok(())
+}
+
+/// Lines a reader wants: identify and verification summaries per controller.
+fn summary(log: &str) -> Vec<&str> {
+    log.lines().filter(|l| l.starts_with("selftest ") || l.contains("GUEST-")).collect()
+}
+
+#[test]
+fn driver_runs_on_qemu_nvme_through_vfio() {
+    if std::env::var_os("TUTTI_SKIP_QEMU").is_some() {
+        eprintln!("skipping the QEMU/VFIO harness: TUTTI_SKIP_QEMU is set");
+        return;
+    }
+    if !on_path("qemu-system-x86_64") {
+        eprintln!("skipping the QEMU/VFIO harness: qemu-system-x86_64 is not installed (scripts/qemu/setup installs it)");
+        return;
+    }
+    let root = repo_root();
+    let scripts = root.join("scripts/qemu");
+    let kernel = Command::new(scripts.join("fetch-kernel")).output().expect("running fetch-kernel");
+    if !kernel.status.success() {
+        eprintln!(
+            "skipping the QEMU/VFIO harness: no guest kernel could be had: {}",
+            String::from_utf8_lossy(&kernel.stderr).trim()
+        );
+        return;
+    }
+    let kernel_root = String::from_utf8_lossy(&kernel.stdout).trim().to_string();
+    let cache = std::env::var_os("TUTTI_QEMU_CACHE").map(PathBuf::from).unwrap_or(root.join(".build/qemu"));
+
+    // The guest has no libc: a static-pie build in a target dir of its own.
+    let target_dir = cache.join("target");
+    let target = "x86_64-unknown-linux-gnu";
+    let build = Command::new(env!("CARGO"))
+        .current_dir(&root)
+        .args(["build", "--release", "--target", target, "-p", "tutti-tools", "--bin", "tutti"])
+        .env("RUSTFLAGS", "-C target-feature=+crt-static")
+        .env("CARGO_TARGET_DIR", &target_dir)
+        .env("CARGO_PROFILE_RELEASE_DEBUG", "0")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .status()
+        .expect("running cargo build");
+    assert!(build.success(), "static build of tutti for the guest failed");
+    let tutti = target_dir.join(target).join("release/tutti");
+
+    let initrd = cache.join("vfio-test.cpio.gz");
+    let pack = Command::new(scripts.join("mkinitramfs"))
+        .arg("-k")
+        .arg(&kernel_root)
+        .arg("-o")
+        .arg(&initrd)
+        .arg("-t")
+        .arg(root.join("tests/guest/vfio-test.sh"))
+        .arg(&tutti)
+        .status()
+        .expect("running mkinitramfs");
+    assert!(pack.success(), "packing the initramfs failed");
+
+    let log_path = cache.join("vfio-test.console.log");
+    let run = Command::new(scripts.join("run"))
+        .arg("-k")
+        .arg(&kernel_root)
+        .arg("-i")
+        .arg(&initrd)
+        .arg("-l")
+        .arg(&log_path)
+        .output()
+        .expect("running the guest");
+    let log =
+        std::fs::read_to_string(&log_path).unwrap_or_else(|_| String::from_utf8_lossy(&run.stdout).into());
+    let verdict = match run.status.code() {
+        Some(0) => check_console(&log),
+        Some(1) => Err("the guest reported failure".to_string()),
+        Some(3) => Err("the guest timed out".to_string()),
+        other => Err(format!(
+            "the guest never reported a verdict (run exit {other:?}): {}",
+            String::from_utf8_lossy(&run.stderr)
+        )),
+    };
+    if let Err(why) = verdict {
+        panic!(
+            "QEMU/VFIO harness failed: {why}\n----- guest console -----\n{log}\n-------------------------"
+        );
+    }
+    eprintln!("QEMU/VFIO harness passed (console log: {}):", log_path.display());
+    for line in summary(&log) {
+        eprintln!("  {line}");
+    }
+}
+
+#[test]
+fn console_check_requires_a_clean_log_before_the_negative_test() {
+    let good = "selftest 0000:00:04.0:   PRP verified 10 bytes\n\
+                TUTTI-NEGATIVE-TEST-BEGIN\n\
+                DMAR: [DMA Write NO_PASID] Request device [00:05.0] fault addr 0x7f00000000\n\
+                0000:00:05.0 qid 1 cid 0: Read completed ... counted as FAILED\n\
+                TUTTI-NEGATIVE-TEST-END\nGUEST-PASS\n";
+    assert_eq!(check_console(good), Ok(()));
+    let fault_first = format!("DMAR: [DMA Read NO_PASID] Request device [00:04.0] fault addr 0x1000\n{good}");
+    assert!(check_console(&fault_first).unwrap_err().contains("before the negative test"));
+    let undetected = good.replace("counted as FAILED", "completed");
+    assert!(check_console(&undetected).unwrap_err().contains("not reported as a failed command"));
+    assert!(check_console("GUEST-PASS\n").is_err(), "a log without the negative test fails");
+    let unfinished = good.replace("GUEST-PASS", "");
+    assert!(check_console(&unfinished).is_err());
+    assert_eq!(summary(good).len(), 2);
+}
