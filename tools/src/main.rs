@@ -27,6 +27,10 @@ enum Command {
     Selftest(cmd::selftest::Args),
     /// The main job: round-trip data through tutti on emulated (or VFIO) drives.
     Demo(cmd::demo::Args),
+    /// Build a slack table for the I/O scheduler from an engine timing trace or the compute model.
+    Profile(cmd::profile::Args),
+    /// Model the layer-wise pipeline and compare I/O scheduling policies over a cache hit-rate sweep.
+    Simulate(cmd::simulate::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -40,6 +44,8 @@ fn main() -> std::process::ExitCode {
         Command::Admin(a) => cmd::admin::run(a),
         Command::Selftest(a) => cmd::selftest::run(a),
         Command::Demo(a) => cmd::demo::run(a),
+        Command::Profile(a) => cmd::profile::run(a),
+        Command::Simulate(a) => cmd::simulate::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

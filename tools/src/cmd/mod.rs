@@ -3,4 +3,6 @@
 pub mod admin;
 pub mod demo;
 pub mod identify;
+pub mod profile;
 pub mod selftest;
+pub mod simulate;
