@@ -1,1 +1,31 @@
-//! placeholder
+//! tutti's KV object store: a GPU file pool with tensor stripes across NVMe drives.
+
+mod codec;
+mod drives;
+pub mod error;
+pub mod geometry;
+pub mod hash;
+pub mod index;
+pub mod io;
+pub mod journal;
+pub mod layout;
+pub mod memory;
+pub mod pool;
+pub mod registration;
+pub mod store;
+pub mod stripe;
+pub mod superblock;
+
+pub use drives::DriveSpec;
+pub use error::{ObjError, Result};
+pub use geometry::{Dtype, Geometry};
+pub use hash::{chain_hashes, BlockHash, CacheIdentity, IdentityId};
+pub use index::FileId;
+pub use io::Direction;
+pub use layout::{KvLayout, LayerBases, LayoutKind};
+pub use memory::HostKvMemory;
+pub use pool::{OpenMode, PoolOptions};
+pub use registration::TableSizes;
+pub use store::{
+    Backend, JobId, JobStatus, KvStore, Lookup, PoolInfo, StoreId, StoreOptions, StoreReport, StoreStats,
+};

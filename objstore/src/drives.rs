@@ -1,0 +1,148 @@
+//! The pool's drives: controller handles, their shapes, and metadata I/O.
+//!
+//! Superblocks and journal pages move through one small queue pair per drive
+//! and a staging buffer, on the CPU and off the data path. KV objects never
+//! pass through here.
+
+use crate::error::{ObjError, Result};
+use crate::journal::MetaDev;
+use crate::stripe::DriveShape;
+use std::sync::{Arc, Mutex};
+use tutti_driver::command::DataMode;
+use tutti_driver::controller::Controller;
+use tutti_driver::queue::IoQueuePair;
+use tutti_driver::transport::DmaBuffer;
+
+/// Staging for metadata transfers; larger reads and writes go in windows.
+const STAGING: usize = 1 << 20;
+const META_QUEUE_DEPTH: u32 = 32;
+
+/// A drive handed to the pool: a controller that is up, and a namespace on it.
+#[derive(Clone)]
+pub struct DriveSpec {
+    pub ctrl: Arc<Controller>,
+    pub nsid: u32,
+}
+
+impl DriveSpec {
+    pub fn new(ctrl: Arc<Controller>, nsid: u32) -> Self {
+        DriveSpec { ctrl, nsid }
+    }
+    /// The controller's first active namespace.
+    pub fn first_namespace(ctrl: Arc<Controller>) -> Result<Self> {
+        let nsid = ctrl
+            .info()
+            .namespaces
+            .first()
+            .map(|n| n.nsid)
+            .ok_or_else(|| ObjError::drive(ctrl.name(), "has no active namespace"))?;
+        Ok(DriveSpec { ctrl, nsid })
+    }
+}
+
+impl std::fmt::Debug for DriveSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} nsid {}", self.ctrl.name(), self.nsid)
+    }
+}
+
+struct MetaQueue {
+    qp: IoQueuePair,
+    staging: DmaBuffer,
+}
+
+/// One pool drive.
+pub(crate) struct Drive {
+    pub spec: DriveSpec,
+    pub shape: DriveShape,
+    meta: Mutex<MetaQueue>,
+}
+
+impl Drive {
+    pub fn open(spec: DriveSpec) -> Result<Self> {
+        let info = spec.ctrl.info();
+        let ns = info.namespace(spec.nsid).ok_or_else(|| {
+            ObjError::drive(spec.ctrl.name(), format!("namespace {} does not exist", spec.nsid))
+        })?;
+        let shape = DriveShape { lba_size: ns.lba_size, blocks: ns.blocks, max_transfer: info.max_transfer };
+        let depth = META_QUEUE_DEPTH.min(info.max_queue_entries);
+        let qp = spec.ctrl.create_io_queue_pair(depth)?;
+        let staging = spec.ctrl.dma().alloc(STAGING)?;
+        Ok(Drive { spec, shape, meta: Mutex::new(MetaQueue { qp, staging }) })
+    }
+
+    pub fn name(&self) -> &str {
+        self.spec.ctrl.name()
+    }
+    pub fn serial(&self) -> &str {
+        &self.spec.ctrl.info().serial
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, MetaQueue>> {
+        self.meta.lock().map_err(|_| ObjError::Poisoned("metadata queue"))
+    }
+
+    fn check(&self, bytes: usize) -> Result<()> {
+        let lba_size = self.shape.lba_size as usize;
+        if !bytes.is_multiple_of(lba_size) {
+            return Err(ObjError::drive(
+                self.name(),
+                format!("metadata transfer of {bytes} bytes is not whole LBAs"),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn read(&self, lba: u64, bytes: usize) -> Result<Vec<u8>> {
+        self.check(bytes)?;
+        let lba_size = self.shape.lba_size as u64;
+        let mut q = self.lock()?;
+        let MetaQueue { qp, staging } = &mut *q;
+        let mut out = vec![0u8; bytes];
+        for (i, dst) in out.chunks_mut(STAGING).enumerate() {
+            let at = lba + (i * STAGING) as u64 / lba_size;
+            qp.read_buf(self.spec.nsid, at, staging, 0, dst.len(), DataMode::Auto)?;
+            staging.copy_out(0, dst)?;
+        }
+        Ok(out)
+    }
+
+    pub fn write(&self, lba: u64, data: &[u8]) -> Result<()> {
+        self.check(data.len())?;
+        let lba_size = self.shape.lba_size as u64;
+        let mut q = self.lock()?;
+        let MetaQueue { qp, staging } = &mut *q;
+        for (i, src) in data.chunks(STAGING).enumerate() {
+            let at = lba + (i * STAGING) as u64 / lba_size;
+            staging.copy_in(0, src)?;
+            qp.write_buf(self.spec.nsid, at, staging, 0, src.len(), DataMode::Auto)?;
+        }
+        Ok(())
+    }
+
+    /// Flush (§6.8): everything completed before is on non-volatile media.
+    pub fn flush(&self) -> Result<()> {
+        Ok(self.lock()?.qp.flush(self.spec.nsid)?)
+    }
+}
+
+/// The pool's drives as a [`MetaDev`] for the journal.
+pub(crate) struct DriveMeta<'a>(pub &'a [Drive]);
+
+impl DriveMeta<'_> {
+    fn drive(&self, d: u32) -> Result<&Drive> {
+        self.0.get(d as usize).ok_or(ObjError::Unknown { what: "pool drive", id: d as u64 })
+    }
+}
+
+impl MetaDev for DriveMeta<'_> {
+    fn read(&mut self, drive: u32, lba: u64, bytes: usize) -> Result<Vec<u8>> {
+        self.drive(drive)?.read(lba, bytes)
+    }
+    fn write(&mut self, drive: u32, lba: u64, data: &[u8]) -> Result<()> {
+        self.drive(drive)?.write(lba, data)
+    }
+    fn flush(&mut self, drive: u32) -> Result<()> {
+        self.drive(drive)?.flush()
+    }
+}

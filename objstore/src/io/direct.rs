@@ -1,0 +1,203 @@
+//! The CPU-driven baseline: the host builds, submits and reaps every command.
+//!
+//! One queue pair per drive; a layer's commands are fed to all drives at
+//! once, each queue kept full, completions reaped in batches. Every command's
+//! data pointer is still the registered SGL descriptor (or, on a drive
+//! without SGL support, PRP entries the driver builds from it), so the bytes
+//! moved are exactly those of the gio_uring path; only who does the work differs.
+
+use super::{layer_commands, Cmd, Direction, LayerIo, LayerOutcome, Pair};
+use crate::error::{ObjError, Result};
+use crate::registration::Registration;
+use crate::stripe::StripeMap;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+use tutti_driver::command::{Command, DataMode};
+use tutti_driver::controller::Controller;
+use tutti_driver::queue::{backoff, Completion, IoQueuePair};
+use tutti_driver::transport::IovaSegment;
+
+struct Lane {
+    qp: IoQueuePair,
+    nsid: u32,
+    /// Commands of the current layer for this drive, in order.
+    todo: Vec<u32>,
+    next: usize,
+    /// CID → command index of everything in flight.
+    inflight: HashMap<u16, u32>,
+}
+
+pub struct DirectIo {
+    lanes: Vec<Lane>,
+    attached: Option<(Arc<Registration>, StripeMap)>,
+    done: HashMap<u64, LayerOutcome>,
+    next_token: u64,
+}
+
+impl DirectIo {
+    /// One queue pair of `depth` entries on each drive (pool order).
+    pub fn new(drives: &[(Arc<Controller>, u32)], depth: u32) -> Result<Self> {
+        let lanes = drives
+            .iter()
+            .map(|(ctrl, nsid)| {
+                let depth = depth.clamp(2, ctrl.info().max_queue_entries);
+                Ok(Lane {
+                    qp: ctrl.create_io_queue_pair(depth)?,
+                    nsid: *nsid,
+                    todo: Vec::new(),
+                    next: 0,
+                    inflight: HashMap::new(),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(DirectIo { lanes, attached: None, done: HashMap::new(), next_token: 1 })
+    }
+
+    fn run(&mut self, cmds: &[Cmd], dir: Direction) -> Result<LayerOutcome> {
+        let mut out = LayerOutcome { commands: cmds.len() as u64, ..Default::default() };
+        for l in &mut self.lanes {
+            l.todo.clear();
+            l.next = 0;
+            l.inflight.clear();
+        }
+        for (i, c) in cmds.iter().enumerate() {
+            let lane = self
+                .lanes
+                .get_mut(c.drive as usize)
+                .ok_or(ObjError::Unknown { what: "pool drive", id: c.drive as u64 })?;
+            lane.todo.push(i as u32);
+        }
+        let mut failed: HashMap<u32, String> = HashMap::new();
+        let mut outstanding = 0usize;
+        let mut reaped: Vec<Completion> = Vec::new();
+        let mut spins = 0u32;
+        let mut last_progress = Instant::now();
+        loop {
+            let mut progressed = false;
+            for lane in &mut self.lanes {
+                let mut submitted = false;
+                while lane.next < lane.todo.len() && lane.qp.free_slots() > 0 {
+                    let idx = lane.todo[lane.next];
+                    let c = &cmds[idx as usize];
+                    lane.next += 1;
+                    let cmd = match dir {
+                        Direction::Load => Command::read(lane.nsid, c.lba, c.nlb),
+                        Direction::Store => Command::write(lane.nsid, c.lba, c.nlb),
+                    };
+                    let seg = [IovaSegment { iova: c.desc.addr, len: c.desc.len as u64 }];
+                    match lane.qp.submit_data(cmd, &seg, DataMode::Auto, idx as u64) {
+                        Ok(cid) => {
+                            lane.inflight.insert(cid, idx);
+                            outstanding += 1;
+                            submitted = true;
+                        }
+                        Err(e) => {
+                            failed.entry(c.pair).or_insert_with(|| e.to_string());
+                        }
+                    }
+                }
+                if submitted {
+                    lane.qp.ring();
+                    out.host_calls += 1;
+                }
+                reaped.clear();
+                lane.qp.reap(&mut reaped)?;
+                for comp in &reaped {
+                    lane.inflight.remove(&comp.cid);
+                    outstanding -= 1;
+                    progressed = true;
+                    if !comp.status.is_success() {
+                        let c = &cmds[comp.token as usize];
+                        failed.entry(c.pair).or_insert_with(|| {
+                            format!(
+                                "{} LBA {} on {}: {}",
+                                if dir == Direction::Load { "Read" } else { "Write" },
+                                c.lba,
+                                lane.qp.controller().name(),
+                                comp.status
+                            )
+                        });
+                    }
+                }
+            }
+            let pending = self.lanes.iter().any(|l| l.next < l.todo.len());
+            if outstanding == 0 && !pending {
+                break;
+            }
+            if progressed {
+                last_progress = Instant::now();
+                spins = 0;
+                continue;
+            }
+            let timeout = self
+                .lanes
+                .first()
+                .map_or(std::time::Duration::from_secs(10), |l| l.qp.controller().options().io_timeout);
+            if last_progress.elapsed() >= timeout {
+                outstanding -= self.expire(cmds, &mut failed)?;
+                last_progress = Instant::now();
+                continue;
+            }
+            backoff(&mut spins);
+        }
+        let mut failed: Vec<(u32, String)> = failed.into_iter().collect();
+        failed.sort_unstable_by_key(|f| f.0);
+        out.failed = failed;
+        Ok(out)
+    }
+
+    /// Gives up on commands that stopped completing: each one in flight is
+    /// waited for once more (bounded by the I/O timeout) and its pair failed
+    /// if it still does not complete. Returns how many commands were settled.
+    fn expire(&mut self, cmds: &[Cmd], failed: &mut HashMap<u32, String>) -> Result<usize> {
+        let mut settled = 0;
+        for lane in &mut self.lanes {
+            let stuck: Vec<(u16, u32)> = lane.inflight.drain().collect();
+            for (cid, idx) in stuck {
+                settled += 1;
+                let pair = cmds[idx as usize].pair;
+                match lane.qp.wait(cid) {
+                    Ok(comp) if comp.status.is_success() => {}
+                    Ok(comp) => {
+                        failed.entry(pair).or_insert_with(|| comp.status.to_string());
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "command timed out");
+                        failed.entry(pair).or_insert_with(|| e.to_string());
+                    }
+                }
+            }
+        }
+        Ok(settled)
+    }
+}
+
+impl LayerIo for DirectIo {
+    fn name(&self) -> &'static str {
+        "direct"
+    }
+
+    fn attach(&mut self, reg: &Arc<Registration>, map: &StripeMap) -> Result<()> {
+        self.attached = Some((reg.clone(), map.clone()));
+        Ok(())
+    }
+
+    fn submit(&mut self, layer: u32, pairs: &[Pair], dir: Direction) -> Result<u64> {
+        let (reg, map) = self.attached.clone().ok_or(ObjError::NotRegistered)?;
+        let cmds = layer_commands(&map, &reg, layer, pairs);
+        let outcome = self.run(&cmds, dir)?;
+        let token = self.next_token;
+        self.next_token += 1;
+        self.done.insert(token, outcome);
+        Ok(token)
+    }
+
+    fn poll(&mut self, token: u64) -> Result<Option<LayerOutcome>> {
+        self.done.remove(&token).map(Some).ok_or(ObjError::Unknown { what: "layer transfer", id: token })
+    }
+
+    fn wait(&mut self, token: u64, _deadline: Instant) -> Result<Option<LayerOutcome>> {
+        self.poll(token)
+    }
+}

@@ -1,0 +1,99 @@
+//! Moving one layer of many blocks between the drives and the KV memory.
+//!
+//! [`LayerIo`] is what the store needs from an I/O path: start one layer's
+//! transfer for a list of (file, engine block) pairs, and later learn which
+//! pairs failed. Two implementations:
+//!
+//! - [`gio::GioIo`]: gio_uring. The host submits one IOCB per layer (split
+//!   when it exceeds an IOCB) and the executor expands it into NVMe commands
+//!   from the registered tables — the main path.
+//! - [`direct::DirectIo`]: the host builds and submits every command itself
+//!   on ordinary queue pairs — the CPU-driven baseline benchmarks compare with.
+//!
+//! Both address data through the same P2P SGL tables and place objects by
+//! the same stripe arithmetic, so they move identical bytes.
+
+pub mod direct;
+// pub mod gio; (TEMP: gio_uring's API has not landed)
+
+use crate::error::Result;
+use crate::index::FileId;
+use crate::registration::Registration;
+use crate::stripe::StripeMap;
+use std::sync::Arc;
+use std::time::Instant;
+use tutti_driver::spec::SglDescriptor;
+
+/// Which way a transfer goes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    /// Drives → KV memory (retrieve).
+    Load,
+    /// KV memory → drives (store).
+    Store,
+}
+
+/// One (file, engine block) pair of a layer transfer.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Pair {
+    pub file: FileId,
+    pub block: u32,
+}
+
+/// How one layer transfer ended.
+#[derive(Clone, Debug, Default)]
+pub struct LayerOutcome {
+    /// Indices (into the submitted pairs) that failed, with the first reason for each.
+    pub failed: Vec<(u32, String)>,
+    /// NVMe commands the layer took.
+    pub commands: u64,
+    /// Calls the host made to get the layer moving (submissions and doorbells
+    /// it issued itself; for gio_uring, IOCBs handed to the executor).
+    pub host_calls: u64,
+}
+
+/// An I/O path for layer transfers. Implementations are used under the
+/// store's I/O lock, one call at a time.
+pub(crate) trait LayerIo: Send {
+    fn name(&self) -> &'static str;
+    /// Makes a registration's tables available to the executor.
+    fn attach(&mut self, reg: &Arc<Registration>, map: &StripeMap) -> Result<()>;
+    /// Starts layer `layer` for every pair; returns a token for [`poll`](Self::poll).
+    fn submit(&mut self, layer: u32, pairs: &[Pair], dir: Direction) -> Result<u64>;
+    /// The outcome once the transfer has finished, `None` while it runs.
+    fn poll(&mut self, token: u64) -> Result<Option<LayerOutcome>>;
+    /// Waits until the transfer finishes or `deadline` passes (`None`).
+    fn wait(&mut self, token: u64, deadline: Instant) -> Result<Option<LayerOutcome>>;
+}
+
+/// One NVMe command of a layer transfer.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Cmd {
+    pub pair: u32,
+    pub drive: u32,
+    pub lba: u64,
+    pub nlb: u32,
+    pub desc: SglDescriptor,
+}
+
+/// The commands of one layer, in IOCB order: pair, then K|V, then chunk.
+pub(crate) fn layer_commands(map: &StripeMap, reg: &Registration, layer: u32, pairs: &[Pair]) -> Vec<Cmd> {
+    let chunks = map.chunks();
+    let mut out = Vec::with_capacity(pairs.len() * 2 * chunks as usize);
+    for (i, p) in pairs.iter().enumerate() {
+        for kv in 0..2 {
+            for c in 0..chunks {
+                let (at, _len) = map.locate_chunk(p.file, 2 * layer + kv, c);
+                out.push(Cmd {
+                    pair: i as u32,
+                    drive: at.drive,
+                    lba: at.lba,
+                    nlb: at.lbas as u32,
+                    desc: reg.descriptor(at.drive, p.block, layer, kv, c),
+                });
+            }
+        }
+    }
+    out
+}

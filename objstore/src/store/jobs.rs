@@ -1,0 +1,456 @@
+//! Jobs: a load or store of many blocks over a range of layers.
+//!
+//! A job keeps at most [`LAYERS_IN_FLIGHT`] layers submitted to the I/O path
+//! and submits the next ones as earlier ones finish (on poll and wait), in
+//! layer order, so the executor works on the layers the engine needs first
+//! and a cancelled job stops at a layer boundary. Each layer reports which of
+//! the job's blocks failed; the union is the job's failure bitmap (bit `i` =
+//! the `i`-th block of the submission), which the engine uses to recompute
+//! exactly those blocks.
+
+use super::{lock, KvStore};
+use crate::error::{ObjError, Result};
+use crate::index::FileId;
+use crate::io::{Direction, LayerOutcome, Pair};
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+pub type JobId = u64;
+
+/// Layers of one job submitted to the I/O path at a time.
+pub const LAYERS_IN_FLIGHT: usize = 8;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum LayerState {
+    Queued,
+    Running(u64),
+    Done,
+}
+
+pub(crate) struct Job {
+    dir: Direction,
+    pairs: Vec<Pair>,
+    /// Bitmap index of each pair (stores: the session entry; loads: the pair itself).
+    slots: Vec<u32>,
+    blocks: u32,
+    layers: Range<u32>,
+    state: Vec<LayerState>,
+    failed: Vec<u64>,
+    first_error: Option<String>,
+    commands: u64,
+    host_calls: u64,
+    cancelled: bool,
+    /// Files holding an I/O reference until the job finishes.
+    io_files: Vec<FileId>,
+    /// The store session this job writes for.
+    pub session: Option<u64>,
+    /// Per finished layer, the pairs that failed (stores report these to the session).
+    pub layer_failures: Vec<(u32, Vec<u32>)>,
+    session_notified: bool,
+}
+
+/// A job's progress as the engine sees it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct JobStatus {
+    pub job: JobId,
+    pub direction: Direction,
+    pub first_layer: u32,
+    pub layers: u32,
+    /// `layer_done[l - first_layer]`: layer `l` has finished (successfully or not).
+    pub layer_done: Vec<bool>,
+    pub layers_done: u32,
+    pub done: bool,
+    pub cancelled: bool,
+    /// Blocks the job covers; bit `i` of `failed_blocks` is block `i` of the submission.
+    pub blocks: u32,
+    pub failed_blocks: Vec<u64>,
+    pub failed: u32,
+    pub first_error: Option<String>,
+    pub commands: u64,
+    pub host_calls: u64,
+}
+
+impl JobStatus {
+    pub fn block_failed(&self, i: u32) -> bool {
+        self.failed_blocks.get(i as usize / 64).is_some_and(|w| w >> (i % 64) & 1 == 1)
+    }
+    pub fn layer_is_done(&self, layer: u32) -> bool {
+        layer
+            .checked_sub(self.first_layer)
+            .and_then(|i| self.layer_done.get(i as usize).copied())
+            .unwrap_or(false)
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Jobs {
+    map: HashMap<JobId, Job>,
+}
+
+impl Jobs {
+    /// Jobs with a layer not yet finished.
+    pub fn running(&self) -> usize {
+        self.map.values().filter(|j| !j.is_done()).count()
+    }
+}
+
+impl Job {
+    pub fn new(dir: Direction, pairs: Vec<Pair>, slots: Vec<u32>, blocks: u32, layers: Range<u32>) -> Self {
+        let n = layers.len();
+        Job {
+            dir,
+            pairs,
+            slots,
+            blocks,
+            layers,
+            state: vec![LayerState::Queued; n],
+            failed: vec![0; (blocks as usize).div_ceil(64)],
+            first_error: None,
+            commands: 0,
+            host_calls: 0,
+            cancelled: false,
+            io_files: Vec::new(),
+            session: None,
+            layer_failures: Vec::new(),
+            session_notified: false,
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        self.state.iter().all(|s| *s == LayerState::Done)
+    }
+
+    fn fail_slot(&mut self, slot: u32, why: &str) {
+        if let Some(w) = self.failed.get_mut(slot as usize / 64) {
+            *w |= 1 << (slot % 64);
+        }
+        if self.first_error.is_none() {
+            self.first_error = Some(why.to_string());
+        }
+    }
+
+    pub fn fail_all_slots(&mut self, slots: &[u32], why: &str) {
+        for &s in slots {
+            self.fail_slot(s, why);
+        }
+    }
+
+    fn status(&self, id: JobId) -> JobStatus {
+        let layer_done: Vec<bool> = self.state.iter().map(|s| *s == LayerState::Done).collect();
+        JobStatus {
+            job: id,
+            direction: self.dir,
+            first_layer: self.layers.start,
+            layers: self.layers.len() as u32,
+            layers_done: layer_done.iter().filter(|d| **d).count() as u32,
+            layer_done,
+            done: self.is_done(),
+            cancelled: self.cancelled,
+            blocks: self.blocks,
+            failed: self.failed.iter().map(|w| w.count_ones()).sum(),
+            failed_blocks: self.failed.clone(),
+            first_error: self.first_error.clone(),
+            commands: self.commands,
+            host_calls: self.host_calls,
+        }
+    }
+
+    fn record(&mut self, i: usize, outcome: LayerOutcome) {
+        self.state[i] = LayerState::Done;
+        self.commands += outcome.commands;
+        self.host_calls += outcome.host_calls;
+        let layer = self.layers.start + i as u32;
+        let mut bad = Vec::with_capacity(outcome.failed.len());
+        for (p, why) in &outcome.failed {
+            if let Some(&slot) = self.slots.get(*p as usize) {
+                self.fail_slot(slot, &format!("layer {layer}: {why}"));
+                bad.push(*p);
+            }
+        }
+        if self.session.is_some() {
+            self.layer_failures.push((layer, bad));
+        }
+    }
+}
+
+impl KvStore {
+    /// Starts a job; `io_files` get an I/O reference until it finishes.
+    pub(super) fn start_job(&self, mut job: Job, io_files: Vec<FileId>) -> Result<JobId> {
+        {
+            let mut ix = lock(&self.index, "index")?;
+            for (n, &f) in io_files.iter().enumerate() {
+                if let Err(e) = ix.begin_io(f) {
+                    for &g in &io_files[..n] {
+                        let _ = ix.end_io(g);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        job.io_files = io_files;
+        let id = self.next_id();
+        let mut jobs = lock(&self.jobs, "jobs")?;
+        jobs.map.insert(id, job);
+        self.counters.jobs.fetch_add(1, Ordering::Relaxed);
+        self.advance(&mut jobs, id, None)?;
+        Ok(id)
+    }
+
+    /// Reaps finished layers, submits queued ones, and (with a deadline) waits
+    /// for `target` (a layer index, or any running layer) to finish.
+    fn advance(&self, jobs: &mut Jobs, id: JobId, wait: Option<(Instant, Option<usize>)>) -> Result<()> {
+        let job = jobs.map.get_mut(&id).ok_or(ObjError::Unknown { what: "job", id })?;
+        let obj = self.map.object_bytes();
+        loop {
+            let mut io = lock(&self.io, "io")?;
+            // Reap.
+            for i in 0..job.state.len() {
+                if let LayerState::Running(token) = job.state[i] {
+                    if let Some(outcome) = io.poll(token)? {
+                        self.account(job, &outcome, obj);
+                        job.record(i, outcome);
+                    }
+                }
+            }
+            // Submit, in layer order, up to the window.
+            let running = job.state.iter().filter(|s| matches!(s, LayerState::Running(_))).count();
+            let mut room = LAYERS_IN_FLIGHT.saturating_sub(running);
+            for i in 0..job.state.len() {
+                if room == 0 {
+                    break;
+                }
+                if job.state[i] != LayerState::Queued {
+                    continue;
+                }
+                if job.cancelled {
+                    let slots = job.slots.clone();
+                    job.fail_all_slots(&slots, "cancelled");
+                    job.state[i] = LayerState::Done;
+                    continue;
+                }
+                let layer = job.layers.start + i as u32;
+                match io.submit(layer, &job.pairs, job.dir) {
+                    Ok(token) => job.state[i] = LayerState::Running(token),
+                    Err(e) => {
+                        let why = e.to_string();
+                        let all: Vec<(u32, String)> =
+                            (0..job.pairs.len() as u32).map(|p| (p, why.clone())).collect();
+                        job.record(i, LayerOutcome { failed: all, ..Default::default() });
+                    }
+                }
+                room -= 1;
+            }
+            if job.is_done() {
+                break;
+            }
+            let Some((deadline, target)) = wait else { break };
+            let pick = match target {
+                Some(i) if job.state[i] == LayerState::Done => break,
+                Some(i) => i,
+                None => match job.state.iter().position(|s| matches!(s, LayerState::Running(_))) {
+                    Some(i) => i,
+                    None => continue,
+                },
+            };
+            let LayerState::Running(token) = job.state[pick] else { continue };
+            match io.wait(token, deadline)? {
+                Some(outcome) => {
+                    self.account(job, &outcome, obj);
+                    job.record(pick, outcome);
+                }
+                None => break,
+            }
+        }
+        if job.is_done() && !job.io_files.is_empty() {
+            let files = std::mem::take(&mut job.io_files);
+            let mut ix = lock(&self.index, "index")?;
+            for f in files {
+                ix.end_io(f)?;
+            }
+        }
+        if let Some(sid) = job.session {
+            let layers: Vec<(u32, Vec<u32>)> = std::mem::take(&mut job.layer_failures);
+            let finished = job.is_done() && !job.session_notified;
+            if !layers.is_empty() || finished {
+                job.session_notified |= finished;
+                self.session_layers_done(sid, &job.slots, &layers, finished)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn account(&self, job: &Job, outcome: &LayerOutcome, obj: u64) {
+        let ok = job.pairs.len().saturating_sub(outcome.failed.len()) as u64 * 2 * obj;
+        let c = &self.counters;
+        c.layers.fetch_add(1, Ordering::Relaxed);
+        c.commands.fetch_add(outcome.commands, Ordering::Relaxed);
+        c.host_calls.fetch_add(outcome.host_calls, Ordering::Relaxed);
+        c.failed_blocks.fetch_add(outcome.failed.len() as u64, Ordering::Relaxed);
+        match job.dir {
+            Direction::Load => c.bytes_loaded.fetch_add(ok, Ordering::Relaxed),
+            Direction::Store => c.bytes_stored.fetch_add(ok, Ordering::Relaxed),
+        };
+    }
+
+    /// Loads `files[i]` (from a [`super::Lookup`]) into engine block `blocks[i]`
+    /// for layers `layers`. The files get an I/O reference until the job ends,
+    /// so they cannot be evicted under it even if unpinned meanwhile.
+    pub fn submit_load(&self, files: &[FileId], blocks: &[u32], layers: Range<u32>) -> Result<JobId> {
+        let reg = self.registration()?;
+        self.check_layers(&layers)?;
+        if files.len() != blocks.len() {
+            return Err(ObjError::invalid(
+                "blocks",
+                format!("{} files but {} blocks", files.len(), blocks.len()),
+            ));
+        }
+        self.check_blocks(blocks, reg.layout.num_blocks())?;
+        {
+            let ix = lock(&self.index, "index")?;
+            for &f in files {
+                match ix.key_of(f) {
+                    Some((k, _)) if k.identity == reg.identity_id => {}
+                    Some(_) => {
+                        return Err(ObjError::invalid(
+                            "files",
+                            format!("file {f} was stored under another cache identity"),
+                        ))
+                    }
+                    None => {
+                        return Err(ObjError::invalid(
+                            "files",
+                            format!("file {f} holds no entry (evicted or never stored)"),
+                        ))
+                    }
+                }
+            }
+        }
+        let pairs: Vec<Pair> = files.iter().zip(blocks).map(|(&file, &block)| Pair { file, block }).collect();
+        let n = pairs.len() as u32;
+        let job = Job::new(Direction::Load, pairs, (0..n).collect(), n, layers);
+        self.start_job(job, files.to_vec())
+    }
+
+    pub(super) fn check_layers(&self, layers: &Range<u32>) -> Result<()> {
+        if layers.is_empty() || layers.end > self.geometry.layers {
+            return Err(ObjError::invalid(
+                "layers",
+                format!(
+                    "{}..{} is not a non-empty range within 0..{}",
+                    layers.start, layers.end, self.geometry.layers
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(super) fn check_blocks(&self, blocks: &[u32], num_blocks: u32) -> Result<()> {
+        if let Some(b) = blocks.iter().find(|&&b| b >= num_blocks) {
+            return Err(ObjError::invalid(
+                "blocks",
+                format!("engine block {b} is outside the {num_blocks} registered"),
+            ));
+        }
+        let mut seen = std::collections::HashSet::with_capacity(blocks.len());
+        if let Some(b) = blocks.iter().find(|b| !seen.insert(**b)) {
+            return Err(ObjError::invalid("blocks", format!("engine block {b} appears twice")));
+        }
+        Ok(())
+    }
+
+    fn with_job<T>(
+        &self,
+        id: JobId,
+        wait: Option<(Instant, Option<usize>)>,
+        f: impl FnOnce(&Job) -> T,
+    ) -> Result<T> {
+        let mut jobs = lock(&self.jobs, "jobs")?;
+        self.advance(&mut jobs, id, wait)?;
+        let job = jobs.map.get(&id).ok_or(ObjError::Unknown { what: "job", id })?;
+        Ok(f(job))
+    }
+
+    /// Progress without blocking (submits further layers as earlier ones finish).
+    pub fn poll(&self, id: JobId) -> Result<JobStatus> {
+        self.with_job(id, None, |j| j.status(id))
+    }
+
+    /// Waits until every layer of the job has finished, or `timeout`.
+    /// Returns the status either way; `done` tells which.
+    pub fn wait(&self, id: JobId, timeout: Duration) -> Result<JobStatus> {
+        let deadline = Instant::now() + timeout;
+        self.with_job(id, Some((deadline, None)), |j| j.status(id))
+    }
+
+    /// Waits until layer `layer` of the job has finished, or `timeout`.
+    pub fn wait_layer(&self, id: JobId, layer: u32, timeout: Duration) -> Result<JobStatus> {
+        let deadline = Instant::now() + timeout;
+        let index = {
+            let jobs = lock(&self.jobs, "jobs")?;
+            let job = jobs.map.get(&id).ok_or(ObjError::Unknown { what: "job", id })?;
+            if !job.layers.contains(&layer) {
+                return Err(ObjError::invalid(
+                    "layer",
+                    format!("layer {layer} is not in the job's {}..{}", job.layers.start, job.layers.end),
+                ));
+            }
+            (layer - job.layers.start) as usize
+        };
+        self.with_job(id, Some((deadline, Some(index))), |j| j.status(id))
+    }
+
+    /// Stops submitting the job's remaining layers; their blocks are reported
+    /// failed ("cancelled"). Layers already handed to the I/O path finish.
+    pub fn cancel(&self, id: JobId) -> Result<JobStatus> {
+        {
+            let mut jobs = lock(&self.jobs, "jobs")?;
+            jobs.map.get_mut(&id).ok_or(ObjError::Unknown { what: "job", id })?.cancelled = true;
+        }
+        self.poll(id)
+    }
+
+    /// Forgets a finished job and returns its final status. A job still
+    /// running is an error (cancel it and wait first).
+    pub fn release(&self, id: JobId) -> Result<JobStatus> {
+        let st = self.poll(id)?;
+        if !st.done {
+            return Err(ObjError::invalid(
+                "job",
+                format!("job {id} still has {} layers running", st.layers - st.layers_done),
+            ));
+        }
+        lock(&self.jobs, "jobs")?.map.remove(&id);
+        Ok(st)
+    }
+
+    /// Paper Algorithm 1 `retrieve_layer`: one layer of `files` into `blocks`, waited for.
+    pub fn retrieve_layer(
+        &self,
+        layer: u32,
+        files: &[FileId],
+        blocks: &[u32],
+        timeout: Duration,
+    ) -> Result<JobStatus> {
+        let id = self.submit_load(files, blocks, layer..layer + 1)?;
+        self.finish(id, timeout)
+    }
+
+    /// Loads every layer of a lookup's files into `blocks` and waits.
+    pub fn load_request(&self, files: &[FileId], blocks: &[u32], timeout: Duration) -> Result<JobStatus> {
+        let id = self.submit_load(files, blocks, 0..self.geometry.layers)?;
+        self.finish(id, timeout)
+    }
+
+    /// Waits for a job and releases it; on timeout the job is cancelled and
+    /// the error says so (it stays in the table until its layers drain).
+    pub(super) fn finish(&self, id: JobId, timeout: Duration) -> Result<JobStatus> {
+        let st = self.wait(id, timeout)?;
+        if !st.done {
+            self.cancel(id)?;
+            return Err(ObjError::Timeout { job: id, waited: timeout });
+        }
+        self.release(id)
+    }
+}

@@ -1,0 +1,424 @@
+//! [`KvStore`]: the object store an engine (or the C ABI) talks to.
+//!
+//! Life of a request:
+//!
+//! 1. [`KvStore::open`] a pool on drives, [`KvStore::register_host`] (or
+//!    [`KvStore::register`]) the engine's KV memory with its cache identity;
+//!    the SGL tables are built here, once.
+//! 2. [`KvStore::lookup`] the request's chained hashes: the longest stored
+//!    prefix comes back pinned ([`Lookup`]).
+//! 3. [`KvStore::submit_load`] those files into engine blocks over a layer
+//!    range; [`KvStore::wait_layer`] before each layer's attention (paper
+//!    Algorithm 1, `retrieve_layer`); [`KvStore::unpin`] when done.
+//! 4. New blocks: [`KvStore::begin_store`] reserves files,
+//!    [`KvStore::submit_store`] writes layers as they are computed
+//!    (`store_layer`), [`KvStore::commit_store`] makes them durable and visible.
+//!
+//! Every call takes `&self`; the store is `Send + Sync`. Lock order: jobs,
+//! then I/O, then index; the journal lock is taken alone.
+
+mod jobs;
+mod session;
+
+pub use jobs::{JobId, JobStatus};
+pub use session::{StoreId, StoreReport};
+
+use crate::drives::{Drive, DriveSpec};
+use crate::error::{ObjError, Result};
+use crate::geometry::Geometry;
+use crate::hash::{BlockHash, CacheIdentity};
+use crate::index::{FileId, Index, IndexStats};
+use crate::io::direct::DirectIo;
+use crate::io::LayerIo;
+use crate::journal::{DriveJournal, ReplayStats};
+use crate::layout::KvLayout;
+use crate::memory::HostKvMemory;
+use crate::pool::{Pool, PoolOptions};
+use crate::registration::{Registration, TableSizes};
+use crate::stripe::StripeMap;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+/// Which I/O path moves KV objects.
+#[derive(Clone, Debug)]
+pub enum Backend {
+    /// The CPU-driven baseline: the host submits every command.
+    Direct { queue_depth: u32 },
+}
+
+/// How to open a store.
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    pub pool: PoolOptions,
+    pub backend: Backend,
+}
+
+impl StoreOptions {
+    pub fn new(pool: PoolOptions) -> Self {
+        StoreOptions { pool, backend: Backend::Direct { queue_depth: 256 } }
+    }
+}
+
+/// A pinned lookup result: the files of the longest stored prefix.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Lookup {
+    /// Pass to [`KvStore::unpin`] when the files have been loaded (0 if nothing was pinned).
+    pub pin: u64,
+    /// `files[i]` holds chunk `i` of the request.
+    pub files: Vec<FileId>,
+}
+
+impl Lookup {
+    /// Chunks (blocks) of the request found.
+    pub fn hits(&self) -> usize {
+        self.files.len()
+    }
+}
+
+/// One drive as the store reports it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DriveReport {
+    pub device: String,
+    pub serial: String,
+    pub nsid: u32,
+    pub lba_size: u32,
+    pub blocks: u64,
+    pub max_transfer: u64,
+    pub data_start_lba: u64,
+}
+
+/// What the pool is.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PoolInfo {
+    pub pool: String,
+    pub formatted_now: bool,
+    pub geometry: Geometry,
+    pub drives: Vec<DriveReport>,
+    pub files: u32,
+    pub object_bytes: u64,
+    pub file_bytes: u64,
+    pub chunk_bytes: u64,
+    pub chunks: u32,
+    pub slots_per_file: u32,
+    pub backend: String,
+    pub replay: Vec<ReplayStats>,
+}
+
+/// Counters since open.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct StoreStats {
+    pub index: IndexStats,
+    pub lookups: u64,
+    pub lookup_hits: u64,
+    pub lookup_misses: u64,
+    pub jobs: u64,
+    pub layers: u64,
+    pub commands: u64,
+    pub host_calls: u64,
+    pub bytes_loaded: u64,
+    pub bytes_stored: u64,
+    pub failed_blocks: u64,
+    pub files_committed: u64,
+    pub journal_appends: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    lookups: AtomicU64,
+    lookup_hits: AtomicU64,
+    lookup_misses: AtomicU64,
+    jobs: AtomicU64,
+    layers: AtomicU64,
+    commands: AtomicU64,
+    host_calls: AtomicU64,
+    bytes_loaded: AtomicU64,
+    bytes_stored: AtomicU64,
+    failed_blocks: AtomicU64,
+    files_committed: AtomicU64,
+    journal_appends: AtomicU64,
+}
+
+/// The journals and the commit stamp, under one lock.
+struct Meta {
+    journals: Vec<DriveJournal>,
+    stamp: u64,
+}
+
+pub struct KvStore {
+    id: u128,
+    name: String,
+    formatted: bool,
+    replay: Vec<ReplayStats>,
+    geometry: Geometry,
+    drives: Vec<Drive>,
+    map: StripeMap,
+    meta: Mutex<Meta>,
+    index: Mutex<Index>,
+    /// Declared before `reg`: the I/O path (and its executor) goes away
+    /// before the memory mappings its tables point into.
+    io: Mutex<Box<dyn LayerIo>>,
+    reg: RwLock<Option<Arc<Registration>>>,
+    jobs: Mutex<jobs::Jobs>,
+    sessions: Mutex<HashMap<u64, session::Session>>,
+    next_id: AtomicU64,
+    pins: Mutex<HashMap<u64, Vec<FileId>>>,
+    counters: Counters,
+}
+
+fn lock<'a, T>(m: &'a Mutex<T>, what: &'static str) -> Result<MutexGuard<'a, T>> {
+    m.lock().map_err(|_| ObjError::Poisoned(what))
+}
+
+impl KvStore {
+    /// Opens (or formats, per `opts.pool.mode`) the pool on `drives`, given
+    /// in pool order, and replays its journals into the index.
+    pub fn open(drives: Vec<DriveSpec>, opts: StoreOptions) -> Result<KvStore> {
+        let specs: Vec<(Arc<tutti_driver::controller::Controller>, u32)> =
+            drives.iter().map(|d| (d.ctrl.clone(), d.nsid)).collect();
+        let pool = Pool::open(drives, &opts.pool)?;
+        let io: Box<dyn LayerIo> = match &opts.backend {
+            Backend::Direct { queue_depth } => Box::new(DirectIo::new(&specs, *queue_depth)?),
+        };
+        let records = pool.live_records();
+        let mut index = Index::new(pool.map.files());
+        let mut stamp = 0;
+        for r in &records {
+            index.restore(r.file, r.key, r.gen)?;
+            stamp = stamp.max(r.stamp);
+        }
+        let name = pool.name();
+        let Pool { id, drives, map, journals, replay, formatted } = pool;
+        tracing::info!(pool = %name, entries = records.len(), backend = io.name(), "store open");
+        Ok(KvStore {
+            id,
+            name,
+            formatted,
+            replay,
+            geometry: opts.pool.geometry,
+            drives,
+            map,
+            meta: Mutex::new(Meta { journals, stamp: stamp + 1 }),
+            index: Mutex::new(index),
+            io: Mutex::new(io),
+            reg: RwLock::new(None),
+            jobs: Mutex::new(jobs::Jobs::default()),
+            sessions: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            pins: Mutex::new(HashMap::new()),
+            counters: Counters::default(),
+        })
+    }
+
+    pub fn pool_id(&self) -> u128 {
+        self.id
+    }
+    pub fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+    pub fn stripe_map(&self) -> &StripeMap {
+        &self.map
+    }
+
+    pub fn info(&self) -> PoolInfo {
+        let backend = self.io.lock().map(|io| io.name().to_string()).unwrap_or_default();
+        PoolInfo {
+            pool: self.name.clone(),
+            formatted_now: self.formatted,
+            geometry: self.geometry,
+            drives: self
+                .drives
+                .iter()
+                .enumerate()
+                .map(|(i, d)| DriveReport {
+                    device: d.name().to_string(),
+                    serial: d.serial().trim().to_string(),
+                    nsid: d.spec.nsid,
+                    lba_size: d.shape.lba_size,
+                    blocks: d.shape.blocks,
+                    max_transfer: d.shape.max_transfer,
+                    data_start_lba: self.map.drive(i as u32).data_start_lba,
+                })
+                .collect(),
+            files: self.map.files(),
+            object_bytes: self.map.object_bytes(),
+            file_bytes: self.geometry.file_bytes(),
+            chunk_bytes: self.map.chunk_bytes(),
+            chunks: self.map.chunks(),
+            slots_per_file: self.map.slots_per_file(),
+            backend,
+            replay: self.replay.clone(),
+        }
+    }
+
+    fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Registers host memory the store keeps alive (tests, machines without a GPU).
+    pub fn register_host(
+        &self,
+        memory: Arc<HostKvMemory>,
+        layout: KvLayout,
+        model: &str,
+        tenant_salt: &[u8],
+    ) -> Result<TableSizes> {
+        for r in layout.regions() {
+            if !memory.contains(r.addr, r.len) {
+                return Err(ObjError::invalid(
+                    "layout",
+                    format!(
+                        "region {:#x}+{:#x} is outside the {:#x}-byte host memory",
+                        r.addr,
+                        r.len,
+                        memory.len()
+                    ),
+                ));
+            }
+        }
+        // SAFETY: every region lies inside `memory`, which the registration keeps alive.
+        unsafe { self.register_inner(layout, model, tenant_salt, Some(memory)) }
+    }
+
+    /// Registers the engine's KV memory described by `layout` under a cache
+    /// identity (model name and tenant salt; geometry, dtype and layout kind
+    /// come from `layout`). Replaces an earlier registration when no job or
+    /// store is in flight. Returns the table sizes.
+    ///
+    /// # Safety
+    /// Every region of `layout` must stay allocated, and must not be memory the
+    /// drives must not touch, until the store is unregistered or dropped.
+    pub unsafe fn register(&self, layout: KvLayout, model: &str, tenant_salt: &[u8]) -> Result<TableSizes> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.register_inner(layout, model, tenant_salt, None) }
+    }
+
+    unsafe fn register_inner(
+        &self,
+        layout: KvLayout,
+        model: &str,
+        tenant_salt: &[u8],
+        memory: Option<Arc<HostKvMemory>>,
+    ) -> Result<TableSizes> {
+        if *layout.geometry() != self.geometry {
+            return Err(ObjError::invalid(
+                "layout",
+                format!("geometry {} differs from the pool's {}", layout.geometry(), self.geometry),
+            ));
+        }
+        if model.is_empty() {
+            return Err(ObjError::invalid("model", "the cache identity needs a model name"));
+        }
+        self.ensure_idle()?;
+        let identity = CacheIdentity::new(model, self.geometry, layout.kind(), tenant_salt);
+        let spaces: Vec<_> = self.drives.iter().map(|d| d.spec.ctrl.dma().clone()).collect();
+        // SAFETY: forwarded from the caller.
+        let reg = Arc::new(unsafe { Registration::new(layout, identity, &spaces, &self.map, memory)? });
+        lock(&self.io, "io")?.attach(&reg, &self.map)?;
+        let sizes = reg.sizes;
+        *self.reg.write().map_err(|_| ObjError::Poisoned("registration"))? = Some(reg);
+        Ok(sizes)
+    }
+
+    /// Drops the registration (and its DMA mappings).
+    pub fn unregister(&self) -> Result<()> {
+        self.ensure_idle()?;
+        *self.reg.write().map_err(|_| ObjError::Poisoned("registration"))? = None;
+        Ok(())
+    }
+
+    fn ensure_idle(&self) -> Result<()> {
+        let busy_jobs = lock(&self.jobs, "jobs")?.running();
+        let sessions = lock(&self.sessions, "sessions")?.len();
+        if busy_jobs > 0 || sessions > 0 {
+            return Err(ObjError::invalid(
+                "registration",
+                format!("{busy_jobs} jobs and {sessions} stores are in flight; finish them first"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn registration(&self) -> Result<Arc<Registration>> {
+        self.reg
+            .read()
+            .map_err(|_| ObjError::Poisoned("registration"))?
+            .clone()
+            .ok_or(ObjError::NotRegistered)
+    }
+
+    /// The cache identity of the current registration.
+    pub fn identity(&self) -> Result<CacheIdentity> {
+        Ok(self.registration()?.identity.clone())
+    }
+
+    /// Table sizes of the current registration.
+    pub fn table_sizes(&self) -> Result<TableSizes> {
+        Ok(self.registration()?.sizes)
+    }
+
+    /// The longest prefix of `hashes` stored under the registered identity,
+    /// pinned against eviction until [`unpin`](Self::unpin).
+    pub fn lookup(&self, hashes: &[BlockHash]) -> Result<Lookup> {
+        let id = self.registration()?.identity_id;
+        let files = lock(&self.index, "index")?.lookup(id, hashes, true);
+        self.counters.lookups.fetch_add(1, Ordering::Relaxed);
+        self.counters.lookup_hits.fetch_add(files.len() as u64, Ordering::Relaxed);
+        self.counters.lookup_misses.fetch_add((hashes.len() - files.len()) as u64, Ordering::Relaxed);
+        if files.is_empty() {
+            return Ok(Lookup { pin: 0, files });
+        }
+        let pin = self.next_id();
+        lock(&self.pins, "pins")?.insert(pin, files.clone());
+        Ok(Lookup { pin, files })
+    }
+
+    /// How many leading chunks are stored. A query only: nothing is pinned
+    /// and the LRU order does not change.
+    pub fn contains(&self, hashes: &[BlockHash]) -> Result<usize> {
+        let id = self.registration()?.identity_id;
+        Ok(lock(&self.index, "index")?.peek(id, hashes))
+    }
+
+    /// Releases a lookup's pins (0 is accepted and does nothing).
+    pub fn unpin(&self, pin: u64) -> Result<()> {
+        if pin == 0 {
+            return Ok(());
+        }
+        let files =
+            lock(&self.pins, "pins")?.remove(&pin).ok_or(ObjError::Unknown { what: "pin", id: pin })?;
+        let mut ix = lock(&self.index, "index")?;
+        for f in files {
+            ix.unpin(f)?;
+        }
+        Ok(())
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        StoreStats {
+            index: self.index.lock().map(|ix| ix.stats()).unwrap_or_default(),
+            lookups: get(&c.lookups),
+            lookup_hits: get(&c.lookup_hits),
+            lookup_misses: get(&c.lookup_misses),
+            jobs: get(&c.jobs),
+            layers: get(&c.layers),
+            commands: get(&c.commands),
+            host_calls: get(&c.host_calls),
+            bytes_loaded: get(&c.bytes_loaded),
+            bytes_stored: get(&c.bytes_stored),
+            failed_blocks: get(&c.failed_blocks),
+            files_committed: get(&c.files_committed),
+            journal_appends: get(&c.journal_appends),
+        }
+    }
+}
+
+impl Drop for KvStore {
+    fn drop(&mut self) {
+        // Nothing is written on the way out: every durable state was reached
+        // by an explicit commit, so dropping the store is a crash-equivalent stop.
+        tracing::debug!(pool = %self.name, "store closed");
+    }
+}

@@ -1,0 +1,365 @@
+//! Storing blocks: reserve files, write layers, commit durably.
+//!
+//! The order of durable steps is what makes a crash safe at any point:
+//!
+//! 1. `begin_store` reserves a file per new chunk. A file the journal may
+//!    still name (an evicted entry, or an Insert whose append failed) first
+//!    gets an Invalidate record, appended and flushed, before anything
+//!    overwrites its data — so a crash mid-rewrite finds no entry for it.
+//! 2. `submit_store` writes the objects (any number of jobs, any layer order).
+//! 3. `commit_store` flushes every drive (§6.8: completed writes reach
+//!    non-volatile media), then appends and flushes Insert records, and only
+//!    then makes the entries visible to lookups. A crash before the Insert
+//!    is durable leaves the chunk a miss; after, a hit with exactly those bytes.
+
+use super::jobs::{Job, JobId};
+use super::{lock, KvStore, Meta};
+use crate::drives::DriveMeta;
+use crate::error::{ObjError, Result};
+use crate::hash::BlockHash;
+use crate::index::{FileId, Key, Reserve};
+use crate::io::{Direction, Pair};
+use crate::journal::{Record, RecordKind};
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+pub type StoreId = u64;
+
+#[derive(Clone, Debug)]
+enum Entry {
+    /// Being written into `file` (generation `gen`); `layers` bit l = layer l stored.
+    New {
+        file: FileId,
+        gen: u64,
+        block: u32,
+        layers: Vec<u64>,
+        failed: Option<String>,
+    },
+    /// Already stored (or being stored by another session): nothing to write.
+    Present(FileId),
+    Failed(String),
+}
+
+pub(crate) struct Session {
+    keys: Vec<Key>,
+    entries: Vec<Entry>,
+    running_jobs: u32,
+}
+
+/// What a store achieved, per block of the request.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StoreReport {
+    /// New files made durable and visible.
+    pub stored: u32,
+    /// Chunks that were already stored.
+    pub present: u32,
+    /// Blocks not stored, by index in the request, with the reason.
+    pub failed: Vec<(u32, String)>,
+    /// The file holding each block's chunk, if any.
+    pub files: Vec<Option<FileId>>,
+}
+
+impl KvStore {
+    /// Reserves a file for each `(hashes[i], blocks[i])` not yet stored
+    /// (evicting least-recently-used unpinned files if needed) and makes
+    /// every reused file safe to overwrite. Chunks that cannot get a file are
+    /// reported at commit; the call fails only on bad arguments.
+    pub fn begin_store(&self, hashes: &[BlockHash], blocks: &[u32]) -> Result<StoreId> {
+        let reg = self.registration()?;
+        if hashes.len() != blocks.len() {
+            return Err(ObjError::invalid(
+                "blocks",
+                format!("{} hashes but {} blocks", hashes.len(), blocks.len()),
+            ));
+        }
+        self.check_blocks(blocks, reg.layout.num_blocks())?;
+        let words = (self.geometry.layers as usize).div_ceil(64);
+        let keys: Vec<Key> = hashes.iter().map(|&hash| Key { identity: reg.identity_id, hash }).collect();
+        let mut entries = Vec::with_capacity(keys.len());
+        let mut invalidate = Vec::new();
+        {
+            let mut ix = lock(&self.index, "index")?;
+            for (i, (&key, &block)) in keys.iter().zip(blocks).enumerate() {
+                entries.push(match ix.reserve(key) {
+                    None => {
+                        let s = ix.stats();
+                        Entry::Failed(format!(
+                            "pool full: all {} files are pinned, in flight or being written",
+                            s.files
+                        ))
+                    }
+                    Some(Reserve::Present(f)) => Entry::Present(f),
+                    Some(Reserve::New { file, gen, invalidate: inv, .. }) => {
+                        if inv {
+                            invalidate.push((i, file, gen));
+                        }
+                        Entry::New { file, gen, block, layers: vec![0; words], failed: None }
+                    }
+                });
+            }
+        }
+        if !invalidate.is_empty() {
+            let recs: Vec<Record> = invalidate
+                .iter()
+                .map(|&(_, file, gen)| Record {
+                    kind: RecordKind::Invalidate,
+                    file,
+                    gen,
+                    key: Key::NONE,
+                    stamp: 0,
+                })
+                .collect();
+            let results = self.append(recs)?;
+            let mut ix = lock(&self.index, "index")?;
+            for (&(i, file, _), res) in invalidate.iter().zip(results) {
+                match res {
+                    Ok(()) => ix.mark_unclaimed(file)?,
+                    Err(why) => {
+                        ix.abort(file)?;
+                        entries[i] = Entry::Failed(format!("invalidating the evicted entry failed: {why}"));
+                    }
+                }
+            }
+        }
+        let id = self.next_id();
+        lock(&self.sessions, "sessions")?.insert(id, Session { keys, entries, running_jobs: 0 });
+        Ok(id)
+    }
+
+    /// Writes layers `layers` of the session's new blocks from engine memory
+    /// (paper Algorithm 1, `store_layer`, for a range). The job's failure
+    /// bitmap is indexed like the request given to [`begin_store`](Self::begin_store).
+    pub fn submit_store(&self, store: StoreId, layers: Range<u32>) -> Result<JobId> {
+        self.registration()?;
+        self.check_layers(&layers)?;
+        let (pairs, slots, n) = {
+            let mut sessions = lock(&self.sessions, "sessions")?;
+            let s = sessions.get_mut(&store).ok_or(ObjError::Unknown { what: "store", id: store })?;
+            let mut pairs = Vec::new();
+            let mut slots = Vec::new();
+            for (i, e) in s.entries.iter().enumerate() {
+                if let Entry::New { file, block, failed: None, .. } = e {
+                    pairs.push(Pair { file: *file, block: *block });
+                    slots.push(i as u32);
+                }
+            }
+            s.running_jobs += 1;
+            (pairs, slots, s.entries.len() as u32)
+        };
+        let mut job = Job::new(Direction::Store, pairs, slots, n, layers);
+        job.session = Some(store);
+        {
+            let sessions = lock(&self.sessions, "sessions")?;
+            if let Some(s) = sessions.get(&store) {
+                let failed: Vec<(u32, String)> = s
+                    .entries
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, e)| match e {
+                        Entry::Failed(why) | Entry::New { failed: Some(why), .. } => {
+                            Some((i as u32, why.clone()))
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                for (i, why) in failed {
+                    job.fail_all_slots(&[i], &why);
+                }
+            }
+        }
+        self.start_job(job, Vec::new())
+    }
+
+    /// A store job finished some layers: record which blocks now have them.
+    pub(super) fn session_layers_done(
+        &self,
+        store: StoreId,
+        slots: &[u32],
+        layers: &[(u32, Vec<u32>)],
+        job_finished: bool,
+    ) -> Result<()> {
+        let mut sessions = lock(&self.sessions, "sessions")?;
+        let Some(s) = sessions.get_mut(&store) else { return Ok(()) };
+        for (layer, bad) in layers {
+            for (p, &slot) in slots.iter().enumerate() {
+                let Some(Entry::New { layers: bits, failed, .. }) = s.entries.get_mut(slot as usize) else {
+                    continue;
+                };
+                if bad.contains(&(p as u32)) {
+                    failed.get_or_insert_with(|| format!("writing layer {layer} failed"));
+                } else {
+                    bits[*layer as usize / 64] |= 1 << (layer % 64);
+                }
+            }
+        }
+        if job_finished {
+            s.running_jobs = s.running_jobs.saturating_sub(1);
+        }
+        Ok(())
+    }
+
+    /// Makes every block whose layers were all written durable and visible;
+    /// the rest are given up (their files freed). Fails, leaving the session
+    /// open, while one of its jobs is still running.
+    pub fn commit_store(&self, store: StoreId) -> Result<StoreReport> {
+        let session = self.take_session(store)?;
+        let layers = self.geometry.layers;
+        let complete = |bits: &[u64]| (0..layers).all(|l| bits[l as usize / 64] >> (l % 64) & 1 == 1);
+        let mut report = StoreReport { files: vec![None; session.entries.len()], ..Default::default() };
+        let mut commit = Vec::new();
+        let mut give_up = Vec::new();
+        for (i, e) in session.entries.iter().enumerate() {
+            match e {
+                Entry::Present(f) => {
+                    report.present += 1;
+                    report.files[i] = Some(*f);
+                }
+                Entry::Failed(why) => report.failed.push((i as u32, why.clone())),
+                Entry::New { file, failed: Some(why), .. } => {
+                    report.failed.push((i as u32, why.clone()));
+                    give_up.push(*file);
+                }
+                Entry::New { file, gen, layers: bits, .. } if complete(bits) => commit.push((i, *file, *gen)),
+                Entry::New { file, .. } => {
+                    report.failed.push((i as u32, "not every layer was written".into()));
+                    give_up.push(*file);
+                }
+            }
+        }
+        if !commit.is_empty() {
+            // Data first: §6.8 Flush makes every completed write non-volatile.
+            let flushed: Vec<Result<()>> = self.drives.iter().map(|d| d.flush()).collect();
+            if let Some(Err(e)) = flushed.into_iter().find(|r| r.is_err()) {
+                let why = format!("flushing the data failed: {e}");
+                for &(i, file, _) in &commit {
+                    report.failed.push((i as u32, why.clone()));
+                    give_up.push(file);
+                }
+                commit.clear();
+            }
+        }
+        if !commit.is_empty() {
+            {
+                let mut ix = lock(&self.index, "index")?;
+                for &(_, file, _) in &commit {
+                    ix.mark_claimed(file)?;
+                }
+            }
+            let recs: Vec<Record> = commit
+                .iter()
+                .map(|&(i, file, gen)| Record {
+                    kind: RecordKind::Insert,
+                    file,
+                    gen,
+                    key: session.keys[i],
+                    stamp: 0,
+                })
+                .collect();
+            let results = self.append(recs)?;
+            let mut ix = lock(&self.index, "index")?;
+            for (&(i, file, _), res) in commit.iter().zip(results) {
+                match res {
+                    Ok(()) => {
+                        ix.commit(file)?;
+                        report.stored += 1;
+                        report.files[i] = Some(file);
+                    }
+                    Err(why) => {
+                        report.failed.push((i as u32, format!("journal append failed: {why}")));
+                        give_up.push(file);
+                    }
+                }
+            }
+        }
+        let mut ix = lock(&self.index, "index")?;
+        for f in give_up {
+            ix.abort(f)?;
+        }
+        drop(ix);
+        report.failed.sort_by_key(|f| f.0);
+        self.counters.files_committed.fetch_add(report.stored as u64, Ordering::Relaxed);
+        Ok(report)
+    }
+
+    /// Gives up a store: every reserved file is freed.
+    pub fn abort_store(&self, store: StoreId) -> Result<()> {
+        let session = self.take_session(store)?;
+        let mut ix = lock(&self.index, "index")?;
+        for e in session.entries {
+            if let Entry::New { file, .. } = e {
+                ix.abort(file)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn take_session(&self, store: StoreId) -> Result<Session> {
+        let mut sessions = lock(&self.sessions, "sessions")?;
+        let s = sessions.get(&store).ok_or(ObjError::Unknown { what: "store", id: store })?;
+        if s.running_jobs > 0 {
+            return Err(ObjError::invalid(
+                "store",
+                format!("store {store} has {} jobs still running; wait for them first", s.running_jobs),
+            ));
+        }
+        sessions.remove(&store).ok_or(ObjError::Unknown { what: "store", id: store })
+    }
+
+    /// Stores a whole request: reserve, write every layer, commit.
+    pub fn store_request(
+        &self,
+        hashes: &[BlockHash],
+        blocks: &[u32],
+        timeout: Duration,
+    ) -> Result<StoreReport> {
+        let store = self.begin_store(hashes, blocks)?;
+        let job = match self.submit_store(store, 0..self.geometry.layers) {
+            Ok(j) => j,
+            Err(e) => {
+                self.abort_store(store)?;
+                return Err(e);
+            }
+        };
+        // On a timeout the job stays until its layers drain, and the reserved files with it.
+        self.finish(job, timeout)?;
+        self.commit_store(store)
+    }
+
+    /// Paper Algorithm 1 `store_layer`: one layer of a store session, waited for.
+    pub fn store_layer(&self, store: StoreId, layer: u32, timeout: Duration) -> Result<super::JobStatus> {
+        let job = self.submit_store(store, layer..layer + 1)?;
+        self.finish(job, timeout)
+    }
+
+    /// Appends records to their drives' journals (file `f` → drive `f mod D`),
+    /// each drive written and flushed; returns each record's outcome.
+    fn append(&self, mut recs: Vec<Record>) -> Result<Vec<std::result::Result<(), String>>> {
+        let d = self.map.drive_count();
+        let mut meta = lock(&self.meta, "journal")?;
+        let Meta { journals, stamp } = &mut *meta;
+        for r in &mut recs {
+            r.stamp = *stamp;
+            *stamp += 1;
+        }
+        let mut by_drive: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+        for (i, r) in recs.iter().enumerate() {
+            by_drive.entry(r.file % d).or_default().push(i);
+        }
+        let mut out: Vec<std::result::Result<(), String>> = vec![Ok(()); recs.len()];
+        let mut dev = DriveMeta(&self.drives);
+        for (drive, idx) in by_drive {
+            let batch: Vec<Record> = idx.iter().map(|&i| recs[i]).collect();
+            self.counters.journal_appends.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = journals[drive as usize].append(&mut dev, &batch) {
+                tracing::warn!(drive, error = %e, "journal append failed");
+                let why = e.to_string();
+                for &i in &idx {
+                    out[i] = Err(why.clone());
+                }
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,127 @@
+//! Jobs: per-layer completion, per-block failure bitmaps the engine can
+//! recompute from, cancellation, and argument checks.
+
+mod common;
+
+use common::*;
+use tutti_driver::emulated::{FaultAction, FaultMatch};
+use tutti_driver::spec::Status;
+use tutti_objstore::{chain_hashes, KvStore, LayoutKind, OpenMode};
+
+const READ: u8 = 0x02;
+const WRITE: u8 = 0x01;
+
+fn stored(chunks: u32) -> (Drives, KvStore, Kv, Vec<u32>) {
+    let g = geometry(4, 128);
+    let d = Drives::uniform(2, 512, 8 << 20);
+    let store = open(&d, g, OpenMode::Create);
+    let kv = Kv::new(g, LayoutKind::Contiguous, 2 * chunks);
+    kv.register(&store, "m");
+    let hashes = chain_hashes(&tokens(3, chunks as usize, g.tokens_per_block), g.tokens_per_block);
+    let blocks: Vec<u32> = (0..chunks).collect();
+    for &b in &blocks {
+        kv.fill(b, 500 + b as u64);
+    }
+    assert_eq!(store.store_request(&hashes, &blocks, WAIT).unwrap().stored, chunks);
+    let hit = store.lookup(&hashes).unwrap();
+    (d, store, kv, hit.files)
+}
+
+#[test]
+fn a_failed_read_marks_exactly_its_block() {
+    let (d, store, kv, files) = stored(6);
+    let map = store.stripe_map().clone();
+    // Fail the read of chunk 4's V object in layer 2 (object 5).
+    let obj = map.locate(files[4], 5);
+    d.emus[obj.drive as usize].faults().fail_next(
+        FaultMatch { opcode: Some(READ), lba: Some(obj.lba..obj.lba + 1), ..Default::default() },
+        Status::UNRECOVERED_READ_ERROR,
+    );
+    kv.clear();
+    let dst: Vec<u32> = (6..12).collect();
+    let st = store.load_request(&files, &dst, WAIT).unwrap();
+    assert_eq!(st.failed, 1, "{st:?}");
+    assert!(st.block_failed(4) && !st.block_failed(3) && !st.block_failed(5));
+    let why = st.first_error.unwrap_or_default();
+    assert!(why.contains("layer 2") && why.contains("Unrecovered Read Error"), "{why}");
+    for (i, &b) in dst.iter().enumerate() {
+        if i != 4 {
+            assert!(kv.holds(b, 500 + i as u64), "block {b} should have loaded");
+        }
+    }
+    assert!(!kv.layer_holds(dst[4], 2, 1, 504));
+}
+
+#[test]
+fn a_failed_write_is_not_committed_and_the_rest_are() {
+    let g = geometry(2, 128);
+    let d = Drives::uniform(3, 4096, 8 << 20);
+    let store = open(&d, g, OpenMode::Create);
+    let kv = Kv::new(g, LayoutKind::VllmPerLayer, 8);
+    kv.register(&store, "m");
+    let hashes = chain_hashes(&tokens(8, 4, g.tokens_per_block), g.tokens_per_block);
+    for b in 0..4 {
+        kv.fill(b, 900 + b as u64);
+    }
+    // Any write to drive 1's first data slot fails: a file there cannot be stored.
+    let first = store.stripe_map().drive(1).data_start_lba;
+    d.emus[1].faults().inject(
+        FaultMatch { opcode: Some(WRITE), lba: Some(first..first + 1), ..Default::default() },
+        FaultAction::Fail(Status::INTERNAL_ERROR),
+        None,
+    );
+    let s = store.begin_store(&hashes, &[0, 1, 2, 3]).unwrap();
+    let mut failed_any = None;
+    for layer in 0..g.layers {
+        let st = store.store_layer(s, layer, WAIT).unwrap();
+        if st.failed > 0 {
+            failed_any = Some(st);
+        }
+    }
+    let st = failed_any.expect("one write failed");
+    let bad: Vec<u32> = (0..4).filter(|&i| st.block_failed(i)).collect();
+    assert_eq!(bad.len(), 1, "{st:?}");
+    let rep = store.commit_store(s).unwrap();
+    assert_eq!(rep.stored, 3);
+    assert_eq!(rep.failed.iter().map(|f| f.0).collect::<Vec<_>>(), bad);
+    assert!(rep.files[bad[0] as usize].is_none());
+    d.clear_faults();
+    // The failed chunk is a miss; the prefix stops there.
+    assert_eq!(store.contains(&hashes).unwrap(), bad[0] as usize);
+}
+
+#[test]
+fn layers_complete_one_by_one_and_cancel_stops_the_rest() {
+    let (_d, store, _kv, files) = stored(3);
+    let dst = [3, 4, 5];
+    let job = store.submit_load(&files, &dst, 1..4).unwrap();
+    let st = store.wait_layer(job, 1, WAIT).unwrap();
+    assert!(st.layer_is_done(1));
+    assert_eq!((st.first_layer, st.layers), (1, 3));
+    assert!(store.wait_layer(job, 0, WAIT).is_err(), "layer 0 is not in the job");
+    let st = store.wait(job, WAIT).unwrap();
+    assert!(st.done && st.failed == 0 && st.layers_done == 3);
+    assert!(st.commands >= 3 * 3 * 2);
+    store.release(job).unwrap();
+    assert!(store.poll(job).is_err(), "released jobs are gone");
+    // Cancelling a finished job changes nothing.
+    let job = store.submit_load(&files, &dst, 0..4).unwrap();
+    let st = store.cancel(job).unwrap();
+    assert!(st.done);
+    store.release(job).unwrap();
+}
+
+#[test]
+fn bad_arguments_are_named() {
+    let (_d, store, _kv, files) = stored(2);
+    let e = |r: Result<u64, tutti_objstore::ObjError>| r.unwrap_err().to_string();
+    assert!(e(store.submit_load(&files, &[0], 0..1)).contains("blocks"));
+    assert!(e(store.submit_load(&files, &[0, 99], 0..1)).contains("engine block 99"));
+    assert!(e(store.submit_load(&files, &[1, 1], 0..1)).contains("twice"));
+    assert!(e(store.submit_load(&files, &[0, 1], 2..9)).contains("layers"));
+    assert!(e(store.submit_load(&files, &[0, 1], 1..1)).contains("layers"));
+    assert!(e(store.submit_load(&[12345, 0], &[0, 1], 0..1)).contains("file"));
+    assert!(e(store.begin_store(&[], &[0])).contains("blocks"));
+    assert!(store.unpin(777).is_err());
+    assert!(store.commit_store(4242).is_err());
+}

@@ -1,0 +1,140 @@
+//! Store a request's KV and read it back into other slots, byte for byte, on
+//! 1–4 drives, both layouts, both LBA sizes, and with objects split at MDTS.
+
+mod common;
+
+use common::*;
+use tutti_driver::emulated::MediaConfig;
+use tutti_objstore::{chain_hashes, BlockHash, Geometry, KvStore, LayoutKind, OpenMode};
+
+/// Stores `chunks` chunks from blocks `0..chunks`, reads them into blocks
+/// `chunks..2·chunks` in reverse order, and checks every byte.
+fn round_trip(store: &KvStore, kv: &Kv, chunks: u32, seed: u64) {
+    let g = *store.geometry();
+    let hashes = chain_hashes(&tokens(seed, chunks as usize, g.tokens_per_block), g.tokens_per_block);
+    let src: Vec<u32> = (0..chunks).collect();
+    for &b in &src {
+        kv.fill(b, seed + b as u64);
+    }
+    let rep = store.store_request(&hashes, &src, WAIT).expect("store");
+    assert_eq!((rep.stored, rep.present, rep.failed.len()), (chunks, 0, 0), "{rep:?}");
+    kv.clear();
+    let hit = store.lookup(&hashes).expect("lookup");
+    assert_eq!(hit.hits(), chunks as usize);
+    let dst: Vec<u32> = (chunks..2 * chunks).rev().collect();
+    // Layer by layer, as an engine would before each layer's attention.
+    let job = store.submit_load(&hit.files, &dst, 0..g.layers).expect("load");
+    for layer in 0..g.layers {
+        let st = store.wait_layer(job, layer, WAIT).expect("wait layer");
+        assert!(st.layer_is_done(layer));
+        for (i, &b) in dst.iter().enumerate() {
+            for kvi in 0..2 {
+                assert!(
+                    kv.layer_holds(b, layer, kvi, seed + i as u64),
+                    "chunk {i} layer {layer} kv {kvi} in block {b}"
+                );
+            }
+        }
+    }
+    let st = store.release(job).expect("release");
+    assert!(st.done && st.failed == 0, "{st:?}");
+    assert!(dst.iter().enumerate().all(|(i, &b)| kv.holds(b, seed + i as u64)));
+    for &b in &src {
+        assert!(!kv.holds(b, seed + b as u64), "source blocks were cleared and not written by the load");
+    }
+    store.unpin(hit.pin).expect("unpin");
+    // A second store of the same chunks finds them present.
+    let again = store.store_request(&hashes, &src, WAIT).expect("store again");
+    assert_eq!((again.stored, again.present), (0, chunks));
+}
+
+#[test]
+fn one_to_four_drives_both_layouts_both_lba_sizes() {
+    let g = geometry(3, 128); // 8 KiB objects
+    for drives in 1..=4usize {
+        for lba in [512u32, 4096] {
+            for kind in [LayoutKind::VllmPerLayer, LayoutKind::Contiguous] {
+                let d = Drives::uniform(drives, lba, 8 << 20);
+                let store = open(&d, g, OpenMode::Create);
+                let kv = Kv::new(g, kind, 12);
+                kv.register(&store, "model");
+                round_trip(&store, &kv, 6, drives as u64 * 100 + lba as u64);
+                let st = store.stats();
+                assert_eq!(st.bytes_stored, 6 * g.file_bytes(), "{drives} drives, {lba}, {kind:?}");
+                assert_eq!(st.bytes_loaded, 6 * g.file_bytes());
+                // Every drive took part: objects of one layer spread over all of them.
+                for e in &d.emus {
+                    assert!(
+                        e.stats().bytes_written >= 6 * g.file_bytes() / drives as u64 / 2,
+                        "{}",
+                        e.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn objects_split_at_mdts_and_mixed_lba_sizes() {
+    // 32 KiB objects; drive 1's 8 KiB transfer limit splits each into 4 commands.
+    let g = geometry(2, 512);
+    let cfgs = [
+        DriveCfg { mdts: 3, ..DriveCfg::ram(512, 16 << 20) },
+        DriveCfg { mdts: 1, ..DriveCfg::ram(4096, 16 << 20) },
+        DriveCfg { mdts: 0, ..DriveCfg::ram(512, 16 << 20) },
+    ];
+    let d = Drives::start(&cfgs);
+    let store = open(&d, g, OpenMode::Create);
+    assert_eq!((store.stripe_map().chunk_bytes(), store.stripe_map().chunks()), (8 << 10, 4));
+    let kv = Kv::new(g, LayoutKind::Contiguous, 10);
+    kv.register(&store, "model");
+    round_trip(&store, &kv, 5, 7);
+    assert_eq!(store.stats().commands, 2 * 5 * 2 * 2 * 4, "5 chunks × 2 layers × K,V × 4 commands, each way");
+}
+
+#[test]
+fn file_media_round_trip() {
+    let dir = std::env::temp_dir().join(format!("tutti-objstore-rt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfgs: Vec<DriveCfg> = (0..2)
+        .map(|i| DriveCfg {
+            media: MediaConfig::File(dir.join(format!("d{i}.img"))),
+            ..DriveCfg::ram(4096, 8 << 20)
+        })
+        .collect();
+    let g = geometry(2, 128);
+    {
+        let d = Drives::start(&cfgs);
+        let store = open(&d, g, OpenMode::Create);
+        let kv = Kv::new(g, LayoutKind::VllmPerLayer, 8);
+        kv.register(&store, "model");
+        round_trip(&store, &kv, 4, 3);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn partial_prefix_hits_and_unstored_tails_miss() {
+    let g = geometry(2, 128);
+    let d = Drives::uniform(2, 512, 8 << 20);
+    let store = open(&d, g, OpenMode::Create);
+    let kv = Kv::new(g, LayoutKind::Contiguous, 8);
+    kv.register(&store, "model");
+    let t = tokens(5, 4, g.tokens_per_block);
+    let hashes = chain_hashes(&t, g.tokens_per_block);
+    for b in 0..2 {
+        kv.fill(b, 50 + b as u64);
+    }
+    store.store_request(&hashes[..2], &[0, 1], WAIT).unwrap();
+    let hit = store.lookup(&hashes).unwrap();
+    assert_eq!(hit.hits(), 2, "the first two chunks of four");
+    store.unpin(hit.pin).unwrap();
+    // A request that shares only chunk 0 (chunk 1 differs) hits one block.
+    let mut t2 = t.clone();
+    t2[g.tokens_per_block as usize + 3] ^= 1;
+    let h2 = chain_hashes(&t2, g.tokens_per_block);
+    assert_eq!(store.contains(&h2).unwrap(), 1);
+    assert_eq!(store.contains(&[BlockHash(12345)]).unwrap(), 0);
+    let _ = Geometry::llama3_8b();
+}
