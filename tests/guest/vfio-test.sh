@@ -74,6 +74,11 @@ tutti selftest --drives $NVME0,$NVME1 --hugepages auto,never 2>/tmp/err || { cat
 cat /tmp/err
 no_iommu_faults "during the verification"
 
+step "conformance probes (edge-case commands; DIFF = differs from the spec, reported, not fatal)"
+tutti selftest --drives $NVME0,$NVME1 --no-verify --probe 2>/tmp/err || { cat /tmp/err; fail "probes"; }
+cat /tmp/err
+no_iommu_faults "during the probes"
+
 step "unmapped IOVA"
 echo "TUTTI-NEGATIVE-TEST-BEGIN" >/dev/kmsg
 echo "TUTTI-NEGATIVE-TEST-BEGIN"

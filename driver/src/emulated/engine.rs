@@ -144,6 +144,8 @@ struct Features {
     sq_granted: u16,
     cq_granted: u16,
     write_cache: bool,
+    /// An I/O queue was created since the last reset: Number of Queues is fixed from then on.
+    queues_created: bool,
 }
 
 struct Engine {
@@ -189,7 +191,12 @@ impl Engine {
 
     fn default_features(shared: &Shared) -> Features {
         let n = shared.cfg.max_io_queue_pairs;
-        Features { sq_granted: n, cq_granted: n, write_cache: shared.cfg.volatile_write_cache }
+        Features {
+            sq_granted: n,
+            cq_granted: n,
+            write_cache: shared.cfg.volatile_write_cache,
+            queues_created: false,
+        }
     }
 
     fn name(&self) -> &str {

@@ -93,7 +93,8 @@ impl Engine {
         id.nn = cfg.namespaces.len() as u32;
         id.oncs = oncs::DATASET_MANAGEMENT | oncs::WRITE_ZEROES;
         id.vwc = VWC_FLUSH_ALL | cfg.volatile_write_cache as u8;
-        id.sgls = cfg.sgl.to_sgls();
+        // SGLS bit 16 (§5.15.2.1): the SGL walker honours Bit Bucket descriptors in reads.
+        id.sgls = cfg.sgl.to_sgls() | if cfg.sgl.available() { 1 << 16 } else { 0 };
         id
     }
 
@@ -145,8 +146,9 @@ impl Engine {
         }
         match sqe.cdw10 as u8 {
             feature::NUMBER_OF_QUEUES => {
-                // §5.21.1.7: allocated during initialization, before any I/O queue exists.
-                if self.io_queues_exist() {
+                // §5.21.1.7: allocated during initialization, before any I/O queue is created
+                // (queues created and deleted again still count, as on QEMU's controller).
+                if self.io_queues_exist() || self.features.queues_created {
                     return Err(Status::COMMAND_SEQUENCE_ERROR);
                 }
                 let (nsqr, ncqr) = (sqe.cdw11 & 0xffff, sqe.cdw11 >> 16);
@@ -243,6 +245,7 @@ impl Engine {
         let mem = self.queue_mem(sqe.prp1(), sqe.cdw11 & 1 != 0, entries, CQE_SIZE)?;
         self.zero_cq_doorbell(qid);
         self.cqs[qid as usize] = Some(Cq::new(mem, entries, 0));
+        self.features.queues_created = true;
         Ok(0)
     }
 

@@ -2,6 +2,9 @@
 //! `tutti demo`, run on vfio-bound drives, with the kernel log watched for IOMMU
 //! faults; optionally a negative test that points a command at an unmapped IOVA.
 //! The QEMU guest harness runs it; on a real machine it checks a bound drive.
+//! `--probe` adds the conformance probes of [`probe`] (also on `--emulated` drives).
+
+mod probe;
 
 use crate::report::{byte_bar, bytes, print_json};
 use anyhow::{bail, Context};
@@ -25,7 +28,7 @@ const FAULT_LOG_WAIT: Duration = Duration::from_secs(2);
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// PCI addresses of vfio-bound drives, comma separated.
-    #[arg(long, value_delimiter = ',', required = true)]
+    #[arg(long, value_delimiter = ',', required_unless_present = "emulated")]
     pub drives: Vec<String>,
     /// DMA memory per drive (comma separated, matched to --drives; the last repeats).
     #[arg(long, value_delimiter = ',', default_value = "auto")]
@@ -44,6 +47,14 @@ pub struct Args {
     /// Point a Read at an unmapped IOVA and require that the IOMMU fault is caught.
     #[arg(long)]
     pub iommu_negative: bool,
+    /// Send the conformance probes (edge-case commands with the status the spec requires).
+    #[arg(long)]
+    pub probe: bool,
+    /// Probe an emulated controller instead of vfio-bound drives (with --probe).
+    #[arg(long)]
+    pub emulated: bool,
+    #[command(flatten)]
+    pub emu: crate::emu::EmulatedArgs,
     /// Use vfio's unsafe no-IOMMU mode.
     #[arg(long)]
     pub noiommu: bool,
@@ -72,12 +83,15 @@ struct DriveReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     verify: Option<SelftestReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    negative: Option<NegativeReport>,
+    negative: Option<Vec<NegativeReport>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    probes: Option<Vec<probe::ProbeResult>>,
 }
 
-/// The unmapped-IOVA command and what became of it.
+/// An unmapped-IOVA command and what became of it.
 #[derive(serde::Serialize)]
 struct NegativeReport {
+    command: &'static str,
     iova: u64,
     /// The status the controller posted.
     status: String,
@@ -87,6 +101,19 @@ struct NegativeReport {
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
+    if args.emulated {
+        if !args.probe {
+            bail!("--emulated only goes with --probe (`tutti demo` verifies emulated drives)");
+        }
+        let emu = tutti_driver::emulated::EmulatedController::start(args.emu.config(0)?)?;
+        let ctrl = Controller::new(emu.registers(), emu.dma_space(), ControllerOptions::default())?;
+        let results = probe::run(&ctrl)?;
+        if args.json {
+            return print_json(&results);
+        }
+        probe::print(ctrl.name(), &results);
+        return Ok(());
+    }
     let mut log = FaultLog::open()?;
     let mut reports = Vec::new();
     for (i, s) in args.drives.iter().enumerate() {
@@ -129,6 +156,7 @@ fn drive(bdf: &Bdf, flag: HugepageFlag, args: &Args, log: &mut FaultLog) -> anyh
         io_queue_pairs: info.io_queue_pairs,
         verify: None,
         negative: None,
+        probes: None,
     };
     log.drain()?;
     if !args.no_verify {
@@ -143,15 +171,24 @@ fn drive(bdf: &Bdf, flag: HugepageFlag, args: &Args, log: &mut FaultLog) -> anyh
         }
     }
     if args.iommu_negative {
-        let neg = unmapped_iova(&ctrl, bdf, ns.lba_size, log)?;
-        if !neg.failed {
-            bail!(
-                "a Read pointed at unmapped IOVA {UNMAPPED_IOVA:#x} completed with {} and no IOMMU fault was \
-                 logged: a DMA outside our mappings went unnoticed",
-                neg.status
-            );
+        let mut negs = Vec::new();
+        // A Read makes the device write host memory; a Write makes it read host memory.
+        for write in [false, true] {
+            let neg = unmapped_iova(&ctrl, bdf, ns.lba_size, write, log)?;
+            if !neg.failed {
+                bail!(
+                    "a {} pointed at unmapped IOVA {UNMAPPED_IOVA:#x} completed with {} and no IOMMU fault \
+                     was logged: a DMA outside our mappings went unnoticed",
+                    neg.command,
+                    neg.status
+                );
+            }
+            negs.push(neg);
         }
-        report.negative = Some(neg);
+        report.negative = Some(negs);
+    }
+    if args.probe {
+        report.probes = Some(probe::run(&ctrl)?);
     }
     drop(ctrl);
     Ok(report)
@@ -174,23 +211,26 @@ fn verify(ctrl: &Arc<Controller>, info: &ControllerInfo, args: &Args) -> anyhow:
     Ok(rep)
 }
 
-/// A one-block Read whose data pointer is an IOVA nothing is mapped at. The
-/// controller's write into memory must be blocked by the IOMMU; whatever status
-/// the controller posts, a fault logged for this device marks the command failed.
+/// A one-block Read or Write whose data pointer is an IOVA nothing is mapped
+/// at. The IOMMU must block the controller's DMA; whatever status the
+/// controller posts, a fault logged for this device marks the command failed.
 fn unmapped_iova(
     ctrl: &Arc<Controller>,
     bdf: &Bdf,
     lba_size: u32,
+    write: bool,
     log: &mut FaultLog,
 ) -> anyhow::Result<NegativeReport> {
     log.drain()?;
     let mut qp = ctrl.create_io_queue_pair(8)?;
     let seg = [IovaSegment { iova: UNMAPPED_IOVA, len: lba_size as u64 }];
-    let cid = qp.submit_data(Command::read(1, 0, 1), &seg, DataMode::Prp, 0)?;
+    let (cmd, name) =
+        if write { (Command::write(1, 0, 1), "Write") } else { (Command::read(1, 0, 1), "Read") };
+    let cid = qp.submit_data(cmd, &seg, DataMode::Prp, 0)?;
     qp.ring();
     let status = match qp.wait(cid) {
         Ok(c) => c.status,
-        Err(e) => e.status().with_context(|| format!("waiting for the unmapped-IOVA Read: {e}"))?,
+        Err(e) => e.status().with_context(|| format!("waiting for the unmapped-IOVA {name}: {e}"))?,
     };
     let deadline = Instant::now() + FAULT_LOG_WAIT;
     let mut faults = Vec::new();
@@ -201,7 +241,7 @@ fn unmapped_iova(
     let status_text = status.to_string();
     for f in &faults {
         eprintln!(
-            "{bdf} qid {} cid {cid}: Read completed with status {status_text} but the IOMMU blocked its DMA \
+            "{bdf} qid {} cid {cid}: {name} completed with status {status_text} but the IOMMU blocked its DMA \
              (fault addr {}): counted as FAILED — {}",
             qp.qid(),
             f.addr.map_or("?".into(), |a| format!("{a:#x}")),
@@ -209,6 +249,7 @@ fn unmapped_iova(
         );
     }
     Ok(NegativeReport {
+        command: name,
         iova: UNMAPPED_IOVA,
         failed: !faults.is_empty() || !status.is_success(),
         status: status_text,
@@ -243,10 +284,15 @@ fn print_report(r: &DriveReport) {
         }
         println!("selftest {}:   no IOMMU faults", r.bdf);
     }
-    if let Some(n) = &r.negative {
+    if let Some(p) = &r.probes {
+        probe::print(r.bdf.as_str(), p);
+    }
+    for n in r.negative.iter().flatten() {
         println!(
-            "selftest {}:   unmapped IOVA {:#x}: status {}, {} IOMMU fault(s) logged -> command reported FAILED (as it must)",
+            "selftest {}:   {} at unmapped IOVA {:#x}: status {}, {} IOMMU fault(s) logged -> command reported \
+             FAILED (as it must)",
             r.bdf,
+            n.command,
             n.iova,
             n.status,
             n.faults.len()
