@@ -84,7 +84,7 @@ fn driver_runs_on_qemu_nvme_through_vfio() {
     let target = "x86_64-unknown-linux-gnu";
     let build = Command::new(env!("CARGO"))
         .current_dir(&root)
-        .args(["build", "--release", "--target", target, "-p", "tutti-tools", "--bin", "tutti"])
+        .args(["build", "--locked", "--release", "--target", target, "-p", "tutti-tools", "--bin", "tutti"])
         .env("RUSTFLAGS", "-C target-feature=+crt-static")
         .env("CARGO_TARGET_DIR", &target_dir)
         .env("CARGO_PROFILE_RELEASE_DEBUG", "0")
