@@ -14,11 +14,13 @@
  * whose phase tag matches (§4.6), matches it to its slot by CID — never by
  * position, completions arrive in any order — finishes the IOCTX, frees the
  * slot for the next lap, learns SQHD, and writes the CQ head doorbell once per
- * batch. Every wait has a deadline: a command with no completion after
- * command_timeout_ns is expired (TT_TIMEOUT_COMPLETION) and its slot reused
- * under a new CID generation; a submitter that cannot get its slot within
- * submit_timeout_ns marks the queue dead, because the hole its unwritten
- * ticket leaves can never be published past.
+ * batch. Every wait has a deadline: a command with no completion
+ * command_timeout_ns after it was published is expired (TT_TIMEOUT_COMPLETION)
+ * and its slot reused under a new CID generation — only right after the CQ
+ * was drained under the head lock, so a posted completion is never mistaken
+ * for a lost one. A submitter that cannot get its slot within
+ * submit_timeout_ns marks the queue dead and records its ticket as the hole
+ * no doorbell can pass; commands behind the hole fail with TT_KIND_QUEUE_DEAD.
  */
 #ifndef TUTTI_GIO_QUEUE_CUH
 #define TUTTI_GIO_QUEUE_CUH
@@ -75,7 +77,8 @@ TT_DEVICE bool tt_slot_expire(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q,
         if (owner == TT_SLOT_FREE) return false;
     }
     const uint64_t t0 = tt_ld_relaxed_u64(&q->slot_time[slot]);
-    if (t0 > now || now - t0 < ctx->command_timeout_ns) return false;
+    /* 0: not published yet — the controller has not seen it, so it cannot be late. */
+    if (t0 == 0 || t0 > now || now - t0 < ctx->command_timeout_ns) return false;
     if (tt_atomic_cas_u64(&q->slot_owner[slot], owner, TT_SLOT_FREE) != owner) return false;
     tt_finish_ioctx(ctx, (uint32_t)(owner >> 32), TT_STATUS(TT_KIND_TIMEOUT, TT_TIMEOUT_COMPLETION), now - t0);
     tt_st_release_u32(&q->slot_turn[slot], (uint32_t)owner + 1u);
@@ -103,16 +106,14 @@ TT_DEVICE void tt_cq_complete(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q,
     /* §4.6.1: success is SCT 0 / SC 0; the M and DNR bits do not make it a failure. */
     const uint32_t status = (field & 0x7FFu) == 0 ? TT_STATUS_SUCCESS : TT_STATUS(TT_KIND_NVME, field);
     const uint64_t t0 = tt_ld_relaxed_u64(&q->slot_time[slot]);
-    tt_finish_ioctx(ctx, (uint32_t)(owner >> 32), status, now > t0 ? now - t0 : 0);
+    tt_finish_ioctx(ctx, (uint32_t)(owner >> 32), status, (t0 && now > t0) ? now - t0 : 0);
     tt_st_release_u32(&q->slot_turn[slot], (uint32_t)owner + 1u);
     tt_atomic_add_u64(&q->completed, 1);
     if (status != TT_STATUS_SUCCESS) tt_atomic_add_u64(&q->errors, 1);
 }
 
-/* Consumes every completion entry present, if no other thread is doing so.
- * Returns how many were consumed. */
-TT_DEVICE uint32_t tt_cq_reap(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q) {
-    if (!tt_lock_try(&q->head_lock)) return 0;
+/* Consumes every completion entry present; the caller holds the head lock. */
+TT_DEVICE uint32_t tt_cq_drain(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q) {
     const uint32_t depth = q->depth;
     const uint64_t now = tt_now_ns();
     uint64_t head = tt_ld_relaxed_u64(&q->cq_head);
@@ -137,6 +138,26 @@ TT_DEVICE uint32_t tt_cq_reap(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q)
         tt_st_mmio_u32(q->cq_db, (uint32_t)(head % depth));
         tt_atomic_add_u64(&q->cq_doorbells, 1);
     }
+    return n;
+}
+
+/* Consumes every completion entry present, if no other thread is doing so.
+ * Returns how many were consumed. */
+TT_DEVICE uint32_t tt_cq_reap(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q) {
+    if (!tt_lock_try(&q->head_lock)) return 0;
+    const uint32_t n = tt_cq_drain(ctx, q);
+    tt_lock_release(&q->head_lock);
+    return n;
+}
+
+/* Reaps, then expires the command in `slot` (`expect`, or any with
+ * TT_SLOT_FREE) if it is overdue. Sets *expired if this call expired it. */
+TT_DEVICE uint32_t tt_cq_reap_expire(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q, uint32_t slot,
+                                     uint64_t expect, bool* expired) {
+    *expired = false;
+    if (!tt_lock_try(&q->head_lock)) return 0;
+    const uint32_t n = tt_cq_drain(ctx, q);
+    *expired = tt_slot_expire(ctx, q, slot, expect, tt_now_ns());
     tt_lock_release(&q->head_lock);
     return n;
 }
@@ -154,6 +175,9 @@ TT_DEVICE void tt_sq_publish(struct tt_nvmeq* q) {
         uint64_t tail = start;
         while (tail - start < depth && tt_ld_acquire_u64(&q->slot_ready[tail % depth]) == tail + 1) tail++;
         if (tail != start) {
+            /* Timeouts run from here: before this the controller cannot see the entries. */
+            const uint64_t now = tt_now_ns();
+            for (uint64_t t = start; t != tail; t++) tt_st_relaxed_u64(&q->slot_time[t % depth], now);
             tt_st_release_u64(&q->sq_tail, tail);
             /* Entries (released by their writers at system scope) before the doorbell. */
             tt_fence_system();
@@ -195,12 +219,13 @@ TT_DEVICE uint32_t tt_sq_submit(const struct tt_exec_ctx* ctx, uint32_t qidx, ui
         const bool turn = tt_ld_acquire_u32(&q->slot_turn[slot]) == lap;
         /* §4.1: the SQ is full when tail + 1 == head, so at most depth - 1 entries. */
         if (turn && ticket < tt_ld_acquire_u64(&q->sq_head) + depth - 1u) break;
-        const uint64_t now = tt_now_ns();
         /* The previous lap's command may never complete: expire it when it is due. */
-        if (!turn) tt_slot_expire(ctx, q, slot, TT_SLOT_FREE, now);
-        const uint32_t reaped = tt_cq_reap(ctx, q);
+        bool expired = false;
+        const uint32_t reaped = turn ? tt_cq_reap(ctx, q) : tt_cq_reap_expire(ctx, q, slot, TT_SLOT_FREE, &expired);
         tt_sq_publish(q);
-        if (now > deadline) {
+        if (tt_now_ns() > deadline) {
+            /* This ticket will never be written: nothing at or after it can be published. */
+            tt_atomic_min_u64(&q->hole, ticket);
             tt_st_release_u32(&q->dead, 1);
             return TT_STATUS(TT_KIND_TIMEOUT, TT_TIMEOUT_SUBMIT);
         }
@@ -208,7 +233,7 @@ TT_DEVICE uint32_t tt_sq_submit(const struct tt_exec_ctx* ctx, uint32_t qidx, ui
     }
     tt_st_relaxed_u32(&io->queue, qidx);
     tt_st_relaxed_u64(&io->ticket, ticket);
-    tt_st_relaxed_u64(&q->slot_time[slot], tt_now_ns());
+    tt_st_relaxed_u64(&q->slot_time[slot], 0);
     tt_st_release_u64(&q->slot_owner[slot], ((uint64_t)ref << 32) | lap);
     const uint32_t cid = slot | ((lap & tt_cid_gen_mask(q)) << q->cid_shift);
     cmd->w[0] = (cmd->w[0] & ~0xFFFF0000ull) | ((uint64_t)cid << 16);
@@ -224,7 +249,8 @@ TT_DEVICE uint32_t tt_sq_submit(const struct tt_exec_ctx* ctx, uint32_t qidx, ui
 
 /* Waits until IOCTX `index` of IOCB `b` (submitted by this lane) is finished,
  * reaping its queue meanwhile and expiring it once it is past the command
- * timeout. Bounded by command_timeout_ns after its submission. */
+ * timeout. Bounded: its publication is bounded by the commands ahead of it
+ * (each bounded the same way) or it lies behind a dead queue's hole. */
 TT_DEVICE void tt_wait_ioctx(const struct tt_exec_ctx* ctx, uint32_t b, uint32_t index) {
     struct tt_ioctx* io = &ctx->iocbs[b].ioctx[index];
     if (tt_ld_acquire_u32(&io->status) != TT_STATUS_PENDING) return;
@@ -235,9 +261,17 @@ TT_DEVICE void tt_wait_ioctx(const struct tt_exec_ctx* ctx, uint32_t b, uint32_t
     const uint64_t owner = ((uint64_t)tt_ioctx_ref(b, index) << 32) | (uint32_t)(ticket / q->depth);
     uint32_t sleep = 32;
     while (tt_ld_acquire_u32(&io->status) == TT_STATUS_PENDING) {
-        const uint32_t reaped = tt_cq_reap(ctx, q);
+        bool expired = false;
+        const uint32_t reaped = tt_cq_reap_expire(ctx, q, slot, owner, &expired);
+        if (expired) return;
         if (!reaped) tt_sq_publish(q);
-        if (tt_slot_expire(ctx, q, slot, owner, tt_now_ns())) return;
+        if (tt_ld_acquire_u32(&q->dead) && ticket > tt_ld_acquire_u64(&q->hole) &&
+            tt_atomic_cas_u64(&q->slot_owner[slot], owner, TT_SLOT_FREE) == owner) {
+            /* Behind the hole: never published, never seen by the controller. */
+            tt_finish_ioctx(ctx, tt_ioctx_ref(b, index), TT_STATUS(TT_KIND_QUEUE_DEAD, qidx), 0);
+            tt_st_release_u32(&q->slot_turn[slot], (uint32_t)owner + 1u);
+            return;
+        }
         if (!reaped) tt_backoff(&sleep, ctx->max_backoff_ns);
     }
 }

@@ -85,6 +85,9 @@ TT_DEVICE uint64_t tt_atomic_cas_u64(uint64_t* p, uint64_t cmp, uint64_t v) {
     return atomicCAS((unsigned long long*)p, (unsigned long long)cmp, (unsigned long long)v);
 }
 TT_DEVICE uint32_t tt_atomic_exch_u32(uint32_t* p, uint32_t v) { return atomicExch(p, v); }
+TT_DEVICE uint64_t tt_atomic_min_u64(uint64_t* p, uint64_t v) {
+    return atomicMin((unsigned long long*)p, (unsigned long long)v);
+}
 
 TT_DEVICE uint32_t tt_lane_id() { return threadIdx.x & (TT_WARP_SIZE - 1); }
 TT_DEVICE bool tt_warp_any(bool pred) { return __any_sync(0xFFFFFFFFu, pred); }
@@ -149,6 +152,12 @@ TT_DEVICE uint64_t tt_atomic_cas_u64(uint64_t* p, uint64_t cmp, uint64_t v) {
     return cmp;
 }
 TT_DEVICE uint32_t tt_atomic_exch_u32(uint32_t* p, uint32_t v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
+TT_DEVICE uint64_t tt_atomic_min_u64(uint64_t* p, uint64_t v) {
+    uint64_t cur = __atomic_load_n(p, __ATOMIC_RELAXED);
+    while (v < cur && !__atomic_compare_exchange_n(p, &cur, v, false, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {
+    }
+    return cur;
+}
 
 TT_DEVICE uint32_t tt_lane_id() { return tt_host_lane.thread_idx & (TT_WARP_SIZE - 1); }
 /* Host collectives: every lane posts a value, all lanes read all values (runtime.cpp). */

@@ -208,7 +208,8 @@ struct tt_drive {
  * previous lap's command has finished, so its CID is free) and the SQ has room
  * by the last SQHD (t < sq_head + depth - 1, §4.1: full = tail + 1 == head).
  * It writes the entry, then slot_ready[slot] = t + 1; the holder of tail_lock
- * publishes every contiguous ready slot with one doorbell write. The CID is
+ * publishes every contiguous ready slot with one doorbell write and stamps
+ * their slot_time (a command's timeout runs from publication). The CID is
  * the slot in the low cid_shift bits and the lap's low bits above them, so a
  * completion that arrives after its command was expired is recognised.
  */
@@ -218,7 +219,7 @@ struct tt_nvmeq {
     uint32_t* sq_db;       /* SQ tail doorbell */
     uint32_t* cq_db;       /* CQ head doorbell */
     uint64_t* slot_owner;  /* [depth] IOCB index << 43 | IOCTX << 32 | lap, or TT_SLOT_FREE */
-    uint64_t* slot_time;   /* [depth] submission time, ns */
+    uint64_t* slot_time;   /* [depth] when the entry was published, ns (0: not yet) */
     uint64_t* slot_ready;  /* [depth] ticket + 1 once the entry is written */
     uint32_t* slot_turn;   /* [depth] the lap (low 32 bits) allowed to use the slot */
     uint32_t depth;
@@ -228,7 +229,8 @@ struct tt_nvmeq {
     uint64_t pad0[6];
     /* submission */
     uint64_t ticket;
-    uint64_t pad1[7];
+    uint64_t hole; /* lowest ticket whose submitter gave up (never published), or ~0 */
+    uint64_t pad1[6];
     uint64_t sq_tail; /* published entries (tail-lock holder) */
     uint32_t tail_lock;
     uint32_t dead; /* set when a submitter gave up; the queue takes no more commands */

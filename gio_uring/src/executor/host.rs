@@ -1,0 +1,211 @@
+//! The host executor: the CUDA kernels compiled as C++ (by `tutti-kernels`'
+//! build script) and run with one host thread per CUDA thread.
+
+use super::{ExecBinding, ExecMode, ExecShape, Executor};
+use crate::error::{GioError, Result};
+use crate::mem::{ExecMemory, HostMapping, HostMemory, HostRange, MemKind};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+use tutti_kernels::abi::ExecCtx;
+use tutti_kernels::host::{HostArgs, HostKernel, HostLaunch};
+
+/// How many lanes, and in which mode.
+#[derive(Clone, Debug)]
+pub struct HostExecutorConfig {
+    pub mode: ExecMode,
+    /// Blocks (lane groups) a launch or the persistent kernel runs.
+    pub blocks: u32,
+    /// Lanes per block; a multiple of 32.
+    pub block_lanes: u32,
+    /// Launch mode: kernels allowed to run at once.
+    pub max_launches: u32,
+}
+
+impl Default for HostExecutorConfig {
+    /// Three blocks of one warp: ~100 threads, what two cores carry comfortably.
+    fn default() -> Self {
+        HostExecutorConfig { mode: ExecMode::Launch, blocks: 3, block_lanes: 32, max_launches: 2 }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    binding: Option<ExecBinding>,
+    persistent: Option<HostLaunch>,
+    launches: Vec<HostLaunch>,
+}
+
+/// Runs the I/O kernels on host threads. Needs no GPU; used in tests and on
+/// machines without CUDA, against emulated or real (VFIO) controllers.
+pub struct HostExecutor {
+    cfg: HostExecutorConfig,
+    name: String,
+    state: Mutex<State>,
+}
+
+struct Identity(u64);
+
+impl HostMapping for Identity {
+    fn exec_addr(&self) -> u64 {
+        self.0
+    }
+}
+
+impl HostExecutor {
+    pub fn new(cfg: HostExecutorConfig) -> Result<Self> {
+        if cfg.block_lanes == 0 || !cfg.block_lanes.is_multiple_of(32) || cfg.block_lanes > 1024 {
+            return Err(GioError::invalid(format!(
+                "block_lanes {} is not a multiple of 32 in 32..=1024",
+                cfg.block_lanes
+            )));
+        }
+        if cfg.blocks == 0 || cfg.max_launches == 0 {
+            return Err(GioError::invalid("blocks and max_launches must be at least 1"));
+        }
+        let name = format!("host ({:?}, {} x {} lanes)", cfg.mode, cfg.blocks, cfg.block_lanes);
+        Ok(HostExecutor { cfg, name, state: Mutex::default() })
+    }
+
+    fn state(&self) -> Result<std::sync::MutexGuard<'_, State>> {
+        self.state.lock().map_err(|_| self.err("state lock poisoned"))
+    }
+
+    fn err(&self, what: impl Into<String>) -> GioError {
+        GioError::Executor { executor: self.name.clone(), what: what.into() }
+    }
+
+    fn launch(&self, st: &mut State, blocks: u32) -> Result<()> {
+        let b = st.binding.ok_or_else(|| self.err("not started"))?;
+        // SAFETY: the context and everything it points at belong to the GioUring that owns
+        // this executor and outlive the launch: GioUring stops (joins) the executor before
+        // releasing its memory.
+        let launch = unsafe {
+            HostLaunch::start(
+                HostKernel::Issue,
+                blocks,
+                self.cfg.block_lanes,
+                HostArgs::exec(b.ctx as *mut ExecCtx),
+            )?
+        };
+        st.launches.push(launch);
+        Ok(())
+    }
+}
+
+impl Executor for HostExecutor {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn mode(&self) -> ExecMode {
+        self.cfg.mode
+    }
+    fn shape(&self) -> ExecShape {
+        ExecShape { block_threads: self.cfg.block_lanes, blocks_per_unit: 1, max_blocks: self.cfg.blocks }
+    }
+
+    fn alloc(&self, _kind: MemKind, bytes: usize) -> Result<Box<dyn ExecMemory>> {
+        Ok(Box::new(HostMemory::new(bytes)?))
+    }
+
+    unsafe fn map_host(&self, ptr: *mut u8, _len: usize, _range: HostRange) -> Result<Box<dyn HostMapping>> {
+        Ok(Box::new(Identity(ptr as u64)))
+    }
+
+    fn start(&self, binding: ExecBinding) -> Result<()> {
+        let mut st = self.state()?;
+        if st.binding.is_some() {
+            return Err(self.err("already started"));
+        }
+        st.binding = Some(binding);
+        if self.cfg.mode == ExecMode::Persistent {
+            // SAFETY: as in `launch`.
+            let launch = unsafe {
+                HostLaunch::start(
+                    HostKernel::Persistent,
+                    self.cfg.blocks,
+                    self.cfg.block_lanes,
+                    HostArgs::exec(binding.ctx as *mut ExecCtx),
+                )?
+            };
+            st.persistent = Some(launch);
+        }
+        Ok(())
+    }
+
+    fn kick(&self, sm_budget: u32) -> Result<()> {
+        if self.cfg.mode == ExecMode::Persistent {
+            return Ok(());
+        }
+        let mut st = self.state()?;
+        st.launches.retain(|l| !l.finished());
+        if st.launches.len() < self.cfg.max_launches as usize {
+            self.launch(&mut st, sm_budget.clamp(1, self.cfg.blocks))?;
+        }
+        Ok(())
+    }
+
+    fn poll(&self, queued: bool) -> Result<()> {
+        let mut st = self.state()?;
+        match self.cfg.mode {
+            ExecMode::Persistent => match &st.persistent {
+                Some(l) if l.finished() => {
+                    Err(self.err("the persistent kernel returned without being stopped"))
+                }
+                _ => Ok(()),
+            },
+            ExecMode::Launch => {
+                st.launches.retain(|l| !l.finished());
+                // A launch that found the ring empty just before more parts were pushed
+                // leaves them stranded when `kick` was at its launch limit.
+                if queued && st.launches.is_empty() {
+                    self.launch(&mut st, self.cfg.blocks)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn wait_kernel(&self, ids: &[u32], seqs: &[u32], timeout: Duration) -> Result<u32> {
+        if ids.len() != seqs.len() {
+            return Err(GioError::invalid("ids and seqs differ in length"));
+        }
+        let ctx = self.state()?.binding.ok_or_else(|| self.err("not started"))?.ctx;
+        let done = AtomicU32::new(0);
+        let args = HostArgs {
+            ctx: ctx as *mut ExecCtx,
+            ids: ids.as_ptr(),
+            seqs: seqs.as_ptr(),
+            n: ids.len() as u32,
+            rsvd: 0,
+            timeout_ns: timeout.as_nanos().min(u64::MAX as u128) as u64,
+            result: done.as_ptr(),
+        };
+        // SAFETY: `ids`, `seqs` and `done` outlive the launch, which is joined before returning;
+        // the context outlives the executor's use as in `launch`.
+        let launch = unsafe { HostLaunch::start(HostKernel::Wait, 1, 32, args)? };
+        launch.join();
+        Ok(done.load(Ordering::Acquire))
+    }
+
+    fn stop(&self) -> Result<()> {
+        let mut st = self.state()?;
+        if let (Some(l), Some(b)) = (st.persistent.take(), st.binding) {
+            // SAFETY: `control` points at the live shared control block (see ExecBinding).
+            unsafe { AtomicU32::from_ptr(&raw mut (*b.control.as_ptr()).stop) }.store(1, Ordering::Release);
+            l.join();
+        }
+        for l in st.launches.drain(..) {
+            l.join();
+        }
+        Ok(())
+    }
+}
+
+impl Drop for HostExecutor {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            tracing::warn!(executor = %self.name, error = %e, "stopping the host executor failed");
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! Executors: what runs the kernels of `tutti-kernels` against the rings.
+//!
+//! [`HostExecutor`] runs them on host threads (the same source compiled as
+//! C++); [`CudaExecutor`] runs them on a GPU. `GioUring` is written against
+//! [`Executor`] only: it lays out memory through it, then asks it to start,
+//! to run queued IOCB parts, and to stop.
+
+mod cuda;
+mod cuda_mem;
+mod host;
+
+pub use cuda::{CudaExecutor, CudaExecutorConfig};
+pub use host::{HostExecutor, HostExecutorConfig};
+
+use crate::error::Result;
+use crate::mem::{ExecMemory, HostMapping, HostRange, MemKind};
+use std::ptr::NonNull;
+use std::time::Duration;
+use tutti_kernels::abi::Control;
+
+/// Launch mode or SQPOLL mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ExecMode {
+    /// A kernel is launched when work is issued; it drains the submission
+    /// ring and returns.
+    #[default]
+    Launch,
+    /// One kernel runs from start to stop, polling the submission ring.
+    Persistent,
+}
+
+/// How work is cut up for an executor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExecShape {
+    /// Threads per block; an IOCB part is at most this many IOCTXs per round.
+    pub block_threads: u32,
+    /// Blocks one unit of `sm_budget` buys (blocks resident per SM on a GPU).
+    pub blocks_per_unit: u32,
+    /// Blocks that can run at once.
+    pub max_blocks: u32,
+}
+
+/// Where the executor finds its work, once `GioUring` has laid it out.
+#[derive(Clone, Copy, Debug)]
+pub struct ExecBinding {
+    /// Executor address of the `tt_exec_ctx`.
+    pub ctx: u64,
+    /// Host address of the shared `tt_control` block.
+    pub control: NonNull<Control>,
+}
+
+// SAFETY: the pointers name memory owned by the GioUring that owns the executor binding,
+// used only through atomics and volatile accesses.
+unsafe impl Send for ExecBinding {}
+// SAFETY: as above.
+unsafe impl Sync for ExecBinding {}
+
+/// An I/O executor.
+pub trait Executor: Send + Sync {
+    fn name(&self) -> &str;
+    fn mode(&self) -> ExecMode;
+    fn shape(&self) -> ExecShape;
+    /// Allocates zeroed memory of `kind`.
+    fn alloc(&self, kind: MemKind, bytes: usize) -> Result<Box<dyn ExecMemory>>;
+    /// Makes host memory it did not allocate (queue memory, doorbells) reachable.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay valid until the mapping is dropped.
+    unsafe fn map_host(&self, ptr: *mut u8, len: usize, range: HostRange) -> Result<Box<dyn HostMapping>>;
+    /// Called once the context is laid out; a persistent executor starts here.
+    fn start(&self, binding: ExecBinding) -> Result<()>;
+    /// Parts were pushed to the submission ring, to be run with `sm_budget`.
+    fn kick(&self, sm_budget: u32) -> Result<()>;
+    /// Called while the host waits; `queued` says the submission ring is not empty.
+    fn poll(&self, queued: bool) -> Result<()>;
+    /// Runs `tt_gio_wait` on the executor for IOCB indices `ids` at issue
+    /// sequence numbers `seqs`; returns how many completed before `timeout`.
+    fn wait_kernel(&self, ids: &[u32], seqs: &[u32], timeout: Duration) -> Result<u32>;
+    /// Stops a persistent kernel and waits for every kernel it launched.
+    fn stop(&self) -> Result<()>;
+}

@@ -1,0 +1,139 @@
+//! IOCB handles, IOCTX builders and what a finished IOCB reports.
+
+use crate::error::GioError;
+use crate::status::IoStatus;
+use std::time::Duration;
+use tutti_driver::command::DataPtr;
+use tutti_driver::spec::SglDescriptor;
+use tutti_kernels::abi::{self, IoCtx};
+
+/// An IOCB of a `GioUring`'s pool. The generation changes every time the
+/// IOCB is handed out, so a stale handle is refused rather than misread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IocbId {
+    pub(crate) index: u32,
+    pub(crate) gen: u32,
+}
+
+impl IocbId {
+    /// Index in the pool (`tt_iocb_hdr.id`).
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+}
+
+impl std::fmt::Display for IocbId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "IOCB {}#{}", self.index, self.gen)
+    }
+}
+
+/// A layer table registered with a `GioUring`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TableId(pub(crate) u8);
+
+/// Read or write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Read = 0x02,
+    Write = 0x01,
+}
+
+/// Where an IOCTX's data is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataRef {
+    /// One SGL descriptor (the drive must support SGLs).
+    Sgl(SglDescriptor),
+    /// PRP1 and PRP2 (PRP2 a list pointer when the transfer spans more than two pages).
+    Prp { prp1: u64, prp2: u64 },
+    /// Entry `index` of a registered layer table.
+    Table { table: TableId, index: u32 },
+}
+
+impl TryFrom<DataPtr> for DataRef {
+    type Error = GioError;
+    fn try_from(p: DataPtr) -> Result<Self, GioError> {
+        match p {
+            DataPtr::Sgl(d) => Ok(DataRef::Sgl(d)),
+            DataPtr::Prp { prp1, prp2 } => Ok(DataRef::Prp { prp1, prp2 }),
+            DataPtr::None => Err(GioError::invalid("reads and writes need a data pointer")),
+        }
+    }
+}
+
+/// An IOCTX for `op` of `nlb` blocks at `slba` on drive `drive` (its index in the `GioUring`).
+pub fn ioctx(op: Op, drive: u16, slba: u64, nlb: u32, data: DataRef) -> IoCtx {
+    let (dptr, flags, table, table_index) = match data {
+        DataRef::Sgl(d) => (d.to_words(), abi::IOCTX_SGL, 0, 0),
+        DataRef::Prp { prp1, prp2 } => ([prp1, prp2], abi::IOCTX_PRP, 0, 0),
+        DataRef::Table { table, index } => ([0, 0], abi::IOCTX_TABLE, table.0, index),
+    };
+    IoCtx {
+        dptr,
+        slba,
+        nlb,
+        table_index,
+        drive,
+        opcode: op as u8,
+        flags,
+        status: abi::STATUS_PENDING,
+        table,
+        ..Default::default()
+    }
+}
+
+/// One IOCTX that did not succeed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IoctxFailure {
+    pub index: u32,
+    pub status: IoStatus,
+    pub drive: u16,
+    pub opcode: u8,
+    pub slba: u64,
+    pub nlb: u32,
+    /// Executor queue index (meaningful once the command was submitted).
+    pub queue: u32,
+}
+
+impl std::fmt::Display for IoctxFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let op = tutti_driver::command::io_opcode_name(self.opcode);
+        write!(
+            f,
+            "IOCTX {}: {op} drive {} LBA {} x {}: {}",
+            self.index, self.drive, self.slba, self.nlb, self.status
+        )
+    }
+}
+
+/// What a finished IOCB reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IocbResult {
+    pub id: IocbId,
+    /// IOCTXs in the IOCB.
+    pub count: u32,
+    /// IOCTXs the executor finished (equals `count`).
+    pub completed: u32,
+    pub failed: u32,
+    /// The first IOCTX to fail, in time, and its status.
+    pub first_error: Option<(u32, IoStatus)>,
+    /// Every failed IOCTX, by index.
+    pub failures: Vec<IoctxFailure>,
+    /// From the first part starting to the completion being posted.
+    pub elapsed: Duration,
+}
+
+impl IocbResult {
+    pub fn is_ok(&self) -> bool {
+        self.failed == 0 && self.completed == self.count
+    }
+
+    /// `Ok(self)` if every IOCTX succeeded, else an error naming the first failure.
+    pub fn check(self) -> Result<Self, GioError> {
+        if self.is_ok() {
+            return Ok(self);
+        }
+        let (index, status) = self.first_error.unwrap_or((0, IoStatus::Pending));
+        Err(GioError::IoFailed { id: self.id, count: self.count, failed: self.failed, index, status })
+    }
+}

@@ -1,0 +1,282 @@
+//! Where everything of a `GioUring` lives, and its initial contents.
+//!
+//! Shared memory (host and executor): submission ring, completion ring,
+//! control block, IOCB pool. Private memory (executor): `tt_exec_ctx`, one
+//! `tt_nvmeq` per queue pair, `tt_drive`s, layer table headers, and each
+//! queue's slot arrays.
+
+use super::{GioOptions, GioUring, Pool, Slot, SlotState};
+use crate::drive::{DriveInfo, DriveQueues};
+use crate::error::{GioError, Result};
+use crate::executor::Executor;
+use crate::mem::{HostRange, MemKind};
+use crate::ring::RingView;
+use std::ptr::NonNull;
+use std::sync::atomic::AtomicU32;
+use std::sync::{Arc, Mutex};
+use tutti_driver::spec::SglSupport;
+use tutti_driver::transport::DoorbellKind;
+use tutti_kernels::abi::{self, Control, DriveDesc, ExecCtx, Iocb, LayerTableDesc, NvmeQueue};
+
+/// Most parts one IOCB is split into (the submission ring has room for every
+/// IOCB of the pool split this far).
+pub(crate) const MAX_PARTS: u32 = 64;
+/// Largest pool: IOCB indices must fit 21 bits of a slot owner word.
+const MAX_DEPTH: u32 = 4096;
+
+pub(crate) struct QueueLayout {
+    /// Offset of the `tt_nvmeq` in private memory.
+    pub desc: usize,
+    pub owner: usize,
+    pub time: usize,
+    pub ready: usize,
+    pub turn: usize,
+}
+
+pub(crate) struct Layout {
+    pub sq: usize,
+    pub sq_cap: u32,
+    pub cq: usize,
+    pub cq_cap: u32,
+    pub control: usize,
+    pub iocbs: usize,
+    pub shared_len: usize,
+    pub ctx: usize,
+    pub queues: Vec<QueueLayout>,
+    pub drives: usize,
+    pub tables: usize,
+    pub private_len: usize,
+}
+
+impl Layout {
+    fn new(opts: &GioOptions, drives: &[DriveQueues]) -> Layout {
+        let sq_cap = (opts.depth * MAX_PARTS).next_power_of_two();
+        let cq_cap = opts.depth.next_power_of_two().max(2);
+        let sq = 0;
+        let cq = (sq + RingView::bytes(sq_cap)).next_multiple_of(64);
+        let control = (cq + RingView::bytes(cq_cap)).next_multiple_of(64);
+        let iocbs = (control + size_of::<Control>()).next_multiple_of(4096);
+        let shared_len = iocbs + opts.depth as usize * size_of::<Iocb>();
+
+        let ctx = 0;
+        let nq: usize = drives.iter().map(|d| d.queues.len()).sum();
+        let queues_at = (ctx + size_of::<ExecCtx>()).next_multiple_of(128);
+        let drives_at = (queues_at + nq * size_of::<NvmeQueue>()).next_multiple_of(64);
+        let tables = (drives_at + drives.len() * size_of::<DriveDesc>()).next_multiple_of(64);
+        let mut at = (tables + opts.max_tables as usize * size_of::<LayerTableDesc>()).next_multiple_of(4096);
+        let mut queues = Vec::with_capacity(nq);
+        let mut take = |bytes: usize| {
+            let here = at;
+            at = (at + bytes).next_multiple_of(64);
+            here
+        };
+        for (i, q) in drives.iter().flat_map(|d| d.queues.iter()).enumerate() {
+            let depth = q.depth();
+            let d = depth as usize;
+            queues.push(QueueLayout {
+                desc: queues_at + i * size_of::<NvmeQueue>(),
+                owner: take(8 * d),
+                time: take(8 * d),
+                ready: take(8 * d),
+                turn: take(4 * d),
+            });
+        }
+        Layout {
+            sq,
+            sq_cap,
+            cq,
+            cq_cap,
+            control,
+            iocbs,
+            shared_len,
+            ctx,
+            queues,
+            drives: drives_at,
+            tables,
+            private_len: at,
+        }
+    }
+}
+
+fn check(opts: &GioOptions, drives: &[DriveQueues]) -> Result<()> {
+    if opts.depth == 0 || opts.depth > MAX_DEPTH {
+        return Err(GioError::invalid(format!("depth {} is not 1..={MAX_DEPTH}", opts.depth)));
+    }
+    if opts.command_timeout.is_zero() || opts.submit_timeout <= opts.command_timeout {
+        return Err(GioError::invalid(format!(
+            "submit_timeout ({:?}) must exceed command_timeout ({:?}), which must be non-zero",
+            opts.submit_timeout, opts.command_timeout
+        )));
+    }
+    if opts.max_tables == 0 || opts.max_tables > 255 {
+        return Err(GioError::invalid(format!("max_tables {} is not 1..=255", opts.max_tables)));
+    }
+    if drives.is_empty() || drives.len() > u16::MAX as usize {
+        return Err(GioError::invalid(format!("{} drives given; 1..=65535 are supported", drives.len())));
+    }
+    for d in drives {
+        if d.queues.is_empty() {
+            return Err(GioError::invalid(format!("{}: no queue pairs", d.name)));
+        }
+        if !d.lba_size.is_power_of_two() || d.lba_size < 512 {
+            return Err(GioError::invalid(format!(
+                "{}: LBA size {} is not a power of two >= 512",
+                d.name, d.lba_size
+            )));
+        }
+        if let Some(q) = d.queues.iter().find(|q| !(2..=65536).contains(&q.depth())) {
+            return Err(GioError::invalid(format!(
+                "{} qid {}: depth {} is not 2..=65536",
+                d.name,
+                q.qid(),
+                q.depth()
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn ns(d: std::time::Duration) -> u64 {
+    d.as_nanos().min(u64::MAX as u128) as u64
+}
+
+pub(super) fn build(
+    opts: &GioOptions,
+    drives: Vec<DriveQueues>,
+    exec: Arc<dyn Executor>,
+) -> Result<GioUring> {
+    check(opts, &drives)?;
+    let layout = Layout::new(opts, &drives);
+    let shared = exec.alloc(MemKind::Shared, layout.shared_len)?;
+    let private = exec.alloc(MemKind::Private, layout.private_len)?;
+    let host = shared.host_ptr().ok_or_else(|| GioError::Executor {
+        executor: exec.name().into(),
+        what: "shared memory has no host address".into(),
+    })?;
+    let at = |off: usize| -> Result<NonNull<u8>> {
+        // SAFETY: every offset comes from `layout`, inside the `shared_len` bytes allocated.
+        NonNull::new(unsafe { host.as_ptr().add(off) }).ok_or_else(|| GioError::invalid("null shared memory"))
+    };
+    // SAFETY: fresh zeroed memory of the sizes the layout computed, owned by the GioUring.
+    let sq = unsafe { RingView::init(at(layout.sq)?, layout.sq_cap)? };
+    // SAFETY: as above.
+    let cq = unsafe { RingView::init(at(layout.cq)?, layout.cq_cap)? };
+    let control = at(layout.control)?.cast::<Control>();
+    let iocbs = at(layout.iocbs)?.cast::<Iocb>();
+    for i in 0..opts.depth {
+        // SAFETY: IOCB `i` lies inside the pool; no executor runs yet.
+        unsafe {
+            let hdr = &raw mut (*iocbs.as_ptr().add(i as usize)).hdr;
+            (*hdr).id = i;
+            (*hdr).first_error = abi::NO_ERROR;
+        }
+    }
+
+    let mut maps = Vec::new();
+    let mut drive_info = Vec::new();
+    let mut qi = 0usize;
+    for (di, d) in drives.iter().enumerate() {
+        let first = qi as u32;
+        for q in &d.queues {
+            let depth = q.depth();
+            let ql = &layout.queues[qi];
+            let io = if q.doorbell_kind() == DoorbellKind::Mmio { HostRange::Io } else { HostRange::Memory };
+            // SAFETY: the queue memory and doorbells belong to `q`, which the GioUring owns
+            // and drops after these mappings (field order).
+            let (sqm, cqm, sdb, cdb) = unsafe {
+                (
+                    exec.map_host(q.sq_ptr(), depth as usize * 64, HostRange::Memory)?,
+                    exec.map_host(q.cq_ptr(), depth as usize * 16, HostRange::Memory)?,
+                    exec.map_host(q.sq_doorbell_ptr().cast(), 4, io)?,
+                    exec.map_host(q.cq_doorbell_ptr().cast(), 4, io)?,
+                )
+            };
+            let desc = NvmeQueue {
+                sq: sqm.exec_addr(),
+                cq: cqm.exec_addr(),
+                sq_db: sdb.exec_addr(),
+                cq_db: cdb.exec_addr(),
+                slot_owner: private.exec_at(ql.owner),
+                slot_time: private.exec_at(ql.time),
+                slot_ready: private.exec_at(ql.ready),
+                slot_turn: private.exec_at(ql.turn),
+                depth,
+                qid: q.qid() as u32,
+                drive: di as u32,
+                cid_shift: depth.next_power_of_two().trailing_zeros(),
+                hole: u64::MAX,
+                ..Default::default()
+            };
+            private.write_obj(ql.desc, &desc)?;
+            private.write_bytes(ql.owner, &vec![0xFF; 8 * depth as usize])?;
+            maps.extend([sqm, cqm, sdb, cdb]);
+            qi += 1;
+        }
+        let mut flags = 0;
+        match d.sgl {
+            SglSupport::None => {}
+            SglSupport::Supported => flags |= abi::DRIVE_SGL,
+            SglSupport::DwordAligned => flags |= abi::DRIVE_SGL | abi::DRIVE_SGL_DWORD,
+        }
+        let desc = DriveDesc {
+            first_queue: first,
+            nqueues: d.queues.len() as u32,
+            nsid: d.nsid,
+            lba_shift: d.lba_size.trailing_zeros(),
+            max_lbas: d.max_lbas(),
+            flags,
+            rsvd: 0,
+        };
+        private.write_obj(layout.drives + di * size_of::<DriveDesc>(), &desc)?;
+        drive_info.push(DriveInfo {
+            name: d.name.clone(),
+            nsid: d.nsid,
+            lba_size: d.lba_size,
+            blocks: d.blocks,
+            max_lbas: d.max_lbas(),
+            sgl: d.sgl,
+            queues: first..qi as u32,
+        });
+    }
+
+    let ctx = ExecCtx {
+        sq_ring: shared.exec_at(layout.sq),
+        cq_ring: shared.exec_at(layout.cq),
+        control: shared.exec_at(layout.control),
+        iocbs: shared.exec_at(layout.iocbs),
+        queues: private.exec_at(layout.queues.first().map_or(0, |q| q.desc)),
+        drives: private.exec_at(layout.drives),
+        tables: private.exec_at(layout.tables),
+        niocbs: opts.depth,
+        nqueues: layout.queues.len() as u32,
+        ndrives: drives.len() as u32,
+        ntables: opts.max_tables,
+        command_timeout_ns: ns(opts.command_timeout),
+        submit_timeout_ns: ns(opts.submit_timeout),
+        max_backoff_ns: ns(opts.max_backoff).clamp(32, u32::MAX as u64) as u32,
+        idle_sleep_ns: ns(opts.idle_sleep).clamp(256, u32::MAX as u64) as u32,
+    };
+    private.write_obj(layout.ctx, &ctx)?;
+
+    let slots = (0..opts.depth)
+        .map(|_| Slot { gen: 0, state: SlotState::Free, count: 0, seq: 0, table: None })
+        .collect();
+    let pool = Pool { slots, free: (0..opts.depth).rev().collect(), done: Vec::new() };
+    Ok(GioUring {
+        exec,
+        opts: opts.clone(),
+        layout,
+        sq,
+        cq,
+        control,
+        iocbs,
+        pool: Mutex::new(pool),
+        tables: Mutex::new((0..opts.max_tables).map(|_| None).collect()),
+        seq: AtomicU32::new(0),
+        drive_info,
+        _maps: maps,
+        _shared: shared,
+        private,
+        drives,
+    })
+}

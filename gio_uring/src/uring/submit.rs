@@ -1,0 +1,200 @@
+//! Handing out, filling and issuing IOCBs.
+
+use super::layout::MAX_PARTS;
+use super::{GioUring, Pool, SlotState};
+use crate::error::{GioError, Result};
+use crate::iocb::{IocbId, Op, TableId};
+use std::sync::atomic::Ordering;
+use tutti_kernels::abi::{self, IoCtx, IocbHeader, LayerPair};
+
+impl GioUring {
+    /// Takes `n` free IOCBs from the pool, to be filled and issued (or released).
+    pub fn get_iocb(&self, n: usize) -> Result<Vec<IocbId>> {
+        let mut pool = self.pool()?;
+        Self::take(&mut pool, n, self.opts.depth)
+    }
+
+    fn take(pool: &mut Pool, n: usize, depth: u32) -> Result<Vec<IocbId>> {
+        if n == 0 {
+            return Err(GioError::invalid("asked for 0 IOCBs"));
+        }
+        if pool.free.len() < n {
+            return Err(GioError::PoolExhausted { wanted: n, free: pool.free.len(), depth });
+        }
+        let mut ids = Vec::with_capacity(n);
+        for _ in 0..n {
+            let index = pool.free.pop().ok_or(GioError::PoolExhausted { wanted: n, free: 0, depth })?;
+            let slot = &mut pool.slots[index as usize];
+            slot.gen = slot.gen.wrapping_add(1);
+            slot.state = SlotState::Filling;
+            slot.count = 0;
+            slot.table = None;
+            ids.push(IocbId { index, gen: slot.gen });
+        }
+        Ok(ids)
+    }
+
+    /// Returns IOCBs that were taken but not issued.
+    pub fn release(&self, ids: &[IocbId]) -> Result<()> {
+        let mut pool = self.pool()?;
+        for &id in ids {
+            let slot = Self::slot(&mut pool, id)?;
+            if !matches!(slot.state, SlotState::Filling) {
+                return Err(GioError::WrongState { id, state: slot.state.name(), expected: "being filled" });
+            }
+            slot.state = SlotState::Free;
+            pool.free.push(id.index);
+        }
+        Ok(())
+    }
+
+    /// Fills IOCB `id` with `ctxs` (1..=2048 commands); their status is reset to pending.
+    pub fn set_ioctxs(&self, id: IocbId, ctxs: &[IoCtx]) -> Result<()> {
+        if ctxs.is_empty() || ctxs.len() > abi::IOCB_MAX_IOCTX {
+            return Err(GioError::invalid(format!(
+                "{} IOCTXs; an IOCB holds 1..={}",
+                ctxs.len(),
+                abi::IOCB_MAX_IOCTX
+            )));
+        }
+        let mut pool = self.pool()?;
+        let slot = Self::slot(&mut pool, id)?;
+        if !matches!(slot.state, SlotState::Filling) {
+            return Err(GioError::WrongState { id, state: slot.state.name(), expected: "being filled" });
+        }
+        let iocb = self.iocb_ptr(id.index);
+        // SAFETY: the IOCB is Filling, so the executor does not touch it; the copy stays inside
+        // its IOCTX array (len <= IOCB_MAX_IOCTX, checked above).
+        unsafe {
+            let dst = (&raw mut (*iocb).ioctx).cast::<IoCtx>();
+            std::ptr::copy_nonoverlapping(ctxs.as_ptr(), dst, ctxs.len());
+            for i in 0..ctxs.len() {
+                (*dst.add(i)).status = abi::STATUS_PENDING;
+            }
+            let hdr = &raw mut (*iocb).hdr;
+            (*hdr).kind = abi::IOCB_EXPLICIT;
+            (*hdr).count = ctxs.len() as u32;
+        }
+        slot.count = ctxs.len() as u32;
+        slot.table = None;
+        Ok(())
+    }
+
+    /// Issues filled IOCBs: each is split into up to `sm_budget` parts (fewer
+    /// for small IOCBs) and handed to the executor. All or none are issued.
+    pub fn issue(&self, ids: &[IocbId], sm_budget: u32) -> Result<()> {
+        if sm_budget == 0 {
+            return Err(GioError::invalid("sm_budget is 0"));
+        }
+        let shape = self.exec.shape();
+        let mut pool = self.pool()?;
+        for (k, &id) in ids.iter().enumerate() {
+            if ids[..k].contains(&id) {
+                return Err(GioError::invalid(format!("{id} is listed twice")));
+            }
+            let slot = Self::slot(&mut pool, id)?;
+            if !matches!(slot.state, SlotState::Filling) {
+                return Err(GioError::WrongState { id, state: slot.state.name(), expected: "being filled" });
+            }
+            if slot.count == 0 {
+                return Err(GioError::invalid(format!("{id} has no IOCTXs")));
+            }
+        }
+        let budget_blocks =
+            sm_budget.saturating_mul(shape.blocks_per_unit).min(shape.max_blocks).min(MAX_PARTS);
+        for &id in ids {
+            let slot = Self::slot(&mut pool, id)?;
+            let parts = slot.count.div_ceil(shape.block_threads).clamp(1, budget_blocks.max(1));
+            let mut seq = self.seq.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+            if seq == 0 {
+                seq = self.seq.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+            }
+            let iocb = self.iocb_ptr(id.index);
+            // SAFETY: the IOCB is Filling (not the executor's); header writes stay inside it.
+            unsafe {
+                let hdr = &raw mut (*iocb).hdr;
+                let mut h: IocbHeader = hdr.read_volatile();
+                h.id = id.index;
+                h.seq = seq;
+                h.nparts = parts;
+                h.parts_left = parts;
+                h.completed = 0;
+                h.failed = 0;
+                h.first_error = abi::NO_ERROR;
+                h.start_ns = 0;
+                h.done_ns = 0;
+                hdr.write_volatile(h);
+            }
+            slot.seq = seq;
+            slot.state = SlotState::InFlight;
+            for part in 0..parts {
+                // The ring has a cell for every part of every IOCB of the pool: it cannot fill.
+                if !self.sq.push(abi::ring_entry(id.index, part as u16, parts as u16)) {
+                    return Err(GioError::Executor {
+                        executor: self.exec.name().into(),
+                        what: "submission ring full (the executor is not consuming it)".into(),
+                    });
+                }
+            }
+        }
+        drop(pool);
+        self.exec.kick(sm_budget)
+    }
+
+    /// Reads or writes `layer` of every (file, block) pair through layer table
+    /// `table`: the executor expands each pair into 2 x chunks commands, so the
+    /// host only copies the pairs. Uses as many IOCBs as needed (each holds up
+    /// to 2048 IOCTXs) and returns them, issued.
+    ///
+    /// Pairs naming a file or block outside the table fail per IOCTX with a
+    /// translation status; a layer outside the table is refused here.
+    pub fn submit_layer(
+        &self,
+        table: TableId,
+        layer: u32,
+        pairs: &[(u32, u32)],
+        op: Op,
+        sm_budget: u32,
+    ) -> Result<Vec<IocbId>> {
+        if pairs.is_empty() {
+            return Err(GioError::invalid("submit_layer with no (file, block) pairs"));
+        }
+        let info = self.table_info(table)?;
+        if layer >= info.layers {
+            return Err(GioError::invalid(format!("layer {layer} of a table with {} layers", info.layers)));
+        }
+        let per_pair = info.ioctx_per_pair;
+        let per_iocb = (abi::IOCB_MAX_IOCTX as u32 / per_pair).min(abi::IOCB_MAX_PAIRS as u32) as usize;
+        let ids = {
+            let mut pool = self.pool()?;
+            let ids = Self::take(&mut pool, pairs.len().div_ceil(per_iocb), self.opts.depth)?;
+            for (&id, chunk) in ids.iter().zip(pairs.chunks(per_iocb)) {
+                let iocb = self.iocb_ptr(id.index);
+                // SAFETY: the IOCB was just taken (Filling): the executor does not touch it;
+                // `chunk.len() <= per_iocb <= IOCB_MAX_PAIRS`.
+                unsafe {
+                    let dst = (&raw mut (*iocb).pairs).cast::<LayerPair>();
+                    for (i, &(file, block)) in chunk.iter().enumerate() {
+                        dst.add(i).write(LayerPair { file, block });
+                    }
+                    let hdr = &raw mut (*iocb).hdr;
+                    (*hdr).kind = abi::IOCB_LAYER;
+                    (*hdr).table = table.0 as u32;
+                    (*hdr).layer = layer;
+                    (*hdr).npairs = chunk.len() as u32;
+                    (*hdr).opcode = op as u8;
+                    (*hdr).count = chunk.len() as u32 * per_pair;
+                }
+                let slot = Self::slot(&mut pool, id)?;
+                slot.count = chunk.len() as u32 * per_pair;
+                slot.table = Some(table.0);
+            }
+            ids
+        };
+        if let Err(e) = self.issue(&ids, sm_budget) {
+            let _ = self.release(&ids);
+            return Err(e);
+        }
+        Ok(ids)
+    }
+}

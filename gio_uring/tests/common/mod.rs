@@ -1,0 +1,100 @@
+//! Emulated controllers, a GioUring over them, and data patterns.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+use tutti_driver::controller::{Controller, ControllerOptions};
+use tutti_driver::emulated::{CostModel, EmulatedConfig, EmulatedController, NamespaceConfig};
+use tutti_driver::transport::DmaBuffer;
+use tutti_gio_uring::{DriveQueues, ExecMode, GioOptions, GioUring, HostExecutor, HostExecutorConfig};
+
+/// A ring over emulated controllers. Fields drop in order: the ring first
+/// (stops the executor, deletes the queue pairs), then controllers.
+pub struct Rig {
+    pub ring: GioUring,
+    pub ctrls: Vec<Arc<Controller>>,
+    pub emus: Vec<EmulatedController>,
+}
+
+pub struct RigSpec {
+    pub controllers: usize,
+    /// Namespaces per controller; each is one drive of the ring.
+    pub namespaces: usize,
+    pub ns_bytes: u64,
+    pub pairs: u32,
+    pub depth: u32,
+    pub mode: ExecMode,
+    pub blocks: u32,
+    pub mdts: u8,
+    pub per_command: Duration,
+    pub opts: GioOptions,
+}
+
+impl Default for RigSpec {
+    fn default() -> Self {
+        RigSpec {
+            controllers: 2,
+            namespaces: 1,
+            ns_bytes: 64 << 20,
+            pairs: 2,
+            depth: 64,
+            mode: ExecMode::Launch,
+            blocks: 3,
+            mdts: 5,
+            per_command: Duration::ZERO,
+            opts: GioOptions { depth: 16, ..Default::default() },
+        }
+    }
+}
+
+pub fn rig(spec: RigSpec) -> Rig {
+    let mut emus = Vec::new();
+    let mut ctrls = Vec::new();
+    let mut drives = Vec::new();
+    for c in 0..spec.controllers {
+        let cfg = EmulatedConfig {
+            name: format!("emu{c}"),
+            namespaces: (0..spec.namespaces)
+                .map(|_| NamespaceConfig::with_bytes(spec.ns_bytes, 512))
+                .collect(),
+            max_queue_entries: 4096,
+            mdts: spec.mdts,
+            cost: CostModel { per_command: spec.per_command, bytes_per_sec: None },
+            ..EmulatedConfig::default()
+        };
+        let emu = EmulatedController::start(cfg).expect("emulated controller starts");
+        let ctrl = Controller::new(emu.registers(), emu.dma_space(), ControllerOptions::default())
+            .expect("bring-up");
+        for ns in 1..=spec.namespaces as u32 {
+            drives.push(DriveQueues::create(&ctrl, ns, spec.pairs, spec.depth).expect("raw queue pairs"));
+        }
+        emus.push(emu);
+        ctrls.push(ctrl);
+    }
+    let exec =
+        HostExecutor::new(HostExecutorConfig { mode: spec.mode, blocks: spec.blocks, ..Default::default() })
+            .expect("host executor");
+    let ring = GioUring::init_with(spec.opts, drives, Arc::new(exec)).expect("gio_uring init");
+    Rig { ring, ctrls, emus }
+}
+
+/// Deterministic bytes for (drive, command, offset): every 8 bytes differ.
+pub fn fill(buf: &DmaBuffer, seed: u64) {
+    let words: Vec<u8> = (0..buf.len() as u64 / 8)
+        .flat_map(|i| {
+            (seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ i.wrapping_mul(0xBF58_476D_1CE4_E5B9)).to_le_bytes()
+        })
+        .collect();
+    buf.copy_in(0, &words).expect("fill");
+}
+
+pub fn bytes(buf: &DmaBuffer) -> Vec<u8> {
+    let mut v = vec![0u8; buf.len()];
+    buf.copy_out(0, &mut v).expect("copy out");
+    v
+}
+
+/// Index of the first differing byte, for a readable failure.
+pub fn first_diff(a: &[u8], b: &[u8]) -> Option<usize> {
+    a.iter().zip(b).position(|(x, y)| x != y).or((a.len() != b.len()).then_some(a.len().min(b.len())))
+}
