@@ -31,6 +31,7 @@ pub mod executor;
 mod iocb;
 pub mod mem;
 pub mod ring;
+pub mod selftest;
 mod status;
 pub mod table;
 mod uring;

@@ -152,3 +152,26 @@ fn cuda_executor_reports_a_missing_driver_as_an_error() {
         }
     }
 }
+
+#[test]
+fn selftest_round_trip_over_sgl_and_prp() {
+    use tutti_gio_uring::selftest::{round_trip, SelftestOptions};
+    let r = rig(RigSpec { controllers: 2, ..Default::default() });
+    let opts = SelftestOptions { iocbs: 2, queue_depth: 32, first_lba: 4096, ..Default::default() };
+    let rep = round_trip(&r.ctrls, &opts).unwrap();
+    assert_eq!(rep.commands, 2 * 2 * 2048);
+    assert_eq!(rep.bytes_verified, 2 * 2048 * 4096);
+    assert_eq!(rep.data_pointers, vec!["SGL", "SGL"]);
+    // 4096 commands per drive, split evenly over its 2 queues of 32.
+    assert_eq!(rep.min_queue_wraps, 2048 / 32, "{rep:?}");
+    let prp =
+        round_trip(&r.ctrls, &SelftestOptions { force_prp: true, command_bytes: 8192, iocbs: 1, ..opts })
+            .unwrap();
+    assert_eq!(prp.data_pointers, vec!["PRP", "PRP"]);
+    assert_eq!(prp.bytes_verified, 2048 * 8192);
+    let e = round_trip(
+        &r.ctrls,
+        &SelftestOptions { force_prp: true, command_bytes: 16384, ..Default::default() },
+    );
+    assert!(e.unwrap_err().to_string().contains("at most 8 KiB"));
+}

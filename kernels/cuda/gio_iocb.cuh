@@ -53,16 +53,17 @@ TT_DEVICE uint32_t tt_check_rw(const struct tt_drive* d, uint32_t opcode, uint32
     return TT_STATUS_SUCCESS;
 }
 
-/* Spreads warps over a drive's queues; lanes of one warp mostly share a drive,
- * so they usually share one ticket atomic. */
-TT_DEVICE uint32_t tt_pick_queue(const struct tt_drive* d) {
-    const uint32_t warp = tt_block_idx() * (tt_block_dim() / TT_WARP_SIZE) + tt_thread_idx() / TT_WARP_SIZE;
-    return d->first_queue + warp % d->nqueues;
+/* Spreads work over a drive's queues by what it is, not by which block runs
+ * it, so the split is even however parts are scheduled. The 32 IOCTXs of a
+ * warp's round (aligned to 32) pick the same queue for a drive, so they share
+ * one ticket atomic. */
+TT_DEVICE uint32_t tt_pick_queue(const struct tt_drive* d, uint32_t iocb, uint32_t i) {
+    return d->first_queue + (iocb + i / TT_WARP_SIZE) % d->nqueues;
 }
 
 /* A command from an IOCTX the host filled. */
-TT_DEVICE uint32_t tt_build_explicit(const struct tt_exec_ctx* ctx, struct tt_ioctx* io, struct tt_sqe* sqe,
-                                     uint32_t* queue) {
+TT_DEVICE uint32_t tt_build_explicit(const struct tt_exec_ctx* ctx, uint32_t b, uint32_t i, struct tt_ioctx* io,
+                                     struct tt_sqe* sqe, uint32_t* queue) {
     const uint32_t drive = tt_ld_relaxed_u16(&io->drive);
     if (drive >= ctx->ndrives) return tt_xlate(TT_XLATE_DRIVE);
     const struct tt_drive* d = &ctx->drives[drive];
@@ -93,7 +94,7 @@ TT_DEVICE uint32_t tt_build_explicit(const struct tt_exec_ctx* ctx, struct tt_io
     uint32_t nsid = tt_ld_relaxed_u32(&io->nsid);
     if (nsid == 0) nsid = d->nsid;
     tt_sqe_rw(sqe, opcode, sgl, nsid, d0, d1, tt_ld_relaxed_u64(&io->slba), nlb, tt_ld_relaxed_u16(&io->cdw12_hi));
-    *queue = tt_pick_queue(d);
+    *queue = tt_pick_queue(d, b, i);
     return TT_STATUS_SUCCESS;
 }
 
@@ -109,8 +110,8 @@ struct tt_layer_req {
  * The tutti_gio.h comment on tt_layer_table gives the placement formula. The
  * IOCTX is filled in too, so the host can see what each command was. */
 TT_DEVICE uint32_t tt_build_layer(const struct tt_exec_ctx* ctx, const struct tt_layer_req* req,
-                                  const struct tt_iocb* b, uint32_t i, struct tt_ioctx* io, struct tt_sqe* sqe,
-                                  uint32_t* queue) {
+                                  const struct tt_iocb* b, uint32_t bi, uint32_t i, struct tt_ioctx* io,
+                                  struct tt_sqe* sqe, uint32_t* queue) {
     tt_st_relaxed_u32(&io->status, TT_STATUS_PENDING);
     const struct tt_layer_table* tb = req->tb;
     if (!tb) return tt_xlate(TT_XLATE_TABLE);
@@ -153,7 +154,7 @@ TT_DEVICE uint32_t tt_build_layer(const struct tt_exec_ctx* ctx, const struct tt
     const uint32_t st = tt_check_rw(d, req->opcode, nlb, sgl, d0, d1);
     if (st != TT_STATUS_SUCCESS) return st;
     tt_sqe_rw(sqe, req->opcode, sgl, d->nsid, d0, d1, slba, nlb, 0);
-    *queue = tt_pick_queue(d);
+    *queue = tt_pick_queue(d, bi, i);
     return TT_STATUS_SUCCESS;
 }
 
@@ -196,8 +197,8 @@ TT_NOINLINE void tt_process_part(const struct tt_exec_ctx* ctx, uint32_t b, uint
         const uint32_t ref = tt_ioctx_ref(b, have ? i : 0);
         if (have) {
             struct tt_ioctx* io = &iocb->ioctx[i];
-            uint32_t st = layer ? tt_build_layer(ctx, &req, iocb, i, io, &sqe, &queue)
-                                : tt_build_explicit(ctx, io, &sqe, &queue);
+            uint32_t st = layer ? tt_build_layer(ctx, &req, iocb, b, i, io, &sqe, &queue)
+                                : tt_build_explicit(ctx, b, i, io, &sqe, &queue);
             if (st == TT_STATUS_SUCCESS && tt_ld_relaxed_u32(&ctx->queues[queue].dead))
                 st = TT_STATUS(TT_KIND_QUEUE_DEAD, queue);
             if (st == TT_STATUS_SUCCESS)

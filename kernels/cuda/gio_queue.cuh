@@ -68,9 +68,11 @@ TT_DEVICE void tt_sq_head_advance(struct tt_nvmeq* q, uint32_t sqhd) {
 
 /* Frees `slot` and finishes its IOCTX as timed out, if it still holds `expect`
  * (or, with expect == TT_SLOT_FREE, whatever command it holds) and that command
- * is older than the command timeout. True if this call expired it. */
+ * was published longer than the command timeout ago, or `force`. True if this
+ * call expired it. A forced slot is safe to reuse: the next lap cannot write
+ * it before SQHD shows the controller fetched it. */
 TT_DEVICE bool tt_slot_expire(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q, uint32_t slot, uint64_t expect,
-                              uint64_t now) {
+                              uint64_t now, bool force = false) {
     uint64_t owner = expect;
     if (owner == TT_SLOT_FREE) {
         owner = tt_ld_acquire_u64(&q->slot_owner[slot]);
@@ -78,9 +80,10 @@ TT_DEVICE bool tt_slot_expire(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q,
     }
     const uint64_t t0 = tt_ld_relaxed_u64(&q->slot_time[slot]);
     /* 0: not published yet — the controller has not seen it, so it cannot be late. */
-    if (t0 == 0 || t0 > now || now - t0 < ctx->command_timeout_ns) return false;
+    if (!force && (t0 == 0 || t0 > now || now - t0 < ctx->command_timeout_ns)) return false;
     if (tt_atomic_cas_u64(&q->slot_owner[slot], owner, TT_SLOT_FREE) != owner) return false;
-    tt_finish_ioctx(ctx, (uint32_t)(owner >> 32), TT_STATUS(TT_KIND_TIMEOUT, TT_TIMEOUT_COMPLETION), now - t0);
+    const uint64_t waited = (t0 && now > t0) ? now - t0 : 0;
+    tt_finish_ioctx(ctx, (uint32_t)(owner >> 32), TT_STATUS(TT_KIND_TIMEOUT, TT_TIMEOUT_COMPLETION), waited);
     tt_st_release_u32(&q->slot_turn[slot], (uint32_t)owner + 1u);
     tt_atomic_add_u64(&q->expired, 1);
     return true;
@@ -249,8 +252,9 @@ TT_DEVICE uint32_t tt_sq_submit(const struct tt_exec_ctx* ctx, uint32_t qidx, ui
 
 /* Waits until IOCTX `index` of IOCB `b` (submitted by this lane) is finished,
  * reaping its queue meanwhile and expiring it once it is past the command
- * timeout. Bounded: its publication is bounded by the commands ahead of it
- * (each bounded the same way) or it lies behind a dead queue's hole. */
+ * timeout. Its publication is bounded by the commands ahead of it (each bounded
+ * the same way) unless it lies behind a dead queue's hole; a hard deadline of
+ * submit + 2 x command timeout backs both arguments up. */
 TT_DEVICE void tt_wait_ioctx(const struct tt_exec_ctx* ctx, uint32_t b, uint32_t index) {
     struct tt_ioctx* io = &ctx->iocbs[b].ioctx[index];
     if (tt_ld_acquire_u32(&io->status) != TT_STATUS_PENDING) return;
@@ -259,8 +263,10 @@ TT_DEVICE void tt_wait_ioctx(const struct tt_exec_ctx* ctx, uint32_t b, uint32_t
     const uint64_t ticket = tt_ld_relaxed_u64(&io->ticket);
     const uint32_t slot = (uint32_t)(ticket % q->depth);
     const uint64_t owner = ((uint64_t)tt_ioctx_ref(b, index) << 32) | (uint32_t)(ticket / q->depth);
+    const uint64_t hard = tt_now_ns() + ctx->submit_timeout_ns + 2 * ctx->command_timeout_ns;
     uint32_t sleep = 32;
     while (tt_ld_acquire_u32(&io->status) == TT_STATUS_PENDING) {
+        if (tt_now_ns() > hard && tt_slot_expire(ctx, q, slot, owner, tt_now_ns(), true)) return;
         bool expired = false;
         const uint32_t reaped = tt_cq_reap_expire(ctx, q, slot, owner, &expired);
         if (expired) return;
