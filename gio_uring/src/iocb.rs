@@ -20,6 +20,14 @@ impl IocbId {
     pub fn index(&self) -> u32 {
         self.index
     }
+    /// One integer for a C handle: generation << 32 | index.
+    pub fn to_raw(self) -> u64 {
+        (self.gen as u64) << 32 | self.index as u64
+    }
+    /// The inverse of [`IocbId::to_raw`]; a made-up value is refused as stale when used.
+    pub fn from_raw(raw: u64) -> Self {
+        IocbId { index: raw as u32, gen: (raw >> 32) as u32 }
+    }
 }
 
 impl std::fmt::Display for IocbId {
@@ -31,6 +39,13 @@ impl std::fmt::Display for IocbId {
 /// A layer table registered with a `GioUring`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TableId(pub(crate) u8);
+
+impl TableId {
+    /// The table's slot (`tt_ioctx.table`, `tt_iocb_hdr.table`).
+    pub fn index(&self) -> u8 {
+        self.0
+    }
+}
 
 /// Read or write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -53,6 +53,7 @@ fn iocbs_move_through_their_states_and_stale_handles_are_refused() {
     r.issue(&ids[..1], 1).unwrap();
     assert!(r.set_ioctxs(ids[0], &writes(&buf, 1)).is_err(), "refilled while in flight");
     assert!(r.release(&ids[..1]).is_err(), "released while in flight");
+    assert_eq!(tutti_gio_uring::IocbId::from_raw(ids[0].to_raw()), ids[0]);
     let done = r.wait_cqe(&ids[..1], Duration::from_secs(20)).unwrap();
     assert_eq!((done[0].id, done[0].count, done[0].completed), (ids[0], 64, 64));
     assert!(done[0].clone().check().is_ok());
