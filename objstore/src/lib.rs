@@ -21,6 +21,7 @@ pub use error::{ObjError, Result};
 pub use geometry::{Dtype, Geometry};
 pub use hash::{chain_hashes, BlockHash, CacheIdentity, IdentityId};
 pub use index::FileId;
+pub use io::gio::GioConfig;
 pub use io::Direction;
 pub use layout::{KvLayout, LayerBases, LayoutKind};
 pub use memory::HostKvMemory;

@@ -4,20 +4,20 @@
 mod common;
 
 use common::*;
+use std::time::Duration;
+use tutti_driver::emulated::CostModel;
 use tutti_objstore::{chain_hashes, BlockHash, KvStore, LayoutKind, OpenMode};
 
-/// A store whose pool holds exactly `files` files, with that many engine blocks.
+/// A store whose pool holds exactly `files` files, with that many engine blocks (+4).
 fn tiny(files: u32) -> (Drives, KvStore, Kv) {
+    tiny_with(files, CostModel::default())
+}
+
+fn tiny_with(files: u32, cost: CostModel) -> (Drives, KvStore, Kv) {
     let g = geometry(2, 128);
-    let d = Drives::uniform(1, 512, 8 << 20);
-    let mut o = options(g, OpenMode::Create);
-    o.pool.journal_pages = Some(2);
-    // Shrink the pool by reformatting a pool this size: the smallest drive decides.
-    let store = KvStore::open(d.specs(), o).unwrap();
-    assert!(store.stripe_map().files() >= files);
-    drop(store);
+    // One drive of exactly the superblock, two 2-page journal halves and `files` files.
     let bytes = 4096 * (1 + 2 * 2) + files as u64 * g.file_bytes();
-    let d = Drives::uniform(1, 512, bytes);
+    let d = Drives::start(&[DriveCfg { cost, ..DriveCfg::ram(512, bytes) }]);
     let mut o = options(g, OpenMode::Create);
     o.pool.journal_pages = Some(2);
     let store = KvStore::open(d.specs(), o).unwrap();
@@ -116,4 +116,30 @@ fn another_identity_never_hits() {
     // Back under the original identity, the entries answer again.
     kv.register(&store, "llama");
     assert_eq!(store.contains(&hashes).unwrap(), 2);
+}
+
+#[test]
+fn a_load_in_flight_holds_its_files_even_if_unpinned() {
+    // Slow commands keep the load in flight while the rest of the test runs.
+    let cost = CostModel { per_command: Duration::from_millis(30), ..Default::default() };
+    let (_d, store, kv) = tiny_with(2, cost);
+    let h1 = put(&store, &kv, 1);
+    let h2 = put(&store, &kv, 2);
+    let keep = store.lookup(&[h2]).unwrap(); // h2 pinned: h1 is the only candidate
+    let l = store.lookup(&[h1]).unwrap();
+    let job = store.submit_load(&l.files, &[3], 0..2).unwrap();
+    store.unpin(l.pin).unwrap();
+    assert!(!store.poll(job).unwrap().done, "the load is still in flight");
+    kv.fill(0, 9);
+    let rep = store.store_request(&[BlockHash(99)], &[0], WAIT).unwrap();
+    assert!(rep.failed.first().is_some_and(|f| f.1.contains("pool full")), "{rep:?}");
+    let st = store.wait(job, WAIT).unwrap();
+    assert!(st.done && st.failed == 0);
+    assert!(kv.holds(3, 1), "the load read what h1 held");
+    store.release(job).unwrap();
+    // Now h1 is idle and unpinned: it goes.
+    let rep = store.store_request(&[BlockHash(99)], &[0], WAIT).unwrap();
+    assert_eq!(rep.stored, 1);
+    assert!(!has(&store, h1) && has(&store, h2));
+    store.unpin(keep.pin).unwrap();
 }

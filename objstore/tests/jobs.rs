@@ -6,6 +6,7 @@ mod common;
 use common::*;
 use tutti_driver::emulated::{FaultAction, FaultMatch};
 use tutti_driver::spec::Status;
+use tutti_objstore::store::LAYERS_IN_FLIGHT;
 use tutti_objstore::{chain_hashes, KvStore, LayoutKind, OpenMode};
 
 const READ: u8 = 0x02;
@@ -91,24 +92,55 @@ fn a_failed_write_is_not_committed_and_the_rest_are() {
 }
 
 #[test]
-fn layers_complete_one_by_one_and_cancel_stops_the_rest() {
-    let (_d, store, _kv, files) = stored(3);
+fn layers_complete_one_by_one() {
+    let (_d, store, kv, files) = stored(3);
     let dst = [3, 4, 5];
     let job = store.submit_load(&files, &dst, 1..4).unwrap();
-    let st = store.wait_layer(job, 1, WAIT).unwrap();
-    assert!(st.layer_is_done(1));
-    assert_eq!((st.first_layer, st.layers), (1, 3));
+    for layer in 1..4 {
+        let st = store.wait_layer(job, layer, WAIT).unwrap();
+        assert!(st.layer_is_done(layer));
+        assert_eq!((st.first_layer, st.layers), (1, 3));
+        for (i, &b) in dst.iter().enumerate() {
+            assert!(
+                kv.layer_holds(b, layer, 0, 500 + i as u64) && kv.layer_holds(b, layer, 1, 500 + i as u64)
+            );
+        }
+    }
     assert!(store.wait_layer(job, 0, WAIT).is_err(), "layer 0 is not in the job");
     let st = store.wait(job, WAIT).unwrap();
     assert!(st.done && st.failed == 0 && st.layers_done == 3);
-    assert!(st.commands >= 3 * 3 * 2);
+    assert_eq!(st.commands, 3 * 3 * 2);
     store.release(job).unwrap();
     assert!(store.poll(job).is_err(), "released jobs are gone");
-    // Cancelling a finished job changes nothing.
-    let job = store.submit_load(&files, &dst, 0..4).unwrap();
+}
+
+#[test]
+fn cancel_stops_at_a_layer_boundary() {
+    let g = geometry(LAYERS_IN_FLIGHT as u32 + 4, 128);
+    let d = Drives::uniform(2, 4096, 16 << 20);
+    let store = open(&d, g, OpenMode::Create);
+    let kv = Kv::new(g, LayoutKind::VllmPerLayer, 4);
+    kv.register(&store, "m");
+    let hashes = chain_hashes(&tokens(4, 2, g.tokens_per_block), g.tokens_per_block);
+    kv.fill(0, 1);
+    kv.fill(1, 2);
+    store.store_request(&hashes, &[0, 1], WAIT).unwrap();
+    let hit = store.lookup(&hashes).unwrap();
+    let job = store.submit_load(&hit.files, &[2, 3], 0..g.layers).unwrap();
     let st = store.cancel(job).unwrap();
-    assert!(st.done);
+    assert!(st.cancelled);
+    let st = store.wait(job, WAIT).unwrap();
+    assert!(st.done && st.layers_done == g.layers);
+    // The layers that were never handed to the I/O path are reported failed.
+    assert!(st.block_failed(0) && st.block_failed(1), "{st:?}");
+    assert!(st.first_error.as_deref().unwrap_or("").contains("cancelled"));
+    assert_eq!(st.commands, LAYERS_IN_FLIGHT as u64 * 2 * 2, "only the first layers were issued");
+    for layer in 0..LAYERS_IN_FLIGHT as u32 {
+        assert!(kv.layer_holds(2, layer, 0, 1), "layer {layer} was issued before the cancel and completed");
+    }
+    assert!(!kv.layer_holds(2, g.layers - 1, 0, 1));
     store.release(job).unwrap();
+    store.unpin(hit.pin).unwrap();
 }
 
 #[test]

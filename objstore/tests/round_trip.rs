@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use tutti_driver::emulated::MediaConfig;
-use tutti_objstore::{chain_hashes, BlockHash, Geometry, KvStore, LayoutKind, OpenMode};
+use tutti_objstore::{chain_hashes, Backend, BlockHash, Geometry, KvStore, LayoutKind, OpenMode};
 
 /// Stores `chunks` chunks from blocks `0..chunks`, reads them into blocks
 /// `chunks..2·chunks` in reverse order, and checks every byte.
@@ -48,27 +48,62 @@ fn round_trip(store: &KvStore, kv: &Kv, chunks: u32, seed: u64) {
     assert_eq!((again.stored, again.present), (0, chunks));
 }
 
+#[derive(Clone, Copy, Debug)]
+enum Path {
+    /// gio_uring, layer IOCBs where the drives allow them.
+    Gio,
+    /// gio_uring with the host filling every IOCTX.
+    Explicit,
+    /// The CPU-driven baseline.
+    Direct,
+}
+
+fn open_on(d: &Drives, g: Geometry, path: Path) -> KvStore {
+    let mut o = match path {
+        Path::Direct => direct_options(g, OpenMode::Create),
+        _ => options(g, OpenMode::Create),
+    };
+    if let (Path::Explicit, Backend::Gio(c)) = (path, &mut o.backend) {
+        c.force_explicit = true;
+    }
+    KvStore::open(d.specs(), o).expect("store opens")
+}
+
 #[test]
 fn one_to_four_drives_both_layouts_both_lba_sizes() {
     let g = geometry(3, 128); // 8 KiB objects
     for drives in 1..=4usize {
         for lba in [512u32, 4096] {
             for kind in [LayoutKind::VllmPerLayer, LayoutKind::Contiguous] {
-                let d = Drives::uniform(drives, lba, 8 << 20);
-                let store = open(&d, g, OpenMode::Create);
-                let kv = Kv::new(g, kind, 12);
-                kv.register(&store, "model");
-                round_trip(&store, &kv, 6, drives as u64 * 100 + lba as u64);
-                let st = store.stats();
-                assert_eq!(st.bytes_stored, 6 * g.file_bytes(), "{drives} drives, {lba}, {kind:?}");
-                assert_eq!(st.bytes_loaded, 6 * g.file_bytes());
-                // Every drive took part: objects of one layer spread over all of them.
-                for e in &d.emus {
-                    assert!(
-                        e.stats().bytes_written >= 6 * g.file_bytes() / drives as u64 / 2,
-                        "{}",
-                        e.name()
-                    );
+                for path in [Path::Gio, Path::Explicit, Path::Direct] {
+                    let d = Drives::uniform(drives, lba, 8 << 20);
+                    let store = open_on(&d, g, path);
+                    let kv = Kv::new(g, kind, 12);
+                    kv.register(&store, "model");
+                    let mode = store.info().io_mode;
+                    match path {
+                        // Identical drives see the memory at identical IOVAs: one table, layer IOCBs.
+                        Path::Gio => assert!(mode.contains("layer IOCBs"), "{mode}"),
+                        Path::Explicit => assert!(mode.contains("explicit IOCBs"), "{mode}"),
+                        Path::Direct => assert!(mode.contains("CPU-driven"), "{mode}"),
+                    }
+                    round_trip(&store, &kv, 6, drives as u64 * 100 + lba as u64);
+                    let st = store.stats();
+                    let ctx = format!("{drives} drives, {lba}, {kind:?}, {path:?}");
+                    assert_eq!(st.bytes_stored, 6 * g.file_bytes(), "{ctx}");
+                    assert_eq!(st.bytes_loaded, 6 * g.file_bytes(), "{ctx}");
+                    // 6 chunks × 3 layers × K,V, each way, one command each.
+                    assert_eq!(st.commands, 2 * 6 * 3 * 2, "{ctx}");
+                    // Per layer: one call on the layer path; per command on the others.
+                    match path {
+                        Path::Gio => assert_eq!((st.host_calls, st.host_built), (2 * 3, 0), "{ctx}"),
+                        Path::Explicit => assert_eq!(st.host_built, st.commands, "{ctx}"),
+                        Path::Direct => assert!(st.host_calls >= st.commands, "{ctx}"),
+                    }
+                    // Every drive took part: objects of one layer spread over all of them.
+                    for e in &d.emus {
+                        assert!(e.stats().bytes_written >= 6 * g.file_bytes() / drives as u64 / 2, "{ctx}");
+                    }
                 }
             }
         }
@@ -89,6 +124,8 @@ fn objects_split_at_mdts_and_mixed_lba_sizes() {
     assert_eq!((store.stripe_map().chunk_bytes(), store.stripe_map().chunks()), (8 << 10, 4));
     let kv = Kv::new(g, LayoutKind::Contiguous, 10);
     kv.register(&store, "model");
+    let mode = store.info().io_mode;
+    assert!(mode.contains("explicit IOCBs"), "{mode}");
     round_trip(&store, &kv, 5, 7);
     assert_eq!(store.stats().commands, 2 * 5 * 2 * 2 * 4, "5 chunks × 2 layers × K,V × 4 commands, each way");
 }
@@ -136,5 +173,4 @@ fn partial_prefix_hits_and_unstored_tails_miss() {
     let h2 = chain_hashes(&t2, g.tokens_per_block);
     assert_eq!(store.contains(&h2).unwrap(), 1);
     assert_eq!(store.contains(&[BlockHash(12345)]).unwrap(), 0);
-    let _ = Geometry::llama3_8b();
 }

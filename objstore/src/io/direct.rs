@@ -55,7 +55,8 @@ impl DirectIo {
     }
 
     fn run(&mut self, cmds: &[Cmd], dir: Direction) -> Result<LayerOutcome> {
-        let mut out = LayerOutcome { commands: cmds.len() as u64, ..Default::default() };
+        let mut out =
+            LayerOutcome { commands: cmds.len() as u64, host_built: cmds.len() as u64, ..Default::default() };
         for l in &mut self.lanes {
             l.todo.clear();
             l.next = 0;
@@ -90,6 +91,7 @@ impl DirectIo {
                         Ok(cid) => {
                             lane.inflight.insert(cid, idx);
                             outstanding += 1;
+                            out.host_calls += 1;
                             submitted = true;
                         }
                         Err(e) => {
@@ -178,19 +180,35 @@ impl LayerIo for DirectIo {
         "direct"
     }
 
+    fn mode(&self) -> String {
+        format!(
+            "CPU-driven: the host builds, submits and reaps every command ({} queue pairs)",
+            self.lanes.len()
+        )
+    }
+
+    fn progress(&mut self) -> Result<()> {
+        Ok(())
+    }
+
     fn attach(&mut self, reg: &Arc<Registration>, map: &StripeMap) -> Result<()> {
         self.attached = Some((reg.clone(), map.clone()));
         Ok(())
     }
 
-    fn submit(&mut self, layer: u32, pairs: &[Pair], dir: Direction) -> Result<u64> {
+    fn detach(&mut self) -> Result<()> {
+        self.attached = None;
+        Ok(())
+    }
+
+    fn submit(&mut self, layer: u32, pairs: &[Pair], dir: Direction) -> Result<Option<u64>> {
         let (reg, map) = self.attached.clone().ok_or(ObjError::NotRegistered)?;
         let cmds = layer_commands(&map, &reg, layer, pairs);
         let outcome = self.run(&cmds, dir)?;
         let token = self.next_token;
         self.next_token += 1;
         self.done.insert(token, outcome);
-        Ok(token)
+        Ok(Some(token))
     }
 
     fn poll(&mut self, token: u64) -> Result<Option<LayerOutcome>> {

@@ -14,7 +14,7 @@
 //! the same stripe arithmetic, so they move identical bytes.
 
 pub mod direct;
-// pub mod gio; (TEMP: gio_uring's API has not landed)
+pub mod gio;
 
 use crate::error::Result;
 use crate::index::FileId;
@@ -48,19 +48,31 @@ pub struct LayerOutcome {
     pub failed: Vec<(u32, String)>,
     /// NVMe commands the layer took.
     pub commands: u64,
-    /// Calls the host made to get the layer moving (submissions and doorbells
-    /// it issued itself; for gio_uring, IOCBs handed to the executor).
+    /// Calls the host made into the I/O path to move the layer: one per
+    /// command submitted and doorbell rung on the direct path; one per
+    /// `submit_layer` or per filled IOCB and `issue` on gio_uring.
     pub host_calls: u64,
+    /// Commands (NVMe entries or IOCTXs) whose fields the host wrote itself;
+    /// 0 when the executor expands them from the tables.
+    pub host_built: u64,
 }
 
 /// An I/O path for layer transfers. Implementations are used under the
 /// store's I/O lock, one call at a time.
 pub(crate) trait LayerIo: Send {
     fn name(&self) -> &'static str;
+    /// How layers are moved, for reports.
+    fn mode(&self) -> String;
     /// Makes a registration's tables available to the executor.
     fn attach(&mut self, reg: &Arc<Registration>, map: &StripeMap) -> Result<()>;
-    /// Starts layer `layer` for every pair; returns a token for [`poll`](Self::poll).
-    fn submit(&mut self, layer: u32, pairs: &[Pair], dir: Direction) -> Result<u64>;
+    /// Forgets the registration (its memory is about to be unmapped).
+    fn detach(&mut self) -> Result<()>;
+    /// Starts layer `layer` for every pair; returns a token for
+    /// [`poll`](Self::poll), or `None` when the path is full for now (retry
+    /// after earlier transfers finish).
+    fn submit(&mut self, layer: u32, pairs: &[Pair], dir: Direction) -> Result<Option<u64>>;
+    /// Collects whatever has finished, so capacity frees up.
+    fn progress(&mut self) -> Result<()>;
     /// The outcome once the transfer has finished, `None` while it runs.
     fn poll(&mut self, token: u64) -> Result<Option<LayerOutcome>>;
     /// Waits until the transfer finishes or `deadline` passes (`None`).

@@ -41,6 +41,7 @@ pub(crate) struct Job {
     first_error: Option<String>,
     commands: u64,
     host_calls: u64,
+    host_built: u64,
     cancelled: bool,
     /// Files holding an I/O reference until the job finishes.
     io_files: Vec<FileId>,
@@ -69,7 +70,10 @@ pub struct JobStatus {
     pub failed: u32,
     pub first_error: Option<String>,
     pub commands: u64,
+    /// Calls the host made into the I/O path (see `LayerOutcome::host_calls`).
     pub host_calls: u64,
+    /// Commands whose fields the host wrote itself (0 when the executor expands them).
+    pub host_built: u64,
 }
 
 impl JobStatus {
@@ -110,6 +114,7 @@ impl Job {
             first_error: None,
             commands: 0,
             host_calls: 0,
+            host_built: 0,
             cancelled: false,
             io_files: Vec::new(),
             session: None,
@@ -154,6 +159,7 @@ impl Job {
             first_error: self.first_error.clone(),
             commands: self.commands,
             host_calls: self.host_calls,
+            host_built: self.host_built,
         }
     }
 
@@ -161,6 +167,7 @@ impl Job {
         self.state[i] = LayerState::Done;
         self.commands += outcome.commands;
         self.host_calls += outcome.host_calls;
+        self.host_built += outcome.host_built;
         let layer = self.layers.start + i as u32;
         let mut bad = Vec::with_capacity(outcome.failed.len());
         for (p, why) in &outcome.failed {
@@ -232,7 +239,9 @@ impl KvStore {
                 }
                 let layer = job.layers.start + i as u32;
                 match io.submit(layer, &job.pairs, job.dir) {
-                    Ok(token) => job.state[i] = LayerState::Running(token),
+                    Ok(Some(token)) => job.state[i] = LayerState::Running(token),
+                    // The I/O path is full: try again once something finishes.
+                    Ok(None) => break,
                     Err(e) => {
                         let why = e.to_string();
                         let all: Vec<(u32, String)> =
@@ -246,15 +255,25 @@ impl KvStore {
                 break;
             }
             let Some((deadline, target)) = wait else { break };
-            let pick = match target {
+            let running = match target {
                 Some(i) if job.state[i] == LayerState::Done => break,
-                Some(i) => i,
-                None => match job.state.iter().position(|s| matches!(s, LayerState::Running(_))) {
-                    Some(i) => i,
-                    None => continue,
-                },
+                Some(i) => Some(i).filter(|&i| matches!(job.state[i], LayerState::Running(_))),
+                None => job.state.iter().position(|s| matches!(s, LayerState::Running(_))),
             };
-            let LayerState::Running(token) = job.state[pick] else { continue };
+            let Some(pick) = running.and_then(|i| match job.state[i] {
+                LayerState::Running(t) => Some((i, t)),
+                _ => None,
+            }) else {
+                // Nothing of ours in flight (the path was full): let others finish, then retry.
+                if Instant::now() >= deadline {
+                    break;
+                }
+                io.progress()?;
+                drop(io);
+                std::thread::sleep(Duration::from_micros(100));
+                continue;
+            };
+            let (pick, token) = pick;
             match io.wait(token, deadline)? {
                 Some(outcome) => {
                     self.account(job, &outcome, obj);
@@ -287,6 +306,7 @@ impl KvStore {
         c.layers.fetch_add(1, Ordering::Relaxed);
         c.commands.fetch_add(outcome.commands, Ordering::Relaxed);
         c.host_calls.fetch_add(outcome.host_calls, Ordering::Relaxed);
+        c.host_built.fetch_add(outcome.host_built, Ordering::Relaxed);
         c.failed_blocks.fetch_add(outcome.failed.len() as u64, Ordering::Relaxed);
         match job.dir {
             Direction::Load => c.bytes_loaded.fetch_add(ok, Ordering::Relaxed),

@@ -20,7 +20,7 @@
 mod jobs;
 mod session;
 
-pub use jobs::{JobId, JobStatus};
+pub use jobs::{JobId, JobStatus, LAYERS_IN_FLIGHT};
 pub use session::{StoreId, StoreReport};
 
 use crate::drives::{Drive, DriveSpec};
@@ -43,6 +43,8 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 /// Which I/O path moves KV objects.
 #[derive(Clone, Debug)]
 pub enum Backend {
+    /// gio_uring with its host executor (the main path).
+    Gio(crate::io::gio::GioConfig),
     /// The CPU-driven baseline: the host submits every command.
     Direct { queue_depth: u32 },
 }
@@ -56,7 +58,7 @@ pub struct StoreOptions {
 
 impl StoreOptions {
     pub fn new(pool: PoolOptions) -> Self {
-        StoreOptions { pool, backend: Backend::Direct { queue_depth: 256 } }
+        StoreOptions { pool, backend: Backend::Gio(Default::default()) }
     }
 }
 
@@ -102,6 +104,8 @@ pub struct PoolInfo {
     pub chunks: u32,
     pub slots_per_file: u32,
     pub backend: String,
+    /// How layers are moved (e.g. whether the executor expands them).
+    pub io_mode: String,
     pub replay: Vec<ReplayStats>,
 }
 
@@ -116,6 +120,7 @@ pub struct StoreStats {
     pub layers: u64,
     pub commands: u64,
     pub host_calls: u64,
+    pub host_built: u64,
     pub bytes_loaded: u64,
     pub bytes_stored: u64,
     pub failed_blocks: u64,
@@ -132,6 +137,7 @@ struct Counters {
     layers: AtomicU64,
     commands: AtomicU64,
     host_calls: AtomicU64,
+    host_built: AtomicU64,
     bytes_loaded: AtomicU64,
     bytes_stored: AtomicU64,
     failed_blocks: AtomicU64,
@@ -179,6 +185,7 @@ impl KvStore {
         let pool = Pool::open(drives, &opts.pool)?;
         let io: Box<dyn LayerIo> = match &opts.backend {
             Backend::Direct { queue_depth } => Box::new(DirectIo::new(&specs, *queue_depth)?),
+            Backend::Gio(g) => Box::new(crate::io::gio::GioIo::new(&specs, g)?),
         };
         let records = pool.live_records();
         let mut index = Index::new(pool.map.files());
@@ -221,7 +228,8 @@ impl KvStore {
     }
 
     pub fn info(&self) -> PoolInfo {
-        let backend = self.io.lock().map(|io| io.name().to_string()).unwrap_or_default();
+        let (backend, io_mode) =
+            self.io.lock().map(|io| (io.name().to_string(), io.mode())).unwrap_or_default();
         PoolInfo {
             pool: self.name.clone(),
             formatted_now: self.formatted,
@@ -247,6 +255,7 @@ impl KvStore {
             chunks: self.map.chunks(),
             slots_per_file: self.map.slots_per_file(),
             backend,
+            io_mode,
             replay: self.replay.clone(),
         }
     }
@@ -323,6 +332,7 @@ impl KvStore {
     /// Drops the registration (and its DMA mappings).
     pub fn unregister(&self) -> Result<()> {
         self.ensure_idle()?;
+        lock(&self.io, "io")?.detach()?;
         *self.reg.write().map_err(|_| ObjError::Poisoned("registration"))? = None;
         Ok(())
     }
@@ -406,6 +416,7 @@ impl KvStore {
             layers: get(&c.layers),
             commands: get(&c.commands),
             host_calls: get(&c.host_calls),
+            host_built: get(&c.host_built),
             bytes_loaded: get(&c.bytes_loaded),
             bytes_stored: get(&c.bytes_stored),
             failed_blocks: get(&c.failed_blocks),

@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 use tutti_driver::controller::{Controller, ControllerOptions};
-use tutti_driver::emulated::{EmulatedConfig, EmulatedController, MediaConfig, NamespaceConfig};
+use tutti_driver::emulated::{CostModel, EmulatedConfig, EmulatedController, MediaConfig, NamespaceConfig};
 use tutti_objstore::{
-    Backend, DriveSpec, Dtype, Geometry, HostKvMemory, KvLayout, KvStore, LayoutKind, OpenMode, PoolOptions,
-    StoreOptions,
+    Backend, DriveSpec, Dtype, Geometry, GioConfig, HostKvMemory, KvLayout, KvStore, LayoutKind, OpenMode,
+    PoolOptions, StoreOptions,
 };
 
 pub const WAIT: Duration = Duration::from_secs(30);
@@ -20,11 +20,12 @@ pub struct DriveCfg {
     /// Identify MDTS (maximum transfer 2^mdts × 4 KiB; 0 = no limit).
     pub mdts: u8,
     pub media: MediaConfig,
+    pub cost: CostModel,
 }
 
 impl DriveCfg {
     pub fn ram(lba_size: u32, bytes: u64) -> Self {
-        DriveCfg { lba_size, bytes, mdts: 5, media: MediaConfig::Ram }
+        DriveCfg { lba_size, bytes, mdts: 5, media: MediaConfig::Ram, cost: CostModel::default() }
     }
 }
 
@@ -45,6 +46,7 @@ impl Drives {
                     namespaces: vec![NamespaceConfig::with_bytes(c.bytes, c.lba_size)],
                     mdts: c.mdts,
                     media: c.media.clone(),
+                    cost: c.cost.clone(),
                     ..EmulatedConfig::default()
                 })
                 .expect("emulated controller starts")
@@ -85,7 +87,19 @@ pub fn geometry(layers: u32, head_dim: u32) -> Geometry {
     Geometry { layers, kv_heads: 2, head_dim, tokens_per_block: 16, dtype: Dtype::Bf16 }
 }
 
+/// The main path (gio_uring, host executor), with short timeouts for tests.
 pub fn options(g: Geometry, mode: OpenMode) -> StoreOptions {
+    let mut gio = GioConfig::default();
+    gio.ring.command_timeout = Duration::from_secs(2);
+    gio.ring.submit_timeout = Duration::from_secs(5);
+    // One block of 32 lanes: plenty for test sizes, and few threads per store.
+    gio.host.blocks = 1;
+    gio.sm_budget = 1;
+    StoreOptions { pool: PoolOptions::new(g, mode), backend: Backend::Gio(gio) }
+}
+
+/// The CPU-driven baseline.
+pub fn direct_options(g: Geometry, mode: OpenMode) -> StoreOptions {
     StoreOptions { pool: PoolOptions::new(g, mode), backend: Backend::Direct { queue_depth: 64 } }
 }
 

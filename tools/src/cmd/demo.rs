@@ -1,79 +1,524 @@
-//! `tutti demo` (first form): two emulated drives, random data round-tripped
-//! through PRP and SGL on several queue pairs, every byte verified.
+//! `tutti demo`: the main job. A pool of drives (4 emulated by default, or
+//! VFIO-bound drives with `--drives`), KV memory registered with a model's
+//! geometry (Llama-3-8B by default), the KV of one long request stored layer
+//! by layer, looked up by its chained hashes and retrieved layer by layer into
+//! other engine slots, every byte verified; then the pool is reopened and the
+//! cached prefix found and verified again.
 
 use crate::emu::EmulatedArgs;
 use crate::report::{byte_bar, bytes, print_json};
-use tutti_driver::command::DataMode;
+use anyhow::{bail, Context};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tutti_driver::controller::{Controller, ControllerOptions};
 use tutti_driver::emulated::EmulatedController;
-use tutti_driver::selftest::{round_trip, SelftestOptions, SelftestReport};
+use tutti_driver::pci::Bdf;
+use tutti_driver::transport::vfio::{IommuMode, VfioDevice, VfioOptions};
+use tutti_objstore::{
+    chain_hashes, Backend, DriveSpec, Dtype, Geometry, GioConfig, HostKvMemory, KvLayout, KvStore,
+    LayoutKind, OpenMode, PoolInfo, PoolOptions, StoreOptions, TableSizes,
+};
+
+const WAIT: Duration = Duration::from_secs(120);
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum LayoutFlag {
+    /// vLLM: one `[2, num_blocks, block_size, kv_heads, head_dim]` tensor per layer.
+    Vllm,
+    /// One `[num_blocks, layers, 2, block_size, kv_heads, head_dim]` region.
+    Contiguous,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendFlag {
+    /// gio_uring: the executor issues the commands (host executor here).
+    Gio,
+    /// The CPU-driven baseline: the host submits every command.
+    Direct,
+}
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Number of emulated drives.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
-    pub drives: u32,
-    /// I/O queue pairs per drive, each driven by its own thread.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=16))]
-    pub queue_pairs: u32,
-    /// Entries per I/O queue.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(2..=4096))]
-    pub queue_depth: u32,
-    /// Commands per queue pair and data mode.
-    #[arg(long, default_value_t = 512)]
-    pub commands: u32,
+    /// Number of emulated drives (ignored with --drives).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=32))]
+    pub emulated: u32,
+    /// PCI addresses of VFIO-bound drives to run on instead (comma separated).
+    /// Their contents are overwritten: the demo formats them as a new pool.
+    #[arg(long, value_delimiter = ',')]
+    pub drives: Vec<String>,
+    /// Use vfio's unsafe no-IOMMU mode (with --drives).
+    #[arg(long)]
+    pub noiommu: bool,
     #[command(flatten)]
     pub emu: EmulatedArgs,
+    /// Tokens of the request whose KV is stored and retrieved.
+    #[arg(long, default_value_t = 16384)]
+    pub tokens: u32,
+    #[arg(long, default_value_t = 32)]
+    pub layers: u32,
+    #[arg(long, default_value_t = 8)]
+    pub kv_heads: u32,
+    #[arg(long, default_value_t = 128)]
+    pub head_dim: u32,
+    /// Tokens per KV block (one GPU file per block).
+    #[arg(long, default_value_t = 16)]
+    pub block_tokens: u32,
+    /// f32, f16, bf16, fp8_e4m3, fp8_e5m2, i8.
+    #[arg(long, default_value = "bf16")]
+    pub dtype: String,
+    /// Model name, part of the cache identity.
+    #[arg(long, default_value = "llama-3-8b")]
+    pub model: String,
+    #[arg(long, value_enum, default_value_t = LayoutFlag::Vllm)]
+    pub layout: LayoutFlag,
+    #[arg(long, value_enum, default_value_t = BackendFlag::Gio)]
+    pub backend: BackendFlag,
+    /// Open the pool already on the drives (e.g. from an earlier run with --dir)
+    /// instead of formatting them; a stored prefix is then found before storing.
+    #[arg(long)]
+    pub reuse: bool,
+    /// Skip reopening the pool at the end.
+    #[arg(long)]
+    pub no_reopen: bool,
+    /// Seed of the token ids and KV contents.
+    #[arg(long, default_value_t = 0x7u64)]
+    pub seed: u64,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
 }
 
+#[derive(serde::Serialize, Default)]
+struct Phase {
+    bytes: u64,
+    seconds: f64,
+    gib_per_sec: f64,
+    blocks: u32,
+    failed_blocks: u32,
+    nvme_commands: u64,
+    commands_per_layer: f64,
+    /// Calls the host made into the I/O path per layer.
+    host_calls_per_layer: f64,
+    /// Commands per layer whose fields the host wrote (0: the executor built them).
+    host_built_per_layer: f64,
+    verified_bytes: u64,
+}
+
 #[derive(serde::Serialize)]
-struct DemoReport {
-    drives: Vec<SelftestReport>,
-    total_bytes_verified: u64,
+struct Reopen {
+    hits: usize,
+    verified_bytes: u64,
+    journal_records: u64,
+    controllers_restarted: bool,
+}
+
+#[derive(serde::Serialize)]
+struct Report {
+    media: String,
+    pool: PoolInfo,
+    request_tokens: u32,
+    request_blocks: u32,
+    request_bytes: u64,
+    layout: String,
+    tables: TableSizes,
+    hits_before_store: usize,
+    store: Phase,
+    retrieve: Phase,
+    reopen: Option<Reopen>,
+}
+
+/// The drives the demo runs on. Emulated controllers live as long as this
+/// value, so RAM media survives the store being closed and reopened.
+enum Rig {
+    Emulated { emus: Vec<EmulatedController>, args: EmulatedArgs },
+    Vfio { devices: Vec<VfioDevice> },
+}
+
+impl Rig {
+    fn start(args: &Args, per_drive: u64) -> anyhow::Result<Rig> {
+        if !args.drives.is_empty() {
+            let opts = VfioOptions {
+                mode: if args.noiommu { IommuMode::NoIommu } else { IommuMode::Type1 },
+                ..VfioOptions::default()
+            };
+            let devices = args
+                .drives
+                .iter()
+                .map(|s| {
+                    let bdf: Bdf = s.parse()?;
+                    VfioDevice::open(&bdf, &opts).with_context(|| format!("opening {bdf} through VFIO"))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            return Ok(Rig::Vfio { devices });
+        }
+        let mut emu = args.emu.clone();
+        emu.capacity_mib = emu.capacity_mib.max(per_drive.div_ceil(1 << 20));
+        let emus = (0..args.emulated as usize)
+            .map(|i| Ok(EmulatedController::start(emu.config(i)?)?))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Rig::Emulated { emus, args: emu })
+    }
+
+    /// Brings every controller up and returns the pool's drives in order.
+    fn specs(&self) -> anyhow::Result<Vec<DriveSpec>> {
+        let ctrls = match self {
+            Rig::Emulated { emus, .. } => {
+                emus.iter().map(super::identify::bring_up).collect::<anyhow::Result<Vec<_>>>()?
+            }
+            Rig::Vfio { devices } => devices
+                .iter()
+                .map(|d| Ok(Controller::new(d.registers(), d.dma_space(), ControllerOptions::default())?))
+                .collect::<anyhow::Result<Vec<_>>>()?,
+        };
+        ctrls.into_iter().map(|c| Ok(DriveSpec::first_namespace(c)?)).collect()
+    }
+
+    /// File-backed emulated drives are stopped and started again from their
+    /// files, as after a process restart; RAM media and real drives stay.
+    fn restart(self) -> anyhow::Result<(Rig, bool)> {
+        match self {
+            Rig::Emulated { emus, args } if args.dir.is_some() => {
+                let cfgs: Vec<_> = emus.iter().map(|e| e.config().clone()).collect();
+                drop(emus);
+                let emus = cfgs.into_iter().map(EmulatedController::start).collect::<Result<Vec<_>, _>>()?;
+                Ok((Rig::Emulated { emus, args }, true))
+            }
+            rig => Ok((rig, false)),
+        }
+    }
+
+    fn media(&self) -> &'static str {
+        match self {
+            Rig::Emulated { args, .. } if args.dir.is_some() => "emulated (file media)",
+            Rig::Emulated { .. } => "emulated (RAM media)",
+            Rig::Vfio { .. } => "VFIO",
+        }
+    }
+}
+
+fn geometry(args: &Args) -> anyhow::Result<Geometry> {
+    let g = Geometry {
+        layers: args.layers,
+        kv_heads: args.kv_heads,
+        head_dim: args.head_dim,
+        tokens_per_block: args.block_tokens,
+        dtype: args.dtype.parse::<Dtype>()?,
+    };
+    g.validate()?;
+    Ok(g)
+}
+
+/// Deterministic contents of object (chunk, layer, kv).
+fn pattern(seed: u64, chunk: u32, layer: u32, kv: u32, out: &mut [u8]) {
+    let mut x =
+        seed ^ (chunk as u64) << 20 ^ (layer as u64) << 44 ^ (kv as u64) << 62 ^ 0x9e37_79b9_7f4a_7c15;
+    for w in out.chunks_mut(8) {
+        // xorshift64*: fast enough to write gigabytes, and no two objects alike.
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        let v = x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes();
+        w.copy_from_slice(&v[..w.len()]);
+    }
+}
+
+/// Runs `f(block)` for every block on two threads.
+fn for_blocks(n: u32, f: impl Fn(u32) -> anyhow::Result<()> + Sync) -> anyhow::Result<()> {
+    std::thread::scope(|s| {
+        let f = &f;
+        let halves = [(0, n / 2), (n / 2, n)];
+        let handles: Vec<_> = halves.iter().map(|&(a, b)| s.spawn(move || (a..b).try_for_each(f))).collect();
+        handles.into_iter().try_for_each(|h| h.join().map_err(|_| anyhow::anyhow!("a worker panicked"))?)
+    })
+}
+
+struct Kv {
+    mem: Arc<HostKvMemory>,
+    layout: KvLayout,
+    g: Geometry,
+}
+
+impl Kv {
+    fn new(g: Geometry, kind: LayoutFlag, blocks: u32) -> anyhow::Result<Kv> {
+        let (kind, per) = match kind {
+            LayoutFlag::Vllm => {
+                (LayoutKind::VllmPerLayer, KvLayout::bytes_needed(LayoutKind::VllmPerLayer, &g, blocks))
+            }
+            LayoutFlag::Contiguous => {
+                (LayoutKind::Contiguous, KvLayout::bytes_needed(LayoutKind::Contiguous, &g, blocks))
+            }
+        };
+        let total = if kind == LayoutKind::VllmPerLayer { per * g.layers as u64 } else { per };
+        let mem = Arc::new(HostKvMemory::new(total as usize)?);
+        let layout = match kind {
+            LayoutKind::VllmPerLayer => {
+                let bases: Vec<u64> = (0..g.layers as u64).map(|l| mem.addr() + l * per).collect();
+                KvLayout::vllm_per_layer(g, blocks, &bases)?
+            }
+            _ => KvLayout::contiguous(g, blocks, mem.addr())?,
+        };
+        Ok(Kv { mem, layout, g })
+    }
+
+    fn offset(&self, block: u32, layer: u32, kv: u32) -> usize {
+        (self.layout.object_addr(block, layer, kv) - self.mem.addr()) as usize
+    }
+
+    /// Writes chunk `chunk`'s KV into engine block `block`.
+    fn fill(&self, seed: u64, chunk: u32, block: u32) -> anyhow::Result<()> {
+        let mut buf = vec![0u8; self.g.object_bytes() as usize];
+        for layer in 0..self.g.layers {
+            for kv in 0..2 {
+                pattern(seed, chunk, layer, kv, &mut buf);
+                self.mem.copy_in(self.offset(block, layer, kv), &buf)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks that engine block `block` holds chunk `chunk`'s KV.
+    fn verify(&self, seed: u64, chunk: u32, block: u32) -> anyhow::Result<()> {
+        let n = self.g.object_bytes() as usize;
+        let (mut want, mut got) = (vec![0u8; n], vec![0u8; n]);
+        for layer in 0..self.g.layers {
+            for kv in 0..2 {
+                pattern(seed, chunk, layer, kv, &mut want);
+                self.mem.copy_out(self.offset(block, layer, kv), &mut got)?;
+                if want != got {
+                    let at = want.iter().zip(&got).position(|(a, b)| a != b).unwrap_or(0);
+                    bail!(
+                        "chunk {chunk} in block {block}, layer {layer} {}: byte {at} differs",
+                        ["K", "V"][kv as usize]
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Engine slot of chunk `i` on retrieval: rotated by half, so every chunk
+/// lands in a different slot from the one it was stored from.
+fn slot(i: u32, n: u32) -> u32 {
+    (i + n / 2 + (n % 2)) % n.max(1)
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let opts = SelftestOptions {
-        queue_pairs: args.queue_pairs,
-        queue_depth: args.queue_depth,
-        commands_per_queue: args.commands,
-        modes: vec![DataMode::Prp, DataMode::Sgl],
-        ..SelftestOptions::default()
-    };
-    let mut reports = Vec::new();
-    for i in 0..args.drives as usize {
-        let mut cfg = args.emu.config(i)?;
-        cfg.max_io_queue_pairs = cfg.max_io_queue_pairs.max(args.queue_pairs as u16);
-        let emu = EmulatedController::start(cfg)?;
-        let ctrl = super::identify::bring_up(&emu)?;
-        let mut opts = opts.clone();
-        if !ctrl.info().sgl.available() {
-            opts.modes = vec![DataMode::Prp];
-        }
-        let bar = byte_bar(0, ctrl.name(), args.json);
-        let rep = round_trip(&ctrl, &opts, &|n| {
-            bar.set_length(bar.length().unwrap_or(0).max(n));
-            bar.set_position(n);
-        })?;
-        bar.finish_and_clear();
-        reports.push(rep);
+    let g = geometry(args)?;
+    if args.tokens < g.tokens_per_block {
+        bail!("--tokens {} is less than one block of {} tokens", args.tokens, g.tokens_per_block);
     }
-    let total = reports.iter().flat_map(|r| &r.modes).map(|m| m.bytes_verified).sum();
-    let report = DemoReport { drives: reports, total_bytes_verified: total };
+    let blocks = args.tokens / g.tokens_per_block;
+    let request_bytes = blocks as u64 * g.file_bytes();
+    // Each emulated drive holds its share of the request, plus room for metadata.
+    let per_drive = request_bytes.div_ceil(args.emulated as u64) + request_bytes / 8 + (64 << 20);
+    let rig = Rig::start(args, per_drive)?;
+    let backend = match args.backend {
+        BackendFlag::Gio => Backend::Gio(GioConfig::default()),
+        BackendFlag::Direct => Backend::Direct { queue_depth: 256 },
+    };
+    let mode = if args.reuse { OpenMode::OpenOrCreate } else { OpenMode::Create };
+    let opts = StoreOptions { pool: PoolOptions::new(g, mode), backend };
+    let store = KvStore::open(rig.specs()?, opts.clone()).context("opening the pool")?;
+    if store.stripe_map().files() < blocks {
+        bail!(
+            "the pool holds {} blocks; the request needs {blocks} (raise --capacity-mib)",
+            store.stripe_map().files()
+        );
+    }
+    let kv = Kv::new(g, args.layout, blocks)?;
+    let tables = store.register_host(kv.mem.clone(), kv.layout.clone(), &args.model, b"")?;
+    let tokens: Vec<u32> = {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
+        (0..args.tokens).map(|_| rng.gen_range(0..128_256)).collect()
+    };
+    let hashes = chain_hashes(&tokens, g.tokens_per_block);
+    let hits_before_store = store.contains(&hashes)?;
+
+    // Prefill: the engine's KV is computed into blocks 0..n and stored layer by layer.
+    for_blocks(blocks, |b| kv.fill(args.seed, b, b))?;
+    let src: Vec<u32> = (0..blocks).collect();
+    let bar = byte_bar(request_bytes, "store", args.json);
+    let layer_bytes = blocks as u64 * 2 * g.object_bytes();
+    let t = Instant::now();
+    let session = store.begin_store(&hashes, &src)?;
+    let jobs = (0..g.layers).map(|l| store.submit_store(session, l..l + 1)).collect::<Result<Vec<_>, _>>()?;
+    let mut store_phase = Phase { blocks, ..Default::default() };
+    for job in jobs {
+        let st = store.wait(job, WAIT)?;
+        if !st.done {
+            bail!("storing a layer did not finish within {WAIT:?}");
+        }
+        store.release(job)?;
+        store_phase.nvme_commands += st.commands;
+        store_phase.host_calls_per_layer += st.host_calls as f64;
+        store_phase.host_built_per_layer += st.host_built as f64;
+        bar.inc(layer_bytes);
+    }
+    let rep = store.commit_store(session)?;
+    store_phase.seconds = t.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    if let Some((i, why)) = rep.failed.first() {
+        bail!("{} of {blocks} blocks were not stored; block {i}: {why}", rep.failed.len());
+    }
+    store_phase.bytes = (rep.stored as u64) * g.file_bytes();
+    finish_phase(&mut store_phase, g.layers);
+
+    // Decode of a new request with the same prompt: its prefix is found and
+    // loaded into other slots, each layer waited for before its attention.
+    kv.mem.fill(0, kv.mem.len(), 0)?;
+    let loaded = retrieve(&store, &kv, &hashes, args, "retrieve")?;
+    if loaded.hits as u32 != blocks {
+        bail!("only {} of {blocks} blocks were found after storing them", loaded.hits);
+    }
+
+    let pool = store.info();
+    let mut report = Report {
+        media: rig.media().to_string(),
+        pool,
+        request_tokens: args.tokens,
+        request_blocks: blocks,
+        request_bytes,
+        layout: kv.layout.kind().name().to_string(),
+        tables,
+        hits_before_store,
+        store: store_phase,
+        retrieve: loaded.phase,
+        reopen: None,
+    };
+
+    if !args.no_reopen {
+        drop(store);
+        let (rig, restarted) = rig.restart()?;
+        let reopts = StoreOptions { pool: PoolOptions::new(g, OpenMode::Open), ..opts };
+        let store = KvStore::open(rig.specs()?, reopts).context("reopening the pool")?;
+        store.register_host(kv.mem.clone(), kv.layout.clone(), &args.model, b"")?;
+        kv.mem.fill(0, kv.mem.len(), 0)?;
+        let again = retrieve(&store, &kv, &hashes, args, "reopen")?;
+        if again.hits as u32 != blocks {
+            bail!("after reopening, {} of {blocks} blocks were found", again.hits);
+        }
+        report.reopen = Some(Reopen {
+            hits: again.hits,
+            verified_bytes: again.phase.verified_bytes,
+            journal_records: store.info().replay.iter().map(|r| r.records).sum(),
+            controllers_restarted: restarted,
+        });
+    }
     if args.json {
         return print_json(&report);
     }
-    for r in &report.drives {
-        println!(
-            "{}: {} queue pairs × depth {}, {}-byte LBAs, {} queue wraps, {} ms",
-            r.device, r.queue_pairs, r.queue_depth, r.lba_size, r.queue_wraps, r.elapsed_ms
-        );
-        for m in &r.modes {
-            println!("  {:<4} {:>7} commands  {:>10} written, {:>10} verified", m.mode, m.commands, bytes(m.bytes_written), bytes(m.bytes_verified));
-        }
-    }
-    println!("verified {} byte for byte", bytes(total));
+    print(&report);
     Ok(())
+}
+
+struct Retrieved {
+    hits: usize,
+    phase: Phase,
+}
+
+/// Looks the request up, loads the hit prefix into rotated slots layer by
+/// layer, and verifies every byte.
+fn retrieve(
+    store: &KvStore,
+    kv: &Kv,
+    hashes: &[tutti_objstore::BlockHash],
+    args: &Args,
+    what: &str,
+) -> anyhow::Result<Retrieved> {
+    let g = kv.g;
+    let hit = store.lookup(hashes)?;
+    let n = hit.hits() as u32;
+    let mut phase = Phase { blocks: n, ..Default::default() };
+    if n == 0 {
+        store.unpin(hit.pin)?;
+        return Ok(Retrieved { hits: 0, phase });
+    }
+    let dst: Vec<u32> = (0..n).map(|i| slot(i, n)).collect();
+    let bar = byte_bar(n as u64 * g.file_bytes(), what, args.json);
+    let t = Instant::now();
+    let job = store.submit_load(&hit.files, &dst, 0..g.layers)?;
+    for layer in 0..g.layers {
+        let st = store.wait_layer(job, layer, WAIT)?;
+        if !st.layer_is_done(layer) {
+            bail!("layer {layer} did not load within {WAIT:?}");
+        }
+        bar.inc(n as u64 * 2 * g.object_bytes());
+    }
+    let st = store.release(job)?;
+    phase.seconds = t.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    store.unpin(hit.pin)?;
+    if st.failed > 0 {
+        bail!("{} blocks failed to load: {}", st.failed, st.first_error.unwrap_or_default());
+    }
+    phase.bytes = n as u64 * g.file_bytes();
+    phase.nvme_commands = st.commands;
+    phase.host_calls_per_layer = st.host_calls as f64;
+    phase.host_built_per_layer = st.host_built as f64;
+    finish_phase(&mut phase, g.layers);
+    for_blocks(n, |i| kv.verify(args.seed, i, dst[i as usize]))?;
+    phase.verified_bytes = phase.bytes;
+    Ok(Retrieved { hits: n as usize, phase })
+}
+
+fn finish_phase(p: &mut Phase, layers: u32) {
+    p.gib_per_sec = p.bytes as f64 / p.seconds.max(1e-9) / (1u64 << 30) as f64;
+    p.commands_per_layer = p.nvme_commands as f64 / layers as f64;
+    p.host_calls_per_layer /= layers as f64;
+    p.host_built_per_layer /= layers as f64;
+}
+
+fn print(r: &Report) {
+    let p = &r.pool;
+    let g = &p.geometry;
+    println!(
+        "pool {} on {} drives ({}): {} files of {} ({} objects of {}, {} command(s) each)",
+        p.pool,
+        p.drives.len(),
+        r.media,
+        p.files,
+        bytes(p.file_bytes),
+        2 * g.layers,
+        bytes(p.object_bytes),
+        p.chunks
+    );
+    for d in &p.drives {
+        println!(
+            "  {:<14} {:>5}-byte LBAs, {:>10}, max transfer {}",
+            d.device,
+            d.lba_size,
+            bytes(d.blocks * d.lba_size as u64),
+            bytes(d.max_transfer)
+        );
+    }
+    println!("KV: {g}, {} layout", r.layout);
+    println!("I/O: {}", p.io_mode);
+    println!(
+        "request: {} tokens = {} blocks = {} of KV ({} already cached)",
+        r.request_tokens,
+        r.request_blocks,
+        bytes(r.request_bytes),
+        r.hits_before_store
+    );
+    let t = &r.tables;
+    println!("P2P table: {} SGL descriptors in {} table(s) = {}; PRP lists for the same commands: {} of entries, {} as 4-KiB list pages",
+        t.descriptors, t.tables, bytes(t.sgl_bytes), bytes(t.prp_entry_bytes), bytes(t.prp_page_bytes));
+    for (name, ph) in [("store", &r.store), ("retrieve", &r.retrieve)] {
+        println!("{name:<9} {:>10} in {:.2} s = {:.2} GiB/s; per layer {:.0} commands, {:.1} host calls, {:.0} built by the host{}",
+            bytes(ph.bytes), ph.seconds, ph.gib_per_sec, ph.commands_per_layer, ph.host_calls_per_layer, ph.host_built_per_layer,
+            if ph.verified_bytes > 0 { format!("; {} verified", bytes(ph.verified_bytes)) } else { String::new() });
+    }
+    if let Some(o) = &r.reopen {
+        println!(
+            "reopen    {} of {} blocks found from {} journal records{}; {} verified",
+            o.hits,
+            r.request_blocks,
+            o.journal_records,
+            if o.controllers_restarted { " (controllers restarted from their files)" } else { "" },
+            bytes(o.verified_bytes)
+        );
+    }
+    println!("every byte verified");
 }

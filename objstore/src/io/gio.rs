@@ -1,0 +1,399 @@
+//! The main path: layers moved through gio_uring.
+//!
+//! Two ways to hand a layer to the executor, chosen once at registration:
+//!
+//! - **Layer IOCBs** (`submit_layer`): the host copies the (file, block)
+//!   pairs and the executor expands each into `2 × chunks` NVMe commands from
+//!   a registered layer table — the stripe arithmetic plus one SGL
+//!   descriptor read per command. Used when every drive sees the KV memory at
+//!   the same IOVAs (one table) and all drives share one LBA size, which is
+//!   what gio_uring's layer table describes.
+//! - **Explicit IOCBs**: otherwise (drives behind separate IOMMUs, e.g. one
+//!   emulated controller each, or mixed LBA sizes) the host fills one IOCTX
+//!   per command with the LBA and the SGL descriptor copied from the drive's
+//!   own table. Still one `issue` per IOCB; the host writes the 64-byte
+//!   IOCTXs instead of 8-byte pairs.
+//!
+//! Either way the executor builds the NVMe commands, rings the doorbells and
+//! reaps completions; a finished IOCB reports every failed IOCTX, which maps
+//! back to its pair.
+
+use super::{layer_commands, Direction, LayerIo, LayerOutcome, Pair};
+use crate::error::{ObjError, Result};
+use crate::registration::Registration;
+use crate::stripe::StripeMap;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tutti_driver::command::DataPtr;
+use tutti_driver::controller::Controller;
+use tutti_gio_uring::{
+    ioctx, DataRef, DriveQueues, Executor, GioError, GioUring, HostExecutor, HostExecutorConfig, IocbId,
+    IocbResult, Kv, LayerGeometry, LayerTable, Op, PoolDrive, TableId, TableKind,
+};
+use tutti_kernels::abi::IOCB_MAX_IOCTX;
+
+/// How the gio_uring path is set up.
+#[derive(Clone, Debug)]
+pub struct GioConfig {
+    /// The ring: IOCB pool depth and executor timeouts.
+    pub ring: tutti_gio_uring::GioOptions,
+    /// The host executor (used when `executor` is `None`).
+    pub host: HostExecutorConfig,
+    /// Raw queue pairs the executor drives on each drive.
+    pub queues_per_drive: u32,
+    pub queue_depth: u32,
+    /// SMs (host: lane blocks) an IOCB may use.
+    pub sm_budget: u32,
+    /// Force explicit IOCBs even when layer IOCBs are possible (for comparisons).
+    pub force_explicit: bool,
+}
+
+impl Default for GioConfig {
+    fn default() -> Self {
+        GioConfig {
+            ring: tutti_gio_uring::GioOptions { depth: 128, ..Default::default() },
+            host: HostExecutorConfig::default(),
+            queues_per_drive: 2,
+            queue_depth: 256,
+            sm_budget: 3,
+            force_explicit: false,
+        }
+    }
+}
+
+enum Attached {
+    None,
+    Layer { table: TableId, per_iocb: usize },
+    Explicit { reg: Arc<Registration>, map: StripeMap },
+}
+
+/// One submitted layer: its IOCBs, and the first pair of each.
+struct Transfer {
+    iocbs: Vec<(IocbId, u32)>,
+    /// IOCTX → pair, for explicit IOCBs (layer IOCBs derive it arithmetically).
+    explicit: Option<Vec<Vec<u32>>>,
+    ioctx_per_pair: u32,
+    pairs: usize,
+    commands: u64,
+    host_calls: u64,
+    host_built: u64,
+}
+
+pub struct GioIo {
+    ring: GioUring,
+    cfg: GioConfig,
+    attached: Attached,
+    transfers: HashMap<u64, Transfer>,
+    /// Results collected but not yet claimed by their transfer.
+    results: HashMap<IocbId, IocbResult>,
+    next_token: u64,
+    mode: String,
+}
+
+fn gio(e: GioError) -> ObjError {
+    ObjError::Gio(e.to_string())
+}
+
+impl GioIo {
+    pub fn new(drives: &[(Arc<Controller>, u32)], cfg: &GioConfig) -> Result<Self> {
+        let exec: Arc<dyn Executor> = Arc::new(HostExecutor::new(cfg.host.clone()).map_err(gio)?);
+        Self::with_executor(drives, cfg, exec)
+    }
+
+    /// gio_uring over `drives` (pool order) run by `exec` (e.g. a `CudaExecutor`).
+    pub fn with_executor(
+        drives: &[(Arc<Controller>, u32)],
+        cfg: &GioConfig,
+        exec: Arc<dyn Executor>,
+    ) -> Result<Self> {
+        let queues = drives
+            .iter()
+            .map(|(ctrl, nsid)| {
+                let depth = cfg.queue_depth.clamp(2, ctrl.info().max_queue_entries);
+                DriveQueues::create(ctrl, *nsid, cfg.queues_per_drive.max(1), depth).map_err(gio)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let ring = GioUring::init_with(cfg.ring.clone(), queues, exec).map_err(gio)?;
+        Ok(GioIo {
+            ring,
+            cfg: cfg.clone(),
+            attached: Attached::None,
+            transfers: HashMap::new(),
+            results: HashMap::new(),
+            next_token: 1,
+            mode: "gio_uring (no KV memory registered)".into(),
+        })
+    }
+
+    /// Why layer IOCBs cannot serve this registration, if they cannot.
+    fn layer_obstacle(&self, reg: &Registration, map: &StripeMap) -> Option<String> {
+        if self.cfg.force_explicit {
+            return Some("explicit IOCBs requested".into());
+        }
+        if reg.tables.len() != 1 {
+            return Some(format!("the drives see the KV memory through {} IOMMU views", reg.tables.len()));
+        }
+        let lba = map.drive(0).lba_size;
+        if map.drives().iter().any(|d| d.lba_size != lba) {
+            return Some("the drives have different LBA sizes".into());
+        }
+        if self.ring.drives().iter().any(|d| !d.sgl.available()) {
+            return Some("a drive does not support SGLs".into());
+        }
+        None
+    }
+
+    fn build_table(reg: &Registration, map: &StripeMap) -> Result<LayerTable> {
+        let g = reg.layout.geometry();
+        let geometry = LayerGeometry {
+            layers: g.layers,
+            files: map.files(),
+            blocks: reg.layout.num_blocks(),
+            object_bytes: map.object_bytes(),
+            lba_size: map.drive(0).lba_size,
+            max_transfer: map.chunk_bytes(),
+            drives: (0..map.drive_count())
+                .map(|d| PoolDrive { drive: d, data_start_lba: map.drive(d).data_start_lba })
+                .collect(),
+        };
+        let mut table = LayerTable::new(geometry, TableKind::Sgl).map_err(gio)?;
+        if table.geometry().chunks() != map.chunks() {
+            return Err(ObjError::Gio(format!(
+                "gio_uring splits objects into {} commands, the pool into {}",
+                table.geometry().chunks(),
+                map.chunks()
+            )));
+        }
+        for b in 0..reg.layout.num_blocks() {
+            for layer in 0..g.layers {
+                for (kv, k) in [(0, Kv::K), (1, Kv::V)] {
+                    for c in 0..map.chunks() {
+                        let d = reg.descriptor(0, b, layer, kv, c);
+                        table.set_entry(b, layer, k, c, DataPtr::Sgl(d)).map_err(gio)?;
+                    }
+                }
+            }
+        }
+        Ok(table)
+    }
+
+    fn take_results(&mut self) -> Result<()> {
+        for r in self.ring.poll_cqe().map_err(gio)? {
+            self.results.insert(r.id, r);
+        }
+        Ok(())
+    }
+
+    /// The outcome of `token` if all its IOCBs are in.
+    fn finish(&mut self, token: u64) -> Result<Option<LayerOutcome>> {
+        let t = self.transfers.get(&token).ok_or(ObjError::Unknown { what: "layer transfer", id: token })?;
+        if !t.iocbs.iter().all(|(id, _)| self.results.contains_key(id)) {
+            return Ok(None);
+        }
+        let Some(t) = self.transfers.remove(&token) else { return Ok(None) };
+        let mut failed: HashMap<u32, String> = HashMap::new();
+        for (k, (id, first)) in t.iocbs.iter().enumerate() {
+            let Some(r) = self.results.remove(id) else { continue };
+            for f in &r.failures {
+                let pair = match &t.explicit {
+                    Some(maps) => maps[k].get(f.index as usize).copied(),
+                    None => Some(first + f.index / t.ioctx_per_pair),
+                };
+                if let Some(p) = pair.filter(|&p| (p as usize) < t.pairs) {
+                    failed.entry(p).or_insert_with(|| f.to_string());
+                }
+            }
+            if r.completed != r.count {
+                // Defensive: IOCTXs unaccounted for fail the whole IOCB's pairs.
+                let n = r.count.div_ceil(t.ioctx_per_pair);
+                for p in *first..(*first + n).min(t.pairs as u32) {
+                    failed.entry(p).or_insert_with(|| {
+                        format!("{}: {} of {} IOCTXs completed", r.id, r.completed, r.count)
+                    });
+                }
+            }
+        }
+        let mut failed: Vec<(u32, String)> = failed.into_iter().collect();
+        failed.sort_unstable_by_key(|f| f.0);
+        Ok(Some(LayerOutcome {
+            failed,
+            commands: t.commands,
+            host_calls: t.host_calls,
+            host_built: t.host_built,
+        }))
+    }
+
+    fn submit_explicit(
+        &mut self,
+        reg: &Registration,
+        map: &StripeMap,
+        layer: u32,
+        pairs: &[Pair],
+        op: Op,
+    ) -> Result<Option<Transfer>> {
+        let cmds = layer_commands(map, reg, layer, pairs);
+        let per_pair = 2 * map.chunks() as usize;
+        // Whole pairs per IOCB, so a pair's commands share one result.
+        let per_iocb = (IOCB_MAX_IOCTX / per_pair).max(1) * per_pair;
+        let groups: Vec<&[super::Cmd]> = cmds.chunks(per_iocb).collect();
+        let ids = match self.ring.get_iocb(groups.len()) {
+            Ok(ids) => ids,
+            Err(GioError::PoolExhausted { .. }) => return Ok(None),
+            Err(e) => return Err(gio(e)),
+        };
+        let mut maps = Vec::with_capacity(groups.len());
+        let mut iocbs = Vec::with_capacity(groups.len());
+        for (&id, group) in ids.iter().zip(&groups) {
+            let ctxs: Vec<_> =
+                group.iter().map(|c| ioctx(op, c.drive as u16, c.lba, c.nlb, DataRef::Sgl(c.desc))).collect();
+            if let Err(e) = self.ring.set_ioctxs(id, &ctxs) {
+                let _ = self.ring.release(&ids);
+                return Err(gio(e));
+            }
+            maps.push(group.iter().map(|c| c.pair).collect::<Vec<u32>>());
+            iocbs.push((id, group.first().map_or(0, |c| c.pair)));
+        }
+        if let Err(e) = self.ring.issue(&ids, self.cfg.sm_budget) {
+            let _ = self.ring.release(&ids);
+            return Err(gio(e));
+        }
+        Ok(Some(Transfer {
+            iocbs,
+            explicit: Some(maps),
+            ioctx_per_pair: per_pair as u32,
+            pairs: pairs.len(),
+            commands: cmds.len() as u64,
+            host_calls: ids.len() as u64 + 1,
+            host_built: cmds.len() as u64,
+        }))
+    }
+}
+
+impl LayerIo for GioIo {
+    fn name(&self) -> &'static str {
+        "gio_uring"
+    }
+
+    fn mode(&self) -> String {
+        self.mode.clone()
+    }
+
+    fn detach(&mut self) -> Result<()> {
+        if let Attached::Layer { table, .. } = std::mem::replace(&mut self.attached, Attached::None) {
+            self.ring.unregister_table(table).map_err(gio)?;
+        }
+        self.mode = "gio_uring (no KV memory registered)".into();
+        Ok(())
+    }
+
+    fn attach(&mut self, reg: &Arc<Registration>, map: &StripeMap) -> Result<()> {
+        self.detach()?;
+        let exec = self.ring.executor().name().to_string();
+        match self.layer_obstacle(reg, map) {
+            None => {
+                let table = Self::build_table(reg, map)?;
+                let id = self.ring.register_table(&table).map_err(gio)?;
+                let per_pair = table.geometry().ioctx_per_pair() as usize;
+                let per_iocb = (IOCB_MAX_IOCTX / per_pair).min(tutti_kernels::abi::IOCB_MAX_PAIRS);
+                self.attached = Attached::Layer { table: id, per_iocb };
+                self.mode =
+                    format!("gio_uring layer IOCBs on the {exec}: the executor expands (file, block) pairs");
+            }
+            Some(why) => {
+                if let Some(d) = self.ring.drives().iter().find(|d| !d.sgl.available()) {
+                    return Err(ObjError::drive(
+                        d.name.clone(),
+                        "has no SGL support; the gio_uring path needs SGLs (use the direct backend)",
+                    ));
+                }
+                self.attached = Attached::Explicit { reg: reg.clone(), map: map.clone() };
+                self.mode = format!("gio_uring explicit IOCBs on the {exec}: the host fills IOCTXs ({why})");
+            }
+        }
+        tracing::info!(mode = %self.mode, "gio_uring path attached");
+        Ok(())
+    }
+
+    fn submit(&mut self, layer: u32, pairs: &[Pair], dir: Direction) -> Result<Option<u64>> {
+        if pairs.is_empty() {
+            let token = self.next_token;
+            self.next_token += 1;
+            let t = Transfer {
+                iocbs: Vec::new(),
+                explicit: None,
+                ioctx_per_pair: 1,
+                pairs: 0,
+                commands: 0,
+                host_calls: 0,
+                host_built: 0,
+            };
+            self.transfers.insert(token, t);
+            return Ok(Some(token));
+        }
+        let op = match dir {
+            Direction::Load => Op::Read,
+            Direction::Store => Op::Write,
+        };
+        let transfer = match &self.attached {
+            Attached::None => return Err(ObjError::NotRegistered),
+            Attached::Layer { table, per_iocb } => {
+                let (table, per_iocb) = (*table, *per_iocb);
+                let raw: Vec<(u32, u32)> = pairs.iter().map(|p| (p.file, p.block)).collect();
+                let ids = match self.ring.submit_layer(table, layer, &raw, op, self.cfg.sm_budget) {
+                    Ok(ids) => ids,
+                    Err(GioError::PoolExhausted { .. }) => return Ok(None),
+                    Err(e) => return Err(gio(e)),
+                };
+                let per_pair = self.ring.table_info(table).map_err(gio)?.ioctx_per_pair;
+                Transfer {
+                    iocbs: ids.iter().enumerate().map(|(k, &id)| (id, (k * per_iocb) as u32)).collect(),
+                    explicit: None,
+                    ioctx_per_pair: per_pair,
+                    pairs: pairs.len(),
+                    commands: pairs.len() as u64 * per_pair as u64,
+                    host_calls: 1,
+                    host_built: 0,
+                }
+            }
+            Attached::Explicit { reg, map } => {
+                let (reg, map) = (reg.clone(), map.clone());
+                match self.submit_explicit(&reg, &map, layer, pairs, op)? {
+                    Some(t) => t,
+                    None => return Ok(None),
+                }
+            }
+        };
+        let token = self.next_token;
+        self.next_token += 1;
+        self.transfers.insert(token, transfer);
+        Ok(Some(token))
+    }
+
+    fn progress(&mut self) -> Result<()> {
+        self.take_results()
+    }
+
+    fn poll(&mut self, token: u64) -> Result<Option<LayerOutcome>> {
+        self.take_results()?;
+        self.finish(token)
+    }
+
+    fn wait(&mut self, token: u64, deadline: Instant) -> Result<Option<LayerOutcome>> {
+        let mut spins = 0u32;
+        loop {
+            if let Some(o) = self.poll(token)? {
+                return Ok(Some(o));
+            }
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            spins += 1;
+            match spins {
+                0..=16 => std::hint::spin_loop(),
+                17..=64 => std::thread::yield_now(),
+                _ => std::thread::sleep(Duration::from_micros(50)),
+            }
+        }
+    }
+}

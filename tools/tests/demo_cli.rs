@@ -1,0 +1,117 @@
+//! `tutti demo` end to end through the binary, at small sizes: stores a
+//! request's KV, retrieves it into other slots, verifies every byte, reopens
+//! the pool; with `--dir` the cache survives into a second process.
+
+use std::process::{Command, Output};
+
+fn tutti(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tutti")).arg("demo").args(args).output().expect("run tutti")
+}
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    let out = tutti(&all);
+    assert!(out.status.success(), "tutti demo {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("JSON report")
+}
+
+const SMALL: [&str; 6] = ["--tokens", "640", "--layers", "4", "--capacity-mib", "16"];
+
+#[test]
+fn small_request_round_trips_and_survives_reopen() {
+    let r = json(&SMALL);
+    assert_eq!(r["request_blocks"], 40);
+    let file = 2 * 4 * 8 * 128 * 16 * 2; // K,V × layers × heads × dim × tokens × bf16
+    assert_eq!(r["request_bytes"], 40 * file);
+    assert_eq!(r["pool"]["drives"].as_array().map(Vec::len), Some(4));
+    for phase in ["store", "retrieve"] {
+        assert_eq!(r[phase]["bytes"], 40 * file, "{phase}");
+        assert_eq!(r[phase]["commands_per_layer"], 80.0, "{phase}: 40 blocks × K,V, one command each");
+    }
+    assert_eq!(r["retrieve"]["verified_bytes"], 40 * file);
+    assert_eq!(r["reopen"]["hits"], 40);
+    assert_eq!(r["reopen"]["verified_bytes"], 40 * file);
+    // 40 × 4 × 2 descriptors of 16 bytes; PRP: 32 KiB objects span 8 pages, a 7-entry list each.
+    assert_eq!(r["tables"]["descriptors"], 320);
+    assert_eq!(r["tables"]["sgl_bytes"], 320 * 16 * r["tables"]["tables"].as_u64().unwrap_or(0));
+    assert_eq!(r["tables"]["prp_entry_bytes"], 320 * 7 * 8 * r["tables"]["tables"].as_u64().unwrap_or(0));
+}
+
+#[test]
+fn geometry_layout_lba_size_and_backend_flags() {
+    let r = json(&[
+        "--tokens",
+        "256",
+        "--layers",
+        "3",
+        "--kv-heads",
+        "4",
+        "--head-dim",
+        "64",
+        "--block-tokens",
+        "32",
+        "--dtype",
+        "f16",
+        "--layout",
+        "contiguous",
+        "--lba-size",
+        "4096",
+        "--emulated",
+        "3",
+        "--backend",
+        "direct",
+        "--capacity-mib",
+        "16",
+        "--no-reopen",
+    ]);
+    assert_eq!(r["request_blocks"], 8);
+    assert_eq!(r["layout"], "contiguous");
+    assert_eq!(r["pool"]["object_bytes"], 32 * 4 * 64 * 2);
+    assert_eq!(r["pool"]["backend"], "direct");
+    assert!(r["pool"]["drives"]
+        .as_array()
+        .is_some_and(|d| d.len() == 3 && d.iter().all(|d| d["lba_size"] == 4096)));
+    assert!(r["reopen"].is_null());
+    // The CPU-driven path builds every command on the host.
+    assert_eq!(r["retrieve"]["host_built_per_layer"], r["retrieve"]["commands_per_layer"]);
+}
+
+#[test]
+fn file_media_cache_survives_into_another_process() {
+    let dir = std::env::temp_dir().join(format!("tutti-demo-cli-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let d = dir.to_string_lossy().to_string();
+    let mut args = SMALL.to_vec();
+    args.extend_from_slice(&["--dir", &d, "--emulated", "2"]);
+    let first = json(&args);
+    assert_eq!(first["hits_before_store"], 0);
+    assert_eq!(
+        first["reopen"]["controllers_restarted"], true,
+        "file media: controllers restarted from their files"
+    );
+    // A second process opens the pool the first one left on the files.
+    args.push("--reuse");
+    let second = json(&args);
+    assert_eq!(second["pool"]["pool"], first["pool"]["pool"], "the same pool");
+    assert_eq!(second["hits_before_store"], 40, "every block was found before storing");
+    assert_eq!(second["store"]["bytes"], 0, "nothing needed storing again");
+    assert_eq!(second["retrieve"]["verified_bytes"], first["retrieve"]["verified_bytes"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_flags_are_clear_errors() {
+    let cases: [(&[&str], &str); 4] = [
+        (&["--dtype", "f64"], "dtype"),
+        (&["--tokens", "8"], "less than one block"),
+        (&["--tokens", "64", "--head-dim", "1"], "LBA"),
+        (&["--tokens", "64", "--layers", "0"], "layers"),
+    ];
+    for (args, want) in cases {
+        let out = tutti(args);
+        assert!(!out.status.success(), "{args:?} should fail");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
