@@ -40,6 +40,21 @@ impl DriveSpec {
     }
 }
 
+impl DriveSpec {
+    /// Opens the NVMe controller at PCI address `bdf` (bound to vfio-pci),
+    /// brings it up and takes its first namespace. `noiommu` selects vfio's
+    /// unsafe no-IOMMU mode (machines without an IOMMU, testing only).
+    pub fn open_vfio(bdf: &str, noiommu: bool) -> Result<Self> {
+        use tutti_driver::transport::vfio::{IommuMode, VfioDevice, VfioOptions};
+        let addr: tutti_driver::pci::Bdf = bdf.parse()?;
+        let mode = if noiommu { IommuMode::NoIommu } else { IommuMode::Type1 };
+        let dev = VfioDevice::open(&addr, &VfioOptions { mode, ..VfioOptions::default() })?;
+        // The controller keeps BAR0 and the DMA space (and so the VFIO fds) alive.
+        let ctrl = Controller::new(dev.registers(), dev.dma_space(), Default::default())?;
+        Self::first_namespace(ctrl)
+    }
+}
+
 impl std::fmt::Debug for DriveSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} nsid {}", self.ctrl.name(), self.nsid)

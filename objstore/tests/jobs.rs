@@ -157,3 +157,45 @@ fn bad_arguments_are_named() {
     assert!(store.unpin(777).is_err());
     assert!(store.commit_store(4242).is_err());
 }
+
+#[test]
+fn loads_and_stores_from_several_threads() {
+    let g = geometry(3, 128);
+    let d = Drives::uniform(3, 512, 16 << 20);
+    let store = open(&d, g, OpenMode::Create);
+    let kv = Kv::new(g, LayoutKind::VllmPerLayer, 24);
+    kv.register(&store, "m");
+    let x = chain_hashes(&tokens(1, 8, g.tokens_per_block), g.tokens_per_block);
+    for b in 0..8 {
+        kv.fill(b, 10 + b as u64);
+    }
+    assert_eq!(store.store_request(&x, &(0..8).collect::<Vec<_>>(), WAIT).unwrap().stored, 8);
+    std::thread::scope(|s| {
+        // Reader: loads X into blocks 8..16 again and again, checking every byte.
+        s.spawn(|| {
+            for round in 0..6 {
+                let hit = store.lookup(&x).unwrap();
+                assert_eq!(hit.hits(), 8, "round {round}");
+                let dst: Vec<u32> = (8..16).collect();
+                let st = store.load_request(&hit.files, &dst, WAIT).unwrap();
+                assert_eq!(st.failed, 0);
+                for i in 0..8u32 {
+                    assert!(kv.holds(8 + i, 10 + i as u64), "round {round} chunk {i}");
+                }
+                store.unpin(hit.pin).unwrap();
+            }
+        });
+        // Writer: stores other requests from blocks 16..24 meanwhile.
+        s.spawn(|| {
+            for r in 0..6u64 {
+                let h = chain_hashes(&tokens(100 + r, 8, g.tokens_per_block), g.tokens_per_block);
+                for b in 16..24 {
+                    kv.fill(b, 1000 * r + b as u64);
+                }
+                let rep = store.store_request(&h, &(16..24).collect::<Vec<_>>(), WAIT).unwrap();
+                assert_eq!(rep.stored, 8, "{rep:?}");
+            }
+        });
+    });
+    assert_eq!(store.stats().index.valid, 8 + 6 * 8);
+}

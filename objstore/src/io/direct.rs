@@ -214,8 +214,4 @@ impl LayerIo for DirectIo {
     fn poll(&mut self, token: u64) -> Result<Option<LayerOutcome>> {
         self.done.remove(&token).map(Some).ok_or(ObjError::Unknown { what: "layer transfer", id: token })
     }
-
-    fn wait(&mut self, token: u64, _deadline: Instant) -> Result<Option<LayerOutcome>> {
-        self.poll(token)
-    }
 }

@@ -24,7 +24,6 @@ use crate::registration::Registration;
 use crate::stripe::StripeMap;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 use tutti_driver::command::DataPtr;
 use tutti_driver::controller::Controller;
 use tutti_gio_uring::{
@@ -377,23 +376,5 @@ impl LayerIo for GioIo {
     fn poll(&mut self, token: u64) -> Result<Option<LayerOutcome>> {
         self.take_results()?;
         self.finish(token)
-    }
-
-    fn wait(&mut self, token: u64, deadline: Instant) -> Result<Option<LayerOutcome>> {
-        let mut spins = 0u32;
-        loop {
-            if let Some(o) = self.poll(token)? {
-                return Ok(Some(o));
-            }
-            if Instant::now() >= deadline {
-                return Ok(None);
-            }
-            spins += 1;
-            match spins {
-                0..=16 => std::hint::spin_loop(),
-                17..=64 => std::thread::yield_now(),
-                _ => std::thread::sleep(Duration::from_micros(50)),
-            }
-        }
     }
 }

@@ -21,7 +21,6 @@ use crate::index::FileId;
 use crate::registration::Registration;
 use crate::stripe::StripeMap;
 use std::sync::Arc;
-use std::time::Instant;
 use tutti_driver::spec::SglDescriptor;
 
 /// Which way a transfer goes.
@@ -75,8 +74,6 @@ pub(crate) trait LayerIo: Send {
     fn progress(&mut self) -> Result<()>;
     /// The outcome once the transfer has finished, `None` while it runs.
     fn poll(&mut self, token: u64) -> Result<Option<LayerOutcome>>;
-    /// Waits until the transfer finishes or `deadline` passes (`None`).
-    fn wait(&mut self, token: u64, deadline: Instant) -> Result<Option<LayerOutcome>>;
 }
 
 /// One NVMe command of a layer transfer.

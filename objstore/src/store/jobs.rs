@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+use tutti_driver::queue::backoff;
 
 pub type JobId = u64;
 
@@ -201,18 +202,17 @@ impl KvStore {
         let mut jobs = lock(&self.jobs, "jobs")?;
         jobs.map.insert(id, job);
         self.counters.jobs.fetch_add(1, Ordering::Relaxed);
-        self.advance(&mut jobs, id, None)?;
+        self.advance(&mut jobs, id)?;
         Ok(id)
     }
 
-    /// Reaps finished layers, submits queued ones, and (with a deadline) waits
-    /// for `target` (a layer index, or any running layer) to finish.
-    fn advance(&self, jobs: &mut Jobs, id: JobId, wait: Option<(Instant, Option<usize>)>) -> Result<()> {
+    /// One pass over a job without blocking: reaps finished layers and
+    /// submits queued ones, in layer order, up to the window.
+    fn advance(&self, jobs: &mut Jobs, id: JobId) -> Result<()> {
         let job = jobs.map.get_mut(&id).ok_or(ObjError::Unknown { what: "job", id })?;
         let obj = self.map.object_bytes();
-        loop {
+        {
             let mut io = lock(&self.io, "io")?;
-            // Reap.
             for i in 0..job.state.len() {
                 if let LayerState::Running(token) = job.state[i] {
                     if let Some(outcome) = io.poll(token)? {
@@ -221,7 +221,6 @@ impl KvStore {
                     }
                 }
             }
-            // Submit, in layer order, up to the window.
             let running = job.state.iter().filter(|s| matches!(s, LayerState::Running(_))).count();
             let mut room = LAYERS_IN_FLIGHT.saturating_sub(running);
             for i in 0..job.state.len() {
@@ -241,7 +240,10 @@ impl KvStore {
                 match io.submit(layer, &job.pairs, job.dir) {
                     Ok(Some(token)) => job.state[i] = LayerState::Running(token),
                     // The I/O path is full: try again once something finishes.
-                    Ok(None) => break,
+                    Ok(None) => {
+                        io.progress()?;
+                        break;
+                    }
                     Err(e) => {
                         let why = e.to_string();
                         let all: Vec<(u32, String)> =
@@ -250,36 +252,6 @@ impl KvStore {
                     }
                 }
                 room -= 1;
-            }
-            if job.is_done() {
-                break;
-            }
-            let Some((deadline, target)) = wait else { break };
-            let running = match target {
-                Some(i) if job.state[i] == LayerState::Done => break,
-                Some(i) => Some(i).filter(|&i| matches!(job.state[i], LayerState::Running(_))),
-                None => job.state.iter().position(|s| matches!(s, LayerState::Running(_))),
-            };
-            let Some(pick) = running.and_then(|i| match job.state[i] {
-                LayerState::Running(t) => Some((i, t)),
-                _ => None,
-            }) else {
-                // Nothing of ours in flight (the path was full): let others finish, then retry.
-                if Instant::now() >= deadline {
-                    break;
-                }
-                io.progress()?;
-                drop(io);
-                std::thread::sleep(Duration::from_micros(100));
-                continue;
-            };
-            let (pick, token) = pick;
-            match io.wait(token, deadline)? {
-                Some(outcome) => {
-                    self.account(job, &outcome, obj);
-                    job.record(pick, outcome);
-                }
-                None => break,
             }
         }
         if job.is_done() && !job.io_files.is_empty() {
@@ -380,16 +352,36 @@ impl KvStore {
         Ok(())
     }
 
+    /// Advances the job until `wait` is satisfied (a layer index, or the whole
+    /// job) or its deadline passes; without `wait`, once. The jobs lock is
+    /// taken per pass, so other callers are not held up by a long wait.
     fn with_job<T>(
         &self,
         id: JobId,
         wait: Option<(Instant, Option<usize>)>,
         f: impl FnOnce(&Job) -> T,
     ) -> Result<T> {
-        let mut jobs = lock(&self.jobs, "jobs")?;
-        self.advance(&mut jobs, id, wait)?;
-        let job = jobs.map.get(&id).ok_or(ObjError::Unknown { what: "job", id })?;
-        Ok(f(job))
+        let mut spins = 0u32;
+        loop {
+            let mut jobs = lock(&self.jobs, "jobs")?;
+            self.advance(&mut jobs, id)?;
+            let job = jobs.map.get(&id).ok_or(ObjError::Unknown { what: "job", id })?;
+            let satisfied = match wait {
+                None => true,
+                Some((deadline, target)) => {
+                    let done = match target {
+                        Some(i) => job.state[i] == LayerState::Done,
+                        None => job.is_done(),
+                    };
+                    done || Instant::now() >= deadline
+                }
+            };
+            if satisfied {
+                return Ok(f(job));
+            }
+            drop(jobs);
+            backoff(&mut spins);
+        }
     }
 
     /// Progress without blocking (submits further layers as earlier ones finish).
