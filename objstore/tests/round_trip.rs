@@ -5,6 +5,7 @@ mod common;
 
 use common::*;
 use tutti_driver::emulated::MediaConfig;
+use tutti_driver::spec::SglSupport;
 use tutti_objstore::{chain_hashes, Backend, BlockHash, Geometry, KvStore, LayoutKind, OpenMode};
 
 /// Stores `chunks` chunks from blocks `0..chunks`, reads them into blocks
@@ -173,4 +174,22 @@ fn partial_prefix_hits_and_unstored_tails_miss() {
     let h2 = chain_hashes(&t2, g.tokens_per_block);
     assert_eq!(store.contains(&h2).unwrap(), 1);
     assert_eq!(store.contains(&[BlockHash(12345)]).unwrap(), 0);
+}
+
+#[test]
+fn drives_without_sgl_use_the_direct_path() {
+    let g = geometry(2, 128);
+    let cfgs =
+        [DriveCfg { sgl: SglSupport::None, ..DriveCfg::ram(512, 8 << 20) }, DriveCfg::ram(512, 8 << 20)];
+    let d = Drives::start(&cfgs);
+    let kv = Kv::new(g, LayoutKind::Contiguous, 8);
+    {
+        let store = open(&d, g, OpenMode::Create);
+        let e = store.register_host(kv.mem.clone(), kv.layout.clone(), "m", b"").unwrap_err().to_string();
+        assert!(e.contains("SGL") && e.contains("direct"), "{e}");
+    }
+    // The CPU path describes the same chunks with PRP entries the driver builds.
+    let store = KvStore::open(d.specs(), direct_options(g, OpenMode::Create)).unwrap();
+    kv.register(&store, "m");
+    round_trip(&store, &kv, 4, 11);
 }

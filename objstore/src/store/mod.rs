@@ -323,9 +323,14 @@ impl KvStore {
         let spaces: Vec<_> = self.drives.iter().map(|d| d.spec.ctrl.dma().clone()).collect();
         // SAFETY: forwarded from the caller.
         let reg = Arc::new(unsafe { Registration::new(layout, identity, &spaces, &self.map, memory)? });
-        lock(&self.io, "io")?.attach(&reg, &self.map)?;
+        // The old registration goes first, whether or not the new one is accepted.
+        let mut slot = self.reg.write().map_err(|_| ObjError::Poisoned("registration"))?;
+        let mut io = lock(&self.io, "io")?;
+        io.detach()?;
+        *slot = None;
+        io.attach(&reg, &self.map)?;
         let sizes = reg.sizes;
-        *self.reg.write().map_err(|_| ObjError::Poisoned("registration"))? = Some(reg);
+        *slot = Some(reg);
         Ok(sizes)
     }
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tutti_driver::controller::{Controller, ControllerOptions};
 use tutti_driver::emulated::{CostModel, EmulatedConfig, EmulatedController, MediaConfig, NamespaceConfig};
+use tutti_driver::spec::SglSupport;
 use tutti_objstore::{
     Backend, DriveSpec, Dtype, Geometry, GioConfig, HostKvMemory, KvLayout, KvStore, LayoutKind, OpenMode,
     PoolOptions, StoreOptions,
@@ -21,11 +22,19 @@ pub struct DriveCfg {
     pub mdts: u8,
     pub media: MediaConfig,
     pub cost: CostModel,
+    pub sgl: SglSupport,
 }
 
 impl DriveCfg {
     pub fn ram(lba_size: u32, bytes: u64) -> Self {
-        DriveCfg { lba_size, bytes, mdts: 5, media: MediaConfig::Ram, cost: CostModel::default() }
+        DriveCfg {
+            lba_size,
+            bytes,
+            mdts: 5,
+            media: MediaConfig::Ram,
+            cost: CostModel::default(),
+            sgl: SglSupport::Supported,
+        }
     }
 }
 
@@ -47,6 +56,7 @@ impl Drives {
                     mdts: c.mdts,
                     media: c.media.clone(),
                     cost: c.cost.clone(),
+                    sgl: c.sgl,
                     ..EmulatedConfig::default()
                 })
                 .expect("emulated controller starts")
