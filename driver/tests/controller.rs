@@ -101,7 +101,7 @@ fn prp_only_controllers_with_4k_blocks_and_small_mdts() {
     };
     let (_emu, ctrl) = start(cfg);
     assert_eq!(ctrl.info().max_transfer, 8192);
-    let mut qp = ctrl.create_io_queue_pair(8).expect("queue pair");
+    let qp = ctrl.create_io_queue_pair(8).expect("queue pair");
     assert!(matches!(qp.resolve_mode(DataMode::Sgl), Err(DriverError::Unsupported { .. })));
     assert_eq!(qp.resolve_mode(DataMode::Auto).ok(), Some(DataMode::Prp));
     drop(qp);

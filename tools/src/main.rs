@@ -31,6 +31,8 @@ enum Command {
     Profile(cmd::profile::Args),
     /// Model the layer-wise pipeline and compare I/O scheduling policies over a cache hit-rate sweep.
     Simulate(cmd::simulate::Args),
+    /// Microbenchmarks (SGL vs PRP, retrieval, command rate), each against a baseline from the same run.
+    Bench(cmd::bench::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -46,6 +48,7 @@ fn main() -> std::process::ExitCode {
         Command::Demo(a) => cmd::demo::run(a),
         Command::Profile(a) => cmd::profile::run(a),
         Command::Simulate(a) => cmd::simulate::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
