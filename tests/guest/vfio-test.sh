@@ -74,6 +74,11 @@ tutti selftest --drives $NVME0,$NVME1 --hugepages auto,never 2>/tmp/err || { cat
 cat /tmp/err
 no_iommu_faults "during the verification"
 
+step "gio_uring: the host executor (CUDA kernel source on CPU threads) drives both controllers"
+tutti selftest --drives $NVME0,$NVME1 --no-verify --gio --gio-ioctx 512 2>/tmp/err || { cat /tmp/err; fail "gio selftest"; }
+cat /tmp/err
+no_iommu_faults "during the gio_uring round trip"
+
 step "conformance probes (edge-case commands; DIFF = differs from the spec, reported, not fatal)"
 tutti selftest --drives $NVME0,$NVME1 --no-verify --probe 2>/tmp/err || { cat /tmp/err; fail "probes"; }
 cat /tmp/err

@@ -4,6 +4,7 @@
 //! The QEMU guest harness runs it; on a real machine it checks a bound drive.
 //! `--probe` adds the conformance probes of [`probe`] (also on `--emulated` drives).
 
+mod gio;
 mod probe;
 
 use crate::report::{byte_bar, bytes, print_json};
@@ -50,6 +51,13 @@ pub struct Args {
     /// Send the conformance probes (edge-case commands with the status the spec requires).
     #[arg(long)]
     pub probe: bool,
+    /// Also run the gio_uring round trip on all drives at once through the host executor
+    /// (SGL where supported, then PRP; launch and persistent modes).
+    #[arg(long)]
+    pub gio: bool,
+    /// IOCTXs per IOCB in the --gio round trip (two IOCBs per pass, spread over the drives).
+    #[arg(long, default_value_t = 2048, value_parser = clap::value_parser!(u32).range(1..=2048))]
+    pub gio_ioctx: u32,
     /// Probe an emulated controller instead of vfio-bound drives (with --probe).
     #[arg(long)]
     pub emulated: bool,
@@ -101,9 +109,25 @@ struct NegativeReport {
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
+    if args.emulated && args.gio {
+        let emus = (0..2usize)
+            .map(|i| {
+                tutti_driver::emulated::EmulatedController::start(args.emu.config(i)?).map_err(Into::into)
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let ctrls = emus
+            .iter()
+            .map(|e| {
+                Controller::new(e.registers(), e.dma_space(), ControllerOptions::default())
+                    .map_err(Into::into)
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let passes = gio::run(&ctrls, None, args.gio_ioctx)?;
+        return if args.json { print_json(&passes) } else { Ok(gio::print(&passes)) };
+    }
     if args.emulated {
         if !args.probe {
-            bail!("--emulated only goes with --probe (`tutti demo` verifies emulated drives)");
+            bail!("--emulated only goes with --probe or --gio (`tutti demo` verifies emulated drives)");
         }
         let emu = tutti_driver::emulated::EmulatedController::start(args.emu.config(0)?)?;
         let ctrl = Controller::new(emu.registers(), emu.dma_space(), ControllerOptions::default())?;
@@ -121,17 +145,45 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         let flag = args.hugepages.get(i).or(args.hugepages.last()).copied().unwrap_or(HugepageFlag::Auto);
         reports.push(drive(&bdf, flag, args, &mut log).with_context(|| format!("self-test of {bdf}"))?);
     }
+    let gio = if args.gio {
+        let (mut bdfs, mut devices, mut ctrls) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, s) in args.drives.iter().enumerate() {
+            let bdf: Bdf = s.parse()?;
+            let flag = args.hugepages.get(i).or(args.hugepages.last()).copied().unwrap_or(HugepageFlag::Auto);
+            let dev = VfioDevice::open(&bdf, &vfio_options(flag, args))
+                .with_context(|| format!("opening {bdf}"))?;
+            ctrls.push(
+                Controller::new(dev.registers(), dev.dma_space(), ControllerOptions::default())
+                    .with_context(|| format!("bringing up {bdf}"))?,
+            );
+            bdfs.push(bdf);
+            devices.push(dev);
+        }
+        let passes = gio::run(&ctrls, Some((&mut log, &bdfs)), args.gio_ioctx)?;
+        drop(ctrls);
+        drop(devices);
+        Some(passes)
+    } else {
+        None
+    };
     if args.json {
-        return print_json(&reports);
+        // Without --gio the report stays the plain per-drive list it always was.
+        return match &gio {
+            Some(g) => print_json(&serde_json::json!({ "drives": reports, "gio": g })),
+            None => print_json(&reports),
+        };
     }
     for r in &reports {
         print_report(r);
     }
+    if let Some(g) = &gio {
+        gio::print(g);
+    }
     Ok(())
 }
 
-fn drive(bdf: &Bdf, flag: HugepageFlag, args: &Args, log: &mut FaultLog) -> anyhow::Result<DriveReport> {
-    let opts = VfioOptions {
+fn vfio_options(flag: HugepageFlag, args: &Args) -> VfioOptions {
+    VfioOptions {
         mode: if args.noiommu { IommuMode::NoIommu } else { IommuMode::Type1 },
         hugepages: match flag {
             HugepageFlag::Auto => HugepagePolicy::Auto,
@@ -139,8 +191,11 @@ fn drive(bdf: &Bdf, flag: HugepageFlag, args: &Args, log: &mut FaultLog) -> anyh
             HugepageFlag::Never => HugepagePolicy::Never,
         },
         ..VfioOptions::default()
-    };
-    let dev = VfioDevice::open(bdf, &opts)?;
+    }
+}
+
+fn drive(bdf: &Bdf, flag: HugepageFlag, args: &Args, log: &mut FaultLog) -> anyhow::Result<DriveReport> {
+    let dev = VfioDevice::open(bdf, &vfio_options(flag, args))?;
     let ctrl = Controller::new(dev.registers(), dev.dma_space(), ControllerOptions::default())?;
     let info = ctrl.info().clone();
     let ns = info.namespace(1).cloned().context("namespace 1 is missing")?;
