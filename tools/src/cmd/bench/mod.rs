@@ -3,6 +3,7 @@
 pub mod commands;
 pub mod plot;
 pub mod retrieve;
+pub mod rig;
 pub mod sgl_vs_prp;
 
 use std::path::PathBuf;
@@ -44,6 +45,33 @@ impl Output {
     }
 }
 
+/// Parses a byte count with an optional binary unit: `4096`, `32K`, `32KiB`, `2M`, `60G`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a size (e.g. 4096, 32K, 2M, 60G)"))?;
+    let shift = match unit.trim().to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (K, M, G, T: powers of 1024)")),
+    };
+    n.checked_mul(1 << shift).ok_or_else(|| format!("{s:?} is too large"))
+}
+
+/// A byte count as the benches print it: `4K`, `32K`, `2M`, `60G`, or bytes when not a whole unit.
+pub fn size_label(n: u64) -> String {
+    for (shift, unit) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
+        if n >= 1 << shift && n.is_multiple_of(1 << shift) {
+            return format!("{}{unit}", n >> shift);
+        }
+    }
+    n.to_string()
+}
+
 /// Which benchmark to run.
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -66,5 +94,25 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         Which::SglVsPrp(a) => sgl_vs_prp::run(a),
         Which::Retrieve(a) => retrieve::run(a),
         Which::Commands(a) => commands::run(a),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_units_and_print_back() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("32K"), Ok(32 << 10));
+        assert_eq!(parse_size("32KiB"), Ok(32 << 10));
+        assert_eq!(parse_size("2m"), Ok(2 << 20));
+        assert_eq!(parse_size("60G"), Ok(60 << 30));
+        assert!(parse_size("3X").unwrap_err().contains("unknown unit"));
+        assert!(parse_size("K").is_err());
+        assert!(parse_size("99999999999T").unwrap_err().contains("too large"));
+        assert_eq!(size_label(32 << 10), "32K");
+        assert_eq!(size_label(60 << 30), "60G");
+        assert_eq!(size_label(1536), "1536");
     }
 }
