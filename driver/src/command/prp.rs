@@ -93,7 +93,7 @@ pub fn build(segments: &[IovaSegment], page: u64, scratch: Scratch<'_>) -> Resul
     let n = count_entries(segments, page)?;
     let pages = list_pages(n, page);
     let page_bytes = page as usize;
-    if pages * page_bytes > scratch.len || scratch.offset % page_bytes != 0 {
+    if pages * page_bytes > scratch.len || !scratch.offset.is_multiple_of(page_bytes) {
         return Err(DriverError::invalid(format!(
             "transfer needs {pages} PRP list pages; {} bytes of list space available",
             scratch.len

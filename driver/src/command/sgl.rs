@@ -63,7 +63,7 @@ pub fn build(segments: &[IovaSegment], support: SglSupport, scratch: Scratch<'_>
         return only.map(DataPtr::Sgl).ok_or_else(|| DriverError::invalid("empty transfer"));
     }
     let bytes = n * 16;
-    if bytes > scratch.len || scratch.offset % 16 != 0 {
+    if bytes > scratch.len || !scratch.offset.is_multiple_of(16) {
         return Err(DriverError::invalid(format!(
             "transfer needs {n} SGL descriptors ({bytes} bytes); {} bytes of segment space available",
             scratch.len

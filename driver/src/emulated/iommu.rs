@@ -127,7 +127,7 @@ impl EmuIommu {
 
     /// Release load of a 32-bit word (queue memory the host polls).
     pub fn dma_store_u32(&self, iova: u64, value: u32) -> std::result::Result<(), IommuFault> {
-        if iova % 4 != 0 {
+        if !iova.is_multiple_of(4) {
             return Err(IommuFault { iova, len: 4 });
         }
         let p = self.resolve(iova, 4)?;

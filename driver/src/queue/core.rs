@@ -75,7 +75,7 @@ impl QueueCore {
         sq_doorbell: Doorbell,
         cq_doorbell: Doorbell,
     ) -> Result<Self> {
-        if depth < 2 || depth > 65536 {
+        if !(2..=65536).contains(&depth) {
             return Err(DriverError::invalid(format!("queue depth {depth} is not 2..=65536")));
         }
         if sq.len() < depth as usize * SQE_SIZE || cq.len() < depth as usize * CQE_SIZE {

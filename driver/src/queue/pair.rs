@@ -193,7 +193,7 @@ impl IoQueuePair {
     fn transfer(&mut self, write: bool, nsid: u32, lba: u64, segments: &[IovaSegment], mode: DataMode) -> Result<()> {
         let bytes: u64 = segments.iter().map(|s| s.len).sum();
         let lba_size = self.ctrl.info().namespace(nsid).map_or(512, |n| n.lba_size as u64);
-        if bytes == 0 || bytes % lba_size != 0 {
+        if bytes == 0 || !bytes.is_multiple_of(lba_size) {
             return Err(DriverError::invalid(format!("transfer of {bytes} bytes is not a whole number of {lba_size}-byte blocks")));
         }
         self.namespace(nsid, lba, bytes / lba_size)?;

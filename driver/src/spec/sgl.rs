@@ -106,7 +106,7 @@ mod tests {
     #[test]
     fn words_round_trip_and_match_bytes() {
         for d in [
-            SglDescriptor::data_block(0xdead_beef_000, 4096),
+            SglDescriptor::data_block(0x0dea_dbee_f000, 4096),
             SglDescriptor::segment(0x1000, 32),
             SglDescriptor::bit_bucket(512),
         ] {

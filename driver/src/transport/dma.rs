@@ -74,7 +74,7 @@ impl DmaBuffer {
     /// Writes `value` at `offset` with a volatile store.
     pub fn write_obj<T: IntoBytes + Immutable + Copy>(&self, offset: usize, value: &T) -> Result<()> {
         self.check(offset, size_of::<T>())?;
-        if offset % align_of::<T>() != 0 {
+        if !offset.is_multiple_of(align_of::<T>()) {
             return Err(DriverError::invalid(format!("unaligned DMA write at {offset:#x}")));
         }
         // SAFETY: in bounds and aligned (checked above); the memory lives as long as `self`.
@@ -85,7 +85,7 @@ impl DmaBuffer {
     /// Reads a `T` at `offset` with a volatile load.
     pub fn read_obj<T: FromBytes + Copy>(&self, offset: usize) -> Result<T> {
         self.check(offset, size_of::<T>())?;
-        if offset % align_of::<T>() != 0 {
+        if !offset.is_multiple_of(align_of::<T>()) {
             return Err(DriverError::invalid(format!("unaligned DMA read at {offset:#x}")));
         }
         // SAFETY: in bounds and aligned (checked above); any bit pattern is a valid `T` (FromBytes).
@@ -106,7 +106,7 @@ impl DmaBuffer {
     }
 
     fn atomic_u32(&self, offset: usize) -> Result<&AtomicU32> {
-        if offset % 4 != 0 {
+        if !offset.is_multiple_of(4) {
             return Err(DriverError::invalid(format!("unaligned DMA word at {offset:#x}")));
         }
         // SAFETY: in bounds (callers check) and 4-byte aligned; the memory lives as long as `self`.

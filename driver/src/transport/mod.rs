@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 /// BAR0 of one controller.
+#[allow(clippy::len_without_is_empty, reason = "a mapped BAR0 is never empty")]
 pub trait Registers: Send + Sync {
     /// The device's name in messages: a PCI address or `emu0`.
     fn name(&self) -> &str;
@@ -43,7 +44,7 @@ pub trait Registers: Send + Sync {
 
 /// Bounds check shared by every `Registers` implementation.
 pub fn check_register(name: &str, len: usize, offset: usize, width: usize) -> Result<()> {
-    if offset % width != 0 || offset.checked_add(width).is_none_or(|end| end > len) {
+    if !offset.is_multiple_of(width) || offset.checked_add(width).is_none_or(|end| end > len) {
         return Err(DriverError::RegisterOutOfRange { device: name.to_string(), offset, width, len });
     }
     Ok(())
