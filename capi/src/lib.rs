@@ -1,1 +1,102 @@
-//! placeholder
+//! The C ABI of tutti: `libtutti.so` and `include/tutti.h` (generated from
+//! this crate by the cbindgen CLI; `scripts/gen-header` regenerates it and a
+//! test fails when the committed header drifts).
+//!
+//! Rules every entry point follows:
+//! - It returns an `int32_t` status (0 ok, 1 in progress, negative errors,
+//!   named by `tutti_status_name`) and sets this thread's last-error message
+//!   (`tutti_last_error`): cleared on success, naming the function and what
+//!   was wrong on failure.
+//! - Its body runs under `catch_unwind`: a panic is `TUTTI_E_PANIC`, never an
+//!   unwind into C.
+//! - Every pointer, length, enum value and `struct_size` is checked before
+//!   use; handles are looked up in a registry (`TUTTI_E_BAD_HANDLE` for a
+//!   stale or foreign one; destroying NULL is a no-op).
+//!
+//! Thread safety: every call may be made from any thread, concurrently.
+
+#![allow(non_camel_case_types)]
+
+mod config;
+mod error;
+mod handles;
+mod hooks;
+mod jobs;
+mod kv;
+mod ptr;
+mod runtime;
+mod stats;
+mod status;
+mod store;
+
+pub use config::*;
+pub use error::CapiError;
+pub use hooks::*;
+pub use jobs::*;
+pub use kv::*;
+pub use ptr::{TUTTI_MAX_BLOCKS_PER_CALL, TUTTI_MAX_TIMEOUT_MS, TUTTI_MAX_TOKENS_PER_CALL};
+pub use runtime::{
+    tutti_runtime_close, tutti_runtime_info, tutti_runtime_info_t, tutti_runtime_open, tutti_runtime_t,
+};
+pub use stats::*;
+pub use status::*;
+pub use store::*;
+
+use std::ffi::c_char;
+
+const EMPTY: &str = "\0";
+
+/// The ABI version of this library; a caller built against another version
+/// must not use it. Structs of ABI 1 must carry exactly their ABI-1 size.
+pub const TUTTI_ABI_VERSION: u32 = 1;
+
+/// The ABI version of the loaded library (`TUTTI_ABI_VERSION` it was built with).
+///
+/// # Safety
+/// None: callable at any time from any thread.
+#[no_mangle]
+pub extern "C" fn tutti_abi_version() -> u32 {
+    TUTTI_ABI_VERSION
+}
+
+/// The name of a status code, e.g. "TUTTI_E_INVALID_ARG"
+/// ("TUTTI_UNKNOWN_STATUS" for a value that is none). A static string.
+///
+/// # Safety
+/// None: callable at any time; the result must not be freed.
+#[no_mangle]
+pub extern "C" fn tutti_status_name(code: i32) -> *const c_char {
+    error::guard_value(status::UNKNOWN_STATUS.as_ptr(), || status::name_of(code).as_ptr()) as *const c_char
+}
+
+/// This thread's last error message ("" after a successful call). The
+/// string belongs to the library and stays valid until the next tutti call
+/// on this thread; copy it (or use `tutti_last_error_copy`) to keep it.
+///
+/// # Safety
+/// None: callable at any time; the result must not be freed.
+#[no_mangle]
+pub extern "C" fn tutti_last_error() -> *const c_char {
+    error::guard_value(EMPTY.as_ptr() as *const c_char, error::last_error_ptr)
+}
+
+/// Copies this thread's last error message into `buf` (NUL-terminated)
+/// without changing it. `*needed` (nullable) gets the bytes needed including
+/// the NUL; `TUTTI_E_BUFFER_TOO_SMALL` if `capacity` is less (the message is
+/// kept in that case too).
+///
+/// # Safety
+/// `buf` points to `capacity` writable bytes (NULL if 0); `needed` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn tutti_last_error_copy(buf: *mut c_char, capacity: usize, needed: *mut usize) -> i32 {
+    let msg = error::last_error_bytes();
+    let text = &msg[..msg.len().saturating_sub(1)];
+    // SAFETY: forwarded from the caller.
+    let r = error::guard_value(Err(CapiError::Poisoned("panic")), || unsafe {
+        ptr::copy_str(text, buf, capacity, needed)
+    });
+    match r {
+        Ok(()) => TUTTI_OK,
+        Err(e) => e.code(),
+    }
+}

@@ -1,0 +1,305 @@
+//! The runtime configuration C passes in, and its translation into drives
+//! and object-store options. Every field is checked here; the error names it.
+
+use crate::error::{CapiError, Result};
+use crate::ptr::{self, SizePrefixed};
+use std::ffi::c_char;
+use std::path::PathBuf;
+use std::time::Duration;
+use tutti_driver::controller::{Controller, ControllerOptions};
+use tutti_driver::emulated::{EmulatedConfig, EmulatedController, MediaConfig, NamespaceConfig};
+use tutti_objstore::{Backend, DriveSpec, Dtype, Geometry, GioConfig, OpenMode, PoolOptions, StoreOptions};
+
+/// 32-bit float KV.
+pub const TUTTI_DTYPE_F32: u32 = 1;
+/// IEEE half.
+pub const TUTTI_DTYPE_F16: u32 = 2;
+/// bfloat16.
+pub const TUTTI_DTYPE_BF16: u32 = 3;
+/// 8-bit float, E4M3.
+pub const TUTTI_DTYPE_FP8_E4M3: u32 = 4;
+/// 8-bit float, E5M2.
+pub const TUTTI_DTYPE_FP8_E5M2: u32 = 5;
+/// 8-bit integer (quantized KV).
+pub const TUTTI_DTYPE_I8: u32 = 6;
+
+/// Emulated NVMe controllers in this process (RAM or file media).
+pub const TUTTI_DRIVES_EMULATED: u32 = 1;
+/// NVMe drives bound to vfio-pci.
+pub const TUTTI_DRIVES_VFIO: u32 = 2;
+
+/// gio_uring with its host executor (the main path on machines without a GPU).
+pub const TUTTI_EXECUTOR_GIO_HOST: u32 = 1;
+/// The CPU-driven baseline: the host submits every NVMe command.
+pub const TUTTI_EXECUTOR_DIRECT: u32 = 2;
+
+/// Format the drives as a new, empty pool.
+pub const TUTTI_OPEN_CREATE: u32 = 1;
+/// Open the pool the drives hold; anything else is an error.
+pub const TUTTI_OPEN_EXISTING: u32 = 2;
+/// Open the pool the drives hold, or format them if every one is blank.
+pub const TUTTI_OPEN_OR_CREATE: u32 = 3;
+
+const MAX_EMULATED: u32 = 64;
+const MAX_VFIO: u32 = 64;
+const MIN_EMULATED_BYTES: u64 = 4 << 20;
+const MAX_EMULATED_BYTES: u64 = 1 << 42;
+const DEFAULT_IO_TIMEOUT_MS: u32 = 2000;
+const MAX_LANE_BLOCKS: u32 = 64;
+
+/// The KV-cache shape of one model (per tensor-parallel rank). Embedded in
+/// other structs, so it carries no size prefix.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct tutti_geometry_t {
+    pub layers: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    /// Tokens per KV block: one block is one chunk of the chained hash.
+    pub tokens_per_block: u32,
+    /// `TUTTI_DTYPE_*`.
+    pub dtype: u32,
+}
+
+/// How to open a runtime. Set `struct_size = sizeof(tutti_runtime_config_t)`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct tutti_runtime_config_t {
+    pub struct_size: u32,
+    /// `TUTTI_DRIVES_*`.
+    pub drives: u32,
+    /// EMULATED: number of drives, 1..=64.
+    pub emulated_count: u32,
+    /// EMULATED: 512 or 4096 (0 = 512).
+    pub emulated_lba_size: u32,
+    /// EMULATED: bytes per drive, at least 4 MiB, a multiple of the LBA size.
+    pub emulated_capacity_bytes: u64,
+    /// EMULATED, nullable: NULL keeps media in RAM (gone at close); otherwise
+    /// media are the files `<dir>/emu<i>.img` (created if absent) and survive.
+    pub emulated_dir: *const c_char,
+    /// VFIO: `vfio_count` PCI addresses such as "0000:01:00.0", in pool order.
+    pub vfio_bdfs: *const *const c_char,
+    pub vfio_count: u32,
+    /// VFIO: 1 = vfio's unsafe no-IOMMU mode (testing only).
+    pub vfio_noiommu: u32,
+    /// `TUTTI_EXECUTOR_*`.
+    pub executor: u32,
+    /// `TUTTI_OPEN_*`.
+    pub open_mode: u32,
+    pub geometry: tutti_geometry_t,
+    /// Deadline of one NVMe command in ms (0 = 2000).
+    pub io_timeout_ms: u32,
+    /// Host executor: lane blocks of 32 lanes (0 = 1).
+    pub host_lane_blocks: u32,
+}
+
+// SAFETY: repr(C) with `struct_size: u32` first.
+unsafe impl SizePrefixed for tutti_runtime_config_t {
+    const NAME: &'static str = "tutti_runtime_config_t";
+}
+
+pub(crate) fn dtype(code: u32) -> Result<Dtype> {
+    u8::try_from(code).ok().and_then(Dtype::from_code).ok_or_else(|| {
+        CapiError::invalid("geometry.dtype", format!("{code} is not a TUTTI_DTYPE_* value (1..=6)"))
+    })
+}
+
+impl tutti_geometry_t {
+    pub(crate) fn to_geometry(self) -> Result<Geometry> {
+        let g = Geometry {
+            layers: self.layers,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+            tokens_per_block: self.tokens_per_block,
+            dtype: dtype(self.dtype)?,
+        };
+        g.validate()?;
+        Ok(g)
+    }
+
+    pub(crate) fn from_geometry(g: &Geometry) -> Self {
+        tutti_geometry_t {
+            layers: g.layers,
+            kv_heads: g.kv_heads,
+            head_dim: g.head_dim,
+            tokens_per_block: g.tokens_per_block,
+            dtype: g.dtype.code() as u32,
+        }
+    }
+}
+
+/// Where the pool's drives come from.
+pub(crate) enum DriveSource {
+    Emulated { count: u32, lba_size: u32, bytes: u64, dir: Option<PathBuf> },
+    Vfio { bdfs: Vec<String>, noiommu: bool },
+}
+
+/// A checked configuration.
+pub(crate) struct RuntimeConfig {
+    pub source: DriveSource,
+    pub executor: u32,
+    pub options: StoreOptions,
+    pub io_timeout: Duration,
+}
+
+impl RuntimeConfig {
+    /// # Safety
+    /// The pointers in `c` follow the field docs of [`tutti_runtime_config_t`].
+    pub(crate) unsafe fn from_c(c: &tutti_runtime_config_t) -> Result<Self> {
+        let source = match c.drives {
+            TUTTI_DRIVES_EMULATED => {
+                if c.emulated_count == 0 || c.emulated_count > MAX_EMULATED {
+                    return Err(CapiError::invalid(
+                        "emulated_count",
+                        format!("{} is not within 1..={MAX_EMULATED}", c.emulated_count),
+                    ));
+                }
+                let lba_size = match c.emulated_lba_size {
+                    0 | 512 => 512,
+                    4096 => 4096,
+                    n => {
+                        return Err(CapiError::invalid(
+                            "emulated_lba_size",
+                            format!("{n} is not 512 or 4096"),
+                        ))
+                    }
+                };
+                let bytes = c.emulated_capacity_bytes;
+                if !(MIN_EMULATED_BYTES..=MAX_EMULATED_BYTES).contains(&bytes) || bytes % lba_size as u64 != 0
+                {
+                    return Err(CapiError::invalid(
+                        "emulated_capacity_bytes",
+                        format!(
+                            "{bytes} is not a multiple of {lba_size} within {MIN_EMULATED_BYTES}..={MAX_EMULATED_BYTES}"
+                        ),
+                    ));
+                }
+                let dir = if c.emulated_dir.is_null() {
+                    None
+                } else {
+                    // SAFETY: forwarded from the caller.
+                    Some(PathBuf::from(unsafe { ptr::str_in(c.emulated_dir, "emulated_dir", 4096)? }))
+                };
+                DriveSource::Emulated { count: c.emulated_count, lba_size, bytes, dir }
+            }
+            TUTTI_DRIVES_VFIO => {
+                if c.vfio_count == 0 || c.vfio_count > MAX_VFIO {
+                    return Err(CapiError::invalid(
+                        "vfio_count",
+                        format!("{} is not within 1..={MAX_VFIO}", c.vfio_count),
+                    ));
+                }
+                // SAFETY: forwarded from the caller.
+                let ptrs = unsafe {
+                    ptr::slice_in(c.vfio_bdfs, c.vfio_count as usize, "vfio_bdfs", MAX_VFIO as u64)?
+                };
+                let bdfs = ptrs
+                    .iter()
+                    // SAFETY: each entry is a NUL-terminated string, per the field docs.
+                    .map(|&p| unsafe { ptr::str_in(p, "vfio_bdfs[i]", 64) }.map(str::to_string))
+                    .collect::<Result<Vec<_>>>()?;
+                DriveSource::Vfio { bdfs, noiommu: ptr::flag(c.vfio_noiommu, "vfio_noiommu")? }
+            }
+            n => {
+                return Err(CapiError::invalid(
+                    "drives",
+                    format!("{n} is not TUTTI_DRIVES_EMULATED (1) or TUTTI_DRIVES_VFIO (2)"),
+                ))
+            }
+        };
+        let mode = match c.open_mode {
+            TUTTI_OPEN_CREATE => OpenMode::Create,
+            TUTTI_OPEN_EXISTING => OpenMode::Open,
+            TUTTI_OPEN_OR_CREATE => OpenMode::OpenOrCreate,
+            n => {
+                return Err(CapiError::invalid(
+                    "open_mode",
+                    format!("{n} is not a TUTTI_OPEN_* value (1..=3)"),
+                ))
+            }
+        };
+        let io_timeout_ms = if c.io_timeout_ms == 0 { DEFAULT_IO_TIMEOUT_MS } else { c.io_timeout_ms };
+        let io_timeout = Duration::from_millis(io_timeout_ms as u64);
+        let lane_blocks = if c.host_lane_blocks == 0 { 1 } else { c.host_lane_blocks };
+        if lane_blocks > MAX_LANE_BLOCKS {
+            return Err(CapiError::invalid(
+                "host_lane_blocks",
+                format!("{lane_blocks} is more than {MAX_LANE_BLOCKS}"),
+            ));
+        }
+        let backend = match c.executor {
+            TUTTI_EXECUTOR_GIO_HOST => {
+                let mut gio = GioConfig::default();
+                gio.ring.command_timeout = io_timeout;
+                gio.ring.submit_timeout = io_timeout.saturating_mul(2);
+                gio.host.blocks = lane_blocks;
+                gio.sm_budget = lane_blocks;
+                Backend::Gio(gio)
+            }
+            TUTTI_EXECUTOR_DIRECT => Backend::Direct { queue_depth: 64 },
+            n => {
+                return Err(CapiError::invalid(
+                    "executor",
+                    format!("{n} is not TUTTI_EXECUTOR_GIO_HOST (1) or TUTTI_EXECUTOR_DIRECT (2)"),
+                ))
+            }
+        };
+        let geometry = c.geometry.to_geometry()?;
+        Ok(RuntimeConfig {
+            source,
+            executor: c.executor,
+            options: StoreOptions { pool: PoolOptions::new(geometry, mode), backend },
+            io_timeout,
+        })
+    }
+}
+
+/// Controllers the runtime owns; they outlive the store opened on them.
+pub(crate) struct Rig {
+    /// Kept alive, not read: the controllers' media and threads.
+    _emulated: Vec<EmulatedController>,
+}
+
+impl RuntimeConfig {
+    /// Starts (or opens) the drives and brings their controllers up, in pool order.
+    pub(crate) fn start_drives(&self) -> Result<(Rig, Vec<DriveSpec>)> {
+        match &self.source {
+            DriveSource::Emulated { count, lba_size, bytes, dir } => {
+                if let Some(d) = dir {
+                    std::fs::create_dir_all(d).map_err(|e| {
+                        CapiError::invalid("emulated_dir", format!("cannot create {}: {e}", d.display()))
+                    })?;
+                }
+                let mut emulated = Vec::with_capacity(*count as usize);
+                let mut specs = Vec::with_capacity(*count as usize);
+                for i in 0..*count {
+                    let media = match dir {
+                        Some(d) => MediaConfig::File(d.join(format!("emu{i}.img"))),
+                        None => MediaConfig::Ram,
+                    };
+                    let emu = EmulatedController::start(EmulatedConfig {
+                        name: format!("emu{i}"),
+                        serial: format!("TUTTI-CAPI-{i}"),
+                        namespaces: vec![NamespaceConfig::with_bytes(*bytes, *lba_size)],
+                        media,
+                        ..EmulatedConfig::default()
+                    })
+                    .map_err(|e| CapiError::Io(format!("starting emulated drive {i}: {e}")))?;
+                    let opts = ControllerOptions { io_timeout: self.io_timeout, ..Default::default() };
+                    let ctrl = Controller::new(emu.registers(), emu.dma_space(), opts)
+                        .map_err(|e| CapiError::Io(format!("bringing up emulated drive {i}: {e}")))?;
+                    specs.push(DriveSpec::first_namespace(ctrl)?);
+                    emulated.push(emu);
+                }
+                Ok((Rig { _emulated: emulated }, specs))
+            }
+            DriveSource::Vfio { bdfs, noiommu } => {
+                let specs = bdfs
+                    .iter()
+                    .map(|b| DriveSpec::open_vfio(b, *noiommu).map_err(CapiError::from))
+                    .collect::<Result<Vec<_>>>()?;
+                Ok((Rig { _emulated: Vec::new() }, specs))
+            }
+        }
+    }
+}

@@ -1,0 +1,450 @@
+//! Jobs: a load or store of many blocks over a range of layers, polled,
+//! waited for (whole or one layer), cancelled, and destroyed from C.
+
+use crate::error::{guard, CapiError, Result};
+use crate::handles::Registry;
+use crate::kv::{hashes_in, tutti_hash_t};
+use crate::ptr::{self, SizePrefixed, TUTTI_MAX_BLOCKS_PER_CALL};
+use crate::runtime::{lock, tutti_runtime_t, Runtime};
+use crate::status::{TUTTI_IN_PROGRESS, TUTTI_OK};
+use crate::store::StoreSession;
+use std::ffi::c_char;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+use tutti_objstore::{Direction, JobId, JobStatus};
+
+/// A load: drive → engine memory.
+pub const TUTTI_DIR_LOAD: u32 = 1;
+/// A store: engine memory → drive.
+pub const TUTTI_DIR_STORE: u32 = 2;
+
+/// How long destroying an unfinished job waits for the layers already handed
+/// to the drives (each NVMe command has its own, shorter, deadline).
+const DRAIN: Duration = Duration::from_secs(30);
+
+/// A load or store job (opaque).
+pub struct tutti_job_t {
+    _private: [u8; 0],
+}
+
+/// A job's progress. Set `struct_size = sizeof(tutti_job_status_t)`, and
+/// `failed_bitmap`/`failed_bitmap_words` if the per-block failures are wanted.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct tutti_job_status_t {
+    pub struct_size: u32,
+    /// `TUTTI_DIR_*`.
+    pub direction: u32,
+    /// 1 when every layer has finished (successfully or not).
+    pub done: u32,
+    pub cancelled: u32,
+    pub first_layer: u32,
+    pub num_layers: u32,
+    pub layers_done: u32,
+    /// Blocks of the submission.
+    pub blocks: u32,
+    /// Blocks with a failure so far (their KV must be recomputed / was not stored).
+    pub failed: u32,
+    /// IN: capacity of `failed_bitmap` in 64-bit words (at least ceil(blocks / 64) if given).
+    pub failed_bitmap_words: u32,
+    /// IN, nullable: receives the failures, bit (i % 64) of word i / 64 = block i of the submission.
+    pub failed_bitmap: *mut u64,
+    /// NVMe commands issued so far.
+    pub commands: u64,
+    /// KV bytes of the blocks that did not fail, over the finished layers.
+    pub bytes: u64,
+}
+
+// SAFETY: repr(C) with `struct_size: u32` first.
+unsafe impl SizePrefixed for tutti_job_status_t {
+    const NAME: &'static str = "tutti_job_status_t";
+}
+
+pub(crate) struct Job {
+    rt: Arc<Runtime>,
+    key: u64,
+    /// The object store's job; `None` when no block could be submitted.
+    id: Option<JobId>,
+    dir: Direction,
+    blocks: u32,
+    /// Loads: blocks `0..submitted` went to the store; the rest were not stored.
+    submitted: u32,
+    layers: Range<u32>,
+    /// Loads: the pin of the job's own lookup, released with the job.
+    pin: u64,
+    /// Stores: the session written for (kept open while the job lives).
+    _session: Option<Arc<StoreSession>>,
+}
+
+pub(crate) static JOBS: Registry<Job> = Registry::new("tutti_job_t", 2);
+
+/// A layer range of the pool's geometry.
+pub(crate) fn layer_range(rt: &Runtime, first: u32, count: u32) -> Result<Range<u32>> {
+    let layers = rt.geometry.layers;
+    match first.checked_add(count) {
+        Some(end) if count > 0 && end <= layers => Ok(first..end),
+        _ => Err(CapiError::invalid(
+            "layers",
+            format!("first_layer {first} + num_layers {count} is not a non-empty range within 0..{layers}"),
+        )),
+    }
+}
+
+/// One view of a job, whatever happened to the part not submitted.
+struct View {
+    st: Option<JobStatus>,
+    failed: Vec<u64>,
+    first_error: Option<String>,
+}
+
+impl Job {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        rt: Arc<Runtime>,
+        id: Option<JobId>,
+        dir: Direction,
+        blocks: u32,
+        submitted: u32,
+        layers: Range<u32>,
+        pin: u64,
+        session: Option<Arc<StoreSession>>,
+    ) -> Job {
+        let key = rt.next_key();
+        rt.set_in_flight(key, if id.is_some() { layers.len() as u32 } else { 0 });
+        Job { rt, key, id, dir, blocks, submitted, layers, pin, _session: session }
+    }
+
+    fn view(&self, st: Option<JobStatus>) -> View {
+        let mut failed = st.as_ref().map(|s| s.failed_blocks.clone()).unwrap_or_default();
+        failed.resize((self.blocks as usize).div_ceil(64), 0);
+        for i in self.submitted..self.blocks {
+            failed[i as usize / 64] |= 1 << (i % 64);
+        }
+        let mut first_error = st.as_ref().and_then(|s| s.first_error.clone());
+        if self.submitted < self.blocks && first_error.is_none() {
+            first_error = Some(format!(
+                "block {} (and every later one) is not stored under this cache identity",
+                self.submitted
+            ));
+        }
+        if let Some(s) = &st {
+            self.rt.set_in_flight(self.key, if s.done { 0 } else { s.layers - s.layers_done });
+        }
+        View { st, failed, first_error }
+    }
+
+    fn poll(&self) -> Result<View> {
+        Ok(self.view(self.id.map(|id| self.rt.store.poll(id)).transpose()?))
+    }
+
+    fn wait(&self, timeout: Duration) -> Result<View> {
+        Ok(self.view(self.id.map(|id| self.rt.store.wait(id, timeout)).transpose()?))
+    }
+
+    fn wait_layer(&self, layer: u32, timeout: Duration) -> Result<View> {
+        self.check_layer(layer)?;
+        Ok(self.view(self.id.map(|id| self.rt.store.wait_layer(id, layer, timeout)).transpose()?))
+    }
+
+    fn check_layer(&self, layer: u32) -> Result<()> {
+        if !self.layers.contains(&layer) {
+            return Err(CapiError::invalid(
+                "layer",
+                format!("layer {layer} is not in the job's {}..{}", self.layers.start, self.layers.end),
+            ));
+        }
+        Ok(())
+    }
+
+    fn done(v: &View) -> bool {
+        v.st.as_ref().is_none_or(|s| s.done)
+    }
+
+    fn layer_done(&self, v: &View, layer: u32) -> bool {
+        v.st.as_ref().is_none_or(|s| s.layer_is_done(layer))
+    }
+
+    fn fill(&self, v: &View, out: &mut tutti_job_status_t) -> Result<()> {
+        let failed: u32 = v.failed.iter().map(|w| w.count_ones()).sum();
+        let layers_done = v.st.as_ref().map_or(self.layers.len() as u32, |s| s.layers_done);
+        let obj = self.rt.store.stripe_map().object_bytes();
+        out.direction = match self.dir {
+            Direction::Load => TUTTI_DIR_LOAD,
+            Direction::Store => TUTTI_DIR_STORE,
+        };
+        out.done = Job::done(v) as u32;
+        out.cancelled = v.st.as_ref().is_some_and(|s| s.cancelled) as u32;
+        out.first_layer = self.layers.start;
+        out.num_layers = self.layers.len() as u32;
+        out.layers_done = layers_done;
+        out.blocks = self.blocks;
+        out.failed = failed;
+        out.commands = v.st.as_ref().map_or(0, |s| s.commands);
+        out.bytes = self.blocks.saturating_sub(failed) as u64 * layers_done as u64 * 2 * obj;
+        if !out.failed_bitmap.is_null() {
+            if (out.failed_bitmap_words as usize) < v.failed.len() {
+                return Err(CapiError::BufferTooSmall {
+                    what: "failed_bitmap (words)",
+                    needed: v.failed.len(),
+                    capacity: out.failed_bitmap_words as usize,
+                });
+            }
+            // SAFETY: the caller promises `failed_bitmap_words` writable words (struct docs).
+            let dst = unsafe { ptr::slice_out(out.failed_bitmap, v.failed.len(), "failed_bitmap")? };
+            dst.copy_from_slice(&v.failed);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        if let Some(id) = self.id {
+            let store = &self.rt.store;
+            if store.poll(id).is_ok_and(|s| !s.done) {
+                let _ = store.cancel(id);
+                let _ = store.wait(id, DRAIN);
+            }
+            if let Err(e) = store.release(id) {
+                tracing::warn!(job = id, error = %e, "a destroyed job could not be released");
+            }
+        }
+        if let Err(e) = self.rt.store.unpin(self.pin) {
+            tracing::warn!(pin = self.pin, error = %e, "a destroyed load's pin could not be released");
+        }
+        self.rt.set_in_flight(self.key, 0);
+    }
+}
+
+/// Answers a job call: fills `status` (nullable) even when the call then
+/// reports a timeout, so the caller sees how far the job got.
+///
+/// # Safety
+/// `status` is NULL or points to a `tutti_job_status_t` with `struct_size` set.
+unsafe fn answer(job: &Job, v: &View, status: *mut tutti_job_status_t) -> Result<()> {
+    if !status.is_null() {
+        // SAFETY: forwarded from the caller.
+        job.fill(v, unsafe { ptr::sized_out(status)? })?;
+    }
+    Ok(())
+}
+
+/// Loads chunk `hashes[i]` into engine block `block_ids[i]` for layers
+/// `first_layer .. first_layer + num_layers`. The hashes are looked up (and
+/// pinned for the job's life); from the first one not stored on, blocks are
+/// not loaded and are reported failed in the job's bitmap, so the engine
+/// recomputes exactly those. Block ids must be distinct and registered.
+///
+/// # Safety
+/// `rt` is a runtime handle (checked); `hashes` and `block_ids` point to
+/// `count` readable elements; `out_job` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn tutti_submit_load(
+    rt: *mut tutti_runtime_t,
+    hashes: *const tutti_hash_t,
+    block_ids: *const u32,
+    count: usize,
+    first_layer: u32,
+    num_layers: u32,
+    out_job: *mut *mut tutti_job_t,
+) -> i32 {
+    guard("tutti_submit_load", || {
+        let rt = Runtime::get(rt)?;
+        // SAFETY: forwarded from the caller.
+        let out = unsafe { ptr::out(out_job, "out_job")? };
+        *out = std::ptr::null_mut();
+        // SAFETY: forwarded from the caller.
+        let keys = unsafe { hashes_in(hashes, count)? };
+        // SAFETY: forwarded from the caller.
+        let blocks =
+            unsafe { ptr::slice_in(block_ids, count, "block_ids", TUTTI_MAX_BLOCKS_PER_CALL as u64)? };
+        if count == 0 {
+            return Err(CapiError::invalid("count", "a load needs at least one block"));
+        }
+        let layers = layer_range(&rt, first_layer, num_layers)?;
+        check_blocks(&rt, blocks)?;
+        let found = rt.store.lookup(&keys)?;
+        let hits = found.hits();
+        let id = if hits > 0 {
+            match rt.store.submit_load(&found.files, &blocks[..hits], layers.clone()) {
+                Ok(id) => Some(id),
+                Err(e) => {
+                    let _ = rt.store.unpin(found.pin);
+                    return Err(e.into());
+                }
+            }
+        } else {
+            None
+        };
+        let job = Job::new(rt, id, Direction::Load, count as u32, hits as u32, layers, found.pin, None);
+        *out = JOBS.insert(Arc::new(job));
+        Ok(TUTTI_OK)
+    })
+}
+
+/// Every block id is registered and appears once.
+fn check_blocks(rt: &Runtime, blocks: &[u32]) -> Result<()> {
+    let num_blocks = lock(&rt.registered, "registration")?
+        .as_ref()
+        .map(|r| r.num_blocks)
+        .ok_or(CapiError::Obj(tutti_objstore::ObjError::NotRegistered))?;
+    let mut seen = std::collections::HashSet::with_capacity(blocks.len());
+    for (i, &b) in blocks.iter().enumerate() {
+        if b >= num_blocks {
+            return Err(CapiError::invalid(
+                "block_ids",
+                format!("block_ids[{i}] = {b} is outside the {num_blocks} registered blocks"),
+            ));
+        }
+        if !seen.insert(b) {
+            return Err(CapiError::invalid("block_ids", format!("block_ids[{i}] = {b} appears twice")));
+        }
+    }
+    Ok(())
+}
+
+fn job_of(handle: *const tutti_job_t) -> Result<Arc<Job>> {
+    JOBS.get(handle)
+}
+
+/// Progress without blocking: `TUTTI_OK` when every layer has finished,
+/// `TUTTI_IN_PROGRESS` otherwise. Failed blocks are not an error of the call:
+/// `status->failed` and the bitmap report them (`tutti_job_error` says why).
+///
+/// # Safety
+/// `job` is a job handle (checked); `status` is NULL or points to a
+/// `tutti_job_status_t` with `struct_size` set and a valid bitmap buffer.
+#[no_mangle]
+pub unsafe extern "C" fn tutti_job_poll(job: *mut tutti_job_t, status: *mut tutti_job_status_t) -> i32 {
+    guard("tutti_job_poll", || {
+        let j = job_of(job)?;
+        let v = j.poll()?;
+        // SAFETY: forwarded from the caller.
+        unsafe { answer(&j, &v, status)? };
+        Ok(if Job::done(&v) { TUTTI_OK } else { TUTTI_IN_PROGRESS })
+    })
+}
+
+/// Waits until every layer has finished (`TUTTI_OK`) or `timeout_ms` passes
+/// (`TUTTI_E_TIMEOUT`; `status` is filled either way).
+///
+/// # Safety
+/// As `tutti_job_poll`.
+#[no_mangle]
+pub unsafe extern "C" fn tutti_job_wait(
+    job: *mut tutti_job_t,
+    timeout_ms: u64,
+    status: *mut tutti_job_status_t,
+) -> i32 {
+    guard("tutti_job_wait", || {
+        let j = job_of(job)?;
+        let v = j.wait(ptr::timeout(timeout_ms)?)?;
+        // SAFETY: forwarded from the caller.
+        unsafe { answer(&j, &v, status)? };
+        if !Job::done(&v) {
+            let s = v.st.as_ref().map_or(0, |s| s.layers_done);
+            return Err(CapiError::Timeout(format!(
+                "the job did not finish within {timeout_ms} ms ({s} of {} layers done)",
+                j.layers.len()
+            )));
+        }
+        Ok(TUTTI_OK)
+    })
+}
+
+/// Whether layer `layer` (absolute index) of the job has finished, without
+/// blocking: `TUTTI_OK` or `TUTTI_IN_PROGRESS`; `TUTTI_E_INVALID_ARG` if the
+/// job does not cover that layer.
+///
+/// # Safety
+/// `job` is a job handle (checked).
+#[no_mangle]
+pub unsafe extern "C" fn tutti_job_layer_done(job: *mut tutti_job_t, layer: u32) -> i32 {
+    guard("tutti_job_layer_done", || {
+        let j = job_of(job)?;
+        j.check_layer(layer)?;
+        let v = j.poll()?;
+        Ok(if j.layer_done(&v, layer) { TUTTI_OK } else { TUTTI_IN_PROGRESS })
+    })
+}
+
+/// Waits until layer `layer` (absolute index) of the job has finished
+/// (`TUTTI_OK`) or `timeout_ms` passes (`TUTTI_E_TIMEOUT`): an engine's
+/// `wait_for_layer_load`. `status` (nullable) is filled either way.
+///
+/// # Safety
+/// As `tutti_job_poll`.
+#[no_mangle]
+pub unsafe extern "C" fn tutti_job_wait_layer(
+    job: *mut tutti_job_t,
+    layer: u32,
+    timeout_ms: u64,
+    status: *mut tutti_job_status_t,
+) -> i32 {
+    guard("tutti_job_wait_layer", || {
+        let j = job_of(job)?;
+        let v = j.wait_layer(layer, ptr::timeout(timeout_ms)?)?;
+        // SAFETY: forwarded from the caller.
+        unsafe { answer(&j, &v, status)? };
+        if !j.layer_done(&v, layer) {
+            return Err(CapiError::Timeout(format!("layer {layer} did not finish within {timeout_ms} ms")));
+        }
+        Ok(TUTTI_OK)
+    })
+}
+
+/// Stops submitting the job's remaining layers; their blocks are reported
+/// failed ("cancelled"). Layers already on the drives finish. Poll or wait
+/// to see the job done.
+///
+/// # Safety
+/// `job` is a job handle (checked).
+#[no_mangle]
+pub unsafe extern "C" fn tutti_job_cancel(job: *mut tutti_job_t) -> i32 {
+    guard("tutti_job_cancel", || {
+        let j = job_of(job)?;
+        if let Some(id) = j.id {
+            j.rt.store.cancel(id)?;
+        }
+        Ok(TUTTI_OK)
+    })
+}
+
+/// Copies the reason of the job's first block failure ("" if none so far)
+/// into `buf` (NUL-terminated). `*needed` (nullable) gets the bytes needed
+/// including the NUL; `TUTTI_E_BUFFER_TOO_SMALL` if `capacity` is less.
+///
+/// # Safety
+/// `job` is a job handle (checked); `buf` points to `capacity` writable
+/// bytes (NULL if 0); `needed` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn tutti_job_error(
+    job: *mut tutti_job_t,
+    buf: *mut c_char,
+    capacity: usize,
+    needed: *mut usize,
+) -> i32 {
+    guard("tutti_job_error", || {
+        let j = job_of(job)?;
+        let v = j.poll()?;
+        let msg = v.first_error.unwrap_or_default();
+        // SAFETY: forwarded from the caller.
+        unsafe { ptr::copy_str(msg.as_bytes(), buf, capacity, needed)? };
+        Ok(TUTTI_OK)
+    })
+}
+
+/// Destroys a job: an unfinished one is cancelled and its in-flight layers
+/// are waited for (bounded), then it is released (a load's pins with it).
+/// NULL is a no-op; a destroyed handle gets `TUTTI_E_BAD_HANDLE`.
+///
+/// # Safety
+/// `job` is NULL or a job handle (a stale one is detected).
+#[no_mangle]
+pub unsafe extern "C" fn tutti_job_destroy(job: *mut tutti_job_t) -> i32 {
+    guard("tutti_job_destroy", || {
+        drop(JOBS.remove(job)?);
+        Ok(TUTTI_OK)
+    })
+}

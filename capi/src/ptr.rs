@@ -1,0 +1,202 @@
+//! Checked views of what C passes in: every pointer, length and struct size
+//! is validated here before any Rust reference to it exists.
+
+use crate::error::{CapiError, Result};
+use std::ffi::{c_char, CStr};
+
+/// Largest number of blocks (hashes, block ids) one call accepts.
+pub const TUTTI_MAX_BLOCKS_PER_CALL: u32 = 1 << 20;
+/// Largest number of tokens `tutti_chain_hashes` accepts in one call.
+pub const TUTTI_MAX_TOKENS_PER_CALL: u64 = 1 << 28;
+/// Longest timeout a wait accepts (one day), in milliseconds.
+pub const TUTTI_MAX_TIMEOUT_MS: u64 = 86_400_000;
+
+/// A C struct whose first field is `uint32_t struct_size`.
+///
+/// # Safety
+/// Implementors must be `#[repr(C)]` with a `u32` `struct_size` first.
+pub(crate) unsafe trait SizePrefixed: Sized {
+    const NAME: &'static str;
+}
+
+fn check_ptr<T>(p: *const T, what: &'static str) -> Result<()> {
+    if p.is_null() {
+        return Err(CapiError::Null(what));
+    }
+    if !p.is_aligned() {
+        return Err(CapiError::Misaligned(what, std::any::type_name::<T>()));
+    }
+    Ok(())
+}
+
+/// Reads `struct_size` alone (so a smaller struct is never read past its end) and checks it.
+///
+/// # Safety
+/// `p` is NULL or points to at least 4 readable bytes.
+unsafe fn check_size<T: SizePrefixed>(p: *const T) -> Result<()> {
+    check_ptr(p, T::NAME)?;
+    // SAFETY: non-null and aligned (checked); the caller promises 4 readable bytes.
+    let got = unsafe { std::ptr::read(p as *const u32) };
+    let expected = std::mem::size_of::<T>() as u32;
+    if got != expected {
+        return Err(CapiError::StructSize { what: T::NAME, got, expected });
+    }
+    Ok(())
+}
+
+/// A size-prefixed input struct.
+///
+/// # Safety
+/// `p` is NULL or points to a readable `T` (if its `struct_size` says so).
+pub(crate) unsafe fn sized_in<'a, T: SizePrefixed>(p: *const T) -> Result<&'a T> {
+    // SAFETY: forwarded.
+    unsafe { check_size(p)? };
+    // SAFETY: checked non-null, aligned, and the caller's struct is this size.
+    Ok(unsafe { &*p })
+}
+
+/// A size-prefixed output struct (the caller sets `struct_size`; inputs in it are kept).
+///
+/// # Safety
+/// `p` is NULL or points to a writable `T` (if its `struct_size` says so).
+pub(crate) unsafe fn sized_out<'a, T: SizePrefixed>(p: *mut T) -> Result<&'a mut T> {
+    // SAFETY: forwarded.
+    unsafe { check_size(p)? };
+    // SAFETY: as in `sized_in`, and the caller grants write access.
+    Ok(unsafe { &mut *p })
+}
+
+/// A required out pointer.
+///
+/// # Safety
+/// `p` is NULL or points to a writable `T`.
+pub(crate) unsafe fn out<'a, T>(p: *mut T, what: &'static str) -> Result<&'a mut T> {
+    check_ptr(p, what)?;
+    // SAFETY: checked non-null and aligned; the caller grants write access.
+    Ok(unsafe { &mut *p })
+}
+
+/// An optional out pointer (NULL = the caller does not want it).
+///
+/// # Safety
+/// `p` is NULL or points to a writable `T`.
+pub(crate) unsafe fn out_opt<'a, T>(p: *mut T, what: &'static str) -> Result<Option<&'a mut T>> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: forwarded.
+    unsafe { out(p, what) }.map(Some)
+}
+
+/// An optional input (NULL = absent).
+///
+/// # Safety
+/// `p` is NULL or points to a readable `T`.
+pub(crate) unsafe fn in_opt<'a, T>(p: *const T, what: &'static str) -> Result<Option<&'a T>> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    check_ptr(p, what)?;
+    // SAFETY: checked non-null and aligned; the caller grants read access.
+    Ok(Some(unsafe { &*p }))
+}
+
+/// An input array of `len` elements, at most `max`; NULL only when `len` is 0.
+///
+/// # Safety
+/// `p` is NULL or points to `len` readable `T`s.
+pub(crate) unsafe fn slice_in<'a, T>(
+    p: *const T,
+    len: usize,
+    what: &'static str,
+    max: u64,
+) -> Result<&'a [T]> {
+    if len as u64 > max {
+        return Err(CapiError::invalid(
+            what,
+            format!("{len} elements is more than the {max} one call accepts"),
+        ));
+    }
+    if len == 0 {
+        return Ok(&[]);
+    }
+    check_ptr(p, what)?;
+    // SAFETY: non-null, aligned, bounded length (so no isize overflow); the caller promises `len` elements.
+    Ok(unsafe { std::slice::from_raw_parts(p, len) })
+}
+
+/// An output array of `len` elements; NULL only when `len` is 0.
+///
+/// # Safety
+/// `p` is NULL or points to `len` writable `T`s.
+pub(crate) unsafe fn slice_out<'a, T>(p: *mut T, len: usize, what: &'static str) -> Result<&'a mut [T]> {
+    if len == 0 {
+        return Ok(&mut []);
+    }
+    check_ptr(p, what)?;
+    if len.checked_mul(std::mem::size_of::<T>()).is_none_or(|b| b > isize::MAX as usize) {
+        return Err(CapiError::invalid(what, format!("{len} elements do not fit in memory")));
+    }
+    // SAFETY: non-null, aligned, size fits isize; the caller promises `len` writable elements.
+    Ok(unsafe { std::slice::from_raw_parts_mut(p, len) })
+}
+
+/// A NUL-terminated UTF-8 string of at most `max` bytes.
+///
+/// # Safety
+/// `p` is NULL or points to a NUL-terminated string.
+pub(crate) unsafe fn str_in<'a>(p: *const c_char, what: &'static str, max: usize) -> Result<&'a str> {
+    if p.is_null() {
+        return Err(CapiError::Null(what));
+    }
+    // SAFETY: non-null; the caller promises a terminating NUL.
+    let s = unsafe { CStr::from_ptr(p) };
+    if s.to_bytes().len() > max {
+        return Err(CapiError::invalid(what, format!("{} bytes is longer than {max}", s.to_bytes().len())));
+    }
+    s.to_str().map_err(|e| CapiError::invalid(what, format!("not UTF-8: {e}")))
+}
+
+/// Copies `src` (NUL-terminated, from a `String`) into a caller buffer.
+///
+/// # Safety
+/// `buf` is NULL or points to `capacity` writable bytes; `needed` is NULL or writable.
+pub(crate) unsafe fn copy_str(
+    src: &[u8],
+    buf: *mut c_char,
+    capacity: usize,
+    needed: *mut usize,
+) -> Result<()> {
+    let need = src.len() + 1;
+    // SAFETY: forwarded.
+    if let Some(n) = unsafe { out_opt(needed, "needed")? } {
+        *n = need;
+    }
+    if capacity < need {
+        return Err(CapiError::BufferTooSmall { what: "buf", needed: need, capacity });
+    }
+    // SAFETY: forwarded; capacity >= need > 0.
+    let dst = unsafe { slice_out(buf as *mut u8, capacity, "buf")? };
+    dst[..src.len()].copy_from_slice(src);
+    dst[src.len()] = 0;
+    Ok(())
+}
+
+/// A `uint32_t` boolean field.
+pub(crate) fn flag(v: u32, what: &'static str) -> Result<bool> {
+    match v {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(CapiError::invalid(what, format!("{v} is not 0 or 1"))),
+    }
+}
+
+pub(crate) fn timeout(ms: u64) -> Result<std::time::Duration> {
+    if ms > TUTTI_MAX_TIMEOUT_MS {
+        return Err(CapiError::invalid(
+            "timeout_ms",
+            format!("{ms} ms is more than the {TUTTI_MAX_TIMEOUT_MS} ms (one day) a wait accepts"),
+        ));
+    }
+    Ok(std::time::Duration::from_millis(ms))
+}

@@ -1,0 +1,132 @@
+//! Compiles capi/examples/kv_roundtrip.c with the system C compiler against
+//! include/tutti.h and the libtutti.so of this build, and runs it: on RAM
+//! media, on file media, under valgrind and with AddressSanitizer (each
+//! skipped with a printed reason when the tool is missing).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const EXAMPLE: &str = "examples/kv_roundtrip.c";
+
+fn manifest() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn have(tool: &str) -> bool {
+    Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success())
+}
+
+/// The directory holding the libtutti.so built with this test. Cargo builds
+/// the library's cdylib and rlib in one go, so it sits in `deps/` next to
+/// this executable (and is uplifted to the profile directory).
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let deps = exe.parent().expect("deps dir").to_path_buf();
+    let candidates = [deps.clone(), deps.parent().expect("profile dir").to_path_buf()];
+    if let Some(d) = candidates.iter().find(|d| d.join("libtutti.so").is_file()) {
+        return d.clone();
+    }
+    // Not built (an unusual cargo invocation): build it into a target dir of
+    // its own, since this cargo process holds the lock on ours.
+    let target = deps.parent().and_then(Path::parent).expect("target dir").join("capi-cdylib");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let st = Command::new(cargo)
+        .args(["build", "-p", "tutti-capi", "--lib", "--target-dir"])
+        .arg(&target)
+        .current_dir(manifest())
+        .status()
+        .expect("run cargo build");
+    assert!(st.success(), "building libtutti.so failed");
+    target.join("debug")
+}
+
+/// Compiles the example with `extra` flags into a fresh directory.
+fn compile(name: &str, extra: &[&str]) -> Option<PathBuf> {
+    let out_dir = std::env::temp_dir().join(format!("tutti-capi-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let exe = out_dir.join(name);
+    let lib = lib_dir();
+    let out = Command::new("cc")
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-g"])
+        .args(extra)
+        .arg("-I")
+        .arg(manifest().join("include"))
+        .arg(manifest().join(EXAMPLE))
+        .arg("-L")
+        .arg(&lib)
+        .arg("-ltutti")
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .ok()?;
+    assert!(
+        out.status.success(),
+        "compiling {EXAMPLE} with {extra:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(exe)
+}
+
+fn check(what: &str, out: &Output) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("--- {what}: {}\n{stdout}{stderr}", out.status);
+    assert!(out.status.success(), "{what} failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("verified 131072 bytes loaded back"), "{what}: {stdout}");
+    assert!(stdout.contains("kv_roundtrip: all checks passed"), "{what}: {stdout}");
+}
+
+#[test]
+fn c_example_round_trips_on_ram_and_file_media() {
+    if !have("cc") {
+        eprintln!("skipping: no system C compiler (cc)");
+        return;
+    }
+    let exe = compile("kv_roundtrip", &[]).expect("cc runs");
+    check("kv_roundtrip (RAM media)", &Command::new(&exe).output().unwrap());
+    let media = std::env::temp_dir().join(format!("tutti-capi-media-{}", std::process::id()));
+    let out = Command::new(&exe).arg(&media).output().unwrap();
+    let images: Vec<_> = std::fs::read_dir(&media).map(|d| d.flatten().map(|e| e.file_name()).collect()).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&media);
+    check("kv_roundtrip (file media)", &out);
+    assert_eq!(images.len(), 2, "one media file per emulated drive: {images:?}");
+}
+
+#[test]
+fn c_example_is_clean_under_valgrind() {
+    if !have("cc") || !have("valgrind") {
+        eprintln!("skipping: valgrind or cc is not installed (scripts/test installs valgrind)");
+        return;
+    }
+    let exe = compile("kv_roundtrip_vg", &[]).expect("cc runs");
+    // No suppressions: every handle is destroyed, and the library frees its
+    // handle tables when they empty, so nothing of ours is left at exit.
+    let out = Command::new("valgrind")
+        .args(["--error-exitcode=1", "--leak-check=full", "--errors-for-leak-kinds=definite,possible"])
+        .arg(&exe)
+        .output()
+        .unwrap();
+    check("kv_roundtrip under valgrind", &out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("ERROR SUMMARY: 0 errors"), "{stderr}");
+}
+
+#[test]
+fn c_example_is_clean_under_address_sanitizer() {
+    if !have("cc") {
+        eprintln!("skipping: no system C compiler (cc)");
+        return;
+    }
+    let probe = compile("asan_probe", &["-fsanitize=address,undefined", "-fno-omit-frame-pointer"]);
+    let Some(exe) = probe else {
+        eprintln!("skipping: cc could not be run with -fsanitize=address");
+        return;
+    };
+    let out = Command::new(&exe)
+        .env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0:exitcode=23")
+        .env("UBSAN_OPTIONS", "halt_on_error=1:print_stacktrace=1")
+        .output()
+        .unwrap();
+    check("kv_roundtrip with ASan/UBSan", &out);
+}

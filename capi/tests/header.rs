@@ -1,0 +1,38 @@
+//! The committed include/tutti.h is exactly what the cbindgen CLI makes of
+//! the current sources (regenerate with scripts/gen-header).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+#[test]
+fn committed_header_matches_cbindgen_output() {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    if !Command::new("cbindgen").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        eprintln!("skipping: the cbindgen CLI is not installed (scripts/test installs it: apt-get install cbindgen)");
+        return;
+    }
+    let out = std::env::temp_dir().join(format!("tutti-header-{}.h", std::process::id()));
+    let st = Command::new("cbindgen")
+        .arg("--quiet")
+        .arg("--config")
+        .arg(manifest.join("cbindgen.toml"))
+        .args(["--crate", "tutti-capi", "--output"])
+        .arg(&out)
+        .arg(&manifest)
+        .output()
+        .expect("run cbindgen");
+    assert!(st.status.success(), "cbindgen failed:\n{}", String::from_utf8_lossy(&st.stderr));
+    let generated = std::fs::read_to_string(&out).unwrap();
+    let _ = std::fs::remove_file(&out);
+    let committed = std::fs::read_to_string(manifest.join("include/tutti.h")).unwrap();
+    if generated != committed {
+        let first = generated.lines().zip(committed.lines()).position(|(a, b)| a != b);
+        panic!(
+            "capi/include/tutti.h is stale (first differing line: {:?}); run scripts/gen-header and commit it",
+            first.map(|i| i + 1)
+        );
+    }
+    for name in ["tutti_runtime_open", "tutti_job_wait_layer", "TUTTI_E_PANIC", "# Safety"] {
+        assert!(committed.contains(name), "the header lacks {name}");
+    }
+}
