@@ -72,6 +72,22 @@ pub fn size_label(n: u64) -> String {
     n.to_string()
 }
 
+/// A count progress bar on stderr (steps of work), hidden like `report::byte_bar`.
+pub fn count_bar(total: u64, what: &str, quiet: bool) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    let bar = indicatif::ProgressBar::new(total);
+    if quiet || !std::io::stderr().is_terminal() {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg:>16} [{bar:40}] {pos}/{len} ({elapsed})")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.set_message(what.to_string());
+    bar
+}
+
 /// Which benchmark to run.
 #[derive(clap::Args, Debug)]
 pub struct Args {

@@ -102,11 +102,6 @@ impl Scatter {
         Ok(Scatter { shape, objects, slots })
     }
 
-    /// Bytes of destination memory all objects occupy.
-    pub fn bytes(&self) -> u64 {
-        self.slots.len() as u64 * self.shape.piece_bytes
-    }
-
     /// Offset in destination memory of piece `p` of object `j`.
     pub fn piece_offset(&self, j: usize, p: u64) -> u64 {
         self.slots[j * self.shape.pieces() as usize + p as usize] as u64 * self.shape.piece_bytes
@@ -233,4 +228,167 @@ pub fn build(
         commands.push(Planned { object, offset, bytes, ptr });
     }
     Ok(Descriptors { commands, costs, _lists: lists })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tutti_driver::emulated::EmuIommu;
+    use tutti_driver::spec::{SglDescriptor, SglKind};
+
+    const PAGE: u64 = 4096;
+
+    /// Splits memory at page boundaries, so PRP and SGL descriptions compare equal.
+    fn pages(segs: &[IovaSegment]) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        for s in segs {
+            let (mut a, end) = (s.iova, s.iova + s.len);
+            while a < end {
+                let next = ((a / PAGE) + 1) * PAGE;
+                out.push((a, next.min(end) - a));
+                a = next;
+            }
+        }
+        out
+    }
+
+    /// Reads back what a data pointer describes, walking list memory in `lists`.
+    fn decode(ptr: DataPtr, bytes: u64, lists: &DmaBuffer) -> Vec<IovaSegment> {
+        let at = |iova: u64| (iova - lists.iova()) as usize;
+        match ptr {
+            DataPtr::Sgl(d) if d.kind() == SglKind::DataBlock => {
+                vec![IovaSegment { iova: d.addr, len: d.len as u64 }]
+            }
+            DataPtr::Sgl(d) => {
+                assert_eq!(d.kind(), SglKind::LastSegment);
+                (0..d.len as usize / 16)
+                    .map(|i| {
+                        let b: SglDescriptor = lists.read_obj(at(d.addr) + 16 * i).unwrap();
+                        assert_eq!(b.kind(), SglKind::DataBlock);
+                        IovaSegment { iova: b.addr, len: b.len as u64 }
+                    })
+                    .collect()
+            }
+            DataPtr::Prp { prp1, prp2 } => {
+                let first = (PAGE - prp1 % PAGE).min(bytes);
+                let mut out = vec![IovaSegment { iova: prp1, len: first }];
+                let mut left = bytes - first;
+                if left == 0 {
+                    return out;
+                }
+                if left <= PAGE {
+                    out.push(IovaSegment { iova: prp2, len: left });
+                    return out;
+                }
+                // §4.3: walk the list; the last slot of a page chains when more entries follow.
+                let (mut list, mut slot) = (prp2, 0u64);
+                while left > 0 {
+                    let e: u64 = lists.read_obj(at(list) + 8 * slot as usize).unwrap();
+                    if slot == PAGE / 8 - 1 && left > PAGE {
+                        (list, slot) = (e, 0);
+                        continue;
+                    }
+                    out.push(IovaSegment { iova: e, len: left.min(PAGE) });
+                    left -= left.min(PAGE);
+                    slot += 1;
+                }
+                out
+            }
+            DataPtr::None => panic!("a read without data pointer"),
+        }
+    }
+
+    #[test]
+    fn placement_is_a_permutation_of_piece_slots() {
+        let shape = Shape::new(32 << 10, 4096, PAGE, 128 << 10).unwrap();
+        let sc = Scatter::new(shape, 50, 3).unwrap();
+        let mut seen: Vec<u64> =
+            (0..50).flat_map(|j| (0..8).map(move |p| (j, p))).map(|(j, p)| sc.piece_offset(j, p)).collect();
+        seen.sort();
+        assert_eq!(seen, (0..400).map(|i| i * 4096).collect::<Vec<_>>());
+        let contiguous = Shape::new(32 << 10, 64 << 10, PAGE, 128 << 10).unwrap();
+        assert_eq!(
+            (contiguous.piece_bytes, contiguous.pieces()),
+            (32 << 10, 1),
+            "a piece is at most the object"
+        );
+    }
+
+    #[test]
+    fn shapes_refuse_what_prp_and_the_placement_cannot_do() {
+        assert!(Shape::new(6000, 4096, PAGE, 1 << 20).unwrap_err().to_string().contains("multiple"));
+        assert!(Shape::new(32 << 10, 12 << 10, PAGE, 1 << 20).unwrap_err().to_string().contains("divides"));
+        assert!(Shape::new(32 << 10, 2048, PAGE, 1 << 20).is_err());
+        assert!(Shape::new(32 << 10, 4096, PAGE, 512).unwrap_err().to_string().contains("below one page"));
+    }
+
+    #[test]
+    fn every_mode_describes_exactly_the_scattered_pieces() {
+        let dma = EmuIommu::new("test");
+        for (object, piece) in [
+            (32u64 << 10, 4096u64),
+            (32 << 10, 32 << 10),
+            (512 << 10, 4096),
+            (512 << 10, 64 << 10),
+            (4096, 4096),
+        ] {
+            let shape = Shape::new(object, piece, PAGE, 128 << 10).unwrap();
+            let sc = Scatter::new(shape, 6, object ^ piece).unwrap();
+            let base = 0x10_0000_0000;
+            for mode in [Mode::Sgl, Mode::Prp, Mode::PrpInline] {
+                let d = build(mode, &sc, base, &dma, SglSupport::Supported).unwrap();
+                let per = shape.commands_per_object(mode);
+                assert_eq!(d.costs.commands, 6 * per, "{mode:?} {object} {piece}");
+                assert_eq!(d.commands.len() as u64, 6 * per);
+                assert!(d.commands.iter().all(|c| c.bytes <= shape.command_bytes(mode)));
+                for j in 0..6 {
+                    let mine: Vec<&Planned> = d.commands.iter().filter(|c| c.object == j as u32).collect();
+                    let mut got = Vec::new();
+                    for c in &mine {
+                        assert_eq!(
+                            c.offset,
+                            got.iter().map(|(_, l)| l).sum::<u64>(),
+                            "commands in object order"
+                        );
+                        got.extend(pages(&decode(c.ptr, c.bytes, &d._lists)));
+                    }
+                    assert_eq!(
+                        got,
+                        pages(&sc.object_segments(j, base)),
+                        "{mode:?} {object} {piece} object {j}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn descriptor_costs_follow_the_spec_layouts() {
+        let dma = EmuIommu::new("test");
+        let costs = |object: u64, piece: u64, mode: Mode| {
+            let shape = Shape::new(object, piece, PAGE, 128 << 10).unwrap();
+            build(mode, &Scatter::new(shape, 4, 1).unwrap(), 0x1000_0000, &dma, SglSupport::Supported)
+                .unwrap()
+                .costs
+        };
+        let per = |c: Costs| (c.commands / 4, c.descriptors / 4, c.desc_bytes / 4, c.list_bytes / 4);
+        // A contiguous 32K object: one Data Block; PRP needs a list of 7 entries in one page.
+        assert_eq!(per(costs(32 << 10, 32 << 10, Mode::Sgl)), (1, 1, 16, 0));
+        assert_eq!(per(costs(32 << 10, 32 << 10, Mode::Prp)), (1, 8, 16 + 7 * 8, 4096));
+        assert_eq!(per(costs(32 << 10, 32 << 10, Mode::PrpInline)), (4, 8, 4 * 16, 0));
+        // 4K pieces: one Data Block per page in a Last Segment list.
+        assert_eq!(per(costs(32 << 10, 4096, Mode::Sgl)), (1, 8, 16 + 8 * 16, 8 * 16));
+        // 2M object, 128K commands: 16 commands of 32 pages; SGL stays one descriptor each.
+        assert_eq!(per(costs(2 << 20, 2 << 20, Mode::Sgl)), (16, 16, 16 * 16, 0));
+        assert_eq!(per(costs(2 << 20, 2 << 20, Mode::Prp)), (16, 16 * 32, 16 * (16 + 31 * 8), 16 * 4096));
+        assert_eq!(costs(32 << 10, 32 << 10, Mode::Prp).table_bytes(), 4 * (16 + 4096));
+        let no_sgl = build(
+            Mode::Sgl,
+            &Scatter::new(Shape::new(8192, 8192, PAGE, 8192).unwrap(), 1, 1).unwrap(),
+            0,
+            &dma,
+            SglSupport::None,
+        );
+        assert!(no_sgl.err().unwrap().to_string().contains("SGL"));
+    }
 }
