@@ -1,0 +1,252 @@
+"""The ctypes binding against the real libtutti on emulated drives; every load is checked byte for byte."""
+
+from __future__ import annotations
+
+import pytest
+
+import tutti
+from conftest import NUM_BLOCKS, block_bytes, fill_block, vllm_layers
+
+
+def test_abi_version_is_the_one_the_package_binds(library):
+    assert tutti.abi_version() == 1
+    assert library.tutti_abi_version() == tutti._lib.ABI_VERSION
+
+
+def test_clock_is_monotonic(library):
+    a = tutti.clock_ns()
+    b = tutti.clock_ns()
+    assert 0 < a <= b
+
+
+def test_chain_hashes_identify_prefixes(library):
+    tokens = list(range(1000, 1018))  # 4 full chunks of 4 and a partial one of 2
+    h = tutti.chain_hashes(tokens, 4)
+    assert len(h) == 4 and all(len(x) == 16 for x in h)
+    assert len(set(h)) == 4
+    # Same prefix, same keys; a different tail changes only later keys.
+    other = tokens[:8] + [7] * 10
+    h2 = tutti.chain_hashes(other, 4)
+    assert h2[:2] == h[:2] and h2[2] != h[2] and h2[3] != h[3]
+    # A different first chunk changes every key, even for identical later chunks.
+    h3 = tutti.chain_hashes([0] + tokens[1:], 4)
+    assert all(a != b for a, b in zip(h, h3))
+    # Continuing from a parent equals hashing the whole sequence.
+    assert tutti.chain_hashes(tokens[8:16], 4, parent=h[1]) == h[2:4]
+    # Nothing to hash: fewer tokens than a chunk.
+    assert tutti.chain_hashes(tokens[:3], 4) == []
+    assert tutti.chain_hashes([], 4) == []
+
+
+def test_runtime_info_reports_the_pool(runtime, geometry):
+    info = runtime.info()
+    assert info.drives == 2
+    assert info.geometry == geometry
+    assert info.object_bytes == geometry.object_bytes
+    assert info.file_bytes == 2 * geometry.layers * geometry.object_bytes
+    assert info.formatted_now
+    assert info.files > 0
+    assert info.executor == "gio"
+    assert len(info.pool_id) == 16 and info.pool_id != bytes(16)
+
+
+def test_register_reports_sgl_table(runtime, geometry):
+    layers = vllm_layers(geometry)
+    sizes = runtime.register_kv(
+        "vllm_per_layer", NUM_BLOCKS, model="m", k_bases=[t.data_ptr() for t in layers], keepalive=layers
+    )
+    # One descriptor per (block, layer, K|V) when an object fits one command.
+    assert sizes.descriptors == NUM_BLOCKS * geometry.layers * 2
+    assert sizes.sgl_bytes == 16 * sizes.descriptors * sizes.tables
+
+
+def store(rt, hashes, blocks, layers_at_a_time=None):
+    with rt.begin_store(hashes, blocks) as st:
+        if layers_at_a_time:
+            for l in range(0, rt.geometry.layers, layers_at_a_time):
+                with st.submit(range(l, min(l + layers_at_a_time, rt.geometry.layers))) as job:
+                    assert job.wait().failed == 0
+        else:
+            with st.submit() as job:
+                status = job.wait()
+                assert status.done and status.failed == 0 and status.direction == "store"
+        return st.commit()
+
+
+def test_store_lookup_load_round_trip_bytes(registered, geometry):
+    rt, layers = registered
+    tokens = list(range(40, 56))
+    hashes = tutti.chain_hashes(tokens, geometry.tokens_per_block)
+    src = [3, 8, 9, 1]
+    written = {b: fill_block(geometry, layers, NUM_BLOCKS, b, seed=b) for b in src}
+    report = store(rt, hashes, src)
+    assert (report.stored, report.present, report.failed) == (4, 0, 0)
+
+    # Hits stop at the first missing chunk.
+    miss = tutti.chain_hashes([9] * 4, 4)[0]
+    with rt.lookup(hashes[:3] + [miss] + hashes[3:]) as found:
+        assert found.hits == 3 and found.pin != 0
+        assert rt.stats().files_pinned == 3
+        dst = [20, 21, 22]
+        with rt.load(hashes[:3], dst) as job:
+            status = job.wait()
+        assert status.done and status.failed == 0 and status.failed_blocks == []
+        assert status.bytes == 3 * 2 * geometry.layers * geometry.object_bytes
+    assert rt.stats().files_pinned == 0
+    for s, d in zip(src, dst):
+        assert block_bytes(geometry, layers, NUM_BLOCKS, d) == written[s]
+
+
+def test_store_layer_by_layer_then_load_layer_by_layer(registered, geometry):
+    rt, layers = registered
+    hashes = tutti.chain_hashes(list(range(8)), 4)
+    written = {b: fill_block(geometry, layers, NUM_BLOCKS, b, seed=100 + b) for b in (0, 1)}
+    assert store(rt, hashes, [0, 1], layers_at_a_time=1).stored == 2
+    with rt.load(hashes, [10, 11]) as job:
+        for l in range(geometry.layers):
+            st = job.wait_layer(l)
+            assert job.layer_done(l)
+            assert st.layers_done >= l + 1
+            # The layer waited for is complete, whatever the later ones are doing.
+            for s, d in ((0, 10), (1, 11)):
+                got = block_bytes(geometry, layers, NUM_BLOCKS, d, layer=l)
+                assert got == {k: v for k, v in written[s].items() if k[0] == l}
+        assert job.poll().done
+
+
+def test_partial_layer_range_load(registered, geometry):
+    rt, layers = registered
+    hashes = tutti.chain_hashes(list(range(4)), 4)
+    written = fill_block(geometry, layers, NUM_BLOCKS, 2, seed=7)
+    store(rt, hashes, [2])
+    with rt.load(hashes, [5], layers=range(1, 3)) as job:
+        st = job.wait()
+        assert (st.first_layer, st.num_layers, st.layers_done) == (1, 2, 2)
+    got = block_bytes(geometry, layers, NUM_BLOCKS, 5)
+    for (l, kv), data in written.items():
+        if l in (1, 2):
+            assert got[(l, kv)] == data
+        else:
+            assert got[(l, kv)] == bytes(geometry.object_bytes)  # untouched, still zero
+
+
+def test_storing_a_present_chunk_reports_it_present(registered, geometry):
+    rt, layers = registered
+    hashes = tutti.chain_hashes(list(range(4)), 4)
+    fill_block(geometry, layers, NUM_BLOCKS, 0, seed=1)
+    assert store(rt, hashes, [0]).stored == 1
+    again = store(rt, hashes, [4])
+    assert (again.stored, again.present) == (0, 1)
+
+
+def test_load_of_a_chunk_not_stored_fails_only_that_block_onward(registered, geometry):
+    rt, layers = registered
+    hashes = tutti.chain_hashes(list(range(8)), 4)
+    written = fill_block(geometry, layers, NUM_BLOCKS, 0, seed=3)
+    store(rt, hashes[:1], [0])
+    with rt.load(hashes, [12, 13]) as job:
+        st = job.wait()
+        assert st.done and st.failed == 1 and st.failed_blocks == [1]
+        assert "not stored" in job.error()
+    assert block_bytes(geometry, layers, NUM_BLOCKS, 12) == written
+
+
+def test_cancelled_job_reports_its_blocks(registered, geometry):
+    rt, layers = registered
+    hashes = tutti.chain_hashes(list(range(4)), 4)
+    fill_block(geometry, layers, NUM_BLOCKS, 0, seed=5)
+    store(rt, hashes, [0])
+    with rt.load(hashes, [15]) as job:
+        job.cancel()
+        st = job.wait()
+    assert st.done
+    # Either every layer had already been submitted (nothing to cancel) or the block failed as cancelled.
+    if st.cancelled and st.layers_done < st.num_layers:
+        assert st.failed_blocks == [0]
+
+
+def test_stats_count_traffic(registered, geometry):
+    rt, layers = registered
+    before = rt.stats()
+    hashes = tutti.chain_hashes(list(range(8)), 4)
+    fill_block(geometry, layers, NUM_BLOCKS, 0, seed=1)
+    fill_block(geometry, layers, NUM_BLOCKS, 1, seed=2)
+    store(rt, hashes, [0, 1])
+    with rt.lookup(hashes) as found:
+        assert found.hits == 2
+        with rt.load(hashes, [6, 7]) as job:
+            job.wait()
+    s = rt.stats()
+    file_bytes = 2 * geometry.layers * geometry.object_bytes
+    assert s.bytes_stored - before.bytes_stored == 2 * file_bytes
+    assert s.bytes_loaded - before.bytes_loaded == 2 * file_bytes
+    assert s.files_valid == 2 and s.files_committed - before.files_committed == 2
+    assert s.lookups > before.lookups and s.lookup_hits >= before.lookup_hits + 2
+    assert s.jobs_in_flight == 0 and s.stores_open == 0
+
+
+def test_lookup_without_pin_pins_nothing(registered, geometry):
+    rt, layers = registered
+    hashes = tutti.chain_hashes(list(range(4)), 4)
+    fill_block(geometry, layers, NUM_BLOCKS, 0, seed=1)
+    store(rt, hashes, [0])
+    found = rt.lookup(hashes, pin=False)
+    assert found.hits == 1 and found.pin == 0
+    assert rt.stats().files_pinned == 0
+
+
+def test_profile_hooks_accept_a_request(registered, geometry, tmp_path):
+    rt, _ = registered
+    rt.profile_request_begin(7, input_tokens=64, prefix_tokens=32)
+    for l in range(geometry.layers):
+        rt.profile_layer_start(7, l)
+        rt.profile_layer_end(7, l)
+    t = tutti.clock_ns()
+    rt.profile_request_begin(9, input_tokens=16, prefix_tokens=0)
+    rt.profile_layer(9, 0, t, t + 1000)
+    rt.profile_decode_step(7, 65, t, t + 5000)
+    with pytest.raises(tutti.ProfileError, match="twice"):
+        rt.profile_layer(9, 0, t, t + 1000)
+    with pytest.raises(tutti.ProfileError, match="never began"):
+        rt.profile_layer(8, 0, t, t + 1000)
+
+
+def test_runtime_reopens_a_pool_kept_in_files(library, geometry, tmp_path):
+    """Chunks stored through one runtime are found by the next one on the same (file-backed) drives."""
+    kw = dict(emulated_drives=2, emulated_capacity_bytes=8 << 20, emulated_dir=str(tmp_path))
+    hashes = tutti.chain_hashes(list(range(8)), 4)
+    with tutti.Runtime(geometry, open_mode="create", **kw) as rt:
+        layers = vllm_layers(geometry)
+        rt.register_kv("vllm_per_layer", NUM_BLOCKS, model="m", k_bases=[t.data_ptr() for t in layers])
+        written = {b: fill_block(geometry, layers, NUM_BLOCKS, b, seed=b) for b in (0, 1)}
+        store(rt, hashes, [0, 1])
+        rt.unregister_kv()
+    with tutti.Runtime(geometry, open_mode="open", **kw) as rt:
+        assert not rt.info().formatted_now
+        layers = vllm_layers(geometry)
+        rt.register_kv("vllm_per_layer", NUM_BLOCKS, model="m", k_bases=[t.data_ptr() for t in layers])
+        with rt.lookup(hashes) as found:
+            assert found.hits == 2
+            with rt.load(hashes, [4, 5]) as job:
+                assert job.wait().failed == 0
+        assert block_bytes(geometry, layers, NUM_BLOCKS, 4) == written[0]
+        assert block_bytes(geometry, layers, NUM_BLOCKS, 5) == written[1]
+        # Another model's identity never sees these chunks.
+        rt.unregister_kv()
+        rt.register_kv("vllm_per_layer", NUM_BLOCKS, model="other", k_bases=[t.data_ptr() for t in layers])
+        assert rt.lookup(hashes, pin=False).hits == 0
+
+
+def test_device_read_failure_is_reported_per_block(registered, geometry, library):
+    if not library.has("tutti_emulated_fail_next"):
+        print("SKIP: libtutti has no tutti_emulated_fail_next (fault injection) yet")
+        pytest.skip("libtutti has no tutti_emulated_fail_next")
+    rt, layers = registered
+    hashes = tutti.chain_hashes(list(range(8)), 4)
+    fill_block(geometry, layers, NUM_BLOCKS, 0, seed=1)
+    fill_block(geometry, layers, NUM_BLOCKS, 1, seed=2)
+    store(rt, hashes, [0, 1])
+    rt.emulated_fail_next(0, "load", 1)
+    with rt.load(hashes, [8, 9]) as job:
+        st = job.wait()
+    assert st.failed >= 1 and set(st.failed_blocks) <= {0, 1}

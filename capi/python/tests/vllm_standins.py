@@ -1,0 +1,250 @@
+"""Small stand-ins for the vLLM objects the connector sees, and a miniature engine step loop.
+
+Shapes follow vLLM 0.10/0.11 (v1 engine): ``Request`` (request_id,
+prompt_token_ids, all_token_ids, num_tokens, num_computed_tokens),
+``KVCacheBlocks.get_block_ids()`` → one list per KV-cache group,
+``SchedulerOutput`` with ``scheduled_new_reqs`` (``NewRequestData``),
+column-wise ``scheduled_cached_reqs`` (``CachedRequestData``),
+``num_scheduled_tokens`` and ``finished_req_ids``.
+
+``MiniEngine`` drives the two connector instances the way vLLM's scheduler
+and GPU model runner do, and plays the model: "computing" a layer writes KV
+bytes that are a pure function of the token prefix, so KV that arrives by a
+load can be checked against what computing it would have produced.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import tutti
+from tutti.vllm import KVConnectorRole, TuttiConnector
+
+
+class ModelConfig:
+    def __init__(self, g: tutti.Geometry, model="tiny/llama-test", dtype="torch.float16"):
+        self.g, self.model, self.dtype = g, model, dtype
+
+    def get_num_layers(self, parallel_config):
+        return self.g.layers
+
+    def get_num_kv_heads(self, parallel_config):
+        return self.g.kv_heads
+
+    def get_head_size(self):
+        return self.g.head_dim
+
+
+def vllm_config(g: tutti.Geometry, extra: dict, tp: int = 1, cache_dtype="auto", dtype="torch.float16"):
+    return SimpleNamespace(
+        model_config=ModelConfig(g, dtype=dtype),
+        parallel_config=SimpleNamespace(tensor_parallel_size=tp, pipeline_parallel_size=1),
+        cache_config=SimpleNamespace(block_size=g.tokens_per_block, cache_dtype=cache_dtype),
+        kv_transfer_config=SimpleNamespace(
+            kv_connector="TuttiConnector",
+            kv_connector_module_path="tutti.vllm",
+            kv_role="kv_both",
+            kv_connector_extra_config=extra,
+        ),
+    )
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+
+class KVCacheBlocks:
+    def __init__(self, ids):
+        self.ids = list(ids)
+
+    def get_block_ids(self):
+        return (list(self.ids),)
+
+
+@dataclass
+class NewRequestData:
+    req_id: str
+    prompt_token_ids: list[int]
+    block_ids: tuple
+    num_computed_tokens: int
+
+
+@dataclass
+class CachedRequestData:
+    req_ids: list[str] = field(default_factory=list)
+    resumed_from_preemption: list[bool] = field(default_factory=list)
+    new_token_ids: list[list[int]] = field(default_factory=list)
+    new_block_ids: list = field(default_factory=list)
+    num_computed_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled_new_reqs: list[NewRequestData] = field(default_factory=list)
+    scheduled_cached_reqs: CachedRequestData = field(default_factory=CachedRequestData)
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    finished_req_ids: set[str] = field(default_factory=set)
+    kv_connector_metadata: object = None
+
+
+def layer_name(i: int) -> str:
+    return f"model.layers.{i}.self_attn.attn"
+
+
+def kv_bytes(prefix_tokens: tuple, layer: int, kv: int, n: int) -> bytes:
+    """What 'computing' K or V of the block ending ``prefix_tokens`` in ``layer`` yields."""
+    return random.Random(repr((prefix_tokens, layer, kv))).randbytes(n)
+
+
+@dataclass
+class StepResult:
+    meta: object
+    matched: dict[str, int]
+    load_errors: set[int]
+    finished: tuple
+
+
+class MiniEngine:
+    """vLLM's schedule → execute_model → update loop, reduced to what the connector sees."""
+
+    def __init__(self, g: tutti.Geometry, extra: dict, num_blocks: int = 32, local_prefix_cache=None):
+        self.g = g
+        self.B = g.tokens_per_block
+        self.num_blocks = num_blocks
+        cfg = vllm_config(g, extra)
+        self.scheduler = TuttiConnector(cfg, KVConnectorRole.SCHEDULER)
+        self.worker = TuttiConnector(cfg, KVConnectorRole.WORKER)
+        self.kv = {
+            layer_name(i): tutti.HostTensor((2, num_blocks, self.B, g.kv_heads, g.head_dim), g.element_size)
+            for i in range(g.layers)
+        }
+        self.worker.register_kv_caches(self.kv)
+        self.free = list(range(num_blocks))
+        self.blocks: dict[str, list[int]] = {}
+        self.running: dict[str, Request] = {}
+        self.finished_last_step: set[str] = set()
+        self.computed_writes: set[tuple[int, int]] = set()  # (block, layer) written by compute
+
+    def close(self):
+        self.worker.shutdown()
+        self.scheduler.shutdown()
+
+    # --- memory -----------------------------------------------------------------------------
+
+    def offset(self, kv: int, block: int) -> int:
+        return (kv * self.num_blocks + block) * self.g.object_bytes
+
+    def block_kv(self, block: int, layer: int) -> tuple[bytes, bytes]:
+        t = self.kv[layer_name(layer)]
+        n = self.g.object_bytes
+        return t.read(self.offset(0, block), n), t.read(self.offset(1, block), n)
+
+    def expected(self, tokens: list[int], index: int, layer: int) -> tuple[bytes, bytes]:
+        prefix = tuple(tokens[: (index + 1) * self.B])
+        n = self.g.object_bytes
+        return kv_bytes(prefix, layer, 0, n), kv_bytes(prefix, layer, 1, n)
+
+    def _alloc(self, n: int) -> list[int]:
+        """Oldest free blocks first, poisoned: whatever they held must not pass for loaded KV."""
+        if n > len(self.free):
+            raise RuntimeError("out of blocks")
+        ids, self.free = self.free[:n], self.free[n:]
+        junk = b"\xee" * self.g.object_bytes
+        for t in self.kv.values():
+            for b in ids:
+                t.write(self.offset(0, b), junk)
+                t.write(self.offset(1, b), junk)
+        return ids
+
+    # --- one step ---------------------------------------------------------------------------
+
+    def step(self, new: list[Request] = (), cont: dict[str, int] | None = None, new_chunk: dict | None = None,
+             meta_override=None) -> StepResult:
+        """Schedules ``new`` requests (whole prompt unless ``new_chunk[req_id]`` limits it) and
+        continues running ones by ``cont[req_id]`` tokens, then runs the forward pass."""
+        out = SchedulerOutput(finished_req_ids=set(self.finished_last_step))
+        self.finished_last_step = set()
+        matched = {}
+        for req in new:
+            ext, async_load = self.scheduler.get_num_new_matched_tokens(req, 0)
+            assert async_load is False
+            matched[req.request_id] = ext
+            todo = req.num_tokens - ext
+            if new_chunk and req.request_id in new_chunk:
+                todo = min(todo, new_chunk[req.request_id])
+            ids = self._alloc(-(-(ext + todo) // self.B))
+            self.blocks[req.request_id] = ids
+            self.scheduler.update_state_after_alloc(req, KVCacheBlocks(ids), ext)
+            out.scheduled_new_reqs.append(NewRequestData(req.request_id, req.prompt_token_ids, (list(ids),), ext))
+            out.num_scheduled_tokens[req.request_id] = todo
+            req.num_computed_tokens = ext
+            self.running[req.request_id] = req
+        for req_id, n in (cont or {}).items():
+            req = self.running[req_id]
+            have = len(self.blocks[req_id])
+            need = -(-(req.num_computed_tokens + n) // self.B)
+            added = self._alloc(max(0, need - have))
+            self.blocks[req_id] += added
+            c = out.scheduled_cached_reqs
+            c.req_ids.append(req_id)
+            c.resumed_from_preemption.append(False)
+            c.new_token_ids.append([])
+            c.new_block_ids.append((added,) if added else None)
+            c.num_computed_tokens.append(req.num_computed_tokens)
+            out.num_scheduled_tokens[req_id] = n
+        meta = self.scheduler.build_connector_meta(out)
+        out.kv_connector_metadata = meta
+        self._execute(out, meta_override if meta_override is not None else meta)
+        load_errors = self.worker.get_block_ids_with_load_errors()
+        finished = self.worker.get_finished(out.finished_req_ids)
+        self.worker.clear_connector_metadata()
+        for req_id, n in out.num_scheduled_tokens.items():
+            self.running[req_id].num_computed_tokens += n
+        return StepResult(meta, matched, load_errors, finished)
+
+    def _execute(self, out: SchedulerOutput, meta) -> None:
+        w = self.worker
+        w.bind_connector_metadata(meta)
+        w.start_load_kv(SimpleNamespace(attn_metadata=None, no_compile_layers={}, virtual_engine=0))
+        for layer in range(self.g.layers):
+            name = layer_name(layer)
+            w.wait_for_layer_load(name)
+            self._compute_layer(out, layer)
+            w.save_kv_layer(name, self.kv[name], None)
+        w.wait_for_save()
+
+    def _compute_layer(self, out: SchedulerOutput, layer: int) -> None:
+        """Writes K and V of every block touched by the scheduled tokens (whole blocks, for simplicity)."""
+        t = self.kv[layer_name(layer)]
+        n = self.g.object_bytes
+        for req_id, count in out.num_scheduled_tokens.items():
+            req = self.running[req_id]
+            start, end = req.num_computed_tokens, req.num_computed_tokens + count
+            toks = req.all_token_ids
+            for index in range(start // self.B, -(-end // self.B)):
+                block = self.blocks[req_id][index]
+                k, v = self.expected(toks, index, layer)
+                t.write(self.offset(0, block), k)
+                t.write(self.offset(1, block), v)
+                self.computed_writes.add((block, layer))
+
+    def finish(self, req: Request) -> tuple:
+        ret = self.scheduler.request_finished(req, self.blocks[req.request_id])
+        self.free += self.blocks.pop(req.request_id)
+        del self.running[req.request_id]
+        self.finished_last_step.add(req.request_id)
+        return ret

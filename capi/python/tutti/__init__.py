@@ -1,0 +1,46 @@
+"""tutti: KV-cache tensors on NVMe drives, from Python.
+
+A ctypes binding over libtutti (the C ABI in ``capi/include/tutti.h``) and a
+vLLM KV connector (:mod:`tutti.vllm`). The library is loaded on first use
+(see :mod:`tutti._lib` for where it is looked for; ``$TUTTI_LIB`` wins).
+"""
+
+from .errors import (
+    AbiMismatch,
+    BadHandle,
+    BufferTooSmall,
+    Busy,
+    InternalError,
+    InvalidArgument,
+    IoError,
+    LibraryNotFound,
+    NotFound,
+    NotRegistered,
+    NullPointer,
+    Panic,
+    PoolError,
+    PoolFull,
+    ProfileError,
+    StructSizeError,
+    Timeout,
+    TuttiError,
+    Unsupported,
+)
+from .runtime import (
+    Geometry,
+    Job,
+    JobStatus,
+    Lookup,
+    Runtime,
+    RuntimeInfo,
+    Stats,
+    Store,
+    StoreReport,
+    TableSizes,
+    abi_version,
+    chain_hashes,
+    clock_ns,
+)
+from .tensors import HostTensor, TensorView, view
+
+__all__ = [name for name in dir() if not name.startswith("_")]

@@ -1,0 +1,205 @@
+"""The connector's configuration: vLLM's ``kv_connector_extra_config`` plus the model's KV shape.
+
+Pool geometry comes from vLLM's model and cache configs (layers, KV heads and
+head size per tensor-parallel rank, block size, cache dtype); any of it can be
+overridden in the extra config. Keys of ``kv_connector_extra_config``:
+
+==========================  ===========================================================
+``emulated_drives``         number of emulated NVMe drives (no hardware; tests, demos)
+``emulated_capacity_bytes`` bytes per emulated drive (default 256 MiB)
+``emulated_dir``            keep emulated media in files here (survives restarts)
+``vfio_drives``             list of PCI addresses of NVMe drives bound to vfio-pci
+``vfio_noiommu``            use vfio's no-IOMMU mode (machines without an IOMMU)
+``executor``                ``"gio"`` (gio_uring, default) or ``"direct"`` (CPU baseline)
+``open_mode``               ``"open_or_create"`` (default), ``"open"`` or ``"create"``
+``io_timeout_ms``           per NVMe command deadline (default: libtutti's 2000)
+``layer_timeout_ms``        how long a layer load or a step's saves may take (default 30000)
+``model``                   the cache identity's model name (default: vLLM's model)
+``tenant_salt``             string mixed into the cache identity (tenant isolation)
+``layers``, ``kv_heads``,   override the geometry read from vLLM's configs
+``head_dim``, ``dtype``
+``lib``                     path to libtutti.so (else ``$TUTTI_LIB`` or the usual search)
+==========================  ===========================================================
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from ..runtime import Geometry
+
+_TORCH_DTYPES = {
+    "torch.float32": "f32",
+    "torch.float": "f32",
+    "torch.float16": "f16",
+    "torch.half": "f16",
+    "torch.bfloat16": "bf16",
+    "float32": "f32",
+    "float16": "f16",
+    "half": "f16",
+    "bfloat16": "bf16",
+    "fp8": "fp8_e4m3",
+    "fp8_e4m3": "fp8_e4m3",
+    "fp8_e5m2": "fp8_e5m2",
+    "int8": "i8",
+}
+
+KNOWN_KEYS = {
+    "emulated_drives",
+    "emulated_capacity_bytes",
+    "emulated_dir",
+    "vfio_drives",
+    "vfio_noiommu",
+    "executor",
+    "open_mode",
+    "io_timeout_ms",
+    "layer_timeout_ms",
+    "model",
+    "tenant_salt",
+    "layers",
+    "kv_heads",
+    "head_dim",
+    "dtype",
+    "lib",
+}
+
+
+class ConfigError(ValueError):
+    """The connector's configuration is wrong; the message names the key."""
+
+
+@dataclass(frozen=True)
+class ConnectorConfig:
+    geometry: Geometry
+    model: str
+    tenant_salt: bytes
+    emulated_drives: int
+    emulated_capacity_bytes: int
+    emulated_dir: str | None
+    vfio_drives: tuple[str, ...]
+    vfio_noiommu: bool
+    executor: str
+    open_mode: str
+    io_timeout_ms: int
+    layer_timeout_s: float
+
+    def pool_key(self) -> tuple:
+        """Connectors with equal keys in one process share one runtime (one pool)."""
+        return (
+            self.geometry,
+            self.emulated_drives,
+            self.emulated_capacity_bytes,
+            self.emulated_dir,
+            self.vfio_drives,
+            self.vfio_noiommu,
+            self.executor,
+            self.open_mode,
+            self.io_timeout_ms,
+        )
+
+    def runtime_kwargs(self) -> dict:
+        kw: dict[str, Any] = dict(
+            executor=self.executor, open_mode=self.open_mode, io_timeout_ms=self.io_timeout_ms
+        )
+        if self.vfio_drives:
+            kw.update(vfio=self.vfio_drives, vfio_noiommu=self.vfio_noiommu)
+        else:
+            kw.update(
+                emulated_drives=self.emulated_drives,
+                emulated_capacity_bytes=self.emulated_capacity_bytes,
+                emulated_dir=self.emulated_dir,
+            )
+        return kw
+
+
+def _int(extra: dict, key: str, default: int, lo: int = 0) -> int:
+    v = extra.get(key, default)
+    try:
+        iv = int(v)
+    except (TypeError, ValueError):
+        raise ConfigError(f"kv_connector_extra_config[{key!r}] = {v!r} is not an integer") from None
+    if iv < lo or isinstance(v, bool) or (isinstance(v, float) and v != iv):
+        raise ConfigError(f"kv_connector_extra_config[{key!r}] = {v!r} must be an integer >= {lo}")
+    return iv
+
+
+def _dtype(name: Any) -> str:
+    key = str(name).lower()
+    if key not in _TORCH_DTYPES:
+        raise ConfigError(f"KV cache dtype {name!r} is not one tutti stores (f32, f16, bf16, fp8, int8)")
+    return _TORCH_DTYPES[key]
+
+
+def geometry_from_vllm(vllm_config: Any, extra: dict) -> Geometry:
+    """Layers, KV heads, head size and dtype of this rank's KV cache, from vLLM's configs."""
+    model = vllm_config.model_config
+    parallel = vllm_config.parallel_config
+    cache = vllm_config.cache_config
+    layers = extra.get("layers") or model.get_num_layers(parallel)
+    kv_heads = extra.get("kv_heads") or model.get_num_kv_heads(parallel)
+    head_dim = extra.get("head_dim") or model.get_head_size()
+    if extra.get("dtype"):
+        dtype = _dtype(extra["dtype"])
+    elif getattr(cache, "cache_dtype", "auto") not in (None, "auto"):
+        dtype = _dtype(cache.cache_dtype)
+    else:
+        dtype = _dtype(model.dtype)
+    try:
+        return Geometry(int(layers), int(kv_heads), int(head_dim), int(cache.block_size), dtype)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def from_vllm(vllm_config: Any) -> ConnectorConfig:
+    """Reads the connector's configuration from vLLM's ``VllmConfig``."""
+    ktc = vllm_config.kv_transfer_config
+    extra = dict(getattr(ktc, "kv_connector_extra_config", None) or {})
+    unknown = set(extra) - KNOWN_KEYS
+    if unknown:
+        raise ConfigError(
+            f"unknown kv_connector_extra_config keys {sorted(unknown)}; known: {sorted(KNOWN_KEYS)}"
+        )
+    parallel = vllm_config.parallel_config
+    ranks = getattr(parallel, "tensor_parallel_size", 1) * getattr(parallel, "pipeline_parallel_size", 1)
+    if ranks != 1:
+        raise ConfigError(
+            f"tensor_parallel_size × pipeline_parallel_size = {ranks}: the tutti connector drives the NVMe "
+            "pool from one process and supports a single rank for now (DESIGN §11: a device daemon for "
+            "several processes is future work)"
+        )
+    if extra.get("lib"):
+        os.environ.setdefault("TUTTI_LIB", str(extra["lib"]))
+    emulated = _int(extra, "emulated_drives", 0)
+    vfio = extra.get("vfio_drives") or ()
+    if isinstance(vfio, str):
+        vfio = [v for v in vfio.split(",") if v]
+    if bool(emulated) == bool(vfio):
+        raise ConfigError(
+            "kv_connector_extra_config needs exactly one of 'emulated_drives' (a count) and "
+            "'vfio_drives' (PCI addresses of NVMe drives bound to vfio-pci)"
+        )
+    executor = str(extra.get("executor", "gio"))
+    if executor not in ("gio", "direct"):
+        raise ConfigError(f"kv_connector_extra_config['executor'] = {executor!r}: use 'gio' or 'direct'")
+    open_mode = str(extra.get("open_mode", "open_or_create"))
+    if open_mode not in ("open", "create", "open_or_create"):
+        raise ConfigError(
+            f"kv_connector_extra_config['open_mode'] = {open_mode!r}: use 'open', 'create' or 'open_or_create'"
+        )
+    salt = extra.get("tenant_salt", "")
+    return ConnectorConfig(
+        geometry=geometry_from_vllm(vllm_config, extra),
+        model=str(extra.get("model") or vllm_config.model_config.model),
+        tenant_salt=salt.encode() if isinstance(salt, str) else bytes(salt),
+        emulated_drives=emulated,
+        emulated_capacity_bytes=_int(extra, "emulated_capacity_bytes", 256 << 20, 1),
+        emulated_dir=extra.get("emulated_dir") or None,
+        vfio_drives=tuple(str(v) for v in vfio),
+        vfio_noiommu=bool(extra.get("vfio_noiommu", False)),
+        executor=executor,
+        open_mode=open_mode,
+        io_timeout_ms=_int(extra, "io_timeout_ms", 0),
+        layer_timeout_s=_int(extra, "layer_timeout_ms", 30_000, 1) / 1000.0,
+    )

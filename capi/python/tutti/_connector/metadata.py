@@ -1,0 +1,36 @@
+"""What the scheduler-side connector tells the worker-side one each step.
+
+vLLM pickles this into the worker process with the scheduler output, so it
+holds plain data only: chunk hashes and block ids, never addresses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class LoadSpec:
+    """Load chunk ``hashes[i]`` into engine block ``block_ids[i]`` for every layer."""
+
+    req_id: str
+    hashes: list[bytes]
+    block_ids: list[int]
+
+
+@dataclass
+class SaveSpec:
+    """Store engine block ``block_ids[i]`` as chunk ``hashes[i]`` once its layers are computed."""
+
+    req_id: str
+    hashes: list[bytes]
+    block_ids: list[int]
+
+
+@dataclass
+class StepPlan:
+    loads: list[LoadSpec] = field(default_factory=list)
+    saves: list[SaveSpec] = field(default_factory=list)
+
+    def is_empty(self) -> bool:
+        return not self.loads and not self.saves

@@ -1,0 +1,194 @@
+"""The scheduler-side half: which prefix tutti can supply, and each step's load/save plan.
+
+Per request, from the first time vLLM asks about it until it finishes:
+
+* ``matched`` — the chained hashes of the prompt's full blocks are looked up
+  once (and pinned, so the chunks survive until they are loaded); repeated
+  questions while the request waits for memory return the same answer
+  without pinning again. The answer never covers the last prompt token
+  (vLLM must compute at least one token to get logits), and is counted in
+  whole blocks.
+* ``allocated`` — once vLLM found blocks for the request, the hit blocks
+  beyond vLLM's own prefix cache are planned for loading into them.
+* ``plan`` — each step: the planned loads, and for every scheduled request
+  the prompt blocks completed by this step that tutti does not hold yet.
+* ``finished`` — the pin is released.
+
+Saves finish inside the step that scheduled them (the worker waits for them
+in ``wait_for_save``), so vLLM may free a finished request's blocks at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import NotRegistered, TuttiError
+from ..runtime import Runtime, chain_hashes
+from .metadata import LoadSpec, SaveSpec, StepPlan
+
+log = logging.getLogger("tutti.vllm")
+
+
+@dataclass
+class RequestState:
+    req_id: str
+    hashes: list[bytes]  # chained hashes of the request's full blocks when first looked up
+    tokens: int  # tokens the request had then (the prompt, or more after a preemption)
+    hits: int = 0  # leading blocks tutti holds
+    pin: int = 0
+    local_tokens: int = 0  # tokens vLLM's own prefix cache supplied
+    block_ids: list[int] = field(default_factory=list)
+    saved_blocks: int = 0  # leading blocks stored or planned for storing
+    pending_load: LoadSpec | None = None
+
+
+def _token_ids(request: Any) -> list[int]:
+    toks = getattr(request, "all_token_ids", None)
+    if toks is None:
+        toks = request.prompt_token_ids
+    return list(toks)
+
+
+def _first_group(block_ids: Any) -> list[int]:
+    """vLLM gives block ids per KV-cache group (a tuple of lists); tutti serves the first group."""
+    if block_ids is None:
+        return []
+    if len(block_ids) and isinstance(block_ids[0], (list, tuple)):
+        return list(block_ids[0])
+    return list(block_ids)
+
+
+class SchedulerSide:
+    def __init__(self, runtime: Runtime, tokens_per_block: int):
+        self.rt = runtime
+        self.B = tokens_per_block
+        self.requests: dict[str, RequestState] = {}
+        self._warned_unregistered = False
+
+    def _unpin(self, st: RequestState) -> None:
+        if st.pin:
+            pin, st.pin = st.pin, 0
+            try:
+                self.rt.unpin(pin)
+            except TuttiError as e:
+                log.warning("tutti: unpinning request %s's chunks failed: %s", st.req_id, e)
+
+    # --- get_num_new_matched_tokens ------------------------------------------------------
+
+    def matched(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+        req_id = request.request_id
+        st = self.requests.get(req_id)
+        tokens = _token_ids(request)
+        if st is None or st.tokens != len(tokens):
+            if st is not None:
+                self._unpin(st)  # resumed with more tokens: look up afresh
+            st = RequestState(req_id, chain_hashes(tokens, self.B), len(tokens))
+            self.requests[req_id] = st
+            # Never all tokens: the last one must be computed for its logits.
+            usable = (len(tokens) - 1) // self.B
+            try:
+                found = self.rt.lookup(st.hashes[:usable], pin=True)
+                st.hits, st.pin = found.hits, found.pin
+            except NotRegistered:
+                if not self._warned_unregistered:
+                    log.warning("tutti: no KV memory registered yet; reporting no cached prefix")
+                    self._warned_unregistered = True
+            except TuttiError as e:
+                log.warning("tutti: lookup for request %s failed, treating as a miss: %s", req_id, e)
+            st.saved_blocks = st.hits
+        st.local_tokens = num_computed_tokens
+        if num_computed_tokens % self.B:
+            return 0, False
+        return max(0, st.hits * self.B - num_computed_tokens), False
+
+    # --- update_state_after_alloc --------------------------------------------------------
+
+    def allocated(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        st = self.requests.get(request.request_id)
+        if st is None:
+            return
+        if num_external_tokens <= 0:
+            self._unpin(st)
+            return
+        if num_external_tokens % self.B or st.local_tokens % self.B:
+            raise ValueError(
+                f"request {st.req_id}: {num_external_tokens} external tokens after {st.local_tokens} local ones "
+                f"are not whole {self.B}-token blocks, which is all tutti reports"
+            )
+        first = st.local_tokens // self.B
+        last = first + num_external_tokens // self.B
+        if last > st.hits:
+            raise ValueError(
+                f"request {st.req_id}: vLLM allocated {num_external_tokens} external tokens but tutti "
+                f"holds only {st.hits} blocks ({st.hits * self.B} tokens)"
+            )
+        ids = _first_group(blocks.get_block_ids() if hasattr(blocks, "get_block_ids") else blocks)
+        if len(ids) < last:
+            raise ValueError(
+                f"request {st.req_id}: {len(ids)} blocks allocated, the loaded prefix needs {last}"
+            )
+        st.pending_load = LoadSpec(st.req_id, st.hashes[first:last], ids[first:last])
+
+    # --- build_connector_meta ------------------------------------------------------------
+
+    def plan(self, scheduler_output: Any) -> StepPlan:
+        plan = StepPlan()
+        for st in self.requests.values():
+            if st.pending_load is not None:
+                plan.loads.append(st.pending_load)
+                st.pending_load = None
+        num_scheduled = getattr(scheduler_output, "num_scheduled_tokens", {}) or {}
+        for req_id, block_ids, computed, resumed in _scheduled(scheduler_output):
+            st = self.requests.get(req_id)
+            if st is None:
+                continue
+            if resumed:
+                st.block_ids = _first_group(block_ids)
+            else:
+                st.block_ids += _first_group(block_ids)
+            done_tokens = min(computed + num_scheduled.get(req_id, 0), st.tokens)
+            full = min(done_tokens // self.B, len(st.hashes), len(st.block_ids))
+            if full > st.saved_blocks:
+                s = st.saved_blocks
+                plan.saves.append(SaveSpec(req_id, st.hashes[s:full], st.block_ids[s:full]))
+                st.saved_blocks = full
+        return plan
+
+    # --- request_finished ----------------------------------------------------------------
+
+    def finished(self, request: Any) -> tuple[bool, dict | None]:
+        st = self.requests.pop(request.request_id, None)
+        if st is not None:
+            self._unpin(st)
+        return False, None
+
+    def close(self) -> None:
+        for st in self.requests.values():
+            self._unpin(st)
+        self.requests.clear()
+
+
+def _scheduled(out: Any):
+    """(req_id, new block ids, computed tokens before this step, resumed) for every scheduled request.
+
+    New requests carry their whole block table; running ones only the blocks
+    added this step — except a request resumed from preemption, whose table
+    is given anew. vLLM 0.10+ packs the running requests column-wise in one
+    ``CachedRequestData``; earlier releases used a list of per-request objects.
+    """
+    for r in getattr(out, "scheduled_new_reqs", None) or ():
+        yield r.req_id, r.block_ids, r.num_computed_tokens, True
+    cached = getattr(out, "scheduled_cached_reqs", None)
+    if cached is None:
+        return
+    if hasattr(cached, "req_ids"):
+        resumed = getattr(cached, "resumed_from_preemption", None) or [False] * len(cached.req_ids)
+        for i, req_id in enumerate(cached.req_ids):
+            yield req_id, cached.new_block_ids[i], cached.num_computed_tokens[i], bool(resumed[i])
+    else:
+        for r in cached:
+            yield r.req_id, r.new_block_ids, r.num_computed_tokens, bool(
+                getattr(r, "resumed_from_preemption", False)
+            )

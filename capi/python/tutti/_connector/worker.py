@@ -1,0 +1,283 @@
+"""The worker-side half: registering vLLM's KV tensors, and moving each step's blocks.
+
+Loads are submitted for all layers when the forward pass starts; each
+attention layer waits for its own layer only (``wait_for_layer_load``), so
+layer ``l + 1`` streams in while layer ``l`` computes. Saves are submitted one
+layer at a time as each layer's KV is written (``save_kv_layer``) and
+committed at the end of the step (``wait_for_save``), when every layer is on
+the drives; a chunk becomes visible to lookups only then, complete.
+
+Blocks whose load failed (a device error, a chunk gone, a timeout) are
+collected and handed to vLLM by ``get_block_ids_with_load_errors``; vLLM then
+recomputes them. A failed save only costs a future cache miss and is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import Timeout, TuttiError
+from ..runtime import Geometry, Job, Runtime, Store
+from ..tensors import synchronize, view
+from .metadata import LoadSpec, SaveSpec, StepPlan
+
+log = logging.getLogger("tutti.vllm")
+
+
+class LayoutError(ValueError):
+    """vLLM's KV tensors are not shaped the way tutti can address them."""
+
+
+def _dense(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """The dims cover one contiguous run of elements, in any order (NHD or HND inside a block)."""
+    expect = 1
+    for stride, dim in sorted(zip(strides, shape)):
+        if dim == 1:
+            continue
+        if stride != expect:
+            return False
+        expect *= dim
+    return True
+
+
+def layer_index_map(names: list[str]) -> dict[str, int]:
+    """Layer name → layer index: the one integer in each name (``model.layers.7.self_attn.attn``)
+    when every name has exactly one and together they are 0..n-1; registration order otherwise."""
+    found = {}
+    for n in names:
+        nums = re.findall(r"(?:^|\.)(\d+)(?=\.|$)", n)
+        if len(nums) != 1:
+            break
+        found[n] = int(nums[0])
+    if len(found) == len(names) and sorted(found.values()) == list(range(len(names))):
+        return found
+    return {n: i for i, n in enumerate(names)}
+
+
+def describe_vllm_layer(name: str, t: Any, g: Geometry) -> tuple[str, int, int, int]:
+    """(kind, num_blocks, K base, V base) of one layer's KV tensor.
+
+    Accepted: flash-attn's ``[2, num_blocks, block_size, kv_heads, head_size]``
+    (K and V as two halves) and FlashInfer's ``[num_blocks, 2, block_size,
+    kv_heads, head_size]`` (K and V interleaved per block); the three inner
+    dims may be permuted (HND) as long as one block's K is contiguous.
+    """
+    v = view(t)
+    if len(v.shape) != 5:
+        raise LayoutError(f"{name}: KV tensor of shape {v.shape}; expected 5 dims [2, blocks, B, H, D]")
+    if v.element_size != g.element_size:
+        raise LayoutError(f"{name}: {v.element_size}-byte elements; the pool stores {g.dtype}")
+    inner = (g.tokens_per_block, g.kv_heads, g.head_dim)
+    if tuple(v.shape[2:]) != inner:
+        raise LayoutError(
+            f"{name}: shape {v.shape} has [block_size, kv_heads, head_size] = {tuple(v.shape[2:])}; "
+            f"the pool's geometry is {inner}"
+        )
+    if not _dense(v.shape[2:], v.strides[2:]):
+        raise LayoutError(f"{name}: one block's K (or V) is not contiguous (strides {v.strides})")
+    obj = g.tokens_per_block * g.kv_heads * g.head_dim
+    if v.shape[0] == 2:
+        kind, blocks, kv_stride, block_stride = "vllm_per_layer", v.shape[1], v.strides[0], v.strides[1]
+        ok = block_stride == obj and kv_stride == obj * blocks
+    elif v.shape[1] == 2:
+        kind, blocks, kv_stride, block_stride = "strided", v.shape[0], v.strides[1], v.strides[0]
+        ok = kv_stride == obj and block_stride == 2 * obj
+    else:
+        raise LayoutError(f"{name}: shape {v.shape} has no K/V dimension of 2 in front")
+    if not ok:
+        raise LayoutError(f"{name}: strides {v.strides} leave gaps between blocks; register a packed KV cache")
+    return kind, blocks, v.addr, v.addr + kv_stride * v.element_size
+
+
+@dataclass
+class _Load:
+    spec: LoadSpec
+    job: Job | None
+    waited: set[int] = field(default_factory=set)
+
+
+@dataclass
+class _Save:
+    spec: SaveSpec
+    store: Store
+    jobs: list[Job] = field(default_factory=list)
+    layers: set[int] = field(default_factory=set)
+
+
+class WorkerSide:
+    def __init__(self, runtime: Runtime, geometry: Geometry, model: str, tenant_salt: bytes, timeout_s: float):
+        self.rt = runtime
+        self.g = geometry
+        self.model = model
+        self.salt = tenant_salt
+        self.timeout_s = timeout_s
+        self.layers: dict[str, int] = {}
+        self.num_blocks = 0
+        self._loads: list[_Load] = []
+        self._saves: list[_Save] = []
+        self._saves_begun = False
+        self._load_errors: set[int] = set()
+
+    # --- register_kv_caches --------------------------------------------------------------
+
+    def register(self, kv_caches: dict[str, Any]) -> None:
+        names = list(kv_caches)
+        if len(names) != self.g.layers:
+            raise LayoutError(f"vLLM registered {len(names)} KV layers; the pool's geometry has {self.g.layers}")
+        index = layer_index_map(names)
+        by_layer: list[tuple[str, int, int, int] | None] = [None] * self.g.layers
+        on_gpu = False
+        for name in names:
+            by_layer[index[name]] = describe_vllm_layer(name, kv_caches[name], self.g)
+            on_gpu |= view(kv_caches[name]).on_gpu
+        kinds = {d[0] for d in by_layer}
+        blocks = {d[1] for d in by_layer}
+        if len(kinds) != 1 or len(blocks) != 1:
+            raise LayoutError(f"layers disagree on layout ({kinds}) or block count ({blocks})")
+        kind, num_blocks = kinds.pop(), blocks.pop()
+        memory = "cuda" if on_gpu else "host"
+        k = [d[2] for d in by_layer]
+        if kind == "vllm_per_layer":
+            self.rt.register_kv(
+                kind, num_blocks, model=self.model, k_bases=k, memory=memory, tenant_salt=self.salt,
+                keepalive=kv_caches,
+            )
+        else:
+            self.rt.register_kv(
+                kind, num_blocks, model=self.model, k_bases=k, v_bases=[d[3] for d in by_layer],
+                block_stride=2 * self.g.object_bytes, memory=memory, tenant_salt=self.salt, keepalive=kv_caches,
+            )
+        self.layers = index
+        self.num_blocks = num_blocks
+        log.info("tutti: registered %d layers × %d blocks (%s, %s memory)", len(names), num_blocks, kind, memory)
+
+    def layer_of(self, layer_name: str) -> int | None:
+        return self.layers.get(layer_name)
+
+    # --- loads ---------------------------------------------------------------------------
+
+    def start_loads(self, plan: StepPlan) -> None:
+        for spec in plan.loads:
+            if not spec.hashes:
+                continue
+            try:
+                job = self.rt.load(spec.hashes, spec.block_ids)
+            except TuttiError as e:
+                log.warning("tutti: loading %d blocks of request %s failed: %s", len(spec.block_ids), spec.req_id, e)
+                self._load_errors.update(spec.block_ids)
+                continue
+            self._loads.append(_Load(spec, job))
+
+    def _absorb(self, ld: _Load, failed: list[int]) -> None:
+        self._load_errors.update(ld.spec.block_ids[i] for i in failed)
+
+    def _abandon(self, ld: _Load, why: Exception) -> None:
+        """The load cannot be trusted any more: every block of it is reported failed."""
+        log.warning("tutti: load of request %s abandoned: %s", ld.spec.req_id, why)
+        self._load_errors.update(ld.spec.block_ids)
+        if ld.job is not None:
+            try:
+                ld.job.cancel()
+                ld.job.close()
+            except TuttiError:
+                pass
+            ld.job = None
+
+    def wait_layer(self, layer_name: str) -> None:
+        layer = self.layer_of(layer_name)
+        if layer is None:
+            return
+        for ld in self._loads:
+            if ld.job is None or layer in ld.waited:
+                continue
+            try:
+                st = ld.job.wait_layer(layer, self.timeout_s)
+            except TuttiError as e:
+                self._abandon(ld, e)
+                continue
+            ld.waited.add(layer)
+            self._absorb(ld, st.failed_blocks)
+
+    def finish_loads(self) -> None:
+        for ld in self._loads:
+            if ld.job is None:
+                continue
+            try:
+                st = ld.job.wait(self.timeout_s)
+            except TuttiError as e:
+                self._abandon(ld, e)
+                continue
+            self._absorb(ld, st.failed_blocks)
+            ld.job.close()
+            ld.job = None
+        self._loads.clear()
+
+    def take_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    # --- saves ---------------------------------------------------------------------------
+
+    def _begin_saves(self, plan: StepPlan) -> None:
+        self._saves_begun = True
+        for spec in plan.saves:
+            if not spec.hashes:
+                continue
+            try:
+                self._saves.append(_Save(spec, self.rt.begin_store(spec.hashes, spec.block_ids)))
+            except TuttiError as e:
+                log.warning("tutti: cannot store request %s's blocks: %s", spec.req_id, e)
+
+    def _submit(self, sv: _Save, layers: range) -> None:
+        try:
+            sv.jobs.append(sv.store.submit(layers))
+            sv.layers.update(layers)
+        except TuttiError as e:
+            log.warning("tutti: storing layers %s of request %s failed: %s", layers, sv.spec.req_id, e)
+            sv.layers.update(layers)  # not retried; the commit leaves these blocks out
+
+    def save_layer(self, plan: StepPlan, layer_name: str, kv_layer: Any) -> None:
+        if not self._saves_begun:
+            self._begin_saves(plan)
+        layer = self.layer_of(layer_name)
+        if layer is None or not self._saves:
+            return
+        synchronize(kv_layer)
+        for sv in self._saves:
+            if layer not in sv.layers:
+                self._submit(sv, range(layer, layer + 1))
+
+    def finish_saves(self, plan: StepPlan | None) -> None:
+        if plan is not None and not self._saves_begun:
+            self._begin_saves(plan)
+        for sv in self._saves:
+            # Layers vLLM never reported (no per-layer hook ran): written now, in one job.
+            missing = [l for l in range(self.g.layers) if l not in sv.layers]
+            if missing:
+                self._submit(sv, range(missing[0], missing[-1] + 1))
+            for job in sv.jobs:
+                try:
+                    job.wait(self.timeout_s)
+                except Timeout as e:
+                    log.warning("tutti: a store job of request %s timed out: %s", sv.spec.req_id, e)
+                    job.cancel()
+                except TuttiError as e:
+                    log.warning("tutti: a store job of request %s failed: %s", sv.spec.req_id, e)
+                job.close()
+            try:
+                report = sv.store.commit()
+                if report.failed:
+                    log.info("tutti: request %s: %d of %d blocks not stored", sv.spec.req_id, report.failed,
+                             len(sv.spec.block_ids))
+            except TuttiError as e:
+                log.warning("tutti: committing request %s's blocks failed: %s", sv.spec.req_id, e)
+            sv.store.close()
+        self._saves.clear()
+        self._saves_begun = False
+
+    def close(self) -> None:
+        self.finish_loads()
+        self.finish_saves(None)

@@ -1,0 +1,366 @@
+"""Loading libtutti.so and declaring its C ABI for ctypes.
+
+The declarations mirror ``capi/include/tutti.h`` (ABI version 1); the test
+suite compiles a C program against that header and checks every struct's
+size and field offsets against the ones here, so the two cannot drift apart
+unnoticed.
+
+Where the library is looked for, first match wins:
+
+1. ``$TUTTI_LIB`` — a path to the shared library;
+2. ``libtutti.so`` next to this package (an installed wheel would put it there);
+3. ``$CARGO_TARGET_DIR/{release,debug}`` and ``<repo>/target/{release,debug}``
+   for a source checkout, where ``<repo>`` is found by walking up from here;
+4. the dynamic loader's own search (``LD_LIBRARY_PATH``, ldconfig).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from ctypes import (
+    POINTER,
+    Structure,
+    c_char,
+    c_char_p,
+    c_double,
+    c_int32,
+    c_size_t,
+    c_uint8,
+    c_uint32,
+    c_uint64,
+    c_void_p,
+)
+from pathlib import Path
+
+from .errors import OK, IN_PROGRESS, AbiMismatch, LibraryNotFound, exception_class
+
+ABI_VERSION = 1
+LIB_NAME = "libtutti.so"
+
+# Constants of tutti.h.
+DTYPE = {"f32": 1, "f16": 2, "bf16": 3, "fp8_e4m3": 4, "fp8_e5m2": 5, "i8": 6}
+DTYPE_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1, "i8": 1}
+DRIVES_EMULATED = 1
+DRIVES_VFIO = 2
+EXECUTOR = {"gio": 1, "direct": 2}
+OPEN_MODE = {"create": 1, "open": 2, "open_or_create": 3}
+LAYOUT = {"vllm_per_layer": 1, "contiguous": 2, "strided": 3}
+MEMORY_HOST = 1
+MEMORY_CUDA = 2
+DIR_LOAD = 1
+DIR_STORE = 2
+LOOKUP_PIN = 1
+
+
+class Hash(Structure):
+    _fields_ = [("bytes", c_uint8 * 16)]
+
+
+class Geometry(Structure):
+    _fields_ = [
+        ("layers", c_uint32),
+        ("kv_heads", c_uint32),
+        ("head_dim", c_uint32),
+        ("tokens_per_block", c_uint32),
+        ("dtype", c_uint32),
+    ]
+
+
+class RuntimeConfig(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("drives", c_uint32),
+        ("emulated_count", c_uint32),
+        ("emulated_lba_size", c_uint32),
+        ("emulated_capacity_bytes", c_uint64),
+        ("emulated_dir", c_char_p),
+        ("vfio_bdfs", POINTER(c_char_p)),
+        ("vfio_count", c_uint32),
+        ("vfio_noiommu", c_uint32),
+        ("executor", c_uint32),
+        ("open_mode", c_uint32),
+        ("geometry", Geometry),
+        ("io_timeout_ms", c_uint32),
+        ("host_lane_blocks", c_uint32),
+    ]
+
+
+class KvLayout(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("kind", c_uint32),
+        ("num_blocks", c_uint32),
+        ("num_layers", c_uint32),
+        ("k_bases", POINTER(c_uint64)),
+        ("v_bases", POINTER(c_uint64)),
+        ("base", c_uint64),
+        ("block_stride", c_uint64),
+        ("memory", c_uint32),
+        ("model", c_char_p),
+        ("tenant_salt", POINTER(c_uint8)),
+        ("tenant_salt_len", c_size_t),
+    ]
+
+
+class TableSizes(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("tables", c_uint32),
+        ("descriptors", c_uint64),
+        ("sgl_bytes", c_uint64),
+        ("prp_entry_bytes", c_uint64),
+        ("prp_page_bytes", c_uint64),
+        ("prp_lists", c_uint64),
+    ]
+
+
+class RuntimeInfo(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("drives", c_uint32),
+        ("files", c_uint32),
+        ("chunks", c_uint32),
+        ("object_bytes", c_uint64),
+        ("file_bytes", c_uint64),
+        ("geometry", Geometry),
+        ("formatted_now", c_uint32),
+        ("executor", c_uint32),
+        ("pool_id", c_uint8 * 16),
+    ]
+
+
+class JobStatus(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("direction", c_uint32),
+        ("done", c_uint32),
+        ("cancelled", c_uint32),
+        ("first_layer", c_uint32),
+        ("num_layers", c_uint32),
+        ("layers_done", c_uint32),
+        ("blocks", c_uint32),
+        ("failed", c_uint32),
+        ("failed_bitmap_words", c_uint32),
+        ("failed_bitmap", POINTER(c_uint64)),
+        ("commands", c_uint64),
+        ("bytes", c_uint64),
+    ]
+
+
+class StoreReport(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("stored", c_uint32),
+        ("present", c_uint32),
+        ("failed", c_uint32),
+        ("failed_bitmap", POINTER(c_uint64)),
+        ("failed_bitmap_words", c_uint32),
+    ]
+
+
+class Stats(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("files", c_uint32),
+        ("files_valid", c_uint32),
+        ("files_free", c_uint32),
+        ("files_pinned", c_uint32),
+        ("files_busy", c_uint32),
+        ("bytes_loaded", c_uint64),
+        ("bytes_stored", c_uint64),
+        ("lookups", c_uint64),
+        ("lookup_hits", c_uint64),
+        ("lookup_misses", c_uint64),
+        ("evictions", c_uint64),
+        ("jobs", c_uint64),
+        ("layers", c_uint64),
+        ("commands", c_uint64),
+        ("failed_blocks", c_uint64),
+        ("files_committed", c_uint64),
+        ("jobs_in_flight", c_uint64),
+        ("layers_in_flight", c_uint64),
+        ("stores_open", c_uint64),
+    ]
+
+
+# Every size-prefixed struct, by its C name (the ABI layout test walks this).
+SIZED_STRUCTS = {
+    "tutti_runtime_config_t": RuntimeConfig,
+    "tutti_kv_layout_t": KvLayout,
+    "tutti_table_sizes_t": TableSizes,
+    "tutti_runtime_info_t": RuntimeInfo,
+    "tutti_job_status_t": JobStatus,
+    "tutti_store_report_t": StoreReport,
+    "tutti_stats_t": Stats,
+}
+PLAIN_STRUCTS = {"tutti_hash_t": Hash, "tutti_geometry_t": Geometry}
+
+
+def sized(cls: type[Structure], **fields) -> Structure:
+    """A size-prefixed struct with ``struct_size`` filled in."""
+    return cls(struct_size=ctypes.sizeof(cls), **fields)
+
+
+_rt = c_void_p  # tutti_runtime_t *
+_job = c_void_p  # tutti_job_t *
+_store = c_void_p  # tutti_store_t *
+_i32 = c_int32
+
+# name: (restype, argtypes); status-returning calls have restype int32.
+_PROTOTYPES = {
+    "tutti_abi_version": (c_uint32, []),
+    "tutti_status_name": (c_char_p, [c_int32]),
+    "tutti_last_error": (c_char_p, []),
+    "tutti_last_error_copy": (_i32, [POINTER(c_char), c_size_t, POINTER(c_size_t)]),
+    "tutti_clock_ns": (c_uint64, []),
+    "tutti_runtime_open": (_i32, [POINTER(RuntimeConfig), POINTER(_rt)]),
+    "tutti_runtime_close": (_i32, [_rt]),
+    "tutti_runtime_info": (_i32, [_rt, POINTER(RuntimeInfo)]),
+    "tutti_get_stats": (_i32, [_rt, POINTER(Stats)]),
+    "tutti_register_kv": (_i32, [_rt, POINTER(KvLayout), POINTER(TableSizes)]),
+    "tutti_unregister_kv": (_i32, [_rt]),
+    "tutti_chain_hashes": (
+        _i32,
+        [POINTER(c_uint32), c_size_t, c_uint32, POINTER(Hash), POINTER(Hash), c_size_t, POINTER(c_size_t)],
+    ),
+    "tutti_lookup": (
+        _i32,
+        [_rt, POINTER(Hash), c_size_t, c_uint32, POINTER(c_size_t), POINTER(c_uint64)],
+    ),
+    "tutti_unpin": (_i32, [_rt, c_uint64]),
+    "tutti_submit_load": (
+        _i32,
+        [_rt, POINTER(Hash), POINTER(c_uint32), c_size_t, c_uint32, c_uint32, POINTER(_job)],
+    ),
+    "tutti_store_begin": (_i32, [_rt, POINTER(Hash), POINTER(c_uint32), c_size_t, POINTER(_store)]),
+    "tutti_store_submit": (_i32, [_store, c_uint32, c_uint32, POINTER(_job)]),
+    "tutti_store_commit": (_i32, [_store, POINTER(StoreReport)]),
+    "tutti_store_destroy": (_i32, [_store]),
+    "tutti_job_poll": (_i32, [_job, POINTER(JobStatus)]),
+    "tutti_job_wait": (_i32, [_job, c_uint64, POINTER(JobStatus)]),
+    "tutti_job_layer_done": (_i32, [_job, c_uint32]),
+    "tutti_job_wait_layer": (_i32, [_job, c_uint32, c_uint64, POINTER(JobStatus)]),
+    "tutti_job_cancel": (_i32, [_job]),
+    "tutti_job_error": (_i32, [_job, POINTER(c_char), c_size_t, POINTER(c_size_t)]),
+    "tutti_job_destroy": (_i32, [_job]),
+    "tutti_profile_request_begin": (_i32, [_rt, c_uint64, c_uint32, c_uint32]),
+    "tutti_profile_layer_start": (_i32, [_rt, c_uint64, c_uint32]),
+    "tutti_profile_layer_end": (_i32, [_rt, c_uint64, c_uint32]),
+    "tutti_profile_layer": (_i32, [_rt, c_uint64, c_uint32, c_uint64, c_uint64]),
+    "tutti_profile_decode_step": (_i32, [_rt, c_uint64, c_uint32, c_uint64, c_uint64]),
+    "tutti_profile_save_slack_table": (
+        _i32,
+        [_rt, c_char_p, c_char_p, c_char_p, c_uint32, c_double],
+    ),
+}
+
+# Calls this package can live without (newer additions); the rest must be present.
+OPTIONAL = {"tutti_emulated_fail_next"}
+_PROTOTYPES["tutti_emulated_fail_next"] = (_i32, [_rt, c_uint32, c_uint32, c_uint32])
+
+
+def _candidates() -> list[str]:
+    out = []
+    env = os.environ.get("TUTTI_LIB")
+    if env:
+        return [env]
+    here = Path(__file__).resolve().parent
+    out.append(str(here / LIB_NAME))
+    target_dirs = []
+    if os.environ.get("CARGO_TARGET_DIR"):
+        target_dirs.append(Path(os.environ["CARGO_TARGET_DIR"]))
+    for parent in here.parents:
+        if (parent / "Cargo.toml").is_file() and (parent / "capi").is_dir():
+            target_dirs.append(parent / "target")
+            break
+    for t in target_dirs:
+        out += [str(t / "release" / LIB_NAME), str(t / "debug" / LIB_NAME)]
+    return out
+
+
+class Library:
+    """libtutti loaded, its prototypes declared and its ABI version checked."""
+
+    def __init__(self, path: str | None = None):
+        tried = []
+        paths = [path] if path else _candidates()
+        self.cdll = None
+        for p in paths:
+            if not os.path.exists(p):
+                tried.append(f"{p} (no such file)")
+                continue
+            try:
+                self.cdll = ctypes.CDLL(p)
+                self.path = p
+                break
+            except OSError as e:
+                tried.append(f"{p} ({e})")
+        if self.cdll is None and not path and not os.environ.get("TUTTI_LIB"):
+            try:
+                self.cdll = ctypes.CDLL(LIB_NAME)
+                self.path = LIB_NAME
+            except OSError as e:
+                tried.append(f"{LIB_NAME} via the dynamic loader ({e})")
+        if self.cdll is None:
+            raise LibraryNotFound(
+                "libtutti.so not found; build it with `cargo build -p tutti-capi --release` or set "
+                "TUTTI_LIB to its path. Tried: " + "; ".join(tried)
+            )
+        self.missing = []
+        for name, (restype, argtypes) in _PROTOTYPES.items():
+            try:
+                fn = getattr(self.cdll, name)
+            except AttributeError:
+                if name in OPTIONAL:
+                    continue
+                self.missing.append(name)
+                continue
+            fn.restype = restype
+            fn.argtypes = argtypes
+            setattr(self, name, fn)
+        if self.missing:
+            raise AbiMismatch(f"{self.path} lacks {', '.join(self.missing)}: not a libtutti of ABI {ABI_VERSION}")
+        version = self.tutti_abi_version()
+        if version != ABI_VERSION:
+            raise AbiMismatch(
+                f"{self.path} speaks tutti ABI {version}; this Python package needs ABI {ABI_VERSION}"
+            )
+
+    def has(self, name: str) -> bool:
+        return hasattr(self, name)
+
+    def status_name(self, status: int) -> str:
+        name = self.tutti_status_name(status)
+        return name.decode() if name else f"status {status}"
+
+    def last_error(self) -> str:
+        msg = self.tutti_last_error()
+        return msg.decode("utf-8", "replace") if msg else ""
+
+    def check(self, status: int, call: str) -> int:
+        """Returns ``status`` if it is OK or IN_PROGRESS; raises the matching exception otherwise.
+
+        Must run on the thread that made the call, right after it: the message is thread-local.
+        """
+        if status in (OK, IN_PROGRESS):
+            return status
+        raise exception_class(status)(status, self.status_name(status), self.last_error(), call)
+
+    def call(self, name: str, *args) -> int:
+        """Calls a status-returning function and raises on a negative status."""
+        return self.check(getattr(self, name)(*args), name)
+
+
+_lock = threading.Lock()
+_library: Library | None = None
+
+
+def lib() -> Library:
+    """The process-wide library, loaded on first use."""
+    global _library
+    with _lock:
+        if _library is None:
+            _library = Library()
+        return _library

@@ -1,0 +1,606 @@
+"""Pythonic wrappers over libtutti: a runtime, its jobs and store sessions.
+
+A :class:`Runtime` owns a pool on NVMe (or emulated) drives. The engine
+registers its paged KV memory once (:meth:`Runtime.register_kv`), then per
+request: :meth:`Runtime.lookup` the request's chained chunk hashes (the hit
+prefix comes back pinned), :meth:`Runtime.load` the hit chunks into engine
+blocks over a range of layers and wait layer by layer, unpin; new blocks go
+out through a :class:`Store` session (``begin_store`` → ``submit`` per layer
+range → ``commit``). Every handle is a context manager and is released when
+closed; closing twice is harmless.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from ctypes import POINTER, byref, c_char, c_char_p, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from . import _lib
+from ._lib import lib, sized
+from .errors import OK, BadHandle, Timeout
+
+HASH_BYTES = 16
+DEFAULT_TIMEOUT_S = 30.0
+MAX_TIMEOUT_S = 86_400.0
+
+
+def _ms(timeout_s: float) -> int:
+    if timeout_s < 0 or timeout_s > MAX_TIMEOUT_S:
+        raise ValueError(f"timeout {timeout_s} s is outside 0..{MAX_TIMEOUT_S:.0f} s")
+    return int(round(timeout_s * 1000))
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """The KV-cache shape of one model (per tensor-parallel rank)."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    tokens_per_block: int
+    dtype: str = "bf16"
+
+    def __post_init__(self):
+        if self.dtype not in _lib.DTYPE:
+            raise ValueError(f"dtype {self.dtype!r} is not one of {', '.join(_lib.DTYPE)}")
+
+    @property
+    def element_size(self) -> int:
+        return _lib.DTYPE_BYTES[self.dtype]
+
+    @property
+    def object_bytes(self) -> int:
+        """One K or V slice of one block in one layer."""
+        return self.tokens_per_block * self.kv_heads * self.head_dim * self.element_size
+
+    def to_c(self) -> _lib.Geometry:
+        return _lib.Geometry(
+            self.layers, self.kv_heads, self.head_dim, self.tokens_per_block, _lib.DTYPE[self.dtype]
+        )
+
+    @staticmethod
+    def from_c(g: _lib.Geometry) -> "Geometry":
+        names = {v: k for k, v in _lib.DTYPE.items()}
+        return Geometry(g.layers, g.kv_heads, g.head_dim, g.tokens_per_block, names.get(g.dtype, "bf16"))
+
+
+def _hash_array(hashes: Sequence[bytes]):
+    arr = (_lib.Hash * max(len(hashes), 1))()
+    for i, h in enumerate(hashes):
+        b = bytes(h)
+        if len(b) != HASH_BYTES:
+            raise ValueError(f"hash {i} is {len(b)} bytes; chunk hashes are {HASH_BYTES} bytes")
+        ctypes.memmove(arr[i].bytes, b, HASH_BYTES)
+    return arr
+
+
+def _u32_array(values: Sequence[int], what: str):
+    arr = (c_uint32 * max(len(values), 1))()
+    for i, v in enumerate(values):
+        v = int(v)
+        if not 0 <= v < 1 << 32:
+            raise ValueError(f"{what}[{i}] = {v} does not fit in 32 bits")
+        arr[i] = v
+    return arr
+
+
+def chain_hashes(tokens: Sequence[int], tokens_per_block: int, parent: bytes | None = None) -> list[bytes]:
+    """Chained 128-bit hashes of every *full* chunk of ``tokens`` (libtutti's scheme, see tutti.h).
+
+    Chunk ``i``'s hash folds in chunk ``i-1``'s, so a hit on chunk ``i`` means
+    the whole prefix matched. ``parent`` continues a chain (default: the root).
+    """
+    L = lib()
+    n = len(tokens)
+    toks = _u32_array(tokens, "tokens")
+    cap = n // tokens_per_block if tokens_per_block > 0 else 0
+    out = (_lib.Hash * max(cap, 1))()
+    count = c_size_t(0)
+    par = _hash_array([parent]) if parent is not None else None
+    L.call(
+        "tutti_chain_hashes",
+        toks if n else None,
+        n,
+        tokens_per_block,
+        par,
+        out if cap else None,
+        cap,
+        byref(count),
+    )
+    return [bytes(out[i].bytes) for i in range(count.value)]
+
+
+def _bits(bitmap, blocks: int) -> list[int]:
+    return [i for i in range(blocks) if bitmap[i // 64] >> (i % 64) & 1]
+
+
+@dataclass
+class JobStatus:
+    """A job's progress; ``failed_blocks`` are indices into the submission's block list."""
+
+    direction: str
+    done: bool
+    cancelled: bool
+    first_layer: int
+    num_layers: int
+    layers_done: int
+    blocks: int
+    failed: int
+    failed_blocks: list[int]
+    commands: int
+    bytes: int
+
+
+@dataclass
+class StoreReport:
+    stored: int
+    present: int
+    failed: int
+    failed_blocks: list[int]
+
+
+@dataclass
+class TableSizes:
+    tables: int
+    descriptors: int
+    sgl_bytes: int
+    prp_entry_bytes: int
+    prp_page_bytes: int
+    prp_lists: int
+
+
+@dataclass
+class RuntimeInfo:
+    drives: int
+    files: int
+    chunks: int
+    object_bytes: int
+    file_bytes: int
+    geometry: Geometry
+    formatted_now: bool
+    executor: str
+    pool_id: bytes
+
+
+def _struct_dict(s) -> dict:
+    return {name: getattr(s, name) for name, _ in s._fields_ if name != "struct_size"}
+
+
+@dataclass
+class Stats:
+    """Counters since the runtime opened, and current queue depths."""
+
+    files: int = 0
+    files_valid: int = 0
+    files_free: int = 0
+    files_pinned: int = 0
+    files_busy: int = 0
+    bytes_loaded: int = 0
+    bytes_stored: int = 0
+    lookups: int = 0
+    lookup_hits: int = 0
+    lookup_misses: int = 0
+    evictions: int = 0
+    jobs: int = 0
+    layers: int = 0
+    commands: int = 0
+    failed_blocks: int = 0
+    files_committed: int = 0
+    jobs_in_flight: int = 0
+    layers_in_flight: int = 0
+    stores_open: int = 0
+
+
+class _Handle:
+    """An opaque libtutti handle released exactly once."""
+
+    _destroy = ""
+
+    def __init__(self, ptr: c_void_p):
+        self._ptr = ptr
+        self._lock = threading.Lock()
+
+    @property
+    def closed(self) -> bool:
+        return not self._ptr
+
+    def _p(self) -> c_void_p:
+        # A closed handle never reaches libtutti again: its address may by
+        # now belong to a new handle of the same type.
+        if not self._ptr:
+            raise BadHandle(BadHandle.status, "TUTTI_E_BAD_HANDLE", f"this {type(self).__name__} is closed")
+        return self._ptr
+
+    def close(self) -> None:
+        """Releases the handle; closing again does nothing."""
+        with self._lock:
+            if not self._ptr:
+                return
+            ptr, self._ptr = self._ptr, None
+        lib().call(self._destroy, ptr)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            if getattr(self, "_ptr", None):
+                self.close()
+        except Exception:
+            pass
+
+
+class Job(_Handle):
+    """One load or store job over a range of layers."""
+
+    _destroy = "tutti_job_destroy"
+
+    def __init__(self, ptr: c_void_p, direction: str, blocks: int, layers: range):
+        super().__init__(ptr)
+        self.direction = direction
+        self.blocks = blocks
+        self.layers = layers
+
+    def _status(self):
+        words = max((self.blocks + 63) // 64, 1)
+        bitmap = (c_uint64 * words)()
+        st = sized(_lib.JobStatus, failed_bitmap_words=words, failed_bitmap=bitmap)
+        return st, bitmap
+
+    def _convert(self, st, bitmap) -> JobStatus:
+        return JobStatus(
+            direction="load" if st.direction == _lib.DIR_LOAD else "store",
+            done=bool(st.done),
+            cancelled=bool(st.cancelled),
+            first_layer=st.first_layer,
+            num_layers=st.num_layers,
+            layers_done=st.layers_done,
+            blocks=st.blocks,
+            failed=st.failed,
+            failed_blocks=_bits(bitmap, st.blocks),
+            commands=st.commands,
+            bytes=st.bytes,
+        )
+
+    def _waited(self, status: int, name: str, st, bitmap) -> JobStatus:
+        L = lib()
+        if status == Timeout.status:
+            exc = Timeout(status, L.status_name(status), L.last_error(), name)
+            exc.job_status = self._convert(st, bitmap)
+            raise exc
+        L.check(status, name)
+        return self._convert(st, bitmap)
+
+    def poll(self) -> JobStatus:
+        """Advances the job and returns its progress without blocking."""
+        st, bitmap = self._status()
+        lib().call("tutti_job_poll", self._p(), byref(st))
+        return self._convert(st, bitmap)
+
+    def wait(self, timeout: float = DEFAULT_TIMEOUT_S) -> JobStatus:
+        """Waits until every layer finished; raises :class:`~tutti.errors.Timeout` (with ``job_status``)."""
+        st, bitmap = self._status()
+        status = lib().tutti_job_wait(self._p(), _ms(timeout), byref(st))
+        return self._waited(status, "tutti_job_wait", st, bitmap)
+
+    def layer_done(self, layer: int) -> bool:
+        return lib().call("tutti_job_layer_done", self._p(), layer) == OK
+
+    def wait_layer(self, layer: int, timeout: float = DEFAULT_TIMEOUT_S) -> JobStatus:
+        """Waits until ``layer`` finished (ok or failed); the status covers the whole job so far."""
+        st, bitmap = self._status()
+        status = lib().tutti_job_wait_layer(self._p(), layer, _ms(timeout), byref(st))
+        return self._waited(status, "tutti_job_wait_layer", st, bitmap)
+
+    def cancel(self) -> None:
+        """Layers not yet submitted are dropped; their blocks fail as cancelled."""
+        lib().call("tutti_job_cancel", self._p())
+
+    def error(self) -> str:
+        """The job's first failure reason ('' if none)."""
+        L = lib()
+        needed = c_size_t(0)
+        buf = (c_char * 256)()
+        status = L.tutti_job_error(self._p(), buf, 256, byref(needed))
+        if status == -12 and needed.value > 256:
+            buf = (c_char * needed.value)()
+            status = L.tutti_job_error(self._p(), buf, needed.value, byref(needed))
+        L.check(status, "tutti_job_error")
+        return buf.value.decode("utf-8", "replace")
+
+
+class Store(_Handle):
+    """A store session: files reserved for new chunks, written by jobs, made visible by commit."""
+
+    _destroy = "tutti_store_destroy"
+
+    def __init__(self, ptr: c_void_p, runtime: "Runtime", blocks: int):
+        super().__init__(ptr)
+        self.runtime = runtime
+        self.blocks = blocks
+
+    def submit(self, layers: range | None = None) -> Job:
+        """Writes ``layers`` (default all) of the session's new blocks from engine memory."""
+        layers = self.runtime._layers(layers)
+        out = c_void_p()
+        lib().call("tutti_store_submit", self._p(), layers.start, len(layers), byref(out))
+        return Job(out, "store", self.blocks, layers)
+
+    def commit(self) -> StoreReport:
+        """Makes the complete new blocks durable and visible to lookups (Busy while jobs run)."""
+        words = max((self.blocks + 63) // 64, 1)
+        bitmap = (c_uint64 * words)()
+        rep = sized(_lib.StoreReport, failed_bitmap=bitmap, failed_bitmap_words=words)
+        lib().call("tutti_store_commit", self._p(), byref(rep))
+        return StoreReport(rep.stored, rep.present, rep.failed, _bits(bitmap, self.blocks))
+
+
+@dataclass
+class Lookup:
+    """A lookup result: ``hits`` leading chunks are stored; ``pin`` holds them against eviction."""
+
+    hits: int
+    pin: int
+    runtime: "Runtime" = field(repr=False, default=None)
+
+    def unpin(self) -> None:
+        if self.pin and self.runtime is not None:
+            pin, self.pin = self.pin, 0
+            self.runtime.unpin(pin)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.unpin()
+
+
+class Runtime(_Handle):
+    """An open pool on drives (emulated or VFIO) with one I/O executor."""
+
+    _destroy = "tutti_runtime_close"
+
+    def __init__(
+        self,
+        geometry: Geometry,
+        *,
+        emulated_drives: int = 0,
+        emulated_capacity_bytes: int = 64 << 20,
+        emulated_lba_size: int = 0,
+        emulated_dir: str | None = None,
+        vfio: Sequence[str] = (),
+        vfio_noiommu: bool = False,
+        executor: str = "gio",
+        open_mode: str = "open_or_create",
+        io_timeout_ms: int = 0,
+        host_lane_blocks: int = 0,
+    ):
+        if bool(emulated_drives) == bool(vfio):
+            raise ValueError("give either emulated_drives (a count) or vfio (PCI addresses), not both or neither")
+        if executor not in _lib.EXECUTOR:
+            raise ValueError(f"executor {executor!r} is not one of {', '.join(_lib.EXECUTOR)}")
+        if open_mode not in _lib.OPEN_MODE:
+            raise ValueError(f"open_mode {open_mode!r} is not one of {', '.join(_lib.OPEN_MODE)}")
+        self._keep = []  # buffers the config points into, alive across the call
+        bdfs = None
+        if vfio:
+            bdfs = (c_char_p * len(vfio))(*[b.encode() for b in vfio])
+            self._keep.append(bdfs)
+        cfg = sized(
+            _lib.RuntimeConfig,
+            drives=_lib.DRIVES_VFIO if vfio else _lib.DRIVES_EMULATED,
+            emulated_count=emulated_drives,
+            emulated_lba_size=emulated_lba_size,
+            emulated_capacity_bytes=emulated_capacity_bytes if emulated_drives else 0,
+            emulated_dir=emulated_dir.encode() if emulated_dir else None,
+            vfio_bdfs=bdfs,
+            vfio_count=len(vfio),
+            vfio_noiommu=int(vfio_noiommu),
+            executor=_lib.EXECUTOR[executor],
+            open_mode=_lib.OPEN_MODE[open_mode],
+            geometry=geometry.to_c(),
+            io_timeout_ms=io_timeout_ms,
+            host_lane_blocks=host_lane_blocks,
+        )
+        out = c_void_p()
+        lib().call("tutti_runtime_open", byref(cfg), byref(out))
+        super().__init__(out)
+        self._keep.clear()
+        self.geometry = geometry
+        self._registered: object | None = None
+
+    # --- pool -----------------------------------------------------------------------------
+
+    def info(self) -> RuntimeInfo:
+        out = sized(_lib.RuntimeInfo)
+        lib().call("tutti_runtime_info", self._p(), byref(out))
+        names = {v: k for k, v in _lib.EXECUTOR.items()}
+        return RuntimeInfo(
+            drives=out.drives,
+            files=out.files,
+            chunks=out.chunks,
+            object_bytes=out.object_bytes,
+            file_bytes=out.file_bytes,
+            geometry=Geometry.from_c(out.geometry),
+            formatted_now=bool(out.formatted_now),
+            executor=names.get(out.executor, str(out.executor)),
+            pool_id=bytes(out.pool_id),
+        )
+
+    def stats(self) -> Stats:
+        out = sized(_lib.Stats)
+        lib().call("tutti_get_stats", self._p(), byref(out))
+        return Stats(**_struct_dict(out))
+
+    # --- KV memory ------------------------------------------------------------------------
+
+    def register_kv(
+        self,
+        kind: str,
+        num_blocks: int,
+        *,
+        model: str,
+        k_bases: Sequence[int] = (),
+        v_bases: Sequence[int] = (),
+        base: int = 0,
+        block_stride: int = 0,
+        memory: str = "host",
+        tenant_salt: bytes = b"",
+        keepalive: object = None,
+    ) -> TableSizes:
+        """Registers the engine's KV memory (see tutti.h ``tutti_kv_layout_t`` for each kind).
+
+        ``keepalive`` is held by the runtime until the memory is unregistered:
+        pass the tensors whose addresses are registered.
+        """
+        if kind not in _lib.LAYOUT:
+            raise ValueError(f"layout kind {kind!r} is not one of {', '.join(_lib.LAYOUT)}")
+        if memory not in ("host", "cuda"):
+            raise ValueError(f"memory {memory!r} is not 'host' or 'cuda'")
+        k = (c_uint64 * len(k_bases))(*k_bases) if k_bases else None
+        v = (c_uint64 * len(v_bases))(*v_bases) if v_bases else None
+        salt = (c_uint8 * len(tenant_salt)).from_buffer_copy(tenant_salt) if tenant_salt else None
+        layout = sized(
+            _lib.KvLayout,
+            kind=_lib.LAYOUT[kind],
+            num_blocks=num_blocks,
+            num_layers=len(k_bases),
+            k_bases=k,
+            v_bases=v,
+            base=base,
+            block_stride=block_stride,
+            memory=_lib.MEMORY_HOST if memory == "host" else _lib.MEMORY_CUDA,
+            model=model.encode(),
+            tenant_salt=salt,
+            tenant_salt_len=len(tenant_salt),
+        )
+        sizes = sized(_lib.TableSizes)
+        lib().call("tutti_register_kv", self._p(), byref(layout), byref(sizes))
+        self._registered = keepalive
+        return TableSizes(**_struct_dict(sizes))
+
+    def unregister_kv(self) -> None:
+        lib().call("tutti_unregister_kv", self._p())
+        self._registered = None
+
+    # --- index ----------------------------------------------------------------------------
+
+    def lookup(self, hashes: Sequence[bytes], pin: bool = True) -> Lookup:
+        """The number of leading ``hashes`` stored; with ``pin`` they are held until unpinned."""
+        arr = _hash_array(hashes)
+        hits = c_size_t(0)
+        pin_id = c_uint64(0)
+        lib().call(
+            "tutti_lookup",
+            self._p(),
+            arr if hashes else None,
+            len(hashes),
+            _lib.LOOKUP_PIN if pin else 0,
+            byref(hits),
+            byref(pin_id) if pin else None,
+        )
+        return Lookup(hits.value, pin_id.value, self)
+
+    def unpin(self, pin: int) -> None:
+        lib().call("tutti_unpin", self._p(), pin)
+
+    # --- I/O ------------------------------------------------------------------------------
+
+    def _layers(self, layers: range | None) -> range:
+        if layers is None:
+            return range(0, self.geometry.layers)
+        if not isinstance(layers, range) or layers.step != 1:
+            raise ValueError(f"layers must be a contiguous range, got {layers!r}")
+        return layers
+
+    def load(self, hashes: Sequence[bytes], block_ids: Sequence[int], layers: range | None = None) -> Job:
+        """Loads chunk ``hashes[i]`` into engine block ``block_ids[i]`` for ``layers`` (default all)."""
+        layers = self._layers(layers)
+        arr = _hash_array(hashes)
+        ids = _u32_array(block_ids, "block_ids")
+        if len(hashes) != len(block_ids):
+            raise ValueError(f"{len(hashes)} hashes but {len(block_ids)} block ids")
+        out = c_void_p()
+        lib().call(
+            "tutti_submit_load",
+            self._p(),
+            arr if hashes else None,
+            ids if block_ids else None,
+            len(hashes),
+            layers.start,
+            len(layers),
+            byref(out),
+        )
+        return Job(out, "load", len(hashes), layers)
+
+    def begin_store(self, hashes: Sequence[bytes], block_ids: Sequence[int]) -> Store:
+        """Opens a store session for chunk ``hashes[i]`` held in engine block ``block_ids[i]``."""
+        arr = _hash_array(hashes)
+        ids = _u32_array(block_ids, "block_ids")
+        if len(hashes) != len(block_ids):
+            raise ValueError(f"{len(hashes)} hashes but {len(block_ids)} block ids")
+        out = c_void_p()
+        lib().call(
+            "tutti_store_begin",
+            self._p(),
+            arr if hashes else None,
+            ids if block_ids else None,
+            len(hashes),
+            byref(out),
+        )
+        return Store(out, self, len(hashes))
+
+    # --- fault injection (emulated drives only) -------------------------------------------
+
+    def emulated_fail_next(self, drive: int, direction: str, count: int = 1) -> None:
+        """Makes the next ``count`` reads or writes on emulated drive ``drive`` fail (tests)."""
+        L = lib()
+        if not L.has("tutti_emulated_fail_next"):
+            raise NotImplementedError(f"{L.path} has no tutti_emulated_fail_next")
+        d = _lib.DIR_LOAD if direction == "load" else _lib.DIR_STORE
+        L.call("tutti_emulated_fail_next", self._p(), drive, d, count)
+
+    # --- scheduler timing hooks -----------------------------------------------------------
+
+    def profile_request_begin(self, request_id: int, input_tokens: int, prefix_tokens: int) -> None:
+        lib().call("tutti_profile_request_begin", self._p(), request_id, input_tokens, prefix_tokens)
+
+    def profile_layer_start(self, request_id: int, layer: int) -> None:
+        lib().call("tutti_profile_layer_start", self._p(), request_id, layer)
+
+    def profile_layer_end(self, request_id: int, layer: int) -> None:
+        lib().call("tutti_profile_layer_end", self._p(), request_id, layer)
+
+    def profile_layer(self, request_id: int, layer: int, start_ns: int, end_ns: int) -> None:
+        lib().call("tutti_profile_layer", self._p(), request_id, layer, start_ns, end_ns)
+
+    def profile_decode_step(self, request_id: int, context_tokens: int, start_ns: int, end_ns: int) -> None:
+        lib().call("tutti_profile_decode_step", self._p(), request_id, context_tokens, start_ns, end_ns)
+
+    def save_slack_table(
+        self, path: str, gpu: str, io_sms: int, iocbs_per_sm_per_us: float, model: str | None = None
+    ) -> None:
+        lib().call(
+            "tutti_profile_save_slack_table",
+            self._p(),
+            path.encode(),
+            model.encode() if model else None,
+            gpu.encode(),
+            io_sms,
+            iocbs_per_sm_per_us,
+        )
+
+
+def clock_ns() -> int:
+    """libtutti's clock (CLOCK_MONOTONIC), the one the profile hooks use."""
+    return lib().tutti_clock_ns()
+
+
+def abi_version() -> int:
+    return lib().tutti_abi_version()
