@@ -1,8 +1,436 @@
-//! Being written (issue 8); replaced by the real benchmark before the issue is resolved.
+//! `tutti bench retrieve`: layers of a long request retrieved through tutti
+//! (object store, gio_uring host executor, RAM-backed emulated drives) and, in
+//! the same run on the same objects into the same scattered block slots,
+//! through io_uring with registered buffers, one pread per object, and a
+//! plain memory copy. Every method's bytes are checked after it runs.
+//!
+//! Two parts:
+//! - **request**: the full geometry (Llama-3-8B: 32 layers, 32 KiB objects),
+//!   a 16K-token request by default: bandwidth of each method and tutti's ratio to it;
+//! - **sweep**: host CPU per layer call as the request grows from 1K to 16K
+//!   blocks. 16K blocks of all 32 layers would be 32 GiB per copy of the data,
+//!   so the sweep's pool keeps the same 32 KiB objects but only a few layers
+//!   (`--sweep-layers`): a layer call's cost depends on the blocks in it, not
+//!   on how many other layers the model has.
+
+mod baselines;
+mod data;
+mod measure;
+mod tutti;
+
+use super::{plot, Output};
+use crate::report::bytes;
+use anyhow::{bail, Context};
+use data::Dataset;
+use measure::{Method, Run};
+use std::path::PathBuf;
+use std::time::Instant;
+use tutti_objstore::{Dtype, Geometry};
 
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+#[command(after_help = "The block-count sweep stores --sweep-layers layers per block, not the model's 32: \
+16K blocks × 32 layers × K and V × 32 KiB would be 32 GiB for each of the copies the benchmark keeps \
+(reference, page-cached file, emulated drives, KV memory). The cost of one layer call depends on the \
+blocks in it, so fewer layers measure the same thing.")]
+pub struct Args {
+    /// Blocks of the request retrieved with the full geometry (1024 blocks of 16 tokens = 16K tokens).
+    #[arg(long, default_value_t = 1024)]
+    pub request_blocks: u32,
+    /// Block counts of the control-path sweep (comma separated).
+    #[arg(long, value_delimiter = ',', default_value = "1024,2048,4096,8192,16384")]
+    pub blocks: Vec<u32>,
+    /// Layers stored per block in the sweep (see below).
+    #[arg(long, default_value_t = 2)]
+    pub sweep_layers: u32,
+    /// Skip the block-count sweep.
+    #[arg(long)]
+    pub no_sweep: bool,
+    #[arg(long, default_value_t = 32)]
+    pub layers: u32,
+    #[arg(long, default_value_t = 8)]
+    pub kv_heads: u32,
+    #[arg(long, default_value_t = 128)]
+    pub head_dim: u32,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_tokens: u32,
+    /// f32, f16, bf16, fp8_e4m3, fp8_e5m2, i8.
+    #[arg(long, default_value = "bf16")]
+    pub dtype: String,
+    /// Emulated drives the pool stripes over.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub emulated: u32,
+    /// io_uring submission queue entries (reads in flight per batch).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub uring_depth: u32,
+    /// Directory of the file the baselines read (default /dev/shm: page cache never written back).
+    #[arg(long)]
+    pub file_dir: Option<PathBuf>,
+    /// How the host executor runs: persistent (a kernel polls the ring, as with SQPOLL) or launch
+    /// (each submission starts the lane threads; on the host that is thread creation, not a CUDA launch).
+    #[arg(long, value_enum, default_value_t = ExecFlag::Persistent)]
+    pub executor: ExecFlag,
+    /// Seed of the contents and of the block-slot shuffle.
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+    #[command(flatten)]
+    pub out: Output,
+}
 
-pub fn run(_args: &Args) -> anyhow::Result<()> {
-    anyhow::bail!("this benchmark is not built yet")
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum ExecFlag {
+    Persistent,
+    Launch,
+}
+
+impl ExecFlag {
+    fn mode(self) -> tutti_gio_uring::ExecMode {
+        match self {
+            ExecFlag::Persistent => tutti_gio_uring::ExecMode::Persistent,
+            ExecFlag::Launch => tutti_gio_uring::ExecMode::Launch,
+        }
+    }
+}
+
+#[derive(serde::Serialize)]
+struct MethodInfo {
+    method: String,
+    description: String,
+}
+
+/// tutti against one baseline.
+#[derive(serde::Serialize)]
+struct Ratio {
+    baseline: String,
+    /// tutti GB/s ÷ baseline GB/s.
+    bandwidth: f64,
+    /// Baseline host CPU per layer call ÷ tutti's.
+    host_cpu: f64,
+}
+
+#[derive(serde::Serialize)]
+struct Scenario {
+    blocks: u32,
+    tokens: u64,
+    layers: u32,
+    bytes_per_method: u64,
+    runs: Vec<Run>,
+    ratios: Vec<Ratio>,
+    tutti_per_layer: tutti::PerLayer,
+}
+
+#[derive(serde::Serialize)]
+struct Sweep {
+    layers: u32,
+    why_fewer_layers: String,
+    points: Vec<Scenario>,
+}
+
+#[derive(serde::Serialize)]
+struct Report {
+    geometry: Geometry,
+    object_bytes: u64,
+    media: String,
+    drives: u32,
+    io_mode: String,
+    baseline_file_dir: String,
+    cpus: usize,
+    methods: Vec<MethodInfo>,
+    request: Scenario,
+    sweep: Option<Sweep>,
+    all_verified: bool,
+    seconds: f64,
+    notes: Vec<String>,
+}
+
+const NOTES: [&str; 4] = [
+    "No GPU and no NVMe drive: tutti's drives are emulated controllers with RAM media, and its executor is \
+     gio_uring's host executor (CPU threads standing in for GPU warps). Its bandwidth here is that of \
+     emulator threads copying RAM, not of SSDs or PCIe.",
+    "The emulated controllers, the executor lanes, and the benchmark thread share this machine's cores; \
+     'process CPU s' counts all of them. On a GPU system the lanes are GPU threads and the copies are the \
+     drives' DMA, so only the host CPU column is host work there.",
+    "Host CPU per layer call is the calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID) of the call the \
+     engine makes per layer: submit_load for tutti (the data moves afterwards, off this thread), the \
+     whole synchronous call for the baselines (their CPU does the copying).",
+    "The baselines read a file whose pages are all in the page cache: their best case. A file tier reading \
+     from an SSD would add the drive's latency and, for buffered reads, one more copy.",
+];
+
+fn geometry(a: &Args, layers: u32) -> anyhow::Result<Geometry> {
+    let g = Geometry {
+        layers,
+        kv_heads: a.kv_heads,
+        head_dim: a.head_dim,
+        tokens_per_block: a.block_tokens,
+        dtype: a.dtype.parse::<Dtype>()?,
+    };
+    g.validate()?;
+    if !g.object_bytes().is_multiple_of(512) {
+        bail!(
+            "objects of {} bytes: the emulated drives need multiples of their 512-byte blocks",
+            g.object_bytes()
+        );
+    }
+    Ok(g)
+}
+
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    let g = geometry(args, args.layers)?;
+    let gs = geometry(args, args.sweep_layers).context("--sweep-layers")?;
+    if args.request_blocks == 0 {
+        bail!("--request-blocks must be at least 1");
+    }
+    if !args.no_sweep && (args.blocks.is_empty() || args.blocks.contains(&0)) {
+        bail!("--blocks needs block counts of at least 1 (or --no-sweep)");
+    }
+    let dir = args.file_dir.clone().unwrap_or_else(data::default_dir);
+    let quiet = args.out.quiet || args.out.json;
+    let start = Instant::now();
+    let mut sweep_blocks = args.blocks.clone();
+    sweep_blocks.sort_unstable();
+    sweep_blocks.dedup();
+    let sweep_bytes: u64 =
+        if args.no_sweep { 0 } else { sweep_blocks.iter().map(|&n| n as u64 * gs.file_bytes()).sum() };
+    let total = 4 * (args.request_blocks as u64 * g.file_bytes() + sweep_bytes);
+    let bar = crate::report::byte_bar(total, "retrieve", quiet);
+
+    let (mut request, methods, io_mode) = {
+        let ds = Dataset::create(g, args.request_blocks, args.seed, &dir)?;
+        measure_points(&ds, &[ds.blocks], args, quiet, &bar)?
+    };
+    let request = request.pop().ok_or_else(|| anyhow::anyhow!("the request measured nothing"))?;
+    let sweep = if args.no_sweep {
+        None
+    } else {
+        let max = *sweep_blocks.last().unwrap_or(&1);
+        let ds = Dataset::create(gs, max, args.seed, &dir)?;
+        let (points, _, _) = measure_points(&ds, &sweep_blocks, args, quiet, &bar)?;
+        Some(Sweep {
+            layers: gs.layers,
+            why_fewer_layers: format!(
+                "{} blocks × {} layers × 2 × {} would be {} per copy of the data; {} layers keep the same \
+                 objects and layer calls at {}",
+                max,
+                g.layers,
+                bytes(g.object_bytes()),
+                bytes(max as u64 * g.file_bytes()),
+                gs.layers,
+                bytes(max as u64 * gs.file_bytes())
+            ),
+            points,
+        })
+    };
+    bar.finish_and_clear();
+
+    let all_verified = request.runs.iter().all(|r| r.verified)
+        && sweep.iter().flat_map(|s| &s.points).flat_map(|p| &p.runs).all(|r| r.verified);
+    let report = Report {
+        geometry: g,
+        object_bytes: g.object_bytes(),
+        media: "emulated (RAM media)".into(),
+        drives: args.emulated,
+        io_mode,
+        baseline_file_dir: dir.display().to_string(),
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        methods,
+        request,
+        sweep,
+        all_verified,
+        seconds: start.elapsed().as_secs_f64(),
+        notes: NOTES.iter().map(|s| s.split_whitespace().collect::<Vec<_>>().join(" ")).collect(),
+    };
+    args.out.emit(&report, &text(&report), || svg(&report))
+}
+
+/// Every method over chunks `0..n` of the data set for each `n` in `points`,
+/// one method at a time: tutti's executor and emulated controllers are
+/// stopped before the baselines run, so they do not compete for the cores.
+fn measure_points(
+    ds: &Dataset,
+    points: &[u32],
+    args: &Args,
+    quiet: bool,
+    bar: &indicatif::ProgressBar,
+) -> anyhow::Result<(Vec<Scenario>, Vec<MethodInfo>, String)> {
+    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); points.len()];
+    let mut infos = Vec::new();
+    let mut per_layer = vec![tutti::PerLayer::default(); points.len()];
+    let io_mode;
+    {
+        let mut t = tutti::Tutti::setup(ds, args.emulated, args.executor.mode(), quiet)?;
+        io_mode = t.io_mode.clone();
+        for (k, &n) in points.iter().enumerate() {
+            runs[k].push(measure_one(&mut t, ds, n, bar)?);
+            per_layer[k] = t.last;
+        }
+        infos.push(MethodInfo { method: t.name().into(), description: t.describe() });
+    }
+    let mut uring = baselines::UringFixed::new(ds, args.uring_depth)?;
+    let baselines: [&mut dyn Method; 3] = [&mut uring, &mut baselines::Pread, &mut baselines::Memcpy];
+    for m in baselines {
+        for (k, &n) in points.iter().enumerate() {
+            runs[k].push(measure_one(m, ds, n, bar)?);
+        }
+        infos.push(MethodInfo { method: m.name().into(), description: m.describe() });
+    }
+    let scenarios = points
+        .iter()
+        .zip(runs)
+        .zip(per_layer)
+        .map(|((&n, runs), tutti_per_layer)| {
+            let t = &runs[0];
+            let ratios = runs[1..]
+                .iter()
+                .map(|b| Ratio {
+                    baseline: b.method.clone(),
+                    bandwidth: t.gb_per_s / b.gb_per_s.max(1e-12),
+                    host_cpu: b.host_cpu_us_per_layer_call / t.host_cpu_us_per_layer_call.max(1e-9),
+                })
+                .collect();
+            Scenario {
+                blocks: n,
+                tokens: n as u64 * ds.g.tokens_per_block as u64,
+                layers: ds.g.layers,
+                bytes_per_method: n as u64 * ds.g.file_bytes(),
+                runs,
+                ratios,
+                tutti_per_layer,
+            }
+        })
+        .collect();
+    Ok((scenarios, infos, io_mode))
+}
+
+/// All layers of chunks `0..n`, after a small warm-up.
+fn measure_one(
+    m: &mut dyn Method,
+    ds: &Dataset,
+    n: u32,
+    bar: &indicatif::ProgressBar,
+) -> anyhow::Result<Run> {
+    bar.set_message(format!("{} {n}", m.name()));
+    measure::run(m, ds, n.min(32), 0..1)?;
+    let r = measure::run(m, ds, n, 0..ds.g.layers)?;
+    bar.inc(r.bytes);
+    Ok(r)
+}
+
+fn text(r: &Report) -> String {
+    use std::fmt::Write;
+    let g = &r.geometry;
+    let q = &r.request;
+    let mut out = String::new();
+    let _ = writeln!(out, "KV: {g}: {} objects", bytes(r.object_bytes));
+    let _ = writeln!(out, "tutti: {} on {} drives, {}", r.io_mode, r.drives, r.media);
+    let _ = writeln!(
+        out,
+        "baselines read a page-cached file in {}; {} CPUs shared by every thread",
+        r.baseline_file_dir, r.cpus
+    );
+    let _ = writeln!(
+        out,
+        "\nrequest: {} blocks ({} tokens), {} per method, one call per layer into shuffled block slots",
+        q.blocks,
+        q.tokens,
+        bytes(q.bytes_per_method)
+    );
+    let rows: Vec<Vec<String>> = q
+        .runs
+        .iter()
+        .map(|run| {
+            let ratio = q.ratios.iter().find(|x| x.baseline == run.method);
+            vec![
+                run.method.clone(),
+                format!("{:.2}", run.gb_per_s),
+                ratio.map_or("-".into(), |x| format!("{:.2}", x.bandwidth)),
+                format!("{:.1}", run.host_cpu_us_per_layer_call),
+                format!("{:.1}", run.host_cpu_ns_per_block),
+                ratio.map_or("-".into(), |x| format!("{:.0}", x.host_cpu)),
+                format!("{:.2}", run.process_cpu_s),
+                if run.verified { "yes".into() } else { "NO".into() },
+            ]
+        })
+        .collect();
+    out.push_str(&plot::table(
+        &[
+            "method",
+            "GB/s",
+            "tutti÷this",
+            "host CPU µs/layer",
+            "ns/block",
+            "this÷tutti CPU",
+            "process CPU s",
+            "verified",
+        ],
+        &rows,
+    ));
+    let t = &q.tutti_per_layer;
+    let _ = writeln!(
+        out,
+        "tutti per layer: {:.0} NVMe commands, {:.0} host call(s), {:.0} built by the host; \
+         host thread waiting: {:.0} µs/layer",
+        t.nvme_commands, t.host_calls, t.host_built, q.runs[0].wait_cpu_us_per_layer
+    );
+    if let Some(s) = &r.sweep {
+        let _ = writeln!(
+            out,
+            "\nhost CPU µs per layer call as the request grows ({} layers per block, same objects: {})",
+            s.layers, s.why_fewer_layers
+        );
+        let names: Vec<String> = s.points[0].runs.iter().map(|x| x.method.clone()).collect();
+        let mut headers: Vec<String> = vec!["blocks".into()];
+        headers.extend(names.iter().map(|n| format!("{n} µs")));
+        headers.extend(names.iter().map(|n| format!("{n} GB/s")));
+        let rows: Vec<Vec<String>> = s
+            .points
+            .iter()
+            .map(|p| {
+                let mut row = vec![p.blocks.to_string()];
+                row.extend(p.runs.iter().map(|x| format!("{:.1}", x.host_cpu_us_per_layer_call)));
+                row.extend(p.runs.iter().map(|x| format!("{:.2}", x.gb_per_s)));
+                row
+            })
+            .collect();
+        let h: Vec<&str> = headers.iter().map(String::as_str).collect();
+        out.push_str(&plot::table(&h, &rows));
+    }
+    let _ = writeln!(
+        out,
+        "\n{} in {:.1} s",
+        if r.all_verified { "every byte verified" } else { "VERIFICATION FAILED" },
+        r.seconds
+    );
+    for n in &r.notes {
+        let _ = writeln!(out, "note: {n}");
+    }
+    out
+}
+
+/// Host CPU per layer call against blocks, one curve per method (the request's
+/// point when there is no sweep).
+fn svg(r: &Report) -> String {
+    let points: Vec<&Scenario> = match &r.sweep {
+        Some(s) => s.points.iter().collect(),
+        None => vec![&r.request],
+    };
+    let series: Vec<plot::Series> = r
+        .methods
+        .iter()
+        .enumerate()
+        .map(|(i, m)| plot::Series {
+            name: m.method.clone(),
+            points: points
+                .iter()
+                .filter_map(|p| p.runs.get(i).map(|x| (p.blocks as f64, x.host_cpu_us_per_layer_call)))
+                .collect(),
+        })
+        .collect();
+    plot::line_chart(
+        "host CPU per layer call (retrieve)",
+        "blocks in the request",
+        "host CPU µs per layer call",
+        true,
+        &series,
+    )
 }

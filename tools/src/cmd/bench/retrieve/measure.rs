@@ -1,0 +1,128 @@
+//! What a method is to the harness, and how its cost is taken: wall time for
+//! bandwidth, the calling thread's CPU time for the control path, and the
+//! whole process's CPU time for the work done anywhere (executor threads and
+//! emulated controllers included).
+
+use super::data::Dataset;
+use anyhow::bail;
+use std::ops::Range;
+use std::time::Instant;
+
+/// Host-thread CPU spent on one method's layer calls.
+#[derive(Clone, Debug, Default)]
+pub struct Calls {
+    /// CPU nanoseconds of each layer call, on the calling thread.
+    pub cpu_ns: Vec<u64>,
+    /// CPU nanoseconds the calling thread spent waiting for layers to finish
+    /// (only methods whose call returns before the data has moved).
+    pub wait_cpu_ns: u64,
+}
+
+/// A way of moving layers of the request into their engine slots.
+pub trait Method {
+    /// Short name used in tables and JSON.
+    fn name(&self) -> &'static str;
+    /// What the method does, in a sentence.
+    fn describe(&self) -> String;
+    /// Moves `layers` of chunks `0..n` into their slots, one call per layer,
+    /// and returns once every byte has arrived.
+    fn retrieve(&mut self, ds: &Dataset, n: u32, layers: Range<u32>) -> anyhow::Result<Calls>;
+}
+
+/// CPU time of the calling thread, in nanoseconds.
+pub fn thread_cpu_ns() -> u64 {
+    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+/// CPU time of the whole process (every thread), in nanoseconds.
+pub fn process_cpu_ns() -> u64 {
+    clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID)
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; the clock ids are ones Linux always provides.
+    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// One method's run over one scenario, verified.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Run {
+    pub method: String,
+    /// Bytes moved (and verified) by the run.
+    pub bytes: u64,
+    pub verified_bytes: u64,
+    pub verified: bool,
+    pub layer_calls: u32,
+    pub seconds: f64,
+    /// Decimal gigabytes per second over the whole run.
+    pub gb_per_s: f64,
+    /// Mean host-thread CPU per layer call (the control path), µs.
+    pub host_cpu_us_per_layer_call: f64,
+    /// The same, per block of the call, ns.
+    pub host_cpu_ns_per_block: f64,
+    /// Host-thread CPU spent waiting per layer (0 for calls that return when done), µs.
+    pub wait_cpu_us_per_layer: f64,
+    /// CPU of every thread of the process during the run (executor lanes and
+    /// emulated controllers included), seconds.
+    pub process_cpu_s: f64,
+}
+
+/// Clears the slots, runs `m` over `layers` of chunks `0..n`, and checks every byte.
+pub fn run(m: &mut dyn Method, ds: &Dataset, n: u32, layers: Range<u32>) -> anyhow::Result<Run> {
+    if n == 0 || n > ds.blocks || layers.is_empty() || layers.end > ds.g.layers {
+        bail!(
+            "{}: {n} blocks of layers {}..{} is outside the data set ({} blocks, {} layers)",
+            m.name(),
+            layers.start,
+            layers.end,
+            ds.blocks,
+            ds.g.layers
+        );
+    }
+    ds.clear(n, layers.clone())?;
+    let proc0 = process_cpu_ns();
+    let t = Instant::now();
+    let calls = m.retrieve(ds, n, layers.clone())?;
+    let seconds = t.elapsed().as_secs_f64();
+    let process_cpu_s = process_cpu_ns().saturating_sub(proc0) as f64 / 1e9;
+    let verified_bytes = ds.verify(n, layers.clone()).map_err(|e| anyhow::anyhow!("{}: {e}", m.name()))?;
+    let bytes = n as u64 * layers.len() as u64 * 2 * ds.g.object_bytes();
+    let count = calls.cpu_ns.len().max(1) as f64;
+    let mean_ns = calls.cpu_ns.iter().sum::<u64>() as f64 / count;
+    Ok(Run {
+        method: m.name().to_string(),
+        bytes,
+        verified_bytes,
+        verified: verified_bytes == bytes,
+        layer_calls: calls.cpu_ns.len() as u32,
+        seconds,
+        gb_per_s: bytes as f64 / seconds.max(1e-9) / 1e9,
+        host_cpu_us_per_layer_call: mean_ns / 1e3,
+        host_cpu_ns_per_block: mean_ns / n as f64,
+        wait_cpu_us_per_layer: calls.wait_cpu_ns as f64 / layers.len() as f64 / 1e3,
+        process_cpu_s,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thread_cpu_time_grows_with_work_on_this_thread() {
+        let a = thread_cpu_ns();
+        let mut x = 1u64;
+        for i in 0..5_000_000u64 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(i);
+        }
+        std::hint::black_box(x);
+        let b = thread_cpu_ns();
+        assert!(a > 0 && b > a, "thread CPU clock did not advance: {a} -> {b}");
+        assert!(process_cpu_ns() >= b - a);
+    }
+}

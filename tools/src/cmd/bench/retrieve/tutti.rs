@@ -1,0 +1,175 @@
+//! The method under test: the object store on RAM-backed emulated drives,
+//! layers moved by gio_uring's host executor. The request is stored first
+//! (setup, not measured), then each layer is one `submit_load` call — the
+//! host hands over the (file, block) pairs and the executor expands them into
+//! NVMe commands from the device-resident layer table.
+
+use super::data::Dataset;
+use super::measure::{thread_cpu_ns, Calls, Method};
+use crate::emu::{EmulatedArgs, SglFlag};
+use crate::report::byte_bar;
+use anyhow::{bail, Context};
+use rand::{Rng, SeedableRng};
+use std::ops::Range;
+use std::time::Duration;
+use tutti_driver::emulated::EmulatedController;
+use tutti_gio_uring::{ExecMode, HostExecutorConfig};
+use tutti_objstore::{
+    chain_hashes, Backend, DriveSpec, FileId, GioConfig, KvStore, OpenMode, PoolOptions, StoreOptions,
+};
+
+/// Deadline of every wait on the drives.
+const WAIT: Duration = Duration::from_secs(120);
+
+/// Counters of the last run, per layer.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct PerLayer {
+    pub nvme_commands: f64,
+    /// Calls into the I/O path the host made (1: one submit_layer).
+    pub host_calls: f64,
+    /// Commands whose fields the host wrote (0: the executor built them all).
+    pub host_built: f64,
+}
+
+pub struct Tutti {
+    /// Declared before the controllers: the store (and its queues) goes first.
+    store: KvStore,
+    files: Vec<FileId>,
+    pin: u64,
+    pub io_mode: String,
+    pub drives: u32,
+    pub last: PerLayer,
+    _emus: Vec<EmulatedController>,
+}
+
+impl Tutti {
+    /// Starts `drives` emulated drives, opens a pool with the data set's
+    /// geometry, registers its KV memory and stores the whole request.
+    pub fn setup(ds: &Dataset, drives: u32, exec: ExecMode, quiet: bool) -> anyhow::Result<Tutti> {
+        let g = ds.g;
+        let request = ds.blocks as u64 * g.file_bytes();
+        // Each drive holds its share of the request plus room for metadata.
+        let per_drive = request.div_ceil(drives as u64) + request / 8 + (64 << 20);
+        let emu = EmulatedArgs {
+            lba_size: 512,
+            capacity_mib: per_drive.div_ceil(1 << 20),
+            mdts: 5,
+            sgl: SglFlag::On,
+            dir: None,
+        };
+        let emus = (0..drives as usize)
+            .map(|i| Ok(EmulatedController::start(emu.config(i)?)?))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let specs = emus
+            .iter()
+            .map(|e| Ok(DriveSpec::first_namespace(crate::cmd::identify::bring_up(e)?)?))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let opts = StoreOptions {
+            pool: PoolOptions::new(g, OpenMode::Create),
+            backend: Backend::Gio(GioConfig {
+                host: HostExecutorConfig { mode: exec, ..Default::default() },
+                ..Default::default()
+            }),
+        };
+        let store = KvStore::open(specs, opts).context("opening the pool on the emulated drives")?;
+        if store.stripe_map().files() < ds.blocks {
+            bail!("the pool holds {} blocks; the request needs {}", store.stripe_map().files(), ds.blocks);
+        }
+        store.register_host(ds.kv.clone(), ds.layout.clone(), "llama-3-8b", b"")?;
+        let io_mode = store.info().io_mode;
+
+        let mut rng = rand::rngs::StdRng::seed_from_u64(ds.seed);
+        let tokens: Vec<u32> =
+            (0..ds.blocks * g.tokens_per_block).map(|_| rng.gen_range(0..128_256)).collect();
+        let hashes = chain_hashes(&tokens, g.tokens_per_block);
+        ds.fill_slots_in_order()?;
+        let src: Vec<u32> = (0..ds.blocks).collect();
+        let bar = byte_bar(request, "store", quiet);
+        let session = store.begin_store(&hashes, &src)?;
+        let jobs =
+            (0..g.layers).map(|l| store.submit_store(session, l..l + 1)).collect::<Result<Vec<_>, _>>()?;
+        for job in jobs {
+            let st = store.wait(job, WAIT)?;
+            if !st.done {
+                bail!("storing a layer did not finish within {WAIT:?}");
+            }
+            store.release(job)?;
+            bar.inc(request / g.layers as u64);
+        }
+        let rep = store.commit_store(session)?;
+        bar.finish_and_clear();
+        if let Some((i, why)) = rep.failed.first() {
+            bail!("{} of {} blocks were not stored; block {i}: {why}", rep.failed.len(), ds.blocks);
+        }
+        let hit = store.lookup(&hashes)?;
+        if hit.hits() as u32 != ds.blocks {
+            store.unpin(hit.pin)?;
+            bail!("only {} of {} stored blocks were found", hit.hits(), ds.blocks);
+        }
+        Ok(Tutti {
+            store,
+            files: hit.files,
+            pin: hit.pin,
+            io_mode,
+            drives,
+            last: PerLayer::default(),
+            _emus: emus,
+        })
+    }
+}
+
+impl Method for Tutti {
+    fn name(&self) -> &'static str {
+        "tutti"
+    }
+
+    fn describe(&self) -> String {
+        format!("KvStore::submit_load per layer on {} emulated drives: {}", self.drives, self.io_mode)
+    }
+
+    /// Every layer is submitted as its own load job (the engine asks for each
+    /// layer), then each is waited for in order, as before its attention.
+    fn retrieve(&mut self, ds: &Dataset, n: u32, layers: Range<u32>) -> anyhow::Result<Calls> {
+        let (files, dst) = (&self.files[..n as usize], &ds.dst[..n as usize]);
+        let mut calls = Calls::default();
+        let mut jobs = Vec::with_capacity(layers.len());
+        for l in layers.clone() {
+            let t0 = thread_cpu_ns();
+            let job = self.store.submit_load(files, dst, l..l + 1);
+            calls.cpu_ns.push(thread_cpu_ns().saturating_sub(t0));
+            jobs.push((l, job?));
+        }
+        let mut totals = PerLayer::default();
+        for (l, job) in jobs {
+            let t0 = thread_cpu_ns();
+            let st = self.store.wait(job, WAIT)?;
+            calls.wait_cpu_ns += thread_cpu_ns().saturating_sub(t0);
+            if !st.done {
+                self.store.cancel(job)?;
+                bail!("layer {l} did not load within {WAIT:?}");
+            }
+            let st = self.store.release(job)?;
+            if st.failed > 0 {
+                bail!("layer {l}: {} blocks failed: {}", st.failed, st.first_error.unwrap_or_default());
+            }
+            totals.nvme_commands += st.commands as f64;
+            totals.host_calls += st.host_calls as f64;
+            totals.host_built += st.host_built as f64;
+        }
+        let k = layers.len() as f64;
+        self.last = PerLayer {
+            nvme_commands: totals.nvme_commands / k,
+            host_calls: totals.host_calls / k,
+            host_built: totals.host_built / k,
+        };
+        Ok(calls)
+    }
+}
+
+impl Drop for Tutti {
+    fn drop(&mut self) {
+        if let Err(e) = self.store.unpin(self.pin) {
+            tracing::warn!(error = %e, "unpinning the benchmark's files");
+        }
+    }
+}

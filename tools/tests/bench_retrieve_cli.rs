@@ -1,0 +1,167 @@
+//! `tutti bench retrieve` at small sizes: every method delivers the stored
+//! bytes into the right block slots and moves the same data, and the report
+//! carries what a reader needs. Never speed.
+
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::Command;
+
+const OBJECT: u64 = 16 * 128 * 2; // 16 tokens × 1 KV head × head dim 128 × bf16
+const METHODS: [&str; 4] = ["tutti", "io_uring", "pread", "memcpy"];
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tutti-bench-retrieve-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn bench(extra: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_tutti"))
+        .args(["bench", "retrieve", "--kv-heads", "1", "--head-dim", "128", "--emulated", "2"])
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+/// The runs of one scenario: each method once, in order, verified, same bytes.
+fn check_runs(s: &Value, blocks: u64, layers: u64) {
+    let runs = s["runs"].as_array().unwrap();
+    let names: Vec<&str> = runs.iter().map(|r| r["method"].as_str().unwrap()).collect();
+    assert_eq!(names, METHODS);
+    let want = blocks * layers * 2 * OBJECT;
+    assert_eq!(s["bytes_per_method"].as_u64(), Some(blocks * layers * 2 * OBJECT));
+    for r in runs {
+        let m = r["method"].as_str().unwrap();
+        assert_eq!(r["verified"], Value::Bool(true), "{m} did not verify: {r}");
+        assert_eq!(r["bytes"].as_u64(), Some(want), "{m} moved other data");
+        assert_eq!(r["verified_bytes"].as_u64(), Some(want), "{m} verified other data");
+        assert_eq!(r["layer_calls"].as_u64(), Some(layers), "{m}: one call per layer");
+        for field in
+            ["seconds", "gb_per_s", "host_cpu_us_per_layer_call", "host_cpu_ns_per_block", "process_cpu_s"]
+        {
+            let v = r[field].as_f64().unwrap_or_else(|| panic!("{m}: no {field}"));
+            assert!(v.is_finite() && v >= 0.0, "{m}: {field} = {v}");
+        }
+        assert!(r["gb_per_s"].as_f64().unwrap() > 0.0);
+    }
+    let ratios = s["ratios"].as_array().unwrap();
+    let baselines: Vec<&str> = ratios.iter().map(|r| r["baseline"].as_str().unwrap()).collect();
+    assert_eq!(baselines, METHODS[1..]);
+    for r in ratios {
+        for f in ["bandwidth", "host_cpu"] {
+            let v = r[f].as_f64().unwrap();
+            assert!(v.is_finite() && v > 0.0, "{f} ratio {v}");
+        }
+    }
+    // One command per 4 KiB object, built by the executor from the layer table.
+    let t = &s["tutti_per_layer"];
+    assert_eq!(t["nvme_commands"].as_f64(), Some((2 * blocks) as f64));
+    assert_eq!(t["host_calls"].as_f64(), Some(1.0));
+}
+
+#[test]
+fn every_method_delivers_the_stored_bytes_and_the_report_says_what_was_measured() {
+    let dir = scratch("json");
+    let svg = dir.join("cpu.svg");
+    let out = bench(&[
+        "--request-blocks",
+        "24",
+        "--layers",
+        "3",
+        "--blocks",
+        "16,8",
+        "--sweep-layers",
+        "2",
+        "--file-dir",
+        dir.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+        "--json",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed: {stderr}");
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+
+    assert_eq!(r["all_verified"], Value::Bool(true));
+    assert_eq!(r["object_bytes"].as_u64(), Some(OBJECT));
+    assert_eq!(r["geometry"]["layers"].as_u64(), Some(3));
+    assert_eq!(r["drives"].as_u64(), Some(2));
+    assert!(r["media"].as_str().unwrap().contains("emulated"));
+    assert!(r["io_mode"].as_str().unwrap().contains("gio_uring"));
+    let methods: Vec<&str> =
+        r["methods"].as_array().unwrap().iter().map(|m| m["method"].as_str().unwrap()).collect();
+    assert_eq!(methods, METHODS);
+    assert!(r["methods"].as_array().unwrap().iter().all(|m| !m["description"].as_str().unwrap().is_empty()));
+    assert!(r["notes"].as_array().unwrap().len() >= 3, "the caveats travel with the figures");
+
+    let q = &r["request"];
+    assert_eq!(q["blocks"].as_u64(), Some(24));
+    assert_eq!(q["tokens"].as_u64(), Some(24 * 16));
+    check_runs(q, 24, 3);
+
+    let s = &r["sweep"];
+    assert_eq!(s["layers"].as_u64(), Some(2));
+    assert!(!s["why_fewer_layers"].as_str().unwrap().is_empty());
+    let points = s["points"].as_array().unwrap();
+    let blocks: Vec<u64> = points.iter().map(|p| p["blocks"].as_u64().unwrap()).collect();
+    assert_eq!(blocks, [8, 16], "sweep points in increasing order");
+    for p in points {
+        check_runs(p, p["blocks"].as_u64().unwrap(), 2);
+    }
+
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    assert!(plot.starts_with("<svg"));
+    assert_eq!(plot.lines().filter(|l| l.starts_with("<polyline")).count(), 4, "one curve per method");
+    for m in METHODS {
+        assert!(plot.contains(&format!(">{m}<")), "legend lacks {m}");
+    }
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("cpu.svg")], "the baseline file is removed");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_table_names_each_method_with_its_ratio() {
+    let dir = scratch("text");
+    let out = bench(&[
+        "--request-blocks",
+        "8",
+        "--layers",
+        "2",
+        "--no-sweep",
+        "--file-dir",
+        dir.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    for m in METHODS {
+        assert!(text.lines().any(|l| l.starts_with(m)), "no row for {m}:\n{text}");
+    }
+    assert!(text.contains("tutti÷this") && text.contains("host CPU µs/layer"), "{text}");
+    assert!(text.contains("every byte verified"), "{text}");
+    assert!(!text.contains("as the request grows"), "--no-sweep still swept:\n{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_sizes_are_refused_with_the_flag_named() {
+    let out = bench(&["--request-blocks", "0", "--no-sweep"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--request-blocks"), "{err}");
+
+    let out = bench(&["--request-blocks", "4", "--blocks", "4,0"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--blocks"));
+
+    let out = bench(&["--dtype", "bf17", "--no-sweep"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bf17"));
+
+    // 3 tokens × 1 head × 128 × bf16 = 768 bytes: not whole 512-byte blocks.
+    let out = bench(&["--block-tokens", "3", "--no-sweep"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("512-byte"));
+}
