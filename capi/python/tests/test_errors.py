@@ -199,7 +199,6 @@ def test_raw_huge_sizes(library, runtime):
     ids = (ctypes.c_uint32 * 1)()
     e = raw(library, "tutti_submit_load", runtime._p(), hashes, ids, (1 << 20) + 1, 0, 1, byref(c_void_p()))
     assert isinstance(e, (tutti.InvalidArgument, tutti.NotRegistered))
-    job = c_void_p()
     e = raw(library, "tutti_job_wait", c_void_p(0x1000), c_uint64(1 << 62), None)
     assert isinstance(e, (tutti.InvalidArgument, tutti.BadHandle))
 

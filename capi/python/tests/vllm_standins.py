@@ -230,7 +230,6 @@ class MiniEngine:
     def _compute_layer(self, out: SchedulerOutput, layer: int) -> None:
         """Writes K and V of every block touched by the scheduled tokens (whole blocks, for simplicity)."""
         t = self.kv[layer_name(layer)]
-        n = self.g.object_bytes
         for req_id, count in out.num_scheduled_tokens.items():
             req = self.running[req_id]
             start, end = req.num_computed_tokens, req.num_computed_tokens + count

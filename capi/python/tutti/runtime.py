@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from ctypes import POINTER, byref, c_char, c_char_p, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p
+from ctypes import byref, c_char, c_char_p, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Sequence
 
 from . import _lib
 from ._lib import lib, sized
