@@ -9,10 +9,10 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
 }
 
-const WIDTH: f64 = 760.0;
+const WIDTH: f64 = 920.0;
 const HEIGHT: f64 = 460.0;
 const LEFT: f64 = 80.0;
-const RIGHT: f64 = 580.0;
+const RIGHT: f64 = 620.0;
 const TOP: f64 = 50.0;
 const BOTTOM: f64 = 390.0;
 const COLORS: [&str; 8] =
@@ -47,8 +47,8 @@ pub fn line_chart(title: &str, x_label: &str, y_label: &str, log_x: bool, series
     let _ = writeln!(out, r#"<rect width="100%" height="100%" fill="white"/>"#);
     let _ = writeln!(
         out,
-        r#"<text x="{:.1}" y="28" text-anchor="middle" font-size="15">{}</text>"#,
-        (LEFT + RIGHT) / 2.0,
+        r#"<text x="{:.1}" y="28" text-anchor="middle" font-size="14">{}</text>"#,
+        WIDTH / 2.0,
         escape(title)
     );
     let _ = writeln!(
@@ -160,7 +160,7 @@ fn number(v: f64) -> String {
         (v / 1e9, "G")
     } else if a >= 1e6 {
         (v / 1e6, "M")
-    } else if a >= 1e4 {
+    } else if a >= 1e3 {
         (v / 1e3, "k")
     } else {
         (v, "")

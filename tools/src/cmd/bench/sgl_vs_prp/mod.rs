@@ -482,7 +482,7 @@ fn plot(r: &Report) -> String {
         }
     }
     line_chart(
-        &format!("Read bandwidth into scattered memory, {} ({})", r.media, r.executor),
+        &format!("SGL vs PRP reads into scattered memory: {}, {} executor", r.media, r.executor),
         "object size (bytes)",
         "GB/s",
         true,
