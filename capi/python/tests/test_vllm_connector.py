@@ -337,3 +337,34 @@ def test_worker_methods_refused_on_the_scheduler_instance(library, geometry):
             c.register_kv_caches({})
     finally:
         c.shutdown()
+
+
+def test_profiled_steps_make_a_slack_table(library, geometry, tmp_path):
+    """With profiling on, the layer hooks feed tutti's profiler; shutdown saves the fitted slack table."""
+    import json
+
+    path = tmp_path / "slack.json"
+    e = MiniEngine(geometry, dict(EXTRA, slack_table=str(path), profile_gpu="test-gpu"), num_blocks=200)
+    try:
+        for i, n in enumerate([5, 9, 17, 33, 65, 129, 40, 80]):
+            r = Request(f"r{i}", prompt(100 + i, n))
+            res = e.step(new=[r])
+            assert res.meta.prefill_tokens == n - res.matched[r.request_id]
+            for _ in range(2):
+                r.output_token_ids.append(1)
+                res = e.step(cont={r.request_id: 1})
+                assert res.meta.prefill_tokens == 0 and res.meta.decode_context_tokens == r.num_tokens
+            e.finish(r)
+        assert not path.exists()
+    finally:
+        e.close()
+    table = json.loads(path.read_text())
+    assert table["format"] == "tutti-slack-table"
+    assert "test-gpu" in path.read_text() and "tiny/llama-test" in path.read_text()
+
+
+def test_profile_config_errors(library, geometry):
+    with pytest.raises(ConfigError, match="profile_iocbs_per_sm_per_us"):
+        from_vllm(vllm_config(geometry, dict(EXTRA, profile=True, profile_iocbs_per_sm_per_us=0)))
+    with pytest.raises(ConfigError, match="profile_io_sms"):
+        from_vllm(vllm_config(geometry, dict(EXTRA, profile=True, profile_io_sms=0)))

@@ -26,16 +26,13 @@ from .errors import (
     TuttiError,
     Unsupported,
 )
+from .jobs import Job, JobStatus, Store, StoreReport
 from .runtime import (
     Geometry,
-    Job,
-    JobStatus,
     Lookup,
     Runtime,
     RuntimeInfo,
     Stats,
-    Store,
-    StoreReport,
     TableSizes,
     abi_version,
     chain_hashes,

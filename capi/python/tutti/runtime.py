@@ -13,24 +13,20 @@ closed; closing twice is harmless.
 from __future__ import annotations
 
 import ctypes
-import threading
-from ctypes import byref, c_char, c_char_p, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p
+from ctypes import byref, c_char_p, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from . import _lib
 from ._lib import lib, sized
-from .errors import OK, BadHandle, Timeout
+from .jobs import DEFAULT_TIMEOUT_S, Job, JobStatus, Store, StoreReport, _Handle
+
+__all__ = [
+    "Geometry", "Runtime", "RuntimeInfo", "Stats", "TableSizes", "Lookup", "chain_hashes", "clock_ns",
+    "abi_version", "Job", "JobStatus", "Store", "StoreReport", "DEFAULT_TIMEOUT_S",
+]
 
 HASH_BYTES = 16
-DEFAULT_TIMEOUT_S = 30.0
-MAX_TIMEOUT_S = 86_400.0
-
-
-def _ms(timeout_s: float) -> int:
-    if timeout_s < 0 or timeout_s > MAX_TIMEOUT_S:
-        raise ValueError(f"timeout {timeout_s} s is outside 0..{MAX_TIMEOUT_S:.0f} s")
-    return int(round(timeout_s * 1000))
 
 
 @dataclass(frozen=True)
@@ -113,35 +109,6 @@ def chain_hashes(tokens: Sequence[int], tokens_per_block: int, parent: bytes | N
     return [bytes(out[i].bytes) for i in range(count.value)]
 
 
-def _bits(bitmap, blocks: int) -> list[int]:
-    return [i for i in range(blocks) if bitmap[i // 64] >> (i % 64) & 1]
-
-
-@dataclass
-class JobStatus:
-    """A job's progress; ``failed_blocks`` are indices into the submission's block list."""
-
-    direction: str
-    done: bool
-    cancelled: bool
-    first_layer: int
-    num_layers: int
-    layers_done: int
-    blocks: int
-    failed: int
-    failed_blocks: list[int]
-    commands: int
-    bytes: int
-
-
-@dataclass
-class StoreReport:
-    stored: int
-    present: int
-    failed: int
-    failed_blocks: list[int]
-
-
 @dataclass
 class TableSizes:
     tables: int
@@ -192,153 +159,6 @@ class Stats:
     jobs_in_flight: int = 0
     layers_in_flight: int = 0
     stores_open: int = 0
-
-
-class _Handle:
-    """An opaque libtutti handle released exactly once."""
-
-    _destroy = ""
-
-    def __init__(self, ptr: c_void_p):
-        self._ptr = ptr
-        self._lock = threading.Lock()
-
-    @property
-    def closed(self) -> bool:
-        return not self._ptr
-
-    def _p(self) -> c_void_p:
-        # A closed handle never reaches libtutti again: its address may by
-        # now belong to a new handle of the same type.
-        if not self._ptr:
-            raise BadHandle(BadHandle.status, "TUTTI_E_BAD_HANDLE", f"this {type(self).__name__} is closed")
-        return self._ptr
-
-    def close(self) -> None:
-        """Releases the handle; closing again does nothing."""
-        with self._lock:
-            if not self._ptr:
-                return
-            ptr, self._ptr = self._ptr, None
-        lib().call(self._destroy, ptr)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            if getattr(self, "_ptr", None):
-                self.close()
-        except Exception:
-            pass
-
-
-class Job(_Handle):
-    """One load or store job over a range of layers."""
-
-    _destroy = "tutti_job_destroy"
-
-    def __init__(self, ptr: c_void_p, direction: str, blocks: int, layers: range):
-        super().__init__(ptr)
-        self.direction = direction
-        self.blocks = blocks
-        self.layers = layers
-
-    def _status(self):
-        words = max((self.blocks + 63) // 64, 1)
-        bitmap = (c_uint64 * words)()
-        st = sized(_lib.JobStatus, failed_bitmap_words=words, failed_bitmap=bitmap)
-        return st, bitmap
-
-    def _convert(self, st, bitmap) -> JobStatus:
-        return JobStatus(
-            direction="load" if st.direction == _lib.DIR_LOAD else "store",
-            done=bool(st.done),
-            cancelled=bool(st.cancelled),
-            first_layer=st.first_layer,
-            num_layers=st.num_layers,
-            layers_done=st.layers_done,
-            blocks=st.blocks,
-            failed=st.failed,
-            failed_blocks=_bits(bitmap, st.blocks),
-            commands=st.commands,
-            bytes=st.bytes,
-        )
-
-    def _waited(self, status: int, name: str, st, bitmap) -> JobStatus:
-        L = lib()
-        if status == Timeout.status:
-            exc = Timeout(status, L.status_name(status), L.last_error(), name)
-            exc.job_status = self._convert(st, bitmap)
-            raise exc
-        L.check(status, name)
-        return self._convert(st, bitmap)
-
-    def poll(self) -> JobStatus:
-        """Advances the job and returns its progress without blocking."""
-        st, bitmap = self._status()
-        lib().call("tutti_job_poll", self._p(), byref(st))
-        return self._convert(st, bitmap)
-
-    def wait(self, timeout: float = DEFAULT_TIMEOUT_S) -> JobStatus:
-        """Waits until every layer finished; raises :class:`~tutti.errors.Timeout` (with ``job_status``)."""
-        st, bitmap = self._status()
-        status = lib().tutti_job_wait(self._p(), _ms(timeout), byref(st))
-        return self._waited(status, "tutti_job_wait", st, bitmap)
-
-    def layer_done(self, layer: int) -> bool:
-        return lib().call("tutti_job_layer_done", self._p(), layer) == OK
-
-    def wait_layer(self, layer: int, timeout: float = DEFAULT_TIMEOUT_S) -> JobStatus:
-        """Waits until ``layer`` finished (ok or failed); the status covers the whole job so far."""
-        st, bitmap = self._status()
-        status = lib().tutti_job_wait_layer(self._p(), layer, _ms(timeout), byref(st))
-        return self._waited(status, "tutti_job_wait_layer", st, bitmap)
-
-    def cancel(self) -> None:
-        """Layers not yet submitted are dropped; their blocks fail as cancelled."""
-        lib().call("tutti_job_cancel", self._p())
-
-    def error(self) -> str:
-        """The job's first failure reason ('' if none)."""
-        L = lib()
-        needed = c_size_t(0)
-        buf = (c_char * 256)()
-        status = L.tutti_job_error(self._p(), buf, 256, byref(needed))
-        if status == -12 and needed.value > 256:
-            buf = (c_char * needed.value)()
-            status = L.tutti_job_error(self._p(), buf, needed.value, byref(needed))
-        L.check(status, "tutti_job_error")
-        return buf.value.decode("utf-8", "replace")
-
-
-class Store(_Handle):
-    """A store session: files reserved for new chunks, written by jobs, made visible by commit."""
-
-    _destroy = "tutti_store_destroy"
-
-    def __init__(self, ptr: c_void_p, runtime: "Runtime", blocks: int):
-        super().__init__(ptr)
-        self.runtime = runtime
-        self.blocks = blocks
-
-    def submit(self, layers: range | None = None) -> Job:
-        """Writes ``layers`` (default all) of the session's new blocks from engine memory."""
-        layers = self.runtime._layers(layers)
-        out = c_void_p()
-        lib().call("tutti_store_submit", self._p(), layers.start, len(layers), byref(out))
-        return Job(out, "store", self.blocks, layers)
-
-    def commit(self) -> StoreReport:
-        """Makes the complete new blocks durable and visible to lookups (Busy while jobs run)."""
-        words = max((self.blocks + 63) // 64, 1)
-        bitmap = (c_uint64 * words)()
-        rep = sized(_lib.StoreReport, failed_bitmap=bitmap, failed_bitmap_words=words)
-        lib().call("tutti_store_commit", self._p(), byref(rep))
-        return StoreReport(rep.stored, rep.present, rep.failed, _bits(bitmap, self.blocks))
 
 
 @dataclass

@@ -29,8 +29,10 @@ import logging
 from typing import Any
 
 from ._connector import shared
+from .errors import TuttiError
 from ._connector.config import ConnectorConfig, from_vllm
 from ._connector.metadata import LoadSpec, SaveSpec, StepPlan
+from ._connector.profile import StepProfiler
 from ._connector.scheduler import SchedulerSide
 from ._connector.worker import WorkerSide
 
@@ -89,8 +91,8 @@ except ImportError:
 class TuttiConnectorMetadata(KVConnectorMetadata, StepPlan):
     """One step's plan: loads (hit chunks → new blocks) and saves (computed blocks → chunks)."""
 
-    def __init__(self, loads: list[LoadSpec] | None = None, saves: list[SaveSpec] | None = None):
-        StepPlan.__init__(self, loads or [], saves or [])
+    def __init__(self, loads: list[LoadSpec] | None = None, saves: list[SaveSpec] | None = None, **shape: int):
+        StepPlan.__init__(self, loads or [], saves or [], **shape)
 
 
 def _base_init(self, vllm_config, role, kv_cache_config) -> None:
@@ -115,11 +117,14 @@ class TuttiConnector(KVConnectorBase_V1):
         self.runtime = shared.acquire(self.config)
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
+        self._profiler: StepProfiler | None = None
         if _is_scheduler(role):
             self._scheduler = SchedulerSide(self.runtime, self.config.geometry.tokens_per_block)
         else:
             c = self.config
             self._worker = WorkerSide(self.runtime, c.geometry, c.model, c.tenant_salt, c.layer_timeout_s)
+            if c.profile:
+                self._profiler = StepProfiler(self.runtime)
 
     def _w(self) -> WorkerSide:
         if self._worker is None:
@@ -142,26 +147,43 @@ class TuttiConnector(KVConnectorBase_V1):
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
         """Registers vLLM's per-layer KV tensors (their memory is what the drives read and write)."""
         self._w().register(kv_caches)
+        if self._profiler is not None and self._w().on_gpu:
+            import torch  # GPU tensors come from torch
+
+            self._profiler.use_cuda(torch)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         """Submits this step's loads for every layer; attention layers then wait for their own."""
         plan = self._plan()
-        if plan is not None:
-            self._w().start_loads(plan)
+        if plan is None:
+            return
+        if self._profiler is not None:
+            self._profiler.begin_step(plan.prefill_tokens, plan.prefix_tokens, plan.decode_context_tokens)
+        self._w().start_loads(plan)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Blocks until layer ``layer_name`` of every load of this step has landed (or failed)."""
-        self._w().wait_layer(layer_name)
+        w = self._w()
+        w.wait_layer(layer_name)
+        layer = w.layer_of(layer_name)
+        if self._profiler is not None and layer is not None:
+            self._profiler.layer_begins(layer)
 
     def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
         """Submits the writes of this layer of this step's new blocks (its KV was just computed)."""
         plan = self._plan()
-        if plan is not None:
-            self._w().save_layer(plan, layer_name, kv_layer)
+        if plan is None:
+            return
+        layer = self._w().layer_of(layer_name)
+        if self._profiler is not None and layer is not None:
+            self._profiler.layer_ends(layer)
+        self._w().save_layer(plan, layer_name, kv_layer)
 
     def wait_for_save(self) -> None:
         """Ends the step's I/O: loads finished, saves written and committed (visible to lookups)."""
         w = self._w()
+        if self._profiler is not None:
+            self._profiler.end_step()
         w.finish_loads()
         w.finish_saves(self._plan())
 
@@ -187,14 +209,30 @@ class TuttiConnector(KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output: Any) -> TuttiConnectorMetadata:
         """This step's loads and the prompt blocks it completes (to be stored)."""
-        plan = self._s().plan(scheduler_output)
-        return TuttiConnectorMetadata(plan.loads, plan.saves)
+        p = self._s().plan(scheduler_output)
+        return TuttiConnectorMetadata(
+            p.loads, p.saves, prefill_tokens=p.prefill_tokens, prefix_tokens=p.prefix_tokens,
+            decode_context_tokens=p.decode_context_tokens,
+        )
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
         """Releases the request's pins; its blocks may be freed at once (saves finished in their step)."""
         return self._s().finished(request)
 
+    def save_slack_table(self, path: str | None = None) -> None:
+        """Fits the profiled layer timings into a slack table and saves it (for ``tutti simulate``)."""
+        c = self.config
+        target = path or c.slack_table
+        if target is None:
+            raise ValueError("no path: pass one or set kv_connector_extra_config['slack_table']")
+        self.runtime.save_slack_table(target, c.profile_gpu, c.profile_io_sms, c.profile_iocbs_per_sm_per_us)
+
     def shutdown(self) -> None:
+        if self._profiler is not None and self.config.slack_table and self.runtime is not None:
+            try:
+                self.save_slack_table()
+            except TuttiError as e:
+                log.warning("tutti: slack table not saved: %s", e)
         if self._worker is not None:
             self._worker.close()
         if self._scheduler is not None:

@@ -19,6 +19,11 @@ overridden in the extra config. Keys of ``kv_connector_extra_config``:
 ``layers``, ``kv_heads``,   override the geometry read from vLLM's configs
 ``head_dim``, ``dtype``
 ``lib``                     path to libtutti.so (else ``$TUTTI_LIB`` or the usual search)
+``profile``                 feed layer timings to tutti's profiler (see ``profile.py``)
+``slack_table``             save the fitted slack table here at shutdown (implies ``profile``)
+``profile_gpu``             GPU name recorded in the slack table (default ``"unknown"``)
+``profile_io_sms``          SMs reserved for I/O, for the table's IOCB budgets (default 4)
+``profile_iocbs_per_sm_per_us`` IOCBs one I/O SM issues per µs (default 1.0)
 ==========================  ===========================================================
 """
 
@@ -63,6 +68,11 @@ KNOWN_KEYS = {
     "head_dim",
     "dtype",
     "lib",
+    "profile",
+    "slack_table",
+    "profile_gpu",
+    "profile_io_sms",
+    "profile_iocbs_per_sm_per_us",
 }
 
 
@@ -84,6 +94,11 @@ class ConnectorConfig:
     open_mode: str
     io_timeout_ms: int
     layer_timeout_s: float
+    profile: bool = False
+    slack_table: str | None = None
+    profile_gpu: str = "unknown"
+    profile_io_sms: int = 4
+    profile_iocbs_per_sm_per_us: float = 1.0
 
     def pool_key(self) -> tuple:
         """Connectors with equal keys in one process share one runtime (one pool)."""
@@ -189,6 +204,15 @@ def from_vllm(vllm_config: Any) -> ConnectorConfig:
             f"kv_connector_extra_config['open_mode'] = {open_mode!r}: use 'open', 'create' or 'open_or_create'"
         )
     salt = extra.get("tenant_salt", "")
+    try:
+        iocbs = float(extra.get("profile_iocbs_per_sm_per_us", 1.0))
+    except (TypeError, ValueError):
+        iocbs = -1.0
+    if not iocbs > 0:
+        raise ConfigError(
+            f"kv_connector_extra_config['profile_iocbs_per_sm_per_us'] = "
+            f"{extra.get('profile_iocbs_per_sm_per_us')!r} must be a positive number"
+        )
     return ConnectorConfig(
         geometry=geometry_from_vllm(vllm_config, extra),
         model=str(extra.get("model") or vllm_config.model_config.model),
@@ -202,4 +226,9 @@ def from_vllm(vllm_config: Any) -> ConnectorConfig:
         open_mode=open_mode,
         io_timeout_ms=_int(extra, "io_timeout_ms", 0),
         layer_timeout_s=_int(extra, "layer_timeout_ms", 30_000, 1) / 1000.0,
+        profile=bool(extra.get("profile", False) or extra.get("slack_table")),
+        slack_table=str(extra["slack_table"]) if extra.get("slack_table") else None,
+        profile_gpu=str(extra.get("profile_gpu", "unknown")),
+        profile_io_sms=_int(extra, "profile_io_sms", 4, 1),
+        profile_iocbs_per_sm_per_us=iocbs,
     )

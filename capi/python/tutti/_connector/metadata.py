@@ -31,6 +31,11 @@ class SaveSpec:
 class StepPlan:
     loads: list[LoadSpec] = field(default_factory=list)
     saves: list[SaveSpec] = field(default_factory=list)
+    # The step's shape, for the profiler: tokens prefilled, tokens they extend
+    # (already computed or loaded), and the KV context of decoding requests.
+    prefill_tokens: int = 0
+    prefix_tokens: int = 0
+    decode_context_tokens: int = 0
 
     def is_empty(self) -> bool:
         return not self.loads and not self.saves

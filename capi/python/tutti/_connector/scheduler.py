@@ -148,7 +148,13 @@ class SchedulerSide:
                 st.block_ids = _first_group(block_ids)
             else:
                 st.block_ids += _first_group(block_ids)
-            done_tokens = min(computed + num_scheduled.get(req_id, 0), st.tokens)
+            scheduled = num_scheduled.get(req_id, 0)
+            if computed < st.tokens:
+                plan.prefill_tokens += scheduled
+                plan.prefix_tokens += computed
+            else:
+                plan.decode_context_tokens += computed + scheduled
+            done_tokens = min(computed + scheduled, st.tokens)
             full = min(done_tokens // self.B, len(st.hashes), len(st.block_ids))
             if full > st.saved_blocks:
                 s = st.saved_blocks

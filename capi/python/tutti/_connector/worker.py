@@ -116,6 +116,7 @@ class WorkerSide:
         self.timeout_s = timeout_s
         self.layers: dict[str, int] = {}
         self.num_blocks = 0
+        self.on_gpu = False
         self._loads: list[_Load] = []
         self._saves: list[_Save] = []
         self._saves_begun = False
@@ -152,6 +153,7 @@ class WorkerSide:
             )
         self.layers = index
         self.num_blocks = num_blocks
+        self.on_gpu = on_gpu
         log.info("tutti: registered %d layers × %d blocks (%s, %s memory)", len(names), num_blocks, kind, memory)
 
     def layer_of(self, layer_name: str) -> int | None:
