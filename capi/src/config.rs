@@ -165,7 +165,8 @@ impl RuntimeConfig {
                     }
                 };
                 let bytes = c.emulated_capacity_bytes;
-                if !(MIN_EMULATED_BYTES..=MAX_EMULATED_BYTES).contains(&bytes) || bytes % lba_size as u64 != 0
+                if !(MIN_EMULATED_BYTES..=MAX_EMULATED_BYTES).contains(&bytes)
+                    || !bytes.is_multiple_of(lba_size as u64)
                 {
                     return Err(CapiError::invalid(
                         "emulated_capacity_bytes",

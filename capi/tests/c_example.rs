@@ -87,7 +87,8 @@ fn c_example_round_trips_on_ram_and_file_media() {
     check("kv_roundtrip (RAM media)", &Command::new(&exe).output().unwrap());
     let media = std::env::temp_dir().join(format!("tutti-capi-media-{}", std::process::id()));
     let out = Command::new(&exe).arg(&media).output().unwrap();
-    let images: Vec<_> = std::fs::read_dir(&media).map(|d| d.flatten().map(|e| e.file_name()).collect()).unwrap_or_default();
+    let images: Vec<_> =
+        std::fs::read_dir(&media).map(|d| d.flatten().map(|e| e.file_name()).collect()).unwrap_or_default();
     let _ = std::fs::remove_dir_all(&media);
     check("kv_roundtrip (file media)", &out);
     assert_eq!(images.len(), 2, "one media file per emulated drive: {images:?}");

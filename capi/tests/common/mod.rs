@@ -1,0 +1,192 @@
+//! Shared fixtures for the ABI tests: configs, a runtime that closes itself,
+//! host KV memory, and status checks that read the last-error message.
+#![allow(dead_code)]
+
+use std::ffi::CStr;
+use std::ptr;
+use tutti::*;
+
+pub const LAYERS: u32 = 4;
+pub const TPB: u32 = 16;
+pub const OBJ: usize = TPB as usize * 2 * 64 * 2; // 16 tokens × 2 heads × 64 dims × bf16
+pub const WAIT_MS: u64 = 30_000;
+
+pub fn geometry() -> tutti_geometry_t {
+    tutti_geometry_t {
+        layers: LAYERS,
+        kv_heads: 2,
+        head_dim: 64,
+        tokens_per_block: TPB,
+        dtype: TUTTI_DTYPE_BF16,
+    }
+}
+
+pub fn config() -> tutti_runtime_config_t {
+    tutti_runtime_config_t {
+        struct_size: std::mem::size_of::<tutti_runtime_config_t>() as u32,
+        drives: TUTTI_DRIVES_EMULATED,
+        emulated_count: 2,
+        emulated_lba_size: 512,
+        emulated_capacity_bytes: 16 << 20,
+        emulated_dir: ptr::null(),
+        vfio_bdfs: ptr::null(),
+        vfio_count: 0,
+        vfio_noiommu: 0,
+        executor: TUTTI_EXECUTOR_GIO_HOST,
+        open_mode: TUTTI_OPEN_CREATE,
+        geometry: geometry(),
+        io_timeout_ms: 0,
+        host_lane_blocks: 0,
+    }
+}
+
+pub fn last_error() -> String {
+    // SAFETY: the library returns a NUL-terminated string valid until the next call.
+    unsafe { CStr::from_ptr(tutti_last_error()) }.to_string_lossy().into_owned()
+}
+
+pub fn name(code: i32) -> String {
+    // SAFETY: a static NUL-terminated string.
+    unsafe { CStr::from_ptr(tutti_status_name(code)) }.to_string_lossy().into_owned()
+}
+
+/// Asserts `code` is `want` and the message mentions `needle`.
+#[track_caller]
+pub fn expect(code: i32, want: i32, needle: &str) {
+    let msg = last_error();
+    assert!(
+        code == want && msg.contains(needle),
+        "got {} ({code}) \"{msg}\", wanted {} with \"{needle}\"",
+        name(code),
+        name(want)
+    );
+}
+
+#[track_caller]
+pub fn ok(code: i32) {
+    assert_eq!(code, TUTTI_OK, "{} ({code}): {}", name(code), last_error());
+}
+
+/// A runtime closed on drop.
+pub struct Rt(pub *mut tutti_runtime_t);
+
+impl Rt {
+    pub fn open(cfg: &tutti_runtime_config_t) -> Rt {
+        let mut rt = ptr::null_mut();
+        // SAFETY: valid config and out pointer.
+        ok(unsafe { tutti_runtime_open(cfg, &mut rt) });
+        Rt(rt)
+    }
+}
+
+impl Drop for Rt {
+    fn drop(&mut self) {
+        // SAFETY: a handle from tutti_runtime_open (or already closed: detected).
+        unsafe { tutti_runtime_close(self.0) };
+    }
+}
+
+/// Page-aligned host memory standing in for an engine's KV cache.
+pub struct Mem {
+    buf: Vec<u8>,
+    off: usize,
+    pub len: usize,
+}
+
+impl Mem {
+    pub fn new(len: usize) -> Mem {
+        let buf = vec![0u8; len + 4096];
+        let off = buf.as_ptr().align_offset(4096);
+        Mem { buf, off, len }
+    }
+    pub fn addr(&self) -> u64 {
+        self.buf[self.off..].as_ptr() as u64
+    }
+    pub fn bytes(&mut self) -> &mut [u8] {
+        &mut self.buf[self.off..self.off + self.len]
+    }
+}
+
+pub fn layout(kind: u32, num_blocks: u32) -> tutti_kv_layout_t {
+    tutti_kv_layout_t {
+        struct_size: std::mem::size_of::<tutti_kv_layout_t>() as u32,
+        kind,
+        num_blocks,
+        num_layers: 0,
+        k_bases: ptr::null(),
+        v_bases: ptr::null(),
+        base: 0,
+        block_stride: 0,
+        memory: TUTTI_MEMORY_HOST,
+        model: c"test-model".as_ptr(),
+        tenant_salt: ptr::null(),
+        tenant_salt_len: 0,
+    }
+}
+
+pub fn status() -> tutti_job_status_t {
+    tutti_job_status_t {
+        struct_size: std::mem::size_of::<tutti_job_status_t>() as u32,
+        direction: 0,
+        done: 0,
+        cancelled: 0,
+        first_layer: 0,
+        num_layers: 0,
+        layers_done: 0,
+        blocks: 0,
+        failed: 0,
+        failed_bitmap_words: 0,
+        failed_bitmap: ptr::null_mut(),
+        commands: 0,
+        bytes: 0,
+    }
+}
+
+pub fn hashes(n: usize, salt: u32) -> Vec<tutti_hash_t> {
+    let tokens: Vec<u32> = (0..n as u32 * TPB).map(|t| t.wrapping_mul(2_654_435_761) ^ salt).collect();
+    let mut out = vec![tutti_hash_t::default(); n];
+    let mut count = 0;
+    // SAFETY: valid buffers of the given lengths.
+    ok(unsafe {
+        tutti_chain_hashes(tokens.as_ptr(), tokens.len(), TPB, ptr::null(), out.as_mut_ptr(), n, &mut count)
+    });
+    assert_eq!(count, n);
+    out
+}
+
+/// Stores `blocks` under `keys` (all layers) and commits; returns the report.
+pub fn store_all(rt: &Rt, keys: &[tutti_hash_t], blocks: &[u32]) -> tutti_store_report_t {
+    let mut st = ptr::null_mut();
+    let mut job = ptr::null_mut();
+    let mut rep = tutti_store_report_t {
+        struct_size: std::mem::size_of::<tutti_store_report_t>() as u32,
+        stored: 0,
+        present: 0,
+        failed: 0,
+        failed_bitmap: ptr::null_mut(),
+        failed_bitmap_words: 0,
+    };
+    // SAFETY: valid handles and buffers throughout.
+    unsafe {
+        ok(tutti_store_begin(rt.0, keys.as_ptr(), blocks.as_ptr(), keys.len(), &mut st));
+        ok(tutti_store_submit(st, 0, LAYERS, &mut job));
+        ok(tutti_job_wait(job, WAIT_MS, ptr::null_mut()));
+        ok(tutti_store_commit(st, &mut rep));
+        ok(tutti_job_destroy(job));
+        ok(tutti_store_destroy(st));
+    }
+    rep
+}
+
+/// Loads `keys` into `blocks` (all layers), waits, and returns the final status.
+pub fn load_all(rt: &Rt, keys: &[tutti_hash_t], blocks: &[u32]) -> tutti_job_status_t {
+    let mut job = ptr::null_mut();
+    let mut st = status();
+    // SAFETY: valid handles and buffers throughout.
+    unsafe {
+        ok(tutti_submit_load(rt.0, keys.as_ptr(), blocks.as_ptr(), keys.len(), 0, LAYERS, &mut job));
+        ok(tutti_job_wait(job, WAIT_MS, &mut st));
+        ok(tutti_job_destroy(job));
+    }
+    st
+}
