@@ -250,3 +250,37 @@ def test_device_read_failure_is_reported_per_block(registered, geometry, library
     with rt.load(hashes, [8, 9]) as job:
         st = job.wait()
     assert st.failed >= 1 and set(st.failed_blocks) <= {0, 1}
+
+
+def test_threads_share_a_runtime(registered, geometry):
+    """Four threads store and load disjoint blocks at once (ctypes drops the GIL in every call)."""
+    import threading
+
+    rt, layers = registered
+    errors = []
+
+    def worker(t: int):
+        try:
+            src, dst = 2 * t, 2 * t + 10
+            hashes = tutti.chain_hashes([t] * 4, 4)
+            written = fill_block(geometry, layers, NUM_BLOCKS, src, seed=1000 + t)
+            for _ in range(5):
+                store(rt, hashes, [src])
+                with rt.lookup(hashes) as found:
+                    assert found.hits == 1
+                    with rt.load(hashes, [dst]) as job:
+                        for l in range(geometry.layers):
+                            job.wait_layer(l)
+                        assert job.wait().failed == 0
+                assert block_bytes(geometry, layers, NUM_BLOCKS, dst) == written
+        except Exception as e:  # reported to the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=120)
+    assert not any(th.is_alive() for th in threads)
+    assert errors == []
+    assert rt.stats().files_pinned == 0

@@ -107,11 +107,13 @@ class Job(_Handle):
 
     _destroy = "tutti_job_destroy"
 
-    def __init__(self, ptr: c_void_p, direction: str, blocks: int, layers: range):
+    def __init__(self, ptr: c_void_p, direction: str, blocks: int, layers: range, runtime: "Runtime"):
         super().__init__(ptr)
         self.direction = direction
         self.blocks = blocks
         self.layers = layers
+        # Keeps the runtime (and the KV memory it keeps alive) until the drives are done with it.
+        self.runtime = runtime
 
     def _status(self):
         words = max((self.blocks + 63) // 64, 1)
@@ -196,7 +198,7 @@ class Store(_Handle):
         layers = self.runtime._layers(layers)
         out = c_void_p()
         lib().call("tutti_store_submit", self._p(), layers.start, len(layers), byref(out))
-        return Job(out, "store", self.blocks, layers)
+        return Job(out, "store", self.blocks, layers, self.runtime)
 
     def commit(self) -> StoreReport:
         """Makes the complete new blocks durable and visible to lookups (Busy while jobs run)."""

@@ -357,7 +357,7 @@ class Runtime(_Handle):
             len(layers),
             byref(out),
         )
-        return Job(out, "load", len(hashes), layers)
+        return Job(out, "load", len(hashes), layers, self)
 
     def begin_store(self, hashes: Sequence[bytes], block_ids: Sequence[int]) -> Store:
         """Opens a store session for chunk ``hashes[i]`` held in engine block ``block_ids[i]``."""
