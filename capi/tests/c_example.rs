@@ -131,3 +131,67 @@ fn c_example_is_clean_under_address_sanitizer() {
         .unwrap();
     check("kv_roundtrip with ASan/UBSan", &out);
 }
+
+/// The C compiler lays every struct of tutti.h out as Rust does.
+#[test]
+fn c_and_rust_agree_on_struct_layouts() {
+    if !have("cc") {
+        eprintln!("skipping: no system C compiler (cc)");
+        return;
+    }
+    use std::mem::{offset_of, size_of};
+    use tutti::*;
+    let rust: Vec<(&str, usize)> = vec![
+        ("tutti_hash_t", size_of::<tutti_hash_t>()),
+        ("tutti_geometry_t", size_of::<tutti_geometry_t>()),
+        ("tutti_runtime_config_t", size_of::<tutti_runtime_config_t>()),
+        ("tutti_kv_layout_t", size_of::<tutti_kv_layout_t>()),
+        ("tutti_table_sizes_t", size_of::<tutti_table_sizes_t>()),
+        ("tutti_runtime_info_t", size_of::<tutti_runtime_info_t>()),
+        ("tutti_job_status_t", size_of::<tutti_job_status_t>()),
+        ("tutti_store_report_t", size_of::<tutti_store_report_t>()),
+        ("tutti_stats_t", size_of::<tutti_stats_t>()),
+        ("offsetof(tutti_runtime_config_t, geometry)", offset_of!(tutti_runtime_config_t, geometry)),
+        (
+            "offsetof(tutti_runtime_config_t, host_lane_blocks)",
+            offset_of!(tutti_runtime_config_t, host_lane_blocks),
+        ),
+        ("offsetof(tutti_kv_layout_t, model)", offset_of!(tutti_kv_layout_t, model)),
+        ("offsetof(tutti_kv_layout_t, tenant_salt_len)", offset_of!(tutti_kv_layout_t, tenant_salt_len)),
+        ("offsetof(tutti_job_status_t, failed_bitmap)", offset_of!(tutti_job_status_t, failed_bitmap)),
+        ("offsetof(tutti_job_status_t, bytes)", offset_of!(tutti_job_status_t, bytes)),
+        ("offsetof(tutti_runtime_info_t, pool_id)", offset_of!(tutti_runtime_info_t, pool_id)),
+        (
+            "offsetof(tutti_store_report_t, failed_bitmap_words)",
+            offset_of!(tutti_store_report_t, failed_bitmap_words),
+        ),
+        ("offsetof(tutti_stats_t, stores_open)", offset_of!(tutti_stats_t, stores_open)),
+    ];
+    let mut src =
+        String::from("#include \"tutti.h\"\n#include <stdio.h>\n#include <stddef.h>\nint main(void) {\n");
+    for (expr, _) in &rust {
+        let e = if expr.starts_with("offsetof") { expr.to_string() } else { format!("sizeof({expr})") };
+        src += &format!("    printf(\"%zu\\n\", (size_t){e});\n");
+    }
+    src += "    return 0;\n}\n";
+    let dir = std::env::temp_dir().join(format!("tutti-capi-layout-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("layout.c"), src).unwrap();
+    let exe = dir.join("layout");
+    let out = Command::new("cc")
+        .args(["-std=c11", "-Wall", "-Werror", "-I"])
+        .arg(manifest().join("include"))
+        .arg(dir.join("layout.c"))
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let printed = String::from_utf8(Command::new(&exe).output().unwrap().stdout).unwrap();
+    let c: Vec<usize> = printed.lines().map(|l| l.parse().unwrap()).collect();
+    for ((what, r), c) in rust.iter().zip(&c) {
+        assert_eq!(r, c, "{what}: Rust {r}, C {c}");
+    }
+    assert_eq!(c.len(), rust.len());
+    let _ = std::fs::remove_dir_all(&dir);
+}

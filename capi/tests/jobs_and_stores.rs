@@ -379,3 +379,49 @@ fn an_abandoned_store_gives_its_files_back() {
     unsafe { ok(tutti_lookup(kv.rt.0, keys.as_ptr(), 3, 0, &mut hits, null_mut())) };
     assert_eq!(hits, 0);
 }
+
+/// A job of more layers than the object store keeps in flight cannot finish
+/// in one pass, so a zero timeout deterministically sees it unfinished.
+#[test]
+fn unfinished_jobs_report_progress_and_time_out() {
+    const DEEP: u32 = 64;
+    let mut cfg = config();
+    cfg.geometry.layers = DEEP;
+    let rt = Rt::open(&cfg);
+    let per = 2 * 2 * OBJ;
+    let mem = Mem::new(per * DEEP as usize);
+    let bases: Vec<u64> = (0..DEEP as u64).map(|l| mem.addr() + l * per as u64).collect();
+    let mut l = layout(TUTTI_LAYOUT_VLLM_PER_LAYER, 2);
+    l.num_layers = DEEP;
+    l.k_bases = bases.as_ptr();
+    let keys = hashes(1, 4);
+    let mut job = null_mut();
+    let mut store = null_mut();
+    let mut st = status();
+    // SAFETY: `mem` outlives the registration (unregistered below); live handles and valid buffers.
+    unsafe {
+        ok(tutti_register_kv(rt.0, &l, null_mut()));
+        ok(tutti_store_begin(rt.0, keys.as_ptr(), [0u32].as_ptr(), 1, &mut store));
+        ok(tutti_store_submit(store, 0, DEEP, &mut job));
+        assert_eq!(tutti_job_poll(job, &mut st), TUTTI_IN_PROGRESS, "{}", last_error());
+        assert_eq!(last_error(), "", "in progress is not an error");
+        assert!(st.done == 0 && st.layers_done < DEEP, "{st:?}");
+        expect(tutti_store_commit(store, null_mut()), TUTTI_E_BUSY, "still running");
+        let mut s: tutti_stats_t = std::mem::zeroed();
+        s.struct_size = std::mem::size_of::<tutti_stats_t>() as u32;
+        ok(tutti_get_stats(rt.0, &mut s));
+        assert!(s.jobs_in_flight == 1 && s.layers_in_flight > 0, "{s:?}");
+        expect(tutti_job_wait(job, 0, &mut st), TUTTI_E_TIMEOUT, "did not finish within 0 ms");
+        assert!(st.done == 0 && st.num_layers == DEEP, "the status is filled on a timeout: {st:?}");
+        assert_eq!(tutti_job_layer_done(job, DEEP - 1), TUTTI_IN_PROGRESS);
+        expect(tutti_job_wait_layer(job, DEEP - 1, 0, &mut st), TUTTI_E_TIMEOUT, "layer 63");
+        ok(tutti_job_wait(job, WAIT_MS, &mut st));
+        assert_eq!((st.done, st.layers_done, st.failed), (1, DEEP, 0));
+        ok(tutti_store_commit(store, null_mut()));
+        ok(tutti_job_destroy(job));
+        ok(tutti_store_destroy(store));
+        ok(tutti_get_stats(rt.0, &mut s));
+        assert_eq!((s.jobs_in_flight, s.layers_in_flight, s.files_committed), (0, 0, 1));
+        ok(tutti_unregister_kv(rt.0));
+    }
+}
