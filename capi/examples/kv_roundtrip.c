@@ -5,7 +5,8 @@
  * layer range, loads them into other blocks layer by layer, and checks every
  * byte. Then walks the error paths (NULL and stale handles, wrong struct
  * sizes, bad enums, unknown blocks, bad layer ranges, unknown hashes and
- * pins, double destroy) and checks each status code and message.
+ * pins, double destroy, an injected device error) and checks each status
+ * code and message.
  *
  * Build: cc -std=c11 -I capi/include kv_roundtrip.c -L <dir of libtutti.so> -ltutti
  * Run:   kv_roundtrip [media-dir]   (file media in media-dir; RAM media without)
@@ -278,6 +279,27 @@ int main(int argc, char **argv) {
     CHECK(bad == 0, "%zu loaded bytes differ from what was stored", bad);
     printf("verified %zu bytes loaded back\n", (size_t)REQUEST_BLOCKS * LAYERS * 2 * OBJ_BYTES);
 
+    /* A device read error fails exactly the block it hit; the others load intact. */
+    memset(layers[0], 0, LAYER_BYTES);
+    OK(tutti_emulated_fail_next(rt, 1, TUTTI_DIR_LOAD, 1));
+    OK(tutti_submit_load(rt, hashes, dst_blocks, REQUEST_BLOCKS, 0, LAYERS, &r));
+    bitmap[0] = 0;
+    OK(tutti_job_wait(r, WAIT_MS, &js));
+    CHECK(js.failed == 1 && bitmap[0] != 0 && (bitmap[0] & (bitmap[0] - 1)) == 0, "failed %u bitmap %" PRIx64,
+          js.failed, bitmap[0]);
+    char why_io[256];
+    OK(tutti_job_error(r, why_io, sizeof why_io, NULL));
+    CHECK(strstr(why_io, "Unrecovered Read Error") != NULL, "job error \"%s\"", why_io);
+    OK(tutti_job_destroy(r));
+    bad = 0;
+    for (uint32_t i = 0; i < REQUEST_BLOCKS; i++) {
+        if (bitmap[0] >> i & 1) continue;
+        const uint8_t *o = object(layers, dst_blocks[i], 0, 0);
+        for (size_t x = 0; x < OBJ_BYTES; x++) bad += o[x] != pattern(src_blocks[i], 0, 0, x);
+    }
+    CHECK(bad == 0, "%zu bytes of the blocks that did not fail differ", bad);
+    EXPECT_ERR(tutti_emulated_fail_next(rt, 2, TUTTI_DIR_LOAD, 1), TUTTI_E_INVALID_ARG, "drive");
+
     /* Unknown hash: the job finishes with that block failed, and says why. */
     tutti_hash_t unknown[2] = {hashes[0], changed[3]};
     uint32_t two[2] = {4, 5};
@@ -327,8 +349,9 @@ int main(int argc, char **argv) {
     s.struct_size = sizeof s;
     OK(tutti_get_stats(rt, &s));
     CHECK(s.bytes_stored == (uint64_t)REQUEST_BLOCKS * LAYERS * 2 * OBJ_BYTES, "stored %" PRIu64, s.bytes_stored);
-    CHECK(s.bytes_loaded == (uint64_t)(REQUEST_BLOCKS + 1) * LAYERS * 2 * OBJ_BYTES, "loaded %" PRIu64,
-          s.bytes_loaded);
+    /* The request twice (the second time one block short), and one more block. */
+    CHECK(s.bytes_loaded == (uint64_t)(2 * REQUEST_BLOCKS + 1) * LAYERS * 2 * OBJ_BYTES - 2 * OBJ_BYTES,
+          "loaded %" PRIu64, s.bytes_loaded);
     CHECK(s.files_valid == REQUEST_BLOCKS && s.files_committed == REQUEST_BLOCKS, "valid %u", s.files_valid);
     CHECK(s.jobs_in_flight == 0 && s.stores_open == 0 && s.files_pinned == 0, "in flight %" PRIu64,
           s.jobs_in_flight);

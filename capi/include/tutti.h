@@ -377,6 +377,20 @@ const char *tutti_last_error(void);
 // `buf` points to `capacity` writable bytes (NULL if 0); `needed` is NULL or writable.
 int32_t tutti_last_error_copy(char *buf, size_t capacity, size_t *needed);
 
+// Makes the next `count` NVMe Read (`TUTTI_DIR_LOAD`) or Write
+// (`TUTTI_DIR_STORE`) commands that emulated drive `drive` (pool order)
+// executes fail with a media error (Unrecovered Read Error / Write Fault).
+// The blocks they carried are reported failed by their job; a failed Write
+// during `tutti_store_commit` (the index journal) fails that commit's
+// entries instead. `TUTTI_E_UNSUPPORTED` on VFIO drives.
+//
+// # Safety
+// `rt` is a runtime handle (checked).
+int32_t tutti_emulated_fail_next(struct tutti_runtime_t *rt,
+                                 uint32_t drive,
+                                 uint32_t direction,
+                                 uint32_t count);
+
 // Nanoseconds on the monotonic clock the `tutti_profile_layer_start/end`
 // hooks use (its zero is the first use in the process).
 //

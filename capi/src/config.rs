@@ -257,8 +257,8 @@ impl RuntimeConfig {
 
 /// Controllers the runtime owns; they outlive the store opened on them.
 pub(crate) struct Rig {
-    /// Kept alive, not read: the controllers' media and threads.
-    _emulated: Vec<EmulatedController>,
+    /// Emulated controllers (empty on VFIO drives), in pool order.
+    pub emulated: Vec<EmulatedController>,
 }
 
 impl RuntimeConfig {
@@ -292,14 +292,14 @@ impl RuntimeConfig {
                     specs.push(DriveSpec::first_namespace(ctrl)?);
                     emulated.push(emu);
                 }
-                Ok((Rig { _emulated: emulated }, specs))
+                Ok((Rig { emulated }, specs))
             }
             DriveSource::Vfio { bdfs, noiommu } => {
                 let specs = bdfs
                     .iter()
                     .map(|b| DriveSpec::open_vfio(b, *noiommu).map_err(CapiError::from))
                     .collect::<Result<Vec<_>>>()?;
-                Ok((Rig { _emulated: Vec::new() }, specs))
+                Ok((Rig { emulated: Vec::new() }, specs))
             }
         }
     }

@@ -19,6 +19,7 @@
 
 mod config;
 mod error;
+mod faults;
 mod handles;
 mod hooks;
 mod jobs;
@@ -31,6 +32,7 @@ mod store;
 
 pub use config::*;
 pub use error::CapiError;
+pub use faults::*;
 pub use hooks::*;
 pub use jobs::*;
 pub use kv::*;

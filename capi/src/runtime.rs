@@ -20,7 +20,7 @@ pub struct tutti_runtime_t {
 pub(crate) struct Runtime {
     /// Declared before the rig: the store goes before the controllers it drives.
     pub store: KvStore,
-    _rig: Rig,
+    pub rig: Rig,
     pub executor: u32,
     pub geometry: Geometry,
     /// What the current registration is.
@@ -117,7 +117,7 @@ pub unsafe extern "C" fn tutti_runtime_open(
         let store = KvStore::open(specs, cfg.options)?;
         let rt = Runtime {
             store,
-            _rig: rig,
+            rig,
             executor: cfg.executor,
             geometry,
             registered: Mutex::new(None),

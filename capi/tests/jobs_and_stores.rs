@@ -425,3 +425,65 @@ fn unfinished_jobs_report_progress_and_time_out() {
         ok(tutti_unregister_kv(rt.0));
     }
 }
+
+#[test]
+fn injected_device_errors_fail_exactly_the_blocks_they_hit() {
+    let mut kv = Kv::new(&config(), TUTTI_LAYOUT_VLLM_PER_LAYER);
+    let keys = hashes(4, 600);
+    for b in 0..4 {
+        kv.fill(b, 0x40 + b as u8);
+    }
+    let rt = kv.rt.0;
+    let load_failed;
+    // SAFETY: live handles and valid buffers throughout.
+    unsafe {
+        expect(tutti_emulated_fail_next(rt, 2, TUTTI_DIR_LOAD, 1), TUTTI_E_INVALID_ARG, "not one of the 2");
+        expect(tutti_emulated_fail_next(rt, 0, 3, 1), TUTTI_E_INVALID_ARG, "direction");
+        expect(tutti_emulated_fail_next(rt, 0, TUTTI_DIR_LOAD, 0), TUTTI_E_INVALID_ARG, "count");
+        expect(tutti_emulated_fail_next(null_mut(), 0, TUTTI_DIR_LOAD, 1), TUTTI_E_NULL_POINTER, "NULL");
+
+        // A failed write: its block is not stored; the others are.
+        let mut store = null_mut();
+        let mut job = null_mut();
+        let mut words = [0u64; 1];
+        let mut st = status();
+        st.failed_bitmap = words.as_mut_ptr();
+        st.failed_bitmap_words = 1;
+        ok(tutti_emulated_fail_next(rt, 1, TUTTI_DIR_STORE, 1));
+        ok(tutti_store_begin(rt, keys.as_ptr(), [0u32, 1, 2, 3].as_ptr(), 4, &mut store));
+        ok(tutti_store_submit(store, 0, LAYERS, &mut job));
+        ok(tutti_job_wait(job, WAIT_MS, &mut st));
+        assert_eq!(st.failed, 1, "{st:?}");
+        let write_failed = words[0];
+        let mut rep: tutti_store_report_t = std::mem::zeroed();
+        rep.struct_size = std::mem::size_of::<tutti_store_report_t>() as u32;
+        let mut rep_words = [0u64; 1];
+        rep.failed_bitmap = rep_words.as_mut_ptr();
+        rep.failed_bitmap_words = 1;
+        ok(tutti_store_commit(store, &mut rep));
+        assert_eq!((rep.stored, rep.failed, rep_words[0]), (3, 1, write_failed));
+        let mut msg = [0u8; 256];
+        ok(tutti_job_error(job, msg.as_mut_ptr() as *mut _, msg.len(), null_mut()));
+        assert!(String::from_utf8_lossy(&msg).contains("Write Fault"), "{}", String::from_utf8_lossy(&msg));
+        ok(tutti_job_destroy(job));
+        ok(tutti_store_destroy(store));
+        let bad = write_failed.trailing_zeros() as usize;
+
+        // Store the missing block again, then fail one read on each drive.
+        let rep = store_all(&kv.rt, &keys, &[0, 1, 2, 3]);
+        assert_eq!((rep.stored, rep.present), (1, 3), "block {bad} is stored on the retry");
+        kv.zero();
+        ok(tutti_emulated_fail_next(rt, 0, TUTTI_DIR_LOAD, 1));
+        ok(tutti_submit_load(rt, keys.as_ptr(), [4u32, 5, 6, 7].as_ptr(), 4, 0, LAYERS, &mut job));
+        ok(tutti_job_wait(job, WAIT_MS, &mut st));
+        assert_eq!((st.failed, words[0].count_ones()), (1, 1), "{st:?}");
+        load_failed = words[0];
+        ok(tutti_job_error(job, msg.as_mut_ptr() as *mut _, msg.len(), null_mut()));
+        assert!(String::from_utf8_lossy(&msg).contains("Unrecovered Read Error"));
+        ok(tutti_job_destroy(job));
+    }
+    for i in 0..4u32 {
+        let failed = load_failed >> i & 1 == 1;
+        assert_eq!(kv.holds(4 + i, 0x40 + i as u8, 0..LAYERS), !failed, "block {i}");
+    }
+}
