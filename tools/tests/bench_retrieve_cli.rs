@@ -37,6 +37,7 @@ fn check_runs(s: &Value, blocks: u64, layers: u64) {
         assert_eq!(r["bytes"].as_u64(), Some(want), "{m} moved other data");
         assert_eq!(r["verified_bytes"].as_u64(), Some(want), "{m} verified other data");
         assert_eq!(r["layer_calls"].as_u64(), Some(layers), "{m}: one call per layer");
+        assert!(r["reps"].as_u64().is_some_and(|n| (1..=2).contains(&n)), "{m}: --reps 2 gives 1 or 2 runs");
         for field in
             ["seconds", "gb_per_s", "host_cpu_us_per_layer_call", "host_cpu_ns_per_block", "process_cpu_s"]
         {
@@ -72,6 +73,8 @@ fn every_method_delivers_the_stored_bytes_and_the_report_says_what_was_measured(
         "--blocks",
         "16,8",
         "--sweep-layers",
+        "2",
+        "--reps",
         "2",
         "--file-dir",
         dir.to_str().unwrap(),

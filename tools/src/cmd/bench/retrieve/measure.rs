@@ -58,6 +58,8 @@ pub struct Run {
     pub verified_bytes: u64,
     pub verified: bool,
     pub layer_calls: u32,
+    /// Runs made; this is the one of median time.
+    pub reps: u32,
     pub seconds: f64,
     /// Decimal gigabytes per second over the whole run.
     pub gb_per_s: f64,
@@ -100,6 +102,7 @@ pub fn run(m: &mut dyn Method, ds: &Dataset, n: u32, layers: Range<u32>) -> anyh
         verified_bytes,
         verified: verified_bytes == bytes,
         layer_calls: calls.cpu_ns.len() as u32,
+        reps: 1,
         seconds,
         gb_per_s: bytes as f64 / seconds.max(1e-9) / 1e9,
         host_cpu_us_per_layer_call: mean_ns / 1e3,

@@ -45,7 +45,13 @@ pub struct Tutti {
 impl Tutti {
     /// Starts `drives` emulated drives, opens a pool with the data set's
     /// geometry, registers its KV memory and stores the whole request.
-    pub fn setup(ds: &Dataset, drives: u32, exec: ExecMode, quiet: bool) -> anyhow::Result<Tutti> {
+    pub fn setup(
+        ds: &Dataset,
+        drives: u32,
+        exec: ExecMode,
+        exec_blocks: u32,
+        quiet: bool,
+    ) -> anyhow::Result<Tutti> {
         let g = ds.g;
         let request = ds.blocks as u64 * g.file_bytes();
         // Each drive holds its share of the request plus room for metadata.
@@ -67,7 +73,8 @@ impl Tutti {
         let opts = StoreOptions {
             pool: PoolOptions::new(g, OpenMode::Create),
             backend: Backend::Gio(GioConfig {
-                host: HostExecutorConfig { mode: exec, ..Default::default() },
+                host: HostExecutorConfig { mode: exec, blocks: exec_blocks, ..Default::default() },
+                sm_budget: exec_blocks,
                 ..Default::default()
             }),
         };
