@@ -368,3 +368,57 @@ def test_profile_config_errors(library, geometry):
         from_vllm(vllm_config(geometry, dict(EXTRA, profile=True, profile_iocbs_per_sm_per_us=0)))
     with pytest.raises(ConfigError, match="profile_io_sms"):
         from_vllm(vllm_config(geometry, dict(EXTRA, profile=True, profile_io_sms=0)))
+
+
+def test_deferred_saves_hold_finished_requests_until_reported(library, geometry):
+    e = MiniEngine(geometry, dict(EXTRA, deferred_saves=True))
+    B = e.B
+    try:
+        rt = e.worker.runtime
+        a = Request("a", prompt(20, 3 * B + 1))
+        r = e.step(new=[a])
+        assert [len(s.block_ids) for s in r.meta.saves] == [3]
+        # The writes are still being completed: nothing visible yet, nothing reported.
+        assert rt.stats().files_valid == 0 and r.finished == (None, None)
+        # a finishes with saves in its last step: vLLM must keep its blocks.
+        assert e.finish(a) == (True, None)
+        assert "a" in e.held
+        # The next step (no tokens to run) completes the saves and reports a.
+        r = e.step()
+        assert r.finished == ({"a"}, None)
+        assert "a" not in e.held and rt.stats().files_valid == 3
+        # And the stored bytes are the right ones.
+        b = Request("b", prompt(20, 3 * B + 1))
+        r = e.step(new=[b])
+        assert r.matched == {"b": 3 * B} and r.load_errors == set()
+        assert_blocks_hold(e, b, range(3))
+        # b stored nothing new; after a decode step it finishes without being held.
+        b.output_token_ids.append(3)
+        e.step(cont={"b": 1})
+        assert e.finish(b) == (False, None)
+        r = e.step()
+        assert r.finished == (None, None)
+    finally:
+        e.close()
+
+
+def test_deferred_saves_are_complete_before_the_next_step_writes(library, geometry):
+    """A preempted request's blocks are reused at once; its deferred writes finish before that step writes."""
+    e = MiniEngine(geometry, dict(EXTRA, deferred_saves=True), num_blocks=12)
+    B = e.B
+    try:
+        a = Request("a", prompt(21, 4 * B))
+        r = e.step(new=[a])
+        assert [len(s.block_ids) for s in r.meta.saves] == [4]
+        a_blocks = list(e.blocks["a"])
+        e.preempt(a)
+        # c gets a's blocks and its forward pass overwrites them in this step.
+        c = Request("c", prompt(22, 4 * B + 1))
+        e.step(new=[c])
+        assert e.blocks["c"][:4] == a_blocks
+        b = Request("b", prompt(21, 4 * B + 1))
+        r = e.step(new=[b])
+        assert r.matched == {"b": 4 * B} and r.load_errors == set()
+        assert_blocks_hold(e, b, range(4))
+    finally:
+        e.close()

@@ -134,9 +134,11 @@ class MiniEngine:
         }
         self.worker.register_kv_caches(self.kv)
         self.free = list(range(num_blocks))
+        self.used: set[int] = set()
         self.blocks: dict[str, list[int]] = {}
         self.running: dict[str, Request] = {}
         self.finished_last_step: set[str] = set()
+        self.held: dict[str, list[int]] = {}  # finished requests whose blocks the connector holds
         self.computed_writes: set[tuple[int, int]] = set()  # (block, layer) written by compute
 
     def close(self):
@@ -159,13 +161,18 @@ class MiniEngine:
         return kv_bytes(prefix, layer, 0, n), kv_bytes(prefix, layer, 1, n)
 
     def _alloc(self, n: int) -> list[int]:
-        """Oldest free blocks first, poisoned: whatever they held must not pass for loaded KV."""
+        """Free blocks in order. A block's first owner finds junk in it (GPU memory is not zeroed),
+        so nothing but a real load can make it hold the right KV; a reused block keeps its previous
+        owner's bytes, as in vLLM, where memory is written only by loads and forward passes."""
         if n > len(self.free):
             raise RuntimeError("out of blocks")
         ids, self.free = self.free[:n], self.free[n:]
         junk = b"\xee" * self.g.object_bytes
-        for t in self.kv.values():
-            for b in ids:
+        for b in ids:
+            if b in self.used:
+                continue
+            self.used.add(b)
+            for t in self.kv.values():
                 t.write(self.offset(0, b), junk)
                 t.write(self.offset(1, b), junk)
         return ids
@@ -208,10 +215,19 @@ class MiniEngine:
             out.num_scheduled_tokens[req_id] = n
         meta = self.scheduler.build_connector_meta(out)
         out.kv_connector_metadata = meta
-        self._execute(out, meta_override if meta_override is not None else meta)
+        if out.num_scheduled_tokens:
+            self._execute(out, meta_override if meta_override is not None else meta)
+        else:
+            # vLLM's step without tokens (kv_connector_no_forward): start_load_kv and get_finished only.
+            self.worker.bind_connector_metadata(meta)
+            self.worker.start_load_kv(None)
         load_errors = self.worker.get_block_ids_with_load_errors()
         finished = self.worker.get_finished(out.finished_req_ids)
         self.worker.clear_connector_metadata()
+        for req_id in finished[0] or ():
+            # vLLM frees a held request's blocks when a worker reports it; anything else is a bug.
+            assert req_id in self.held, f"{req_id} reported finished but its blocks were not held"
+            self.free += self.held.pop(req_id)
         for req_id, n in out.num_scheduled_tokens.items():
             self.running[req_id].num_computed_tokens += n
         return StepResult(meta, matched, load_errors, finished)
@@ -241,9 +257,19 @@ class MiniEngine:
                 t.write(self.offset(1, block), v)
                 self.computed_writes.add((block, layer))
 
+    def preempt(self, req: Request) -> None:
+        """vLLM frees a preempted request's blocks at once (the connector is not told) and
+        hands them out first; the request waits to be resumed from scratch."""
+        self.free = self.blocks.pop(req.request_id) + self.free
+        del self.running[req.request_id]
+        req.num_computed_tokens = 0
+
     def finish(self, req: Request) -> tuple:
         ret = self.scheduler.request_finished(req, self.blocks[req.request_id])
-        self.free += self.blocks.pop(req.request_id)
+        if ret[0]:
+            self.held[req.request_id] = self.blocks.pop(req.request_id)
+        else:
+            self.free += self.blocks.pop(req.request_id)
         del self.running[req.request_id]
         self.finished_last_step.add(req.request_id)
         return ret

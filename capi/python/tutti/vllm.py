@@ -119,10 +119,13 @@ class TuttiConnector(KVConnectorBase_V1):
         self._worker: WorkerSide | None = None
         self._profiler: StepProfiler | None = None
         if _is_scheduler(role):
-            self._scheduler = SchedulerSide(self.runtime, self.config.geometry.tokens_per_block)
+            c = self.config
+            self._scheduler = SchedulerSide(self.runtime, c.geometry.tokens_per_block, c.deferred_saves)
         else:
             c = self.config
-            self._worker = WorkerSide(self.runtime, c.geometry, c.model, c.tenant_salt, c.layer_timeout_s)
+            self._worker = WorkerSide(
+                self.runtime, c.geometry, c.model, c.tenant_salt, c.layer_timeout_s, c.deferred_saves
+            )
             if c.profile:
                 self._profiler = StepProfiler(self.runtime)
 
@@ -159,6 +162,7 @@ class TuttiConnector(KVConnectorBase_V1):
             return
         if self._profiler is not None:
             self._profiler.begin_step(plan.prefill_tokens, plan.prefix_tokens, plan.decode_context_tokens)
+        self._w().begin_step(plan)
         self._w().start_loads(plan)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -188,8 +192,12 @@ class TuttiConnector(KVConnectorBase_V1):
         w.finish_saves(self._plan())
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        """Loads and saves complete within their step, so no request waits on tutti after it ends."""
-        return None, None
+        """(finished requests whose deferred saves are done, None): loads always finish in their step.
+
+        Without deferred saves nothing is held, and this is (None, None).
+        """
+        done = self._w().finished_saving(finished_req_ids)
+        return (done or None), None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         """Blocks whose load failed since the last call; vLLM recomputes them."""
@@ -216,7 +224,8 @@ class TuttiConnector(KVConnectorBase_V1):
         )
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
-        """Releases the request's pins; its blocks may be freed at once (saves finished in their step)."""
+        """Releases the request's pins. True (hold the blocks) only with deferred saves, when the
+        request's last step stored blocks; the worker reports it from ``get_finished`` a step later."""
         return self._s().finished(request)
 
     def save_slack_table(self, path: str | None = None) -> None:

@@ -19,6 +19,7 @@ overridden in the extra config. Keys of ``kv_connector_extra_config``:
 ``layers``, ``kv_heads``,   override the geometry read from vLLM's configs
 ``head_dim``, ``dtype``
 ``lib``                     path to libtutti.so (else ``$TUTTI_LIB`` or the usual search)
+``deferred_saves``          finish a step's saves at the start of the next step (see worker.py)
 ``profile``                 feed layer timings to tutti's profiler (see ``profile.py``)
 ``slack_table``             save the fitted slack table here at shutdown (implies ``profile``)
 ``profile_gpu``             GPU name recorded in the slack table (default ``"unknown"``)
@@ -68,6 +69,7 @@ KNOWN_KEYS = {
     "head_dim",
     "dtype",
     "lib",
+    "deferred_saves",
     "profile",
     "slack_table",
     "profile_gpu",
@@ -94,6 +96,7 @@ class ConnectorConfig:
     open_mode: str
     io_timeout_ms: int
     layer_timeout_s: float
+    deferred_saves: bool = False
     profile: bool = False
     slack_table: str | None = None
     profile_gpu: str = "unknown"
@@ -226,6 +229,7 @@ def from_vllm(vllm_config: Any) -> ConnectorConfig:
         open_mode=open_mode,
         io_timeout_ms=_int(extra, "io_timeout_ms", 0),
         layer_timeout_s=_int(extra, "layer_timeout_ms", 30_000, 1) / 1000.0,
+        deferred_saves=bool(extra.get("deferred_saves", False)),
         profile=bool(extra.get("profile", False) or extra.get("slack_table")),
         slack_table=str(extra["slack_table"]) if extra.get("slack_table") else None,
         profile_gpu=str(extra.get("profile_gpu", "unknown")),

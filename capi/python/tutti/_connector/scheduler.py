@@ -15,7 +15,11 @@ Per request, from the first time vLLM asks about it until it finishes:
 * ``finished`` — the pin is released.
 
 Saves finish inside the step that scheduled them (the worker waits for them
-in ``wait_for_save``), so vLLM may free a finished request's blocks at once.
+in ``wait_for_save``), so vLLM may free a finished request's blocks at once —
+unless saves are deferred: then the saves of a step finish at the start of
+the next step, and a request that finishes with saves in the latest step is
+held (``request_finished`` returns True) until the worker reports it from
+``get_finished`` one step later.
 """
 
 from __future__ import annotations
@@ -61,9 +65,11 @@ def _first_group(block_ids: Any) -> list[int]:
 
 
 class SchedulerSide:
-    def __init__(self, runtime: Runtime, tokens_per_block: int):
+    def __init__(self, runtime: Runtime, tokens_per_block: int, deferred_saves: bool = False):
         self.rt = runtime
         self.B = tokens_per_block
+        self.deferred = deferred_saves
+        self._saved_last_step: set[str] = set()
         self.requests: dict[str, RequestState] = {}
         self._warned_unregistered = False
 
@@ -160,6 +166,7 @@ class SchedulerSide:
                 s = st.saved_blocks
                 plan.saves.append(SaveSpec(req_id, st.hashes[s:full], st.block_ids[s:full]))
                 st.saved_blocks = full
+        self._saved_last_step = {s.req_id for s in plan.saves}
         return plan
 
     # --- request_finished ----------------------------------------------------------------
@@ -168,7 +175,7 @@ class SchedulerSide:
         st = self.requests.pop(request.request_id, None)
         if st is not None:
             self._unpin(st)
-        return False, None
+        return self.deferred and request.request_id in self._saved_last_step, None
 
     def close(self) -> None:
         for st in self.requests.values():

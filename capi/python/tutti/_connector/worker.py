@@ -4,8 +4,12 @@ Loads are submitted for all layers when the forward pass starts; each
 attention layer waits for its own layer only (``wait_for_layer_load``), so
 layer ``l + 1`` streams in while layer ``l`` computes. Saves are submitted one
 layer at a time as each layer's KV is written (``save_kv_layer``) and
-committed at the end of the step (``wait_for_save``), when every layer is on
-the drives; a chunk becomes visible to lookups only then, complete.
+committed once every layer is on the drives — a chunk becomes visible to
+lookups only then, complete. By default that happens at the end of the step
+(``wait_for_save``). With deferred saves the writes run on past the step and
+are completed at the start of the next one, before anything can rewrite a
+block; vLLM holds a finished request's blocks until ``get_finished`` says
+its saves are done.
 
 Blocks whose load failed (a device error, a chunk gone, a timeout) are
 collected and handed to vLLM by ``get_block_ids_with_load_errors``; vLLM then
@@ -92,6 +96,17 @@ def describe_vllm_layer(name: str, t: Any, g: Geometry) -> tuple[str, int, int, 
     return kind, blocks, v.addr, v.addr + kv_stride * v.element_size
 
 
+def _runs(layers: list[int]) -> list[range]:
+    """Sorted layer numbers as contiguous ranges: [0, 1, 3] → [range(0, 2), range(3, 4)]."""
+    out: list[range] = []
+    for l in layers:
+        if out and out[-1].stop == l:
+            out[-1] = range(out[-1].start, l + 1)
+        else:
+            out.append(range(l, l + 1))
+    return out
+
+
 @dataclass
 class _Load:
     spec: LoadSpec
@@ -108,7 +123,15 @@ class _Save:
 
 
 class WorkerSide:
-    def __init__(self, runtime: Runtime, geometry: Geometry, model: str, tenant_salt: bytes, timeout_s: float):
+    def __init__(
+        self,
+        runtime: Runtime,
+        geometry: Geometry,
+        model: str,
+        tenant_salt: bytes,
+        timeout_s: float,
+        deferred_saves: bool = False,
+    ):
         self.rt = runtime
         self.g = geometry
         self.model = model
@@ -120,6 +143,10 @@ class WorkerSide:
         self._loads: list[_Load] = []
         self._saves: list[_Save] = []
         self._saves_begun = False
+        self.deferred = deferred_saves
+        self._pending: list[_Save] = []
+        self._cur_save_ids: set[str] = set()
+        self._prev_save_ids: set[str] = set()
         self._load_errors: set[int] = set()
 
     # --- register_kv_caches --------------------------------------------------------------
@@ -253,13 +280,40 @@ class WorkerSide:
                 self._submit(sv, range(layer, layer + 1))
 
     def finish_saves(self, plan: StepPlan | None) -> None:
+        """End of the step's forward pass: every layer of every save is submitted; then the saves
+        are completed now, or (deferred) at the start of the next step."""
         if plan is not None and not self._saves_begun:
             self._begin_saves(plan)
         for sv in self._saves:
-            # Layers vLLM never reported (no per-layer hook ran): written now, in one job.
+            # Layers vLLM never reported (no per-layer hook ran) are written now.
             missing = [l for l in range(self.g.layers) if l not in sv.layers]
-            if missing:
-                self._submit(sv, range(missing[0], missing[-1] + 1))
+            for run in _runs(missing):
+                self._submit(sv, run)
+        saves, self._saves = self._saves, []
+        self._saves_begun = False
+        if self.deferred:
+            self._pending += saves
+        else:
+            self._complete(saves)
+
+    def begin_step(self, plan: StepPlan) -> None:
+        """Start of a step, before anything writes KV memory: the previous step's deferred saves
+        finish here, because blocks vLLM freed since (a preempted request's) may be rewritten now."""
+        self.drain()
+        self._prev_save_ids = self._cur_save_ids
+        self._cur_save_ids = {s.req_id for s in plan.saves}
+
+    def drain(self) -> None:
+        pending, self._pending = self._pending, []
+        self._complete(pending)
+
+    def finished_saving(self, finished_req_ids: set[str]) -> set[str]:
+        """Finished requests whose blocks vLLM held for the saves of the step before this one
+        (all complete now: ``begin_step`` drained them)."""
+        return set(finished_req_ids) & self._prev_save_ids if self.deferred else set()
+
+    def _complete(self, saves: list[_Save]) -> None:
+        for sv in saves:
             for job in sv.jobs:
                 try:
                     job.wait(self.timeout_s)
@@ -277,9 +331,8 @@ class WorkerSide:
             except TuttiError as e:
                 log.warning("tutti: committing request %s's blocks failed: %s", sv.spec.req_id, e)
             sv.store.close()
-        self._saves.clear()
-        self._saves_begun = False
 
     def close(self) -> None:
         self.finish_loads()
         self.finish_saves(None)
+        self.drain()
