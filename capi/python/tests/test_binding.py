@@ -239,17 +239,44 @@ def test_runtime_reopens_a_pool_kept_in_files(library, geometry, tmp_path):
 
 def test_device_read_failure_is_reported_per_block(registered, geometry, library):
     if not library.has("tutti_emulated_fail_next"):
-        print("SKIP: libtutti has no tutti_emulated_fail_next (fault injection) yet")
+        print("SKIP: libtutti has no tutti_emulated_fail_next (fault injection)")
         pytest.skip("libtutti has no tutti_emulated_fail_next")
     rt, layers = registered
     hashes = tutti.chain_hashes(list(range(8)), 4)
-    fill_block(geometry, layers, NUM_BLOCKS, 0, seed=1)
-    fill_block(geometry, layers, NUM_BLOCKS, 1, seed=2)
+    written = {b: fill_block(geometry, layers, NUM_BLOCKS, b, seed=b) for b in (0, 1)}
     store(rt, hashes, [0, 1])
+    # One object is one command here (512 bytes): one failed read fails exactly one block.
     rt.emulated_fail_next(0, "load", 1)
     with rt.load(hashes, [8, 9]) as job:
         st = job.wait()
-    assert st.failed >= 1 and set(st.failed_blocks) <= {0, 1}
+        assert st.failed == 1 and len(st.failed_blocks) == 1
+        assert job.error()
+    (bad,) = st.failed_blocks
+    good = 1 - bad
+    assert block_bytes(geometry, layers, NUM_BLOCKS, 8 + good) == written[good]
+    # The failure was the device's, not the data's: the chunk loads fine next time.
+    with rt.load(hashes, [8, 9]) as job:
+        assert job.wait().failed == 0
+    assert block_bytes(geometry, layers, NUM_BLOCKS, 8 + bad) == written[bad]
+
+
+def test_device_write_failure_leaves_the_block_out(registered, geometry, library):
+    if not library.has("tutti_emulated_fail_next"):
+        print("SKIP: libtutti has no tutti_emulated_fail_next (fault injection)")
+        pytest.skip("libtutti has no tutti_emulated_fail_next")
+    rt, layers = registered
+    hashes = tutti.chain_hashes(list(range(12)), 4)
+    for b in (0, 1, 2):
+        fill_block(geometry, layers, NUM_BLOCKS, b, seed=b)
+    rt.emulated_fail_next(1, "store", 1)
+    with rt.begin_store(hashes, [0, 1, 2]) as st:
+        with st.submit() as job:
+            status = job.wait()
+        assert status.failed == 1
+        report = st.commit()
+    assert (report.stored, report.failed) == (2, 1) and report.failed_blocks == status.failed_blocks
+    # Only the blocks before the one that failed form a hit prefix.
+    assert rt.lookup(hashes, pin=False).hits == report.failed_blocks[0]
 
 
 def test_threads_share_a_runtime(registered, geometry):

@@ -187,14 +187,39 @@ def test_load_failures_are_reported_once_with_their_block_ids(engine):
 def test_device_read_failure_reaches_vllm(engine):
     lib = tutti._lib.lib()
     if not lib.has("tutti_emulated_fail_next"):
-        print("SKIP: libtutti has no tutti_emulated_fail_next (fault injection) yet")
+        print("SKIP: libtutti has no tutti_emulated_fail_next (fault injection)")
         pytest.skip("libtutti has no tutti_emulated_fail_next")
     B = engine.B
-    engine.step(new=[Request("a", prompt(8, 2 * B + 1))])
-    engine.worker.runtime.emulated_fail_next(0, "load", 1)
-    engine.worker.runtime.emulated_fail_next(1, "load", 1)
-    r = engine.step(new=[Request("b", prompt(8, 2 * B + 1))])
-    assert r.load_errors and r.load_errors <= set(engine.blocks["b"][:2])
+    engine.step(new=[Request("a", prompt(8, 3 * B + 1))])
+    engine.worker.runtime.emulated_fail_next(0, "load", 1)  # one object read fails
+    b = Request("b", prompt(8, 3 * B + 1))
+    r = engine.step(new=[b])
+    assert r.matched == {"b": 3 * B}
+    assert len(r.load_errors) == 1 and r.load_errors <= set(engine.blocks["b"][:3])
+    bad = engine.blocks["b"].index(next(iter(r.load_errors)))
+    assert_blocks_hold(engine, b, [i for i in range(3) if i != bad])
+    assert engine.worker.get_block_ids_with_load_errors() == set()  # reported once
+
+
+def test_device_write_failure_costs_only_a_miss(engine):
+    lib = tutti._lib.lib()
+    if not lib.has("tutti_emulated_fail_next"):
+        print("SKIP: libtutti has no tutti_emulated_fail_next (fault injection)")
+        pytest.skip("libtutti has no tutti_emulated_fail_next")
+    B = engine.B
+    rt = engine.worker.runtime
+    engine.worker.runtime.emulated_fail_next(1, "store", 1)
+    a = Request("a", prompt(30, 3 * B + 1))
+    r = engine.step(new=[a])
+    assert [len(s.block_ids) for s in r.meta.saves] == [3]
+    assert rt.stats().files_valid == 2
+    hashes = tutti.chain_hashes(a.all_token_ids, B)
+    hits = rt.lookup(hashes, pin=False).hits
+    assert hits < 3
+    b = Request("b", prompt(30, 3 * B + 1))
+    r = engine.step(new=[b])
+    assert r.matched == {"b": hits * B} and r.load_errors == set()
+    assert_blocks_hold(engine, b, range(3))  # loaded or recomputed, the KV is right
 
 
 def test_chunked_prefill_stores_blocks_as_they_complete(engine):
