@@ -311,3 +311,41 @@ def test_threads_share_a_runtime(registered, geometry):
     assert not any(th.is_alive() for th in threads)
     assert errors == []
     assert rt.stats().files_pinned == 0
+
+
+def _python(code: str, env: dict) -> "subprocess.CompletedProcess":
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(env, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_library_found_in_the_cargo_target_dir(library):
+    import os
+    from pathlib import Path
+
+    path = Path(library.path).resolve()
+    if path.parent.name not in ("debug", "release"):
+        print(f"SKIP: {path} is not in a cargo target dir")
+        pytest.skip("library not in a cargo target dir")
+    env = {k: v for k, v in os.environ.items() if k != "TUTTI_LIB"}
+    env["CARGO_TARGET_DIR"] = str(path.parent.parent)
+    done = _python("from tutti import _lib; print(_lib.lib().path)", env)
+    assert done.returncode == 0, done.stderr
+    found = Path(done.stdout.strip()).resolve()
+    assert found.name == "libtutti.so" and found.parent.parent == path.parent.parent
+
+
+def test_missing_library_is_a_clear_error(library, tmp_path):
+    import os
+
+    env = dict(os.environ, TUTTI_LIB=str(tmp_path / "nope.so"))
+    done = _python(
+        "from tutti import _lib\n"
+        "try:\n    _lib.lib()\nexcept _lib.LibraryNotFound as e:\n    print('LNF', e)\n",
+        env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("LNF") and "nope.so" in done.stdout and "cargo build" in done.stdout

@@ -10,7 +10,8 @@ Where the library is looked for, first match wins:
 1. ``$TUTTI_LIB`` — a path to the shared library;
 2. ``libtutti.so`` next to this package (an installed wheel would put it there);
 3. ``$CARGO_TARGET_DIR/{release,debug}`` and ``<repo>/target/{release,debug}``
-   for a source checkout, where ``<repo>`` is found by walking up from here;
+   for a source checkout, where ``<repo>`` is found by walking up from here
+   (in each target dir the more recently built of the two first);
 4. the dynamic loader's own search (``LD_LIBRARY_PATH``, ldconfig).
 """
 
@@ -276,7 +277,10 @@ def _candidates() -> list[str]:
             target_dirs.append(parent / "target")
             break
     for t in target_dirs:
-        out += [str(t / "release" / LIB_NAME), str(t / "debug" / LIB_NAME)]
+        # The newer of the release and debug builds: a stale one must not shadow a fresh one.
+        builds = [t / "release" / LIB_NAME, t / "debug" / LIB_NAME]
+        builds.sort(key=lambda p: p.stat().st_mtime if p.exists() else 0, reverse=True)
+        out += [str(p) for p in builds]
     return out
 
 
