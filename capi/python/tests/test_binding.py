@@ -313,7 +313,7 @@ def test_threads_share_a_runtime(registered, geometry):
     assert rt.stats().files_pinned == 0
 
 
-def _python(code: str, env: dict) -> "subprocess.CompletedProcess":
+def _python(code: str, env: dict):
     import subprocess
     import sys
     from pathlib import Path
