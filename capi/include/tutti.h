@@ -58,6 +58,14 @@
 // Open the pool the drives hold, or format them if every one is blank.
 #define TUTTI_OPEN_OR_CREATE 3
 
+// The profiler keeps every sample until the table is built; a profiling
+// run needs far fewer, so an engine that leaves profiling on is stopped
+// with an error instead of growing without bound.
+#define TUTTI_MAX_PROFILED_REQUESTS (1 << 16)
+
+// Decode steps the profiler keeps (see `TUTTI_MAX_PROFILED_REQUESTS`).
+#define TUTTI_MAX_PROFILED_DECODE_STEPS (1 << 20)
+
 // A load: drive → engine memory.
 #define TUTTI_DIR_LOAD 1
 

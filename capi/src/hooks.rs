@@ -15,16 +15,37 @@ use tutti_scheduler::{Identity, IoPartition, Profiler, RequestShape, TableGrid};
 
 /// Layer starts waiting for their end; bounded so a forgotten end cannot grow it forever.
 const MAX_OPEN_LAYERS: usize = 1 << 16;
+/// The profiler keeps every sample until the table is built; a profiling
+/// run needs far fewer, so an engine that leaves profiling on is stopped
+/// with an error instead of growing without bound.
+pub const TUTTI_MAX_PROFILED_REQUESTS: u64 = 1 << 16;
+/// Decode steps the profiler keeps (see `TUTTI_MAX_PROFILED_REQUESTS`).
+pub const TUTTI_MAX_PROFILED_DECODE_STEPS: u64 = 1 << 20;
 
 pub(crate) struct Hooks {
     profiler: Profiler,
     open: HashMap<(u64, u32), u64>,
+    layers: u32,
+    requests: u64,
+    decode_steps: u64,
 }
 
 impl Hooks {
     pub(crate) fn new(layers: u32) -> Result<Self> {
-        Ok(Hooks { profiler: Profiler::new(layers)?, open: HashMap::new() })
+        Ok(Hooks {
+            profiler: Profiler::new(layers)?,
+            open: HashMap::new(),
+            layers,
+            requests: 0,
+            decode_steps: 0,
+        })
     }
+}
+
+fn full(what: &str, max: u64) -> CapiError {
+    CapiError::Sched(tutti_scheduler::SchedError::Profile(format!(
+        "the profiler holds {max} {what} already; save the slack table (it has enough samples)"
+    )))
 }
 
 /// Monotonic nanoseconds since the first call in this process.
@@ -64,7 +85,12 @@ pub unsafe extern "C" fn tutti_profile_request_begin(
 ) -> i32 {
     guard("tutti_profile_request_begin", || {
         with_hooks(rt, |h| {
-            Ok(h.profiler.begin_request(request_id, RequestShape::new(input_tokens, prefix_tokens))?)
+            if h.requests >= TUTTI_MAX_PROFILED_REQUESTS {
+                return Err(full("requests", TUTTI_MAX_PROFILED_REQUESTS));
+            }
+            h.profiler.begin_request(request_id, RequestShape::new(input_tokens, prefix_tokens))?;
+            h.requests += 1;
+            Ok(())
         })
     })
 }
@@ -81,6 +107,12 @@ pub unsafe extern "C" fn tutti_profile_layer_start(
 ) -> i32 {
     guard("tutti_profile_layer_start", || {
         with_hooks(rt, |h| {
+            if layer >= h.layers {
+                return Err(CapiError::invalid(
+                    "layer",
+                    format!("{layer} but the model has {} layers", h.layers),
+                ));
+            }
             if h.open.len() >= MAX_OPEN_LAYERS {
                 return Err(CapiError::invalid(
                     "layer",
@@ -153,7 +185,14 @@ pub unsafe extern "C" fn tutti_profile_decode_step(
     end_ns: u64,
 ) -> i32 {
     guard("tutti_profile_decode_step", || {
-        with_hooks(rt, |h| Ok(h.profiler.record_decode_step(request_id, context_tokens, start_ns, end_ns)?))
+        with_hooks(rt, |h| {
+            if h.decode_steps >= TUTTI_MAX_PROFILED_DECODE_STEPS {
+                return Err(full("decode steps", TUTTI_MAX_PROFILED_DECODE_STEPS));
+            }
+            h.profiler.record_decode_step(request_id, context_tokens, start_ns, end_ns)?;
+            h.decode_steps += 1;
+            Ok(())
+        })
     })
 }
 

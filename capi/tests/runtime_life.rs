@@ -227,3 +227,22 @@ fn profile_hooks_build_a_slack_table() {
     assert!(big.window_ns > small.window_ns, "longer prefills leave more slack: {big:?} {small:?}");
     let _ = std::fs::remove_file(&path);
 }
+
+#[test]
+fn the_profiler_is_bounded() {
+    let rt = Rt::open(&config());
+    // SAFETY: a live handle.
+    unsafe {
+        for id in 0..TUTTI_MAX_PROFILED_REQUESTS {
+            ok(tutti_profile_request_begin(rt.0, id, 16, 0));
+        }
+        expect(tutti_profile_request_begin(rt.0, u64::MAX, 16, 0), TUTTI_E_PROFILE, "save the slack table");
+        expect(tutti_profile_layer_start(rt.0, 7, LAYERS), TUTTI_E_INVALID_ARG, "the model has 4 layers");
+        for r in 0..MAX_OPEN {
+            ok(tutti_profile_layer_start(rt.0, r, 0));
+        }
+        expect(tutti_profile_layer_start(rt.0, MAX_OPEN, 0), TUTTI_E_INVALID_ARG, "never ended");
+    }
+}
+
+const MAX_OPEN: u64 = 1 << 16;
