@@ -447,3 +447,63 @@ def test_deferred_saves_are_complete_before_the_next_step_writes(library, geomet
         assert_blocks_hold(e, b, range(4))
     finally:
         e.close()
+
+
+class _FakeMarker:
+    """Stands in for a CUDA event: done only once the test (or a wait) says so."""
+
+    log: list = []
+
+    def __init__(self, layer_tensor, ready: bool):
+        self.ready = ready
+        self.tensor = layer_tensor
+
+    def done(self) -> bool:
+        return self.ready
+
+    def wait(self) -> None:
+        _FakeMarker.log.append(("wait", self.tensor))
+        self.ready = True
+
+
+@pytest.mark.parametrize("kernels_done", [False, True], ids=["kernels-still-running", "kernels-done"])
+def test_gpu_layers_are_stored_only_after_their_kernels(engine, monkeypatch, kernels_done):
+    """Writes of a layer go out when its marker (a CUDA event on a GPU) is done, never before."""
+    import tutti._connector.worker as worker_mod
+
+    B = engine.B
+    markers = []
+
+    def fake_mark(t):
+        m = _FakeMarker(t, kernels_done)
+        markers.append(m)
+        return m
+
+    submitted = []
+    real_submit = worker_mod.WorkerSide._submit
+
+    def spy_submit(self, sv, layers):
+        # At submission, every layer submitted must have a done marker.
+        for l in layers:
+            assert markers[l].ready, f"layer {l} submitted before its kernels finished"
+        submitted.append((list(layers), len(markers)))
+        return real_submit(self, sv, layers)
+
+    monkeypatch.setattr(worker_mod, "mark_written", fake_mark)
+    monkeypatch.setattr(worker_mod.WorkerSide, "_submit", spy_submit)
+    a = Request("a", prompt(40, 3 * B + 1))
+    engine.step(new=[a])
+    assert [l for ls, _ in submitted for l in ls] == list(range(engine.g.layers))
+    if kernels_done:
+        # Each layer went out from its own save_kv_layer call.
+        assert [n for _, n in submitted] == list(range(1, engine.g.layers + 1))
+    else:
+        # Nothing could go out during the forward pass; wait_for_save waited for each layer in order.
+        assert all(n == engine.g.layers for _, n in submitted)
+        assert [t for _, t in _FakeMarker.log[-engine.g.layers:]] == [
+            engine.kv[layer_name(i)] for i in range(engine.g.layers)
+        ]
+    b = Request("b", prompt(40, 3 * B + 1))
+    r = engine.step(new=[b])
+    assert r.matched == {"b": 3 * B}
+    assert_blocks_hold(engine, b, range(3))

@@ -66,18 +66,34 @@ def view(t) -> TensorView:
     raise TypeError(f"{type(t).__name__} is not a tensor: it has neither data_ptr() nor __array_interface__")
 
 
-def synchronize(t) -> None:
-    """Makes work queued on ``t``'s device visible before tutti's drives touch its memory.
+class CudaMarker:
+    """A CUDA event recorded on the current stream after the kernels that wrote a tensor."""
 
-    On a GPU the engine's kernels run asynchronously on a stream; a store that
-    read the KV before the kernel that wrote it finished would store stale
-    bytes. Host memory needs nothing.
+    def __init__(self, device):
+        import torch  # only reachable with torch tensors
+
+        self.event = torch.cuda.Event()
+        self.event.record(torch.cuda.current_stream(device))
+
+    def done(self) -> bool:
+        return bool(self.event.query())
+
+    def wait(self) -> None:
+        self.event.synchronize()
+
+
+def mark_written(t):
+    """A marker for "the work queued so far that writes ``t`` has finished", or None if it has.
+
+    On a GPU the engine's kernels run asynchronously on a stream: a store that
+    read the KV before the kernel writing it finished would store stale bytes.
+    The marker lets the caller submit the store once the kernels are done
+    without stalling the stream. Host memory is written synchronously: None.
     """
     device = getattr(t, "device", None)
     if getattr(device, "type", None) == "cuda":
-        import torch  # only reachable with torch tensors
-
-        torch.cuda.current_stream(device).synchronize()
+        return CudaMarker(device)
+    return None
 
 
 class HostTensor:

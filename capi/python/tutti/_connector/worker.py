@@ -25,7 +25,7 @@ from typing import Any
 
 from ..errors import Timeout, TuttiError
 from ..runtime import Geometry, Job, Runtime, Store
-from ..tensors import synchronize, view
+from ..tensors import mark_written, view
 from .metadata import LoadSpec, SaveSpec, StepPlan
 
 log = logging.getLogger("tutti.vllm")
@@ -143,6 +143,7 @@ class WorkerSide:
         self._loads: list[_Load] = []
         self._saves: list[_Save] = []
         self._saves_begun = False
+        self._written: list[tuple[int, Any]] = []  # computed layers waiting for their kernels
         self.deferred = deferred_saves
         self._pending: list[_Save] = []
         self._cur_save_ids: set[str] = set()
@@ -269,21 +270,38 @@ class WorkerSide:
             sv.layers.update(layers)  # not retried; the commit leaves these blocks out
 
     def save_layer(self, plan: StepPlan, layer_name: str, kv_layer: Any) -> None:
+        """Layer ``layer_name`` has been computed: its writes go out once its kernels are done.
+
+        A GPU layer is not waited for here (that would stall the stream every
+        layer): it is queued with a marker and submitted by a later hook that
+        finds the marker done, or at the end of the step.
+        """
         if not self._saves_begun:
             self._begin_saves(plan)
         layer = self.layer_of(layer_name)
         if layer is None or not self._saves:
             return
-        synchronize(kv_layer)
-        for sv in self._saves:
-            if layer not in sv.layers:
-                self._submit(sv, range(layer, layer + 1))
+        self._written.append((layer, mark_written(kv_layer)))
+        self._submit_written(wait=False)
+
+    def _submit_written(self, wait: bool) -> None:
+        while self._written:
+            layer, marker = self._written[0]
+            if marker is not None and not marker.done():
+                if not wait:
+                    return
+                marker.wait()
+            self._written.pop(0)
+            for sv in self._saves:
+                if layer not in sv.layers:
+                    self._submit(sv, range(layer, layer + 1))
 
     def finish_saves(self, plan: StepPlan | None) -> None:
         """End of the step's forward pass: every layer of every save is submitted; then the saves
         are completed now, or (deferred) at the start of the next step."""
         if plan is not None and not self._saves_begun:
             self._begin_saves(plan)
+        self._submit_written(wait=True)
         for sv in self._saves:
             # Layers vLLM never reported (no per-layer hook ran) are written now.
             missing = [l for l in range(self.g.layers) if l not in sv.layers]
