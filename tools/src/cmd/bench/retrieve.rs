@@ -80,6 +80,9 @@ pub struct Args {
     /// Seed of the contents and of the block-slot shuffle.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
+    /// Also write a plot of GB/s against blocks to this path (--svg plots host CPU per layer call).
+    #[arg(long, value_name = "PATH")]
+    pub bandwidth_svg: Option<PathBuf>,
     #[command(flatten)]
     pub out: Output,
 }
@@ -250,7 +253,11 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         seconds: start.elapsed().as_secs_f64(),
         notes: NOTES.iter().map(|s| s.split_whitespace().collect::<Vec<_>>().join(" ")).collect(),
     };
-    args.out.emit(&report, &text(&report), || svg(&report))
+    if let Some(path) = &args.bandwidth_svg {
+        std::fs::write(path, bandwidth_chart(&report))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    args.out.emit(&report, &text(&report), || cpu_chart(&report))
 }
 
 /// Every method over chunks `0..n` of the data set for each `n` in `points`,
@@ -433,9 +440,9 @@ fn text(r: &Report) -> String {
     out
 }
 
-/// Host CPU per layer call against blocks, one curve per method (the request's
-/// point when there is no sweep).
-fn svg(r: &Report) -> String {
+/// One curve per method over the sweep's block counts (the request's point
+/// when there is no sweep), of `y` of each run.
+fn chart(r: &Report, title: &str, y_label: &str, y: impl Fn(&Run) -> f64) -> String {
     let points: Vec<&Scenario> = match &r.sweep {
         Some(s) => s.points.iter().collect(),
         None => vec![&r.request],
@@ -446,17 +453,18 @@ fn svg(r: &Report) -> String {
         .enumerate()
         .map(|(i, m)| plot::Series {
             name: m.method.clone(),
-            points: points
-                .iter()
-                .filter_map(|p| p.runs.get(i).map(|x| (p.blocks as f64, x.host_cpu_us_per_layer_call / 1e3)))
-                .collect(),
+            points: points.iter().filter_map(|p| p.runs.get(i).map(|x| (p.blocks as f64, y(x)))).collect(),
         })
         .collect();
-    plot::line_chart(
-        "host CPU per layer call (retrieve)",
-        "blocks in the request",
-        "host CPU ms per layer call",
-        false,
-        &series,
-    )
+    plot::line_chart(title, "blocks in the request", y_label, false, &series)
+}
+
+fn cpu_chart(r: &Report) -> String {
+    chart(r, "host CPU per layer call (retrieve)", "host CPU ms per layer call", |x| {
+        x.host_cpu_us_per_layer_call / 1e3
+    })
+}
+
+fn bandwidth_chart(r: &Report) -> String {
+    chart(r, "retrieve bandwidth", "GB/s", |x| x.gb_per_s)
 }
