@@ -507,3 +507,25 @@ def test_gpu_layers_are_stored_only_after_their_kernels(engine, monkeypatch, ker
     r = engine.step(new=[b])
     assert r.matched == {"b": 3 * B}
     assert_blocks_hold(engine, b, range(3))
+
+
+def test_a_layer_that_times_out_fails_the_whole_load(engine, monkeypatch):
+    """A load that misses its deadline cannot be trusted for any layer: all its blocks go back to vLLM."""
+    from tutti.jobs import Job
+
+    B = engine.B
+    engine.step(new=[Request("a", prompt(50, 3 * B + 1))])
+    real = Job.wait_layer
+
+    def slow_layer_2(self, layer, timeout=30.0):
+        if layer == 2:
+            raise tutti.Timeout(-7, "TUTTI_E_TIMEOUT", "tutti_job_wait_layer: deadline passed", "tutti_job_wait_layer")
+        return real(self, layer, timeout)
+
+    monkeypatch.setattr(Job, "wait_layer", slow_layer_2)
+    b = Request("b", prompt(50, 3 * B + 1))
+    r = engine.step(new=[b])
+    assert r.matched == {"b": 3 * B}
+    assert r.load_errors == set(engine.blocks["b"][:3])
+    stats = engine.worker.runtime.stats()
+    assert stats.jobs_in_flight == 0

@@ -208,13 +208,14 @@ class WorkerSide:
         """The load cannot be trusted any more: every block of it is reported failed."""
         log.warning("tutti: load of request %s abandoned: %s", ld.spec.req_id, why)
         self._load_errors.update(ld.spec.block_ids)
-        if ld.job is not None:
+        job, ld.job = ld.job, None
+        if job is None:
+            return
+        for step in (job.cancel, job.close):  # close even if cancel fails
             try:
-                ld.job.cancel()
-                ld.job.close()
-            except TuttiError:
-                pass
-            ld.job = None
+                step()
+            except TuttiError as e:
+                log.warning("tutti: releasing the abandoned load of request %s: %s", ld.spec.req_id, e)
 
     def wait_layer(self, layer_name: str) -> None:
         layer = self.layer_of(layer_name)
