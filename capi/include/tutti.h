@@ -7,7 +7,20 @@
  * (tutti_last_error): cleared on success, saying what was wrong on failure. Structs whose first field
  * is struct_size must have it set to sizeof(the struct). Handles come in create/destroy pairs;
  * destroying NULL is a no-op and a stale handle is refused with TUTTI_E_BAD_HANDLE. All calls are
- * thread-safe. Link with -ltutti. */
+ * thread-safe. Link with -ltutti.
+ *
+ * Typical use (capi/examples/kv_roundtrip.c is a complete, tested program):
+ *   tutti_runtime_open(&config, &rt);                       drives + pool + I/O path
+ *   tutti_register_kv(rt, &layout, NULL);                   the engine's KV memory, once
+ *   tutti_chain_hashes(tokens, n, block_tokens, NULL, hashes, cap, &count);
+ *   tutti_lookup(rt, hashes, count, TUTTI_LOOKUP_PIN, &hits, &pin);   scheduler: cached prefix
+ *   tutti_submit_load(rt, hashes, block_ids, hits, 0, layers, &job);  worker: start loading
+ *   tutti_job_wait_layer(job, l, timeout_ms, &status);     before layer l's attention
+ *   tutti_job_destroy(job); tutti_unpin(rt, pin);
+ *   tutti_store_begin(rt, hashes, block_ids, n, &store);    new blocks
+ *   tutti_store_submit(store, l, 1, &job);                  as layer l is computed
+ *   tutti_job_wait(job, timeout_ms, &status); tutti_store_commit(store, &report);
+ *   tutti_job_destroy(job); tutti_store_destroy(store); tutti_runtime_close(rt); */
 
 #ifndef TUTTI_H
 #define TUTTI_H

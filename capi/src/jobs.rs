@@ -91,6 +91,17 @@ pub(crate) fn layer_range(rt: &Runtime, first: u32, count: u32) -> Result<Range<
     }
 }
 
+/// What was handed to the object store for a new job.
+pub(crate) struct Submitted {
+    pub id: Option<JobId>,
+    pub dir: Direction,
+    pub blocks: u32,
+    pub submitted: u32,
+    pub layers: Range<u32>,
+    pub pin: u64,
+    pub session: Option<Arc<StoreSession>>,
+}
+
 /// One view of a job, whatever happened to the part not submitted.
 struct View {
     st: Option<JobStatus>,
@@ -99,19 +110,10 @@ struct View {
 }
 
 impl Job {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        rt: Arc<Runtime>,
-        id: Option<JobId>,
-        dir: Direction,
-        blocks: u32,
-        submitted: u32,
-        layers: Range<u32>,
-        pin: u64,
-        session: Option<Arc<StoreSession>>,
-    ) -> Job {
+    pub(crate) fn new(rt: Arc<Runtime>, s: Submitted) -> Job {
         let key = rt.next_key();
-        rt.set_in_flight(key, if id.is_some() { layers.len() as u32 } else { 0 });
+        rt.set_in_flight(key, if s.id.is_some() { s.layers.len() as u32 } else { 0 });
+        let Submitted { id, dir, blocks, submitted, layers, pin, session } = s;
         Job { rt, key, id, dir, blocks, submitted, layers, pin, _session: session }
     }
 
@@ -277,7 +279,18 @@ pub unsafe extern "C" fn tutti_submit_load(
         } else {
             None
         };
-        let job = Job::new(rt, id, Direction::Load, count as u32, hits as u32, layers, found.pin, None);
+        let job = Job::new(
+            rt,
+            Submitted {
+                id,
+                dir: Direction::Load,
+                blocks: count as u32,
+                submitted: hits as u32,
+                layers,
+                pin: found.pin,
+                session: None,
+            },
+        );
         *out = JOBS.insert(Arc::new(job));
         Ok(TUTTI_OK)
     })

@@ -4,7 +4,7 @@
 
 use crate::error::{guard, CapiError};
 use crate::handles::Registry;
-use crate::jobs::{layer_range, tutti_job_t, Job, JOBS};
+use crate::jobs::{layer_range, tutti_job_t, Job, Submitted, JOBS};
 use crate::kv::{hashes_in, tutti_hash_t};
 use crate::ptr::{self, SizePrefixed, TUTTI_MAX_BLOCKS_PER_CALL};
 use crate::runtime::{lock, tutti_runtime_t, Runtime};
@@ -140,13 +140,15 @@ pub unsafe extern "C" fn tutti_store_submit(
         drop(state);
         let job = Job::new(
             s.rt.clone(),
-            Some(id),
-            Direction::Store,
-            s.blocks,
-            s.blocks,
-            layers,
-            0,
-            Some(s.clone()),
+            Submitted {
+                id: Some(id),
+                dir: Direction::Store,
+                blocks: s.blocks,
+                submitted: s.blocks,
+                layers,
+                pin: 0,
+                session: Some(s.clone()),
+            },
         );
         *out = JOBS.insert(Arc::new(job));
         Ok(TUTTI_OK)
