@@ -529,3 +529,32 @@ def test_a_layer_that_times_out_fails_the_whole_load(engine, monkeypatch):
     assert r.load_errors == set(engine.blocks["b"][:3])
     stats = engine.worker.runtime.stats()
     assert stats.jobs_in_flight == 0
+
+
+def test_an_emulated_pool_in_files_has_one_user_process(library, geometry, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    extra = dict(EXTRA, emulated_dir=str(tmp_path))
+    c = TuttiConnector(vllm_config(geometry, extra), KVConnectorRole.WORKER)
+    try:
+        code = (
+            "import sys; sys.path.insert(0, %r)\n"
+            "from vllm_standins import vllm_config\n"
+            "import tutti\n"
+            "from tutti.vllm import TuttiConnector, KVConnectorRole\n"
+            "from tutti._connector.config import ConfigError\n"
+            "g = tutti.Geometry(4, 2, 32, 4, 'f16')\n"
+            "try:\n    TuttiConnector(vllm_config(g, %r), KVConnectorRole.WORKER)\n"
+            "except ConfigError as e:\n    print('refused', e)\n"
+        ) % (str(Path(__file__).parent), extra)
+        env = dict(__import__("os").environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith("refused") and "in use by pid" in done.stdout
+    finally:
+        c.shutdown()
+    # Released with the last connector: the directory opens again.
+    c = TuttiConnector(vllm_config(geometry, dict(extra, open_mode="open")), KVConnectorRole.WORKER)
+    c.shutdown()
