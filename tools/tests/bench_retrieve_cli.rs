@@ -188,6 +188,10 @@ fn bad_sizes_are_refused_with_the_flag_named() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("bf17"));
 
+    let out = bench(&["--request-blocks", "100000000", "--no-sweep"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("memory available"));
+
     // 3 tokens × 1 head × 128 × bf16 = 768 bytes: not whole 512-byte blocks.
     let out = bench(&["--block-tokens", "3", "--no-sweep"]);
     assert!(!out.status.success());

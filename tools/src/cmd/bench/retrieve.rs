@@ -45,10 +45,13 @@ pub struct Args {
     /// Skip the block-count sweep.
     #[arg(long)]
     pub no_sweep: bool,
+    /// Model layers (the defaults are Llama-3-8B's geometry).
     #[arg(long, default_value_t = 32)]
     pub layers: u32,
+    /// KV heads per layer.
     #[arg(long, default_value_t = 8)]
     pub kv_heads: u32,
+    /// Dimension of each head.
     #[arg(long, default_value_t = 128)]
     pub head_dim: u32,
     /// Tokens per KV block.
@@ -198,6 +201,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         bail!("--blocks needs block counts of at least 1 (or --no-sweep)");
     }
     let dir = args.file_dir.clone().unwrap_or_else(data::default_dir);
+    let largest = (args.request_blocks as u64 * g.file_bytes()).max(if args.no_sweep {
+        0
+    } else {
+        args.blocks.iter().max().map_or(0, |&n| n as u64 * gs.file_bytes())
+    });
+    check_memory(largest)?;
     let quiet = args.out.quiet || args.out.json;
     let start = Instant::now();
     let mut sweep_blocks = args.blocks.clone();
@@ -258,6 +267,29 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     args.out.emit(&report, &text(&report), || cpu_chart(&report))
+}
+
+/// Refuses a run whose copies of the data would not fit in memory: the
+/// reference, the page-cached file, the emulated drives (plus metadata) and
+/// the KV memory each hold the whole data set.
+fn check_memory(data: u64) -> anyhow::Result<()> {
+    let need = data * 4 + data / 8;
+    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib << 10)
+    });
+    if let Some(avail) = available {
+        if need > avail {
+            bail!(
+                "the largest data set is {} and the benchmark keeps four copies of it ({}), more than the \
+                 {} of memory available: lower --request-blocks, --blocks or --sweep-layers",
+                bytes(data),
+                bytes(need),
+                bytes(avail)
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Every method over chunks `0..n` of the data set for each `n` in `points`,
