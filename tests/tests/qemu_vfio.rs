@@ -50,6 +50,7 @@ fn summary(log: &str) -> Vec<&str> {
     log.lines()
         .filter(|l| {
             l.starts_with("selftest ")
+                || l.starts_with("demo: ")
                 || l.contains("GUEST-")
                 || (l.starts_with("probe ") && (l.contains(" DIFF ") || l.contains(" probes, ")))
         })

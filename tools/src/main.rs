@@ -7,7 +7,12 @@ mod report;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "tutti", version, about = "GPU-initiated NVMe I/O for LLM KV cache", propagate_version = true)]
+#[command(
+    name = "tutti",
+    version,
+    about = "GPU-initiated NVMe I/O for LLM KV cache",
+    propagate_version = true
+)]
 struct Cli {
     /// Log level for diagnostics on stderr (error, warn, info, debug, trace).
     #[arg(long, global = true, default_value = "warn", env = "TUTTI_LOG")]
@@ -25,7 +30,7 @@ enum Command {
     /// Verify vfio-bound drives (read/write round trip, IOMMU fault checks); used by the QEMU harness.
     #[command(hide = true)]
     Selftest(cmd::selftest::Args),
-    /// The main job: round-trip data through tutti on emulated (or VFIO) drives.
+    /// The main job: store a long request's KV cache on emulated (or VFIO) drives and load it back, layer by layer.
     Demo(cmd::demo::Args),
     /// Build a slack table for the I/O scheduler from an engine timing trace or the compute model.
     Profile(cmd::profile::Args),

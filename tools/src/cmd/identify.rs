@@ -59,11 +59,22 @@ pub fn render_info(info: &ControllerInfo) -> String {
     let _ = writeln!(s, "MDTS          {mdts}");
     let _ = writeln!(s, "SGL           {sgl}");
     let _ = writeln!(s, "page size     {} bytes", info.page_size);
-    let _ = writeln!(s, "queues        {} I/O queue pairs granted, up to {} entries each", info.io_queue_pairs, info.max_queue_entries);
+    let _ = writeln!(
+        s,
+        "queues        {} I/O queue pairs granted, up to {} entries each",
+        info.io_queue_pairs, info.max_queue_entries
+    );
     let _ = writeln!(s, "write cache   {}", if info.volatile_write_cache { "volatile" } else { "none" });
     let _ = write!(s, "namespaces    {}", info.namespaces.len());
     for ns in &info.namespaces {
-        let _ = write!(s, "\n  nsid {:<4} {:>12} blocks × {:>4} B = {}", ns.nsid, ns.blocks, ns.lba_size, crate::report::bytes(ns.bytes()));
+        let _ = write!(
+            s,
+            "\n  nsid {:<4} {:>12} blocks × {:>4} B = {}",
+            ns.nsid,
+            ns.blocks,
+            ns.lba_size,
+            crate::report::bytes(ns.bytes())
+        );
     }
     s
 }
