@@ -86,3 +86,13 @@ def has_cc() -> str | None:
         if cc and any((Path(p) / cc).exists() for p in os.environ.get("PATH", "").split(os.pathsep)):
             return cc
     return None
+
+
+@pytest.fixture
+def engine(library, geometry):
+    """A MiniEngine (tests/vllm_standins.py) with both connector halves on 2 emulated drives."""
+    from vllm_standins import EXTRA, MiniEngine
+
+    e = MiniEngine(geometry, dict(EXTRA))
+    yield e
+    e.close()

@@ -273,3 +273,20 @@ class MiniEngine:
         del self.running[req.request_id]
         self.finished_last_step.add(req.request_id)
         return ret
+
+
+EXTRA = {"emulated_drives": 2, "emulated_capacity_bytes": 8 << 20, "open_mode": "create"}
+
+
+def prompt(prefix_seed: int, n: int, tail: list[int] = ()) -> list[int]:
+    return [(prefix_seed * 7919 + i * 31) % 32000 for i in range(n)] + list(tail)
+
+
+def assert_blocks_hold(engine, req: Request, blocks: range):
+    """Every layer's K and V of the request's blocks ``blocks`` equal what computing them gives."""
+    for index in blocks:
+        block = engine.blocks[req.request_id][index]
+        for layer in range(engine.g.layers):
+            assert engine.block_kv(block, layer) == engine.expected(req.all_token_ids, index, layer), (
+                f"request {req.request_id} block #{index} (id {block}) layer {layer}"
+            )
