@@ -151,18 +151,25 @@ def test_load_of_a_chunk_not_stored_fails_only_that_block_onward(registered, geo
     assert block_bytes(geometry, layers, NUM_BLOCKS, 12) == written
 
 
-def test_cancelled_job_reports_its_blocks(registered, geometry):
-    rt, layers = registered
-    hashes = tutti.chain_hashes(list(range(4)), 4)
-    fill_block(geometry, layers, NUM_BLOCKS, 0, seed=5)
-    store(rt, hashes, [0])
-    with rt.load(hashes, [15]) as job:
-        job.cancel()
-        st = job.wait()
-    assert st.done
-    # Either every layer had already been submitted (nothing to cancel) or the block failed as cancelled.
-    if st.cancelled and st.layers_done < st.num_layers:
-        assert st.failed_blocks == [0]
+def test_cancelled_job_reports_its_blocks(library):
+    """A job keeps at most 8 layers in flight; cancelled before it could submit more, the rest
+    never run and every block is reported failed."""
+    g = tutti.Geometry(layers=16, kv_heads=2, head_dim=32, tokens_per_block=4, dtype="f16")
+    with tutti.Runtime(g, emulated_drives=2, emulated_capacity_bytes=8 << 20, open_mode="create") as rt:
+        layers = vllm_layers(g, 4)
+        rt.register_kv("vllm_per_layer", 4, model="m", k_bases=[t.data_ptr() for t in layers], keepalive=layers)
+        hashes = tutti.chain_hashes(list(range(8)), 4)
+        for b in (0, 1):
+            fill_block(g, layers, 4, b, seed=b)
+        store(rt, hashes, [0, 1])
+        with rt.load(hashes, [2, 3]) as job:
+            job.cancel()
+            st = job.wait()
+            assert st.done and st.cancelled and st.layers_done == st.num_layers == 16
+            # At most the 8 layers in flight issued commands (one per K or V object and block).
+            assert st.commands <= 8 * 2 * 2 < 16 * 2 * 2
+            assert st.failed_blocks == [0, 1] and st.bytes == 0
+            assert "cancel" in job.error()
 
 
 def test_stats_count_traffic(registered, geometry):
