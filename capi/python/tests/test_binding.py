@@ -356,3 +356,26 @@ def test_missing_library_is_a_clear_error(library, tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("LNF") and "nope.so" in done.stdout and "cargo build" in done.stdout
+
+
+def test_zero_timeout_wait_reports_progress(library):
+    """A wait that cannot finish in time raises Timeout carrying the job's progress at the deadline."""
+    g = tutti.Geometry(layers=16, kv_heads=2, head_dim=32, tokens_per_block=4, dtype="f16")
+    with tutti.Runtime(g, emulated_drives=2, emulated_capacity_bytes=8 << 20, open_mode="create") as rt:
+        layers = vllm_layers(g, 4)
+        rt.register_kv("vllm_per_layer", 4, model="m", k_bases=[t.data_ptr() for t in layers], keepalive=layers)
+        hashes = tutti.chain_hashes(list(range(8)), 4)
+        store(rt, hashes, [0, 1])
+        timeouts = 0
+        for _ in range(5):
+            with rt.load(hashes, [2, 3]) as job:
+                try:
+                    st = job.wait(timeout=0)
+                    assert st.done and st.layers_done == 16
+                except tutti.Timeout as e:
+                    timeouts += 1
+                    assert e.status_name == "TUTTI_E_TIMEOUT" and e.call == "tutti_job_wait"
+                    p = e.job_status
+                    assert p is not None and not p.done and p.layers_done < 16 and p.blocks == 2
+                assert job.wait().failed == 0
+        print(f"{timeouts} of 5 zero-timeout waits timed out")
