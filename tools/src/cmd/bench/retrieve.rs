@@ -66,7 +66,8 @@ pub struct Args {
     /// io_uring submission queue entries (reads in flight per batch).
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub uring_depth: u32,
-    /// Directory of the file the baselines read (default /dev/shm: page cache never written back).
+    /// Directory of the file the baselines read (default: the temporary directory). Use a disk
+    /// file system (ext4, xfs): on tmpfs io_uring hands every buffered read to a worker thread.
     #[arg(long)]
     pub file_dir: Option<PathBuf>,
     /// How the host executor runs: persistent (a kernel polls the ring, as with SQPOLL) or launch
@@ -150,6 +151,7 @@ struct Report {
     drives: u32,
     io_mode: String,
     baseline_file_dir: String,
+    baseline_file_system: String,
     cpus: usize,
     methods: Vec<MethodInfo>,
     request: Scenario,
@@ -200,7 +202,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if !args.no_sweep && (args.blocks.is_empty() || args.blocks.contains(&0)) {
         bail!("--blocks needs block counts of at least 1 (or --no-sweep)");
     }
-    let dir = args.file_dir.clone().unwrap_or_else(data::default_dir);
+    let dir = args.file_dir.clone().unwrap_or_else(std::env::temp_dir);
     let largest = (args.request_blocks as u64 * g.file_bytes()).max(if args.no_sweep {
         0
     } else {
@@ -245,6 +247,16 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     };
     bar.finish_and_clear();
 
+    let fs = data::file_system(&dir);
+    let mut notes: Vec<String> =
+        NOTES.iter().map(|s| s.split_whitespace().collect::<Vec<_>>().join(" ")).collect();
+    if fs == "tmpfs" {
+        notes.push(format!(
+            "The baseline file is on tmpfs ({}): io_uring hands its reads to kernel worker threads, \
+             so its host CPU column misses the copies; use --file-dir on ext4 or xfs.",
+            dir.display()
+        ));
+    }
     let all_verified = request.runs.iter().all(|r| r.verified)
         && sweep.iter().flat_map(|s| &s.points).flat_map(|p| &p.runs).all(|r| r.verified);
     let report = Report {
@@ -254,13 +266,14 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         drives: args.emulated,
         io_mode,
         baseline_file_dir: dir.display().to_string(),
+        baseline_file_system: fs.clone(),
         cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
         methods,
         request,
         sweep,
         all_verified,
         seconds: start.elapsed().as_secs_f64(),
-        notes: NOTES.iter().map(|s| s.split_whitespace().collect::<Vec<_>>().join(" ")).collect(),
+        notes,
     };
     if let Some(path) = &args.bandwidth_svg {
         std::fs::write(path, bandwidth_chart(&report))
@@ -384,8 +397,8 @@ fn text(r: &Report) -> String {
     let _ = writeln!(out, "tutti: {} on {} drives, {}", r.io_mode, r.drives, r.media);
     let _ = writeln!(
         out,
-        "baselines read a page-cached file in {}; {} CPUs shared by every thread",
-        r.baseline_file_dir, r.cpus
+        "baselines read a page-cached file in {} ({}); {} CPUs shared by every thread",
+        r.baseline_file_dir, r.baseline_file_system, r.cpus
     );
     let _ = writeln!(
         out,

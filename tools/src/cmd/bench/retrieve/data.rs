@@ -191,14 +191,29 @@ fn pattern(seed: u64, chunk: u32, layer: u32, kv: u32, out: &mut [u8]) {
     }
 }
 
-/// Where the baseline file goes by default: tmpfs when there is one, so the
-/// file's pages are page cache that is never written back.
-pub fn default_dir() -> PathBuf {
-    let shm = Path::new("/dev/shm");
-    if shm.is_dir() {
-        shm.to_path_buf()
-    } else {
-        std::env::temp_dir()
+/// The file system holding `dir`, by name where it matters here.
+///
+/// On tmpfs, io_uring cannot read the page cache inline (shmem files do not
+/// take non-blocking reads on many kernels) and hands every read to a kernel
+/// worker thread, which is not what a file tier on ext4 or xfs sees.
+pub fn file_system(dir: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return "unknown".into();
+    };
+    // SAFETY: `c` is a NUL-terminated path and `st` a writable statfs the call fills.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return "unknown".into();
+    }
+    match st.f_type as u64 {
+        0xEF53 => "ext4".into(),
+        0x5846_5342 => "xfs".into(),
+        0x9123_683E => "btrfs".into(),
+        0x0102_1994 => "tmpfs".into(),
+        0x794C_7630 => "overlayfs".into(),
+        other => format!("file system type {other:#x}"),
     }
 }
 
