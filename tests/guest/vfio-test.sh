@@ -79,6 +79,15 @@ tutti selftest --drives $NVME0,$NVME1 --no-verify --gio --gio-ioctx 512 2>/tmp/e
 cat /tmp/err
 no_iommu_faults "during the gio_uring round trip"
 
+step "tutti bench sgl-vs-prp: SGL, PRP+list and two-page PRP reads of the same objects on both controllers"
+# Small on purpose: the guest may run under TCG on a busy host. The figures are QEMU's NVMe
+# emulation speed, not an SSD's; what must hold is that every mode read back the stored bytes.
+tutti bench sgl-vs-prp --drives $NVME0,$NVME1 --sizes 32K --bytes 512K --passes 1 --exec-blocks 1 \
+    2>/tmp/err >/tmp/bench.txt || { cat /tmp/err /tmp/bench.txt; fail "bench sgl-vs-prp"; }
+echo "bench: QEMU's controller (an emulator's speed, not an SSD's):"
+sed 's/^/bench: /' /tmp/bench.txt
+no_iommu_faults "during the SGL vs PRP benchmark"
+
 step "conformance probes (edge-case commands; DIFF = differs from the spec, reported, not fatal)"
 tutti selftest --drives $NVME0,$NVME1 --no-verify --probe 2>/tmp/err || { cat /tmp/err; fail "probes"; }
 cat /tmp/err

@@ -51,6 +51,7 @@ fn summary(log: &str) -> Vec<&str> {
         .filter(|l| {
             l.starts_with("selftest ")
                 || l.starts_with("demo: ")
+                || l.starts_with("bench: ")
                 || l.contains("GUEST-")
                 || (l.starts_with("probe ") && (l.contains(" DIFF ") || l.contains(" probes, ")))
         })
@@ -162,4 +163,6 @@ fn console_check_requires_a_clean_log_before_the_negative_test() {
                   probe 0000:00:04.0: read one block (PRP)   ok   got Generic/Successful Completion (0x0000)\n\
                   probe 0000:00:04.0: PRP1 offset not dword aligned   DIFF got ...\n";
     assert_eq!(summary(probes).len(), 2, "the count and the DIFF line, not the conforming probe");
+    let bench = "guest: === tutti bench sgl-vs-prp\nbench:    32K  object  SGL  0.0123\nsomething else\n";
+    assert_eq!(summary(bench), ["bench:    32K  object  SGL  0.0123"], "benchmark lines are shown");
 }

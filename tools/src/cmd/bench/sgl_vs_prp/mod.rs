@@ -66,10 +66,11 @@ pub struct Args {
     #[arg(long, value_enum, value_delimiter = ',', default_value = "sgl,prp,prp-inline")]
     pub modes: Vec<Mode>,
     /// Bytes of objects read per pass, for each object size.
-    #[arg(long, default_value = "64M", value_parser = parse_size)]
-    pub bytes: u64,
+    /// [default: 128M, 32M with --sweep]
+    #[arg(long, value_parser = parse_size)]
+    pub bytes: Option<u64>,
     /// Timed passes per configuration; the median is reported.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub passes: u32,
     /// Untimed (but verified) passes before the timed ones, per configuration.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(0..=10))]
@@ -149,9 +150,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if let Some(s) = sizes.iter().find(|s| **s == 0 || !s.is_multiple_of(4096)) {
         bail!("object size {s} is not a positive multiple of 4K");
     }
+    let bytes = args.bytes.unwrap_or(if args.sweep { 32 << 20 } else { 128 << 20 });
     let largest = sizes.iter().copied().max().unwrap_or(0);
-    if args.bytes < largest {
-        bail!("--bytes {} is less than one object of {}", size_label(args.bytes), size_label(largest));
+    if bytes < largest {
+        bail!("--bytes {} is less than one object of {}", size_label(bytes), size_label(largest));
     }
     let nd = if args.drives.drives.is_empty() {
         args.drives.emulated as u64
@@ -159,7 +161,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         args.drives.drives.len() as u64
     };
     // Each drive holds its share of one size's objects (rounded up to whole objects).
-    let rig = Rig::start(&args.drives, (args.bytes / nd + largest).next_multiple_of(1 << 20))?;
+    let rig = Rig::start(&args.drives, (bytes / nd + largest).next_multiple_of(1 << 20))?;
     let shapes = rig
         .ctrls
         .iter()
@@ -200,7 +202,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         .map(|c| Ok(DriveQueues::create(c, 1, args.queue_pairs, args.queue_depth)?))
         .collect::<anyhow::Result<Vec<_>>>()?;
     // Enough IOCBs (2048 commands each) for a pass of page-sized commands.
-    let depth = (args.bytes / page).div_ceil(2048) + nd + 1;
+    let depth = ((bytes + nd * largest) / page).div_ceil(2048) + nd + 1;
     let exec =
         Arc::new(HostExecutor::new(HostExecutorConfig { blocks: args.exec_blocks, ..Default::default() })?);
     let ring = GioUring::init_with(
@@ -209,12 +211,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         exec,
     )?;
 
-    let configs = (sizes.len() * args.pieces.len() * modes.len()) as u64;
-    let bar =
-        byte_bar(configs * (args.warmup + args.passes) as u64 * args.bytes, "sgl-vs-prp", args.out.quiet);
+    let per_size: u64 = sizes.iter().map(|&s| (bytes / s).max(nd) * s).sum();
+    let repeat = (args.pieces.len() * modes.len()) as u64 * (args.warmup + args.passes) as u64;
+    let bar = byte_bar(per_size * repeat, "sgl-vs-prp", args.out.quiet);
     let mut rows = Vec::new();
     for &size in &sizes {
-        let objects = (args.bytes / size).max(nd);
+        let objects = (bytes / size).max(nd);
         let per_drive: Vec<usize> = (0..nd).map(|d| (objects - d).div_ceil(nd) as usize).collect();
         let mut sources = Vec::new();
         for (d, c) in rig.ctrls.iter().enumerate() {
@@ -302,7 +304,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         max_transfer: max_command,
         page,
         sgl_supported: sgl_support.available(),
-        bytes_per_pass: args.bytes,
+        bytes_per_pass: bytes,
         passes: args.passes,
         pool_bytes: args.pool_bytes,
         rows,
@@ -363,7 +365,7 @@ impl Config<'_> {
                 r.check()?;
             }
             let elapsed = t.elapsed().as_secs_f64();
-            bar.inc(args.bytes);
+            bar.inc(bytes_read);
             let drives: Vec<DriveData<'_>> = (0..self.scatters.len())
                 .map(|d| DriveData {
                     source: &self.sources[d],
