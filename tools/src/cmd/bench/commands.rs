@@ -195,7 +195,11 @@ fn gio_batches(
 ) -> anyhow::Result<Vec<Measure>> {
     let path = if mode == ExecMode::Persistent { GIO_PERSISTENT } else { GIO_LAUNCH };
     let drives = vec![DriveQueues::create(ctrl, 1, 1, depth)?];
-    let exec = Arc::new(HostExecutor::new(HostExecutorConfig { mode, blocks: args.exec_blocks, ..Default::default() })?);
+    let exec = Arc::new(HostExecutor::new(HostExecutorConfig {
+        mode,
+        blocks: args.exec_blocks,
+        ..Default::default()
+    })?);
     let ring = GioUring::init_with(GioOptions { depth: 4, ..Default::default() }, drives, exec)?;
     let sgl = ctrl.info().sgl.available();
     let rb = args.read_bytes;
@@ -367,7 +371,9 @@ fn text(r: &Report) -> String {
         "\nns per command: wall time of a batch (submit, doorbell, device, completion) over its commands.\n\
          IoQueuePair: the driver's queue pair, driven by this thread; gio: gio_uring IOCBs run by the host \
          executor (the CUDA kernel source on CPU threads),\nlaunched per IOCB or persistent. The emulated \
-         controller is a host thread too, so device time is CPU time here.\n",
+         controller is a host thread too, so device time is CPU time here.\nThe host executor runs each \
+         CUDA block as 32 OS threads meeting at barriers: with few cores its cost per IOCB is the OS \
+         scheduler's, and says nothing about a GPU's.\n",
     );
     if let Some(why) = &r.io_uring_unavailable {
         out.push_str(&format!("note: no io_uring baseline: {why}\n"));
