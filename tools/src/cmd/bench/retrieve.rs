@@ -16,13 +16,15 @@
 mod baselines;
 mod data;
 mod measure;
+mod report;
 mod tutti;
 
-use super::{plot, Output};
+use super::Output;
 use crate::report::bytes;
 use anyhow::{bail, Context};
 use data::Dataset;
 use measure::{Method, Run};
+use report::{bandwidth_chart, cpu_chart, text, MethodInfo, Ratio, Report, Scenario, Sweep, NOTES};
 use std::path::PathBuf;
 use std::time::Instant;
 use tutti_objstore::{Dtype, Geometry};
@@ -108,72 +110,6 @@ impl ExecFlag {
         }
     }
 }
-
-#[derive(serde::Serialize)]
-struct MethodInfo {
-    method: String,
-    description: String,
-}
-
-/// tutti against one baseline.
-#[derive(serde::Serialize)]
-struct Ratio {
-    baseline: String,
-    /// tutti GB/s ÷ baseline GB/s.
-    bandwidth: f64,
-    /// Baseline host CPU per layer call ÷ tutti's.
-    host_cpu: f64,
-}
-
-#[derive(serde::Serialize)]
-struct Scenario {
-    blocks: u32,
-    tokens: u64,
-    layers: u32,
-    bytes_per_method: u64,
-    runs: Vec<Run>,
-    ratios: Vec<Ratio>,
-    tutti_per_layer: tutti::PerLayer,
-}
-
-#[derive(serde::Serialize)]
-struct Sweep {
-    layers: u32,
-    why_fewer_layers: String,
-    points: Vec<Scenario>,
-}
-
-#[derive(serde::Serialize)]
-struct Report {
-    geometry: Geometry,
-    object_bytes: u64,
-    media: String,
-    drives: u32,
-    io_mode: String,
-    baseline_file_dir: String,
-    baseline_file_system: String,
-    cpus: usize,
-    methods: Vec<MethodInfo>,
-    request: Scenario,
-    sweep: Option<Sweep>,
-    all_verified: bool,
-    seconds: f64,
-    notes: Vec<String>,
-}
-
-const NOTES: [&str; 4] = [
-    "No GPU and no NVMe drive: tutti's drives are emulated controllers with RAM media, and its executor is \
-     gio_uring's host executor (CPU threads standing in for GPU warps). Its bandwidth here is that of \
-     emulator threads copying RAM, not of SSDs or PCIe.",
-    "The emulated controllers, the executor lanes, and the benchmark thread share this machine's cores; \
-     'process CPU s' counts all of them. On a GPU system the lanes are GPU threads and the copies are the \
-     drives' DMA, so only the host CPU column is host work there.",
-    "Host CPU per layer call is the calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID) of the call the \
-     engine makes per layer: submit_load for tutti (the data moves afterwards, off this thread), the \
-     whole synchronous call for the baselines (their CPU does the copying).",
-    "The baselines read a file whose pages are all in the page cache: their best case. A file tier reading \
-     from an SSD would add the drive's latency and, for buffered reads, one more copy.",
-];
 
 fn geometry(a: &Args, layers: u32) -> anyhow::Result<Geometry> {
     let g = Geometry {
@@ -386,130 +322,4 @@ fn measure_one(
     let mut r = runs.swap_remove(runs.len() / 2);
     r.reps = count;
     Ok(r)
-}
-
-fn text(r: &Report) -> String {
-    use std::fmt::Write;
-    let g = &r.geometry;
-    let q = &r.request;
-    let mut out = String::new();
-    let _ = writeln!(out, "KV: {g}: {} objects", bytes(r.object_bytes));
-    let _ = writeln!(out, "tutti: {} on {} drives, {}", r.io_mode, r.drives, r.media);
-    let _ = writeln!(
-        out,
-        "baselines read a page-cached file in {} ({}); {} CPUs shared by every thread",
-        r.baseline_file_dir, r.baseline_file_system, r.cpus
-    );
-    let _ = writeln!(
-        out,
-        "\nrequest: {} blocks ({} tokens), {} per method, one call per layer into shuffled block slots",
-        q.blocks,
-        q.tokens,
-        bytes(q.bytes_per_method)
-    );
-    let rows: Vec<Vec<String>> = q
-        .runs
-        .iter()
-        .map(|run| {
-            let ratio = q.ratios.iter().find(|x| x.baseline == run.method);
-            vec![
-                run.method.clone(),
-                format!("{:.2}", run.gb_per_s),
-                ratio.map_or("-".into(), |x| format!("{:.2}", x.bandwidth)),
-                format!("{:.1}", run.host_cpu_us_per_layer_call),
-                format!("{:.1}", run.host_cpu_ns_per_block),
-                ratio.map_or("-".into(), |x| format!("{:.0}", x.host_cpu)),
-                format!("{:.0}", run.wait_cpu_us_per_layer),
-                format!("{:.2}", run.process_cpu_s),
-                if run.verified { "yes".into() } else { "NO".into() },
-            ]
-        })
-        .collect();
-    out.push_str(&plot::table(
-        &[
-            "method",
-            "GB/s",
-            "tutti÷this",
-            "host CPU µs/layer",
-            "ns/block",
-            "this÷tutti CPU",
-            "wait µs/layer",
-            "process CPU s",
-            "verified",
-        ],
-        &rows,
-    ));
-    let t = &q.tutti_per_layer;
-    let _ = writeln!(
-        out,
-        "host CPU: the calling thread's CPU in the per-layer call; wait: its CPU while polling for the \
-         layer afterwards; process CPU: every thread, executor lanes and emulated controllers included"
-    );
-    let _ = writeln!(
-        out,
-        "tutti per layer: {:.0} NVMe commands, {:.0} host call(s), {:.0} commands built by the host",
-        t.nvme_commands, t.host_calls, t.host_built
-    );
-    if let Some(s) = &r.sweep {
-        let _ = writeln!(
-            out,
-            "\nhost CPU µs per layer call as the request grows ({} layers per block, same objects: {})",
-            s.layers, s.why_fewer_layers
-        );
-        let names: Vec<String> = s.points[0].runs.iter().map(|x| x.method.clone()).collect();
-        let mut headers: Vec<String> = vec!["blocks".into()];
-        headers.extend(names.iter().map(|n| format!("{n} µs")));
-        headers.extend(names.iter().map(|n| format!("{n} GB/s")));
-        let rows: Vec<Vec<String>> = s
-            .points
-            .iter()
-            .map(|p| {
-                let mut row = vec![p.blocks.to_string()];
-                row.extend(p.runs.iter().map(|x| format!("{:.1}", x.host_cpu_us_per_layer_call)));
-                row.extend(p.runs.iter().map(|x| format!("{:.2}", x.gb_per_s)));
-                row
-            })
-            .collect();
-        let h: Vec<&str> = headers.iter().map(String::as_str).collect();
-        out.push_str(&plot::table(&h, &rows));
-    }
-    let _ = writeln!(
-        out,
-        "\n{} in {:.1} s",
-        if r.all_verified { "every byte verified" } else { "VERIFICATION FAILED" },
-        r.seconds
-    );
-    for n in &r.notes {
-        let _ = writeln!(out, "note: {n}");
-    }
-    out
-}
-
-/// One curve per method over the sweep's block counts (the request's point
-/// when there is no sweep), of `y` of each run.
-fn chart(r: &Report, title: &str, y_label: &str, y: impl Fn(&Run) -> f64) -> String {
-    let points: Vec<&Scenario> = match &r.sweep {
-        Some(s) => s.points.iter().collect(),
-        None => vec![&r.request],
-    };
-    let series: Vec<plot::Series> = r
-        .methods
-        .iter()
-        .enumerate()
-        .map(|(i, m)| plot::Series {
-            name: m.method.clone(),
-            points: points.iter().filter_map(|p| p.runs.get(i).map(|x| (p.blocks as f64, y(x)))).collect(),
-        })
-        .collect();
-    plot::line_chart(title, "blocks in the request", y_label, false, &series)
-}
-
-fn cpu_chart(r: &Report) -> String {
-    chart(r, "host CPU per layer call (retrieve)", "host CPU ms per layer call", |x| {
-        x.host_cpu_us_per_layer_call / 1e3
-    })
-}
-
-fn bandwidth_chart(r: &Report) -> String {
-    chart(r, "retrieve bandwidth", "GB/s", |x| x.gb_per_s)
 }
