@@ -6,14 +6,15 @@
 //! Every pass's bytes are compared with what was stored.
 
 mod data;
+mod report;
 mod scatter;
 
-use super::plot::{line_chart, table, Series};
 use super::rig::{DriveArgs, Rig};
 use super::{parse_size, size_label, Output};
 use crate::report::byte_bar;
 use anyhow::{bail, Context};
 use data::DriveData;
+use report::{plot, text, Report, Row};
 use scatter::{Costs, Mode, Scatter, Shape};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -93,53 +94,6 @@ pub struct Args {
     pub drives: DriveArgs,
     #[command(flatten)]
     pub out: Output,
-}
-
-/// One (object size, piece size, mode) configuration.
-#[derive(serde::Serialize)]
-struct Row {
-    object_bytes: u64,
-    piece_bytes: u64,
-    pieces_per_object: u64,
-    mode: Mode,
-    label: &'static str,
-    objects: u64,
-    /// Bytes read per pass.
-    bytes_read: u64,
-    /// Bytes compared with the source, over all passes.
-    bytes_verified: u64,
-    source_checksum: String,
-    read_checksum: String,
-    pass_seconds: Vec<f64>,
-    /// Median pass.
-    seconds: f64,
-    gb_per_sec: f64,
-    /// Bandwidth over the PRP+list row of the same size and pieces.
-    ratio_vs_prp: Option<f64>,
-    ns_per_command: f64,
-    commands_per_object: f64,
-    descriptors_per_object: f64,
-    desc_bytes_per_object: f64,
-    list_bytes_per_object: f64,
-    /// Objects of this size in `pool_bytes`, and the table (16 B per command plus lists) they need.
-    pool_objects: u64,
-    pool_table_bytes: u64,
-}
-
-#[derive(serde::Serialize)]
-struct Report {
-    media: String,
-    drives: Vec<String>,
-    executor: String,
-    /// Largest command of the slowest drive (MDTS), bytes.
-    max_transfer: u64,
-    page: u64,
-    sgl_supported: bool,
-    bytes_per_pass: u64,
-    passes: u32,
-    pool_bytes: u64,
-    rows: Vec<Row>,
-    notes: Vec<String>,
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
@@ -412,108 +366,5 @@ impl Config<'_> {
             pool_table_bytes: ((args.pool_bytes / shape.object_bytes) as u128 * costs.table_bytes() as u128
                 / objects.max(1) as u128) as u64,
         })
-    }
-}
-
-fn piece_label(r: &Row) -> String {
-    if r.pieces_per_object == 1 {
-        "object".into()
-    } else {
-        format!("{} x {}", r.pieces_per_object, size_label(r.piece_bytes))
-    }
-}
-
-fn text(r: &Report) -> String {
-    let pool = size_label(r.pool_bytes);
-    let headers = [
-        "object",
-        "pieces",
-        "mode",
-        "GB/s",
-        "vs PRP+list",
-        "cmds/obj",
-        "desc B/obj",
-        "list B/obj",
-        &format!("table, {pool} pool"),
-        "verified",
-    ];
-    let rows: Vec<Vec<String>> = r
-        .rows
-        .iter()
-        .map(|x| {
-            vec![
-                size_label(x.object_bytes),
-                piece_label(x),
-                x.label.to_string(),
-                gbps(x.gb_per_sec),
-                x.ratio_vs_prp.map_or("-".into(), |v| format!("{v:.2}x")),
-                format!("{:.0}", x.commands_per_object),
-                format!("{:.0}", x.desc_bytes_per_object),
-                format!("{:.0}", x.list_bytes_per_object),
-                crate::report::bytes(x.pool_table_bytes),
-                crate::report::bytes(x.bytes_verified),
-            ]
-        })
-        .collect();
-    let mut out = format!(
-        "sgl-vs-prp on {} ({}), {} executor; largest command {}, {} read per pass, median of {} passes\n\n",
-        r.media,
-        r.drives.join(", "),
-        r.executor,
-        size_label(r.max_transfer),
-        size_label(r.bytes_per_pass),
-        r.passes
-    );
-    out.push_str(&table(&headers, &rows));
-    let speed = if r.media.starts_with("VFIO") {
-        "through VFIO: on real drives an SSD's speed; under QEMU, QEMU's NVMe emulation, not an SSD's"
-    } else {
-        "emulated media: the emulated controller's copy speed on this host, not an SSD's"
-    };
-    out.push_str(&format!(
-        "\nGB/s = 10^9 bytes/s from the drives into scattered host memory ({speed}).\n\
-         desc B/obj: 16 B per command (SGL1 or PRP1+PRP2) plus list entries; list B/obj: list memory as \
-         allocated (SGL segments packed, PRP lists in whole pages);\ntable: 16 B per command plus list \
-         memory, for every object of the pool.\n"
-    ));
-    for n in &r.notes {
-        out.push_str(&format!("note: {n}\n"));
-    }
-    out
-}
-
-fn plot(r: &Report) -> String {
-    let mut series: Vec<Series> = Vec::new();
-    for x in &r.rows {
-        let name = format!(
-            "{}, {}",
-            x.label,
-            if x.pieces_per_object == 1 {
-                "objects contiguous".to_string()
-            } else {
-                format!("{} pieces", size_label(x.piece_bytes))
-            }
-        );
-        match series.iter_mut().find(|s| s.name == name) {
-            Some(s) => s.points.push((x.object_bytes as f64, x.gb_per_sec)),
-            None => series.push(Series { name, points: vec![(x.object_bytes as f64, x.gb_per_sec)] }),
-        }
-    }
-    line_chart(
-        &format!("SGL vs PRP reads into scattered memory: {}, {} executor", r.media, r.executor),
-        "object size (bytes)",
-        "GB/s",
-        true,
-        &series,
-    )
-}
-
-/// Three significant digits, whatever the scale (QEMU's controller is far slower than the emulator).
-fn gbps(v: f64) -> String {
-    match v {
-        v if v >= 10.0 => format!("{v:.1}"),
-        v if v >= 0.1 => format!("{v:.2}"),
-        v if v >= 0.001 => format!("{v:.4}"),
-        v => format!("{v:.2e}"),
     }
 }
