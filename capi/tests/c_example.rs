@@ -92,6 +92,14 @@ fn c_example_round_trips_on_ram_and_file_media() {
     let _ = std::fs::remove_dir_all(&media);
     check("kv_roundtrip (file media)", &out);
     assert_eq!(images.len(), 2, "one media file per emulated drive: {images:?}");
+    remove(&exe);
+}
+
+/// Removes a compiled example and its directory.
+fn remove(exe: &Path) {
+    if let Some(dir) = exe.parent() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
 
 #[test]
@@ -111,6 +119,7 @@ fn c_example_is_clean_under_valgrind() {
     check("kv_roundtrip under valgrind", &out);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("ERROR SUMMARY: 0 errors"), "{stderr}");
+    remove(&exe);
 }
 
 #[test]
@@ -130,6 +139,7 @@ fn c_example_is_clean_under_address_sanitizer() {
         .output()
         .unwrap();
     check("kv_roundtrip with ASan/UBSan", &out);
+    remove(&exe);
 }
 
 /// The C compiler lays every struct of tutti.h out as Rust does.
