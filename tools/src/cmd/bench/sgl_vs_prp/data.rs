@@ -23,7 +23,7 @@ pub fn pattern(seed: u64, drive: usize, offset: u64, len: usize) -> Vec<u8> {
 }
 
 /// A 64-bit FNV-1a style hash over 8-byte words, to show two reads produced the same bytes.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub struct Checksum(u64);
 
 impl Checksum {
@@ -102,4 +102,69 @@ pub fn source_checksum(sources: &[Vec<u8>], object_bytes: u64) -> Checksum {
         sum.update(&sources[d][at..at + object_bytes as usize]);
     }
     sum
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmd::bench::sgl_vs_prp::scatter::Shape;
+    use tutti_driver::emulated::EmuIommu;
+    use tutti_driver::transport::DmaSpace;
+
+    /// Two drives' objects placed where the scatters say, as a correct read leaves them.
+    fn placed(shape: Shape, objects: [usize; 2]) -> (Vec<Vec<u8>>, Vec<Scatter>, Vec<DmaBuffer>) {
+        let dma = EmuIommu::new("test");
+        let mut out = (Vec::new(), Vec::new(), Vec::new());
+        for (d, n) in objects.into_iter().enumerate() {
+            let src = pattern(9, d, 0, n * shape.object_bytes as usize);
+            let sc = Scatter::new(shape, n, d as u64).unwrap();
+            let dst = dma.alloc(n * shape.object_bytes as usize).unwrap();
+            for j in 0..n {
+                for p in 0..shape.pieces() {
+                    let at = (j as u64 * shape.object_bytes + p * shape.piece_bytes) as usize;
+                    dst.copy_in(sc.piece_offset(j, p) as usize, &src[at..at + shape.piece_bytes as usize])
+                        .unwrap();
+                }
+            }
+            out.0.push(src);
+            out.1.push(sc);
+            out.2.push(dst);
+        }
+        out
+    }
+
+    #[test]
+    fn a_correct_read_verifies_and_hashes_like_the_source() {
+        let shape = Shape::new(16384, 4096, 4096, 1 << 20).unwrap();
+        let (src, sc, dst) = placed(shape, [3, 2]);
+        let drives: Vec<DriveData<'_>> =
+            (0..2).map(|d| DriveData { source: &src[d], scatter: &sc[d], dst: &dst[d] }).collect();
+        let (n, sum) = verify(&drives).unwrap();
+        assert_eq!(n, 5 * 16384);
+        assert_eq!(sum.hex(), source_checksum(&src, 16384).hex());
+        assert_ne!(pattern(9, 0, 0, 64), pattern(9, 1, 0, 64), "drives hold different bytes");
+        assert_eq!(pattern(9, 0, 8, 8), pattern(9, 0, 0, 16)[8..], "the pattern depends on the offset only");
+    }
+
+    #[test]
+    fn a_wrong_byte_or_a_swapped_piece_is_named() {
+        let shape = Shape::new(16384, 4096, 4096, 1 << 20).unwrap();
+        let (src, sc, dst) = placed(shape, [3, 2]);
+        let off = sc[1].piece_offset(1, 2) as usize + 5;
+        let old: u8 = dst[1].read_obj(off).unwrap();
+        dst[1].write_obj(off, &(old ^ 1)).unwrap();
+        let drives: Vec<DriveData<'_>> =
+            (0..2).map(|d| DriveData { source: &src[d], scatter: &sc[d], dst: &dst[d] }).collect();
+        let err = verify(&drives).unwrap_err().to_string();
+        assert!(err.contains("object 3 (drive 1) piece 2: byte 8197"), "{err}");
+        dst[1].write_obj(off, &old).unwrap();
+        // The right bytes in the wrong slot: pieces 0 and 1 of object 0 swapped.
+        let (a, b) = (sc[0].piece_offset(0, 0) as usize, sc[0].piece_offset(0, 1) as usize);
+        let (mut pa, mut pb) = (vec![0u8; 4096], vec![0u8; 4096]);
+        dst[0].copy_out(a, &mut pa).unwrap();
+        dst[0].copy_out(b, &mut pb).unwrap();
+        dst[0].copy_in(a, &pb).unwrap();
+        dst[0].copy_in(b, &pa).unwrap();
+        assert!(verify(&drives).unwrap_err().to_string().contains("object 0 (drive 0) piece 0"));
+    }
 }
