@@ -59,6 +59,7 @@ struct Measure {
 
 #[derive(serde::Serialize)]
 struct Report {
+    host: super::Host,
     media: String,
     drive: String,
     read_bytes: u64,
@@ -241,6 +242,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if args.read_bytes == 0 || args.read_bytes > 8192 || !args.read_bytes.is_multiple_of(512) {
         bail!("--read-bytes {} is not a multiple of 512 in 512..=8K", args.read_bytes);
     }
+    let host = super::Host::now();
     let max_batch = args.batches.iter().copied().max().unwrap_or(1) as u64;
     let span = max_batch * args.read_bytes;
     let rig = Rig::start(&args.drives, span.next_multiple_of(1 << 20))?;
@@ -318,6 +320,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         m.ratio_vs_nop = nops.iter().find(|(b, _)| *b == m.batch).map(|(_, ns)| m.ns_per_command / ns);
     }
     let report = Report {
+        host,
         media: rig.media(),
         drive: ctrl.name().to_string(),
         read_bytes: args.read_bytes,
@@ -331,11 +334,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 
 fn text(r: &Report) -> String {
     let mut out = format!(
-        "commands: {} Reads ({} data pointer) on {} ({}), submit to complete, against io_uring NOPs\n\n",
+        "commands: {} Reads ({} data pointer) on {} ({}), submit to complete, against io_uring NOPs; host: {}\n\n",
         size_label(r.read_bytes),
         r.data_pointer,
         r.drive,
-        r.media
+        r.media,
+        r.host.describe()
     );
     let mut batches: Vec<u32> = Vec::new();
     for m in &r.results {

@@ -88,6 +88,30 @@ pub fn count_bar(total: u64, what: &str, quiet: bool) -> indicatif::ProgressBar 
     bar
 }
 
+/// The machine a run measured: figures from a loaded host are not comparable to a quiet one's.
+#[derive(serde::Serialize, Clone, Debug)]
+pub struct Host {
+    pub cpus: usize,
+    /// 1-minute load average when the run started (None where /proc/loadavg is absent).
+    pub load_average: Option<f64>,
+}
+
+impl Host {
+    pub fn now() -> Host {
+        let load_average = std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()));
+        Host { cpus: std::thread::available_parallelism().map_or(1, |n| n.get()), load_average }
+    }
+
+    pub fn describe(&self) -> String {
+        match self.load_average {
+            Some(l) => format!("{} CPUs, load average {l:.1} at the start", self.cpus),
+            None => format!("{} CPUs", self.cpus),
+        }
+    }
+}
+
 /// Which benchmark to run.
 #[derive(clap::Args, Debug)]
 pub struct Args {

@@ -104,6 +104,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if let Some(s) = sizes.iter().find(|s| **s == 0 || !s.is_multiple_of(4096)) {
         bail!("object size {s} is not a positive multiple of 4K");
     }
+    let host = super::Host::now();
     let bytes = args.bytes.unwrap_or(if args.sweep { 32 << 20 } else { 128 << 20 });
     let largest = sizes.iter().copied().max().unwrap_or(0);
     if bytes < largest {
@@ -252,6 +253,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     }
     bar.finish_and_clear();
     let report = Report {
+        host,
         media: rig.media(),
         drives: rig.names(),
         executor: ring.executor().name().to_string(),

@@ -37,6 +37,7 @@ pub struct Row {
 
 #[derive(serde::Serialize)]
 pub struct Report {
+    pub host: crate::cmd::bench::Host,
     pub media: String,
     pub drives: Vec<String>,
     pub executor: String,
@@ -92,13 +93,15 @@ pub fn text(r: &Report) -> String {
         })
         .collect();
     let mut out = format!(
-        "sgl-vs-prp on {} ({}), {} executor; largest command {}, {} read per pass, median of {} passes\n\n",
+        "sgl-vs-prp on {} ({}), {} executor; largest command {}, {} read per pass, median of {} passes; \
+         host: {}\n\n",
         r.media,
         r.drives.join(", "),
         r.executor,
         size_label(r.max_transfer),
         size_label(r.bytes_per_pass),
-        r.passes
+        r.passes,
+        r.host.describe()
     );
     out.push_str(&table(&headers, &rows));
     let speed = if r.media.starts_with("VFIO") {
