@@ -44,6 +44,22 @@ pub enum Piece {
     Bytes(u64),
 }
 
+/// The distinct piece sizes `pieces` give for objects of `size` (a piece of at least the
+/// object is the whole object).
+fn layouts(pieces: &[Piece], size: u64) -> Vec<u64> {
+    let mut out = Vec::new();
+    for p in pieces {
+        let b = match p {
+            Piece::Object => size,
+            Piece::Bytes(b) => (*b).min(size),
+        };
+        if !out.contains(&b) {
+            out.push(b);
+        }
+    }
+    out
+}
+
 fn parse_piece(s: &str) -> Result<Piece, String> {
     if s.eq_ignore_ascii_case("object") {
         return Ok(Piece::Object);
@@ -166,8 +182,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         exec,
     )?;
 
-    let per_size: u64 = sizes.iter().map(|&s| (bytes / s).max(nd) * s).sum();
-    let repeat = (args.pieces.len() * modes.len()) as u64 * (args.warmup + args.passes) as u64;
+    let per_size: u64 =
+        sizes.iter().map(|&s| (bytes / s).max(nd) * s * layouts(&args.pieces, s).len() as u64).sum();
+    let repeat = modes.len() as u64 * (args.warmup + args.passes) as u64;
     let bar = byte_bar(per_size * repeat, "sgl-vs-prp", args.out.quiet);
     let mut rows = Vec::new();
     for &size in &sizes {
@@ -203,11 +220,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             .zip(&per_drive)
             .map(|(c, &n)| Ok(c.dma().alloc(n * size as usize)?))
             .collect::<anyhow::Result<Vec<_>>>()?;
-        for &piece in &args.pieces {
-            let piece_bytes = match piece {
-                Piece::Object => size,
-                Piece::Bytes(b) => b.min(size),
-            };
+        for piece_bytes in layouts(&args.pieces, size) {
             let shape = Shape::new(size, piece_bytes, page, max_command)?;
             let scatters = per_drive
                 .iter()
