@@ -70,7 +70,10 @@ struct Launch {
 void* lane_main(void* p) {
     Lane* lane = static_cast<Lane*>(p);
     Launch* l = lane->launch;
-    while (l->gate.load(std::memory_order_acquire) == kWait) sched_yield();
+    // Blocks (futex) rather than yield-spins: a spinning lane takes CPU from the thread still
+    // creating the others, which on a loaded or emulated CPU made a launch's start-up
+    // quadratic in its lanes (seconds for 96 lanes on two TCG vCPUs).
+    l->gate.wait(kWait, std::memory_order_acquire);
     if (l->gate.load(std::memory_order_acquire) == kGo) {
         Block* b = l->blocks[lane->block].get();
         Warp* w = b->warps[lane->thread / 32].get();
@@ -174,12 +177,14 @@ extern "C" void* tt_host_launch_fn(tt_host_kernel_fn fn, uint32_t grid, uint32_t
     pthread_attr_destroy(&attr);
     if (rc != 0) {
         l->gate.store(kAbort, std::memory_order_release);
+        l->gate.notify_all();
         for (size_t i = 0; i < started; i++) pthread_join(l->lanes[i].tid, nullptr);
         delete l;
         set_err(err, errlen, "cannot create lane threads", rc);
         return nullptr;
     }
     l->gate.store(kGo, std::memory_order_release);
+    l->gate.notify_all();
     return l;
 }
 
