@@ -79,6 +79,14 @@ tutti selftest --drives $NVME0,$NVME1 --no-verify --gio --gio-ioctx 512 2>/tmp/e
 cat /tmp/err
 no_iommu_faults "during the gio_uring round trip"
 
+step "tutti demo: a request's KV stored and loaded layer by layer on both controllers"
+# 256 tokens of Llama-3-8B KV (32 MiB) fit the 64 MiB namespaces; mixed LBA sizes (4096/512).
+# The demo's own wait deadline (120 s) fires before this timeout: a stall is reported by tutti.
+timeout 150 tutti demo --drives $NVME0,$NVME1 --tokens 256 2>/tmp/err >/tmp/demo.txt \
+    || { cat /tmp/err /tmp/demo.txt; fail "demo"; }
+sed 's/^/demo: /' /tmp/demo.txt
+no_iommu_faults "during the demo"
+
 step "tutti bench sgl-vs-prp: SGL, PRP+list and two-page PRP reads of the same objects on both controllers"
 # Small on purpose: the guest may run under TCG on a busy host. The figures are QEMU's NVMe
 # emulation speed, not an SSD's; what must hold is that every mode read back the stored bytes.
