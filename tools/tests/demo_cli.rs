@@ -102,11 +102,13 @@ fn file_media_cache_survives_into_another_process() {
 
 #[test]
 fn bad_flags_are_clear_errors() {
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 6] = [
         (&["--dtype", "f64"], "dtype"),
         (&["--tokens", "8"], "less than one block"),
         (&["--tokens", "64", "--head-dim", "1"], "LBA"),
         (&["--tokens", "64", "--layers", "0"], "layers"),
+        (&["--tokens", "64", "--timeout", "0"], "--timeout"),
+        (&["--tokens", "64", "--timeout", "3601"], "--timeout"),
     ];
     for (args, want) in cases {
         let out = tutti(args);

@@ -20,7 +20,7 @@ pub enum Psdt {
 #[repr(C)]
 #[derive(Clone, Copy, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
 pub struct SubmissionEntry {
-    /// Opcode [7:0], FUSE [9:8], PSDT [15:14], CID [31:16].
+    /// Opcode \[7:0\], FUSE \[9:8\], PSDT \[15:14\], CID \[31:16\].
     pub cdw0: u32,
     pub nsid: u32,
     pub cdw2: u32,
@@ -78,7 +78,7 @@ impl SubmissionEntry {
     pub fn slba(&self) -> u64 {
         self.cdw10 as u64 | (self.cdw11 as u64) << 32
     }
-    /// Number of logical blocks of a Read/Write/Write Zeroes (CDW12[15:0] + 1).
+    /// Number of logical blocks of a Read/Write/Write Zeroes (CDW12\[15:0\] + 1).
     pub fn nlb(&self) -> u32 {
         (self.cdw12 & 0xffff) + 1
     }
@@ -106,9 +106,9 @@ pub struct CompletionEntry {
     /// Command specific.
     pub dw0: u32,
     pub dw1: u32,
-    /// SQ Head Pointer [15:0], SQ Identifier [31:16].
+    /// SQ Head Pointer \[15:0\], SQ Identifier \[31:16\].
     pub dw2: u32,
-    /// CID [15:0], phase tag [16], status [31:17].
+    /// CID \[15:0\], phase tag \[16\], status \[31:17\].
     pub dw3: u32,
 }
 

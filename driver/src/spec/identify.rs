@@ -22,9 +22,9 @@ pub struct IdentifyController {
     pub cntlid: u16,
     pub ver: u32,
     pub rsvd84: [u8; 428],
-    /// Submission Queue Entry Size: required [3:0], maximum [7:4], log2 bytes.
+    /// Submission Queue Entry Size: required \[3:0\], maximum \[7:4\], log2 bytes.
     pub sqes: u8,
-    /// Completion Queue Entry Size: required [3:0], maximum [7:4], log2 bytes.
+    /// Completion Queue Entry Size: required \[3:0\], maximum \[7:4\], log2 bytes.
     pub cqes: u8,
     pub maxcmd: u16,
     /// Number of Namespaces (the largest valid NSID).

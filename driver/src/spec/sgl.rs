@@ -25,14 +25,14 @@ impl SglKind {
     }
 }
 
-/// One 16-byte SGL descriptor: address [7:0], length [11:8], identifier [15].
+/// One 16-byte SGL descriptor: address \[7:0\], length \[11:8\], identifier \[15\].
 #[repr(C)]
 #[derive(Clone, Copy, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
 pub struct SglDescriptor {
     pub addr: u64,
     pub len: u32,
     pub rsvd: [u8; 3],
-    /// Type [7:4] | sub type [3:0] (sub type 0 = address).
+    /// Type \[7:4\] | sub type \[3:0\] (sub type 0 = address).
     pub id: u8,
 }
 

@@ -95,11 +95,11 @@ impl Status {
     pub const fn media(sc: u8) -> Status {
         Status::new(2, sc)
     }
-    /// Decodes the 15-bit field from DW3[31:17].
+    /// Decodes the 15-bit field from DW3\[31:17\].
     pub const fn from_field(field: u16) -> Status {
         Status(field & 0x7fff)
     }
-    /// The 15-bit field as it is written into DW3[31:17].
+    /// The 15-bit field as it is written into DW3\[31:17\].
     pub const fn to_field(self) -> u16 {
         self.0
     }

@@ -19,7 +19,8 @@ use tutti_objstore::{
     LayoutKind, OpenMode, PoolInfo, PoolOptions, StoreOptions, TableSizes,
 };
 
-const WAIT: Duration = Duration::from_secs(120);
+/// Default deadline of every wait on the drives (`--timeout`).
+const WAIT_SECS: u64 = 120;
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum LayoutFlag {
@@ -83,9 +84,28 @@ pub struct Args {
     /// Seed of the token ids and KV contents.
     #[arg(long, default_value_t = 0x7u64)]
     pub seed: u64,
+    /// Seconds any one wait on the drives (a stored layer, a loaded layer) may take before
+    /// the demo gives up with an error.
+    #[arg(long, default_value_t = WAIT_SECS, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub timeout: u64,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+impl Args {
+    fn wait(&self) -> Duration {
+        Duration::from_secs(self.timeout)
+    }
+}
+
+/// A rate for the text report: GiB/s, or MiB/s below 1 GiB/s (slow media such as QEMU's).
+fn rate(gib_per_sec: f64) -> String {
+    if gib_per_sec >= 1.0 {
+        format!("{gib_per_sec:.2} GiB/s")
+    } else {
+        format!("{:.1} MiB/s", gib_per_sec * 1024.0)
+    }
 }
 
 #[derive(serde::Serialize, Default)]
@@ -346,9 +366,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let jobs = (0..g.layers).map(|l| store.submit_store(session, l..l + 1)).collect::<Result<Vec<_>, _>>()?;
     let mut store_phase = Phase { blocks, ..Default::default() };
     for job in jobs {
-        let st = store.wait(job, WAIT)?;
+        let st = store.wait(job, args.wait())?;
         if !st.done {
-            bail!("storing a layer did not finish within {WAIT:?}");
+            bail!("storing a layer did not finish within {} s (--timeout)", args.timeout);
         }
         store.release(job)?;
         store_phase.nvme_commands += st.commands;
@@ -440,9 +460,9 @@ fn retrieve(
     let t = Instant::now();
     let job = store.submit_load(&hit.files, &dst, 0..g.layers)?;
     for layer in 0..g.layers {
-        let st = store.wait_layer(job, layer, WAIT)?;
+        let st = store.wait_layer(job, layer, args.wait())?;
         if !st.layer_is_done(layer) {
-            bail!("layer {layer} did not load within {WAIT:?}");
+            bail!("layer {layer} did not load within {} s (--timeout)", args.timeout);
         }
         bar.inc(n as u64 * 2 * g.object_bytes());
     }
@@ -506,8 +526,8 @@ fn print(r: &Report) {
     println!("P2P table: {} SGL descriptors in {} table(s) = {}; PRP lists for the same commands: {} of entries, {} as 4-KiB list pages",
         t.descriptors, t.tables, bytes(t.sgl_bytes), bytes(t.prp_entry_bytes), bytes(t.prp_page_bytes));
     for (name, ph) in [("store", &r.store), ("retrieve", &r.retrieve)] {
-        println!("{name:<9} {:>10} in {:.2} s = {:.2} GiB/s; per layer {:.0} commands, {:.1} host calls, {:.0} built by the host{}",
-            bytes(ph.bytes), ph.seconds, ph.gib_per_sec, ph.commands_per_layer, ph.host_calls_per_layer, ph.host_built_per_layer,
+        println!("{name:<9} {:>10} in {:.2} s = {}; per layer {:.0} commands, {:.1} host calls, {:.0} built by the host{}",
+            bytes(ph.bytes), ph.seconds, rate(ph.gib_per_sec), ph.commands_per_layer, ph.host_calls_per_layer, ph.host_built_per_layer,
             if ph.verified_bytes > 0 { format!("; {} verified", bytes(ph.verified_bytes)) } else { String::new() });
     }
     if let Some(o) = &r.reopen {
