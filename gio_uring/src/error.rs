@@ -24,6 +24,12 @@ pub enum GioError {
     #[error("layer table: {0}")]
     Table(String),
 
+    #[error("pair list: {0}")]
+    PairList(String),
+
+    #[error("all {slots} pair list slots are in use (GioOptions::max_pair_lists)")]
+    PairListsFull { slots: u32 },
+
     #[error("executor {executor}: {what}")]
     Executor { executor: String, what: String },
 
@@ -52,6 +58,9 @@ impl GioError {
     }
     pub(crate) fn table(what: impl Into<String>) -> Self {
         GioError::Table(what.into())
+    }
+    pub(crate) fn pair_list(what: impl Into<String>) -> Self {
+        GioError::PairList(what.into())
     }
 }
 

@@ -7,7 +7,10 @@
 //!   [`GioUring::wait_cqe`], [`GioUring::poll_cqe`], and
 //!   [`GioUring::submit_layer`], which lets the executor expand (file, block)
 //!   pairs through a device-resident [`LayerTable`] so the host does O(1) work
-//!   per command batch.
+//!   per command batch; [`GioUring::register_pairs`] and
+//!   [`GioUring::submit_layer_list`] go further: the pairs are copied to the
+//!   executor once per request, and each layer costs the host a few header
+//!   words per IOCB, however many blocks it moves.
 //! - Executors ([`executor`]): [`HostExecutor`] runs the CUDA kernels of
 //!   `tutti-kernels` on host threads; [`CudaExecutor`] runs them on a GPU.
 //!
@@ -39,7 +42,7 @@ mod uring;
 pub use drive::{DriveInfo, DriveQueues};
 pub use error::{GioError, Result};
 pub use executor::{CudaExecutor, CudaExecutorConfig, ExecMode, Executor, HostExecutor, HostExecutorConfig};
-pub use iocb::{ioctx, DataRef, IocbId, IocbResult, IoctxFailure, Op, TableId};
+pub use iocb::{ioctx, DataRef, IocbId, IocbResult, IoctxFailure, Op, PairListId, TableId};
 pub use status::{Invalid, IoStatus, Translation};
 pub use table::{Kv, LayerGeometry, LayerTable, PoolDrive, TableKind};
 pub use tutti_kernels::abi::IoCtx;

@@ -37,6 +37,10 @@ pub enum Translation {
     Index,
     EmptyEntry,
     EntryLength,
+    /// A layer IOCB named a pair list that is not registered.
+    PairList,
+    /// A layer IOCB named pairs beyond the end of its pair list.
+    PairRange,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -76,6 +80,8 @@ impl IoStatus {
                 abi::XLATE_INDEX => Translation::Index,
                 abi::XLATE_EMPTY => Translation::EmptyEntry,
                 abi::XLATE_LENGTH => Translation::EntryLength,
+                abi::XLATE_PAIR_LIST => Translation::PairList,
+                abi::XLATE_PAIR_RANGE => Translation::PairRange,
                 _ => return unknown,
             }),
             abi::KIND_INVALID => IoStatus::Invalid(match detail {
@@ -122,6 +128,8 @@ impl std::fmt::Display for IoStatus {
                     Translation::Index => "table index out of range",
                     Translation::EmptyEntry => "table entry never filled",
                     Translation::EntryLength => "table entry length differs from the chunk",
+                    Translation::PairList => "no such registered pair list",
+                    Translation::PairRange => "pairs beyond the end of the pair list",
                 }
             ),
             IoStatus::Invalid(i) => write!(
@@ -160,6 +168,10 @@ mod tests {
         assert_eq!(
             IoStatus::from_raw(abi::status(abi::KIND_TRANSLATION, abi::XLATE_FILE)),
             IoStatus::Translation(Translation::File)
+        );
+        assert_eq!(
+            IoStatus::from_raw(abi::status(abi::KIND_TRANSLATION, abi::XLATE_PAIR_RANGE)).to_string(),
+            "translation failed: pairs beyond the end of the pair list"
         );
         assert_eq!(
             IoStatus::from_raw(abi::status(abi::KIND_QUEUE_DEAD, 3)),

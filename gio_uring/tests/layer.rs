@@ -11,7 +11,10 @@ use common::*;
 use std::time::Duration;
 use tutti_driver::command::DataMode;
 use tutti_driver::transport::{DmaBuffer, IovaSegment};
-use tutti_gio_uring::{IoStatus, Kv, LayerGeometry, LayerTable, Op, PoolDrive, TableKind, Translation};
+use tutti_gio_uring::{
+    GioError, GioOptions, IoStatus, Kv, LayerGeometry, LayerTable, Op, PairListId, PoolDrive, TableKind,
+    Translation,
+};
 
 const OBJ: usize = 4096;
 const LAYERS: u32 = 2;
@@ -150,4 +153,158 @@ fn pairs_outside_the_table_fail_per_ioctx() {
     g.blocks = 1;
     let big = LayerTable::new(g, TableKind::Sgl).unwrap();
     assert!(rig.ring.register_table(&big).unwrap_err().to_string().contains("namespace has"));
+}
+
+/// Every layer of `range` of `list`, waited for; returns the IOCBs each layer took.
+fn run_layers_list(
+    rig: &Rig,
+    table: tutti_gio_uring::TableId,
+    list: PairListId,
+    range: std::ops::Range<u32>,
+    op: Op,
+) -> usize {
+    let mut iocbs = 0;
+    for layer in 0..LAYERS {
+        let ids = rig.ring.submit_layer_list(table, layer, list, range.clone(), op, 3).unwrap();
+        assert_eq!(ids.len(), range.len().div_ceil(512), "IOCBs of 512 pairs x 4 commands");
+        iocbs = ids.len();
+        for r in rig.ring.wait_cqe(&ids, Duration::from_secs(60)).unwrap() {
+            assert!(r.is_ok(), "{op:?} layer {layer}: {:?}", r.failures.first().map(|f| f.to_string()));
+        }
+    }
+    iocbs
+}
+
+#[test]
+fn a_registered_pair_list_moves_the_same_bytes_as_inline_pairs() {
+    let rig =
+        rig(RigSpec { controllers: 1, namespaces: 3, ns_bytes: 16 << 20, depth: 64, ..Default::default() });
+    let kv_len = FILES as usize * LAYERS as usize * 2 * OBJ;
+    let kv = rig.ctrls[0].dma().alloc(kv_len).unwrap();
+    fill(&kv, 91);
+    let original = bytes(&kv);
+    let t = rig.ring.register_table(&table(&kv, TableKind::Sgl)).unwrap();
+    let store: Vec<(u32, u32)> = (0..FILES).map(|i| (i, i)).collect();
+    run_layers(&rig, t, &store, Op::Write);
+
+    // The same retrieve, inline and through a registered list, lands the same bytes.
+    let retrieve: Vec<(u32, u32)> = (0..FILES).map(|f| (f, (f + 7) % FILES)).collect();
+    kv.copy_in(0, &vec![0u8; kv_len]).unwrap();
+    run_layers(&rig, t, &retrieve, Op::Read);
+    let inline = bytes(&kv);
+    kv.copy_in(0, &vec![0u8; kv_len]).unwrap();
+    let list = rig.ring.register_pairs(&retrieve).unwrap();
+    assert_eq!(rig.ring.pair_list_len(list).unwrap(), FILES);
+    assert_eq!(run_layers_list(&rig, t, list, 0..FILES, Op::Read), 2);
+    let listed = bytes(&kv);
+    assert_eq!(first_diff(&inline, &listed), None, "list and inline retrieves differ");
+    for f in 0..FILES {
+        for l in 0..LAYERS {
+            for kvh in [Kv::K, Kv::V] {
+                let (src, dst) = (object_offset(f, l, kvh), object_offset((f + 7) % FILES, l, kvh));
+                assert_eq!(first_diff(&original[src..src + OBJ], &listed[dst..dst + OBJ]), None, "file {f}");
+            }
+        }
+    }
+
+    // A sub-range starting mid-list: IOCB k starts at pair 37 + 512 k; pairs before 37 stay untouched.
+    kv.copy_in(0, &vec![0u8; kv_len]).unwrap();
+    assert_eq!(run_layers_list(&rig, t, list, 37..FILES, Op::Read), 2);
+    let part = bytes(&kv);
+    for f in 0..FILES {
+        let dst = object_offset((f + 7) % FILES, 0, Kv::K);
+        let want = if f >= 37 { &listed[dst..dst + OBJ] } else { &vec![0u8; OBJ][..] };
+        assert_eq!(first_diff(want, &part[dst..dst + OBJ]), None, "file {f} (range 37..)");
+    }
+    assert_eq!(rig.emus[0].stats().errors, 0);
+    assert_eq!(rig.ring.pair_lists_in_use().unwrap(), 1);
+    rig.ring.unregister_pairs(list).unwrap();
+    assert_eq!(rig.ring.pair_lists_in_use().unwrap(), 0);
+}
+
+#[test]
+fn bad_pair_list_references_fail_per_ioctx_and_are_never_followed() {
+    let rig =
+        rig(RigSpec { controllers: 1, namespaces: 3, ns_bytes: 16 << 20, depth: 32, ..Default::default() });
+    let kv = rig.ctrls[0].dma().alloc(FILES as usize * LAYERS as usize * 2 * OBJ).unwrap();
+    let t = rig.ring.register_table(&table(&kv, TableKind::Sgl)).unwrap();
+    let pairs: Vec<(u32, u32)> = (0..10).map(|i| (i, i)).collect();
+    let list = rig.ring.register_pairs(&pairs).unwrap();
+    let max = rig.ring.options().max_pair_lists;
+
+    // Refused on the host: a range past the list, a stale handle, nothing to do.
+    let e = rig.ring.submit_layer_list(t, 0, list, 5..11, Op::Read, 1).unwrap_err().to_string();
+    assert!(e.contains("holds 10"), "{e}");
+    let stale = PairListId::from_raw(list.to_raw() + (1 << 32));
+    let e = rig.ring.submit_layer_list(t, 0, stale, 0..1, Op::Read, 1).unwrap_err().to_string();
+    assert!(e.contains("not registered"), "{e}");
+    assert!(rig.ring.submit_layer_list(t, 0, list, 3..3, Op::Read, 1).is_err());
+
+    // Not checked on the host: the executor must refuse each reference by itself.
+    let ids = rig.ring.get_iocb(4).unwrap();
+    let cases = [
+        (list.index() + 1, 0, 3, Some(Translation::PairList)), // a free slot
+        (max + 1000, 0, 2, Some(Translation::PairList)),       // beyond the registry
+        (list.index(), 8, 4, Some(Translation::PairRange)),    // 8 + 4 > 10
+        (list.index(), 2, 3, None),                            // inside: moves data
+    ];
+    for (&id, &(slot, first, n, _)) in ids.iter().zip(&cases) {
+        rig.ring.fill_layer_list(id, t, 1, slot, first, n, Op::Write).unwrap();
+    }
+    rig.ring.issue(&ids, 2).unwrap();
+    let results = rig.ring.wait_cqe(&ids, Duration::from_secs(30)).unwrap();
+    for (r, &(slot, first, n, want)) in results.iter().zip(&cases) {
+        assert_eq!((r.count, r.completed), (n * 4, n * 4), "slot {slot} pairs {first}+{n}");
+        match want {
+            Some(why) => {
+                assert_eq!(r.failed, r.count, "slot {slot} pairs {first}+{n}");
+                assert!(
+                    r.failures.iter().all(|f| f.status == IoStatus::Translation(why)),
+                    "{:?}",
+                    r.failures
+                );
+            }
+            None => assert!(r.is_ok(), "{:?}", r.failures.first().map(|f| f.to_string())),
+        }
+    }
+    assert_eq!(rig.emus[0].stats().errors, 0);
+}
+
+#[test]
+fn a_pair_list_in_use_cannot_be_unregistered_and_slots_are_reused() {
+    let mut opts = GioOptions { depth: 16, ..Default::default() };
+    opts.max_pair_lists = 2;
+    let rig = rig(RigSpec { controllers: 1, namespaces: 3, ns_bytes: 16 << 20, opts, ..Default::default() });
+    let kv = rig.ctrls[0].dma().alloc(FILES as usize * LAYERS as usize * 2 * OBJ).unwrap();
+    let t = rig.ring.register_table(&table(&kv, TableKind::Sgl)).unwrap();
+    let pairs: Vec<(u32, u32)> = (0..40).map(|i| (i, i)).collect();
+    let list = rig.ring.register_pairs(&pairs).unwrap();
+
+    // In flight until collected: the executor may still read the list.
+    let ids = rig.ring.submit_layer_list(t, 0, list, 0..40, Op::Write, 2).unwrap();
+    let e = rig.ring.unregister_pairs(list).unwrap_err().to_string();
+    assert!(e.contains("in flight"), "{e}");
+    assert!(rig.ring.wait_cqe(&ids, Duration::from_secs(30)).unwrap().iter().all(|r| r.is_ok()));
+    // Being filled counts too.
+    let filling = rig.ring.get_iocb(1).unwrap();
+    rig.ring.fill_layer_list(filling[0], t, 0, list.index(), 0, 1, Op::Read).unwrap();
+    assert!(rig.ring.unregister_pairs(list).is_err());
+    rig.ring.release(&filling).unwrap();
+    rig.ring.unregister_pairs(list).unwrap();
+    assert!(rig.ring.unregister_pairs(list).is_err(), "unregistered twice");
+    assert!(rig.ring.submit_layer_list(t, 0, list, 0..1, Op::Read, 1).is_err(), "stale handle used");
+
+    // Two slots serve any number of lists registered one after another; a third at once is refused.
+    for round in 0..200u32 {
+        let a = rig.ring.register_pairs(&pairs[..1 + (round % 40) as usize]).unwrap();
+        assert_ne!(a, list, "a reused slot gets a new generation");
+        rig.ring.unregister_pairs(a).unwrap();
+    }
+    let a = rig.ring.register_pairs(&pairs).unwrap();
+    let b = rig.ring.register_pairs(&pairs).unwrap();
+    assert!(matches!(rig.ring.register_pairs(&pairs), Err(GioError::PairListsFull { slots: 2 })));
+    assert_eq!(rig.ring.pair_lists_in_use().unwrap(), 2);
+    rig.ring.unregister_pairs(a).unwrap();
+    rig.ring.unregister_pairs(b).unwrap();
+    assert!(rig.ring.register_pairs(&[]).is_err());
 }

@@ -101,17 +101,58 @@ TT_DEVICE uint32_t tt_build_explicit(const struct tt_exec_ctx* ctx, uint32_t b, 
 /* What a layer IOCB asks for, read once per part. */
 struct tt_layer_req {
     const struct tt_layer_table* tb; /* NULL: no such table */
+    const struct tt_pair* pairs;     /* the IOCB's pairs[], or its slice of a registered pair list */
+    uint32_t npairs;                 /* pairs readable at `pairs` */
+    uint32_t pairs_error;            /* TT_XLATE_* when the pair list reference is bad, else 0 */
     uint32_t table;
     uint32_t layer;
     uint32_t opcode;
 };
 
-/* IOCTX `i` of a layer IOCB: pair i / (2 chunks), then K or V, then the chunk.
+/* Where the pairs of a layer IOCB are: its own pairs[] (TT_IOCB_LAYER) or
+ * pairs[pair_first .. pair_first + npairs) of registered list pair_list
+ * (TT_IOCB_LAYER_LIST). The list id and the range are checked against the
+ * list descriptor here, so a bad reference fails every IOCTX with a
+ * translation status and nothing outside the list is ever read. */
+TT_DEVICE void tt_layer_pairs(const struct tt_exec_ctx* ctx, struct tt_iocb* iocb, uint32_t kind,
+                              struct tt_layer_req* req) {
+    const uint32_t npairs = tt_ld_relaxed_u32(&iocb->hdr.npairs);
+    req->pairs_error = 0;
+    if (kind != TT_IOCB_LAYER_LIST) {
+        req->pairs = iocb->pairs;
+        req->npairs = tt_min_u32(npairs, TT_IOCB_MAX_PAIRS);
+        return;
+    }
+    req->pairs = 0;
+    req->npairs = 0;
+    const uint32_t list = tt_ld_relaxed_u32(&iocb->hdr.pair_list);
+    if (list >= ctx->npair_lists) {
+        req->pairs_error = TT_XLATE_PAIR_LIST;
+        return;
+    }
+    /* Slots are reused as jobs come and go: read the descriptor through the
+     * device-visible accessors, never from a cached copy. */
+    const struct tt_pair_list* pl = &ctx->pair_lists[list];
+    const uint64_t addr = tt_ld_relaxed_u64((const uint64_t*)&pl->pairs);
+    const uint64_t len = tt_ld_relaxed_u64(&pl->npairs);
+    if (addr == 0) {
+        req->pairs_error = TT_XLATE_PAIR_LIST;
+        return;
+    }
+    const uint64_t first = tt_ld_relaxed_u32(&iocb->hdr.pair_first);
+    if (first + npairs > len) {
+        req->pairs_error = TT_XLATE_PAIR_RANGE;
+        return;
+    }
+    req->pairs = (const struct tt_pair*)addr + first;
+    req->npairs = npairs;
+}
+
+/* IOCTX `i` of a layer IOCB: pair i / (2 chunks) of req->pairs, then K or V, then the chunk.
  * The tutti_gio.h comment on tt_layer_table gives the placement formula. The
  * IOCTX is filled in too, so the host can see what each command was. */
-TT_DEVICE uint32_t tt_build_layer(const struct tt_exec_ctx* ctx, const struct tt_layer_req* req,
-                                  const struct tt_iocb* b, uint32_t bi, uint32_t i, struct tt_ioctx* io,
-                                  struct tt_sqe* sqe, uint32_t* queue) {
+TT_DEVICE uint32_t tt_build_layer(const struct tt_exec_ctx* ctx, const struct tt_layer_req* req, uint32_t bi,
+                                  uint32_t i, struct tt_ioctx* io, struct tt_sqe* sqe, uint32_t* queue) {
     tt_st_relaxed_u32(&io->status, TT_STATUS_PENDING);
     const struct tt_layer_table* tb = req->tb;
     if (!tb) return tt_xlate(TT_XLATE_TABLE);
@@ -120,8 +161,11 @@ TT_DEVICE uint32_t tt_build_layer(const struct tt_exec_ctx* ctx, const struct tt
     const uint32_t p = i / (2u * chunks);
     const uint32_t kv = (i / chunks) & 1u;
     const uint32_t c = i % chunks;
-    const uint32_t file = tt_ld_relaxed_u32(&b->pairs[p].file);
-    const uint32_t block = tt_ld_relaxed_u32(&b->pairs[p].block);
+    if (req->pairs_error) return tt_xlate(req->pairs_error);
+    /* count is the host's npairs * 2 * chunks; a header that disagrees must not read past the pairs. */
+    if (p >= req->npairs) return tt_xlate(TT_XLATE_PAIR_RANGE);
+    const uint32_t file = tt_ld_relaxed_u32(&req->pairs[p].file);
+    const uint32_t block = tt_ld_relaxed_u32(&req->pairs[p].block);
     if (file >= tb->files) return tt_xlate(TT_XLATE_FILE);
     if (block >= tb->blocks) return tt_xlate(TT_XLATE_BLOCK);
     const uint32_t j = 2u * req->layer + kv;
@@ -173,8 +217,10 @@ TT_DEVICE void tt_post_iocb(const struct tt_exec_ctx* ctx, uint32_t b) {
 TT_NOINLINE void tt_process_part(const struct tt_exec_ctx* ctx, uint32_t b, uint32_t part, uint32_t nparts) {
     struct tt_iocb* iocb = &ctx->iocbs[b];
     const uint32_t count = tt_min_u32(tt_ld_relaxed_u32(&iocb->hdr.count), TT_IOCB_MAX_IOCTX);
-    const bool layer = tt_ld_relaxed_u32(&iocb->hdr.kind) == TT_IOCB_LAYER;
+    const uint32_t kind = tt_ld_relaxed_u32(&iocb->hdr.kind);
+    const bool layer = kind == TT_IOCB_LAYER || kind == TT_IOCB_LAYER_LIST;
     struct tt_layer_req req;
+    tt_layer_pairs(ctx, iocb, kind, &req);
     req.table = tt_ld_relaxed_u32(&iocb->hdr.table);
     req.layer = tt_ld_relaxed_u32(&iocb->hdr.layer);
     req.opcode = tt_ld_relaxed_u8(&iocb->hdr.opcode);
@@ -197,7 +243,7 @@ TT_NOINLINE void tt_process_part(const struct tt_exec_ctx* ctx, uint32_t b, uint
         const uint32_t ref = tt_ioctx_ref(b, have ? i : 0);
         if (have) {
             struct tt_ioctx* io = &iocb->ioctx[i];
-            uint32_t st = layer ? tt_build_layer(ctx, &req, iocb, b, i, io, &sqe, &queue)
+            uint32_t st = layer ? tt_build_layer(ctx, &req, b, i, io, &sqe, &queue)
                                 : tt_build_explicit(ctx, b, i, io, &sqe, &queue);
             if (st == TT_STATUS_SUCCESS && tt_ld_relaxed_u32(&ctx->queues[queue].dead))
                 st = TT_STATUS(TT_KIND_QUEUE_DEAD, queue);

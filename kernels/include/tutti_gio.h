@@ -8,7 +8,8 @@
  *
  * Who writes what:
  *   host only, before issue .......... tt_ioctx request fields, tt_iocb_hdr request fields,
- *                                      tt_pair, tt_exec_ctx, tt_drive, tt_layer_table, tt_nvmeq config
+ *                                      tt_pair, tt_exec_ctx, tt_drive, tt_layer_table, tt_pair_list,
+ *                                      tt_nvmeq config
  *   executor only ..................... tt_ioctx.status/ticket/queue/latency_us, tt_iocb_hdr counters,
  *                                      tt_nvmeq state and slot arrays
  *   both, one side per word ........... tt_ring (host produces the submission ring and consumes the
@@ -30,7 +31,7 @@ typedef long long int64_t;
 #include <stdint.h>
 #endif
 
-#define TT_ABI_VERSION 1u
+#define TT_ABI_VERSION 2u
 
 /* One IOCB carries at most this many IOCTXs: one per thread of two 1024-thread blocks. */
 #define TT_IOCB_MAX_IOCTX 2048u
@@ -70,6 +71,8 @@ typedef long long int64_t;
 #define TT_XLATE_INDEX 6u  /* table entry index out of range */
 #define TT_XLATE_EMPTY 7u  /* table entry never filled */
 #define TT_XLATE_LENGTH 8u /* table entry length differs from the chunk's length */
+#define TT_XLATE_PAIR_LIST 9u   /* no such registered pair list */
+#define TT_XLATE_PAIR_RANGE 10u /* pair_first + npairs beyond the pair list (or the IOCB's pairs) */
 
 #define TT_INVALID_OPCODE 1u     /* only Read (02h) and Write (01h) are issued */
 #define TT_INVALID_LENGTH 2u     /* nlb is 0 or above the drive's per-command limit (MDTS) */
@@ -83,6 +86,9 @@ typedef long long int64_t;
 /* tt_iocb_hdr.kind */
 #define TT_IOCB_EXPLICIT 0u /* the host filled `count` IOCTXs */
 #define TT_IOCB_LAYER 1u    /* the executor expands `npairs` pairs through layer table `table` */
+/* ... the same, but the pairs are pairs[pair_first .. pair_first + npairs) of registered
+ * pair list `pair_list` (tt_exec_ctx.pair_lists), not the IOCB's inline pairs[]. */
+#define TT_IOCB_LAYER_LIST 2u
 
 /* tt_layer_table.kind */
 #define TT_TABLE_UNUSED 0u
@@ -144,10 +150,12 @@ struct tt_iocb_hdr {
     uint32_t npairs;      /* TT_IOCB_LAYER */
     uint8_t opcode;       /* TT_IOCB_LAYER: 01h Write or 02h Read */
     uint8_t rsvd0[3];
+    uint32_t pair_list;  /* TT_IOCB_LAYER_LIST: index into tt_exec_ctx.pair_lists */
+    uint64_t start_ns;   /* executor: when the first part started */
+    uint64_t done_ns;    /* executor: when the completion was posted */
+    uint32_t pair_first; /* TT_IOCB_LAYER_LIST: first pair of the list this IOCB expands */
     uint32_t rsvd1;
-    uint64_t start_ns; /* executor: when the first part started */
-    uint64_t done_ns;  /* executor: when the completion was posted */
-    uint64_t rsvd2[6];
+    uint64_t rsvd2[5];
 };
 
 /* One IOCB: header, layer pairs, IOCTXs. */
@@ -277,6 +285,17 @@ struct tt_layer_table {
     uint64_t data_start_lba[TT_TABLE_MAX_DRIVES];
 };
 
+/*
+ * A (file, block) pair list registered once (GioUring::register_pairs) and
+ * referenced by any number of TT_IOCB_LAYER_LIST IOCBs, so a layer costs the
+ * host a few header words instead of a copy of every pair. 16 bytes. A slot
+ * not in use has pairs = 0 and npairs = 0.
+ */
+struct tt_pair_list {
+    const struct tt_pair* pairs; /* [npairs], executor memory */
+    uint64_t npairs;
+};
+
 /* Everything one executor works on. */
 struct tt_exec_ctx {
     struct tt_ring* sq_ring;        /* shared: IOCB parts to run */
@@ -294,6 +313,9 @@ struct tt_exec_ctx {
     uint64_t submit_timeout_ns;  /* waiting for a submission slot */
     uint32_t max_backoff_ns;     /* longest sleep in a poll loop */
     uint32_t idle_sleep_ns;      /* persistent kernel with an empty ring */
+    struct tt_pair_list* pair_lists; /* executor: [npair_lists] registered pair lists */
+    uint32_t npair_lists;
+    uint32_t rsvd0;
 };
 
 #if defined(__cplusplus)
@@ -301,6 +323,7 @@ static_assert(sizeof(struct tt_ioctx) == 64, "tt_ioctx is 64 bytes");
 static_assert(sizeof(struct tt_iocb_hdr) == 128, "tt_iocb_hdr is 128 bytes");
 static_assert(sizeof(struct tt_ring) == 192, "tt_ring is 192 bytes");
 static_assert(sizeof(struct tt_nvmeq) == 384, "tt_nvmeq is 384 bytes");
+static_assert(sizeof(struct tt_pair_list) == 16, "tt_pair_list is 16 bytes");
 static_assert(TT_IOCB_MAX_IOCTX == (1u << TT_IOCTX_INDEX_BITS), "IOCTX index bits");
 #endif
 

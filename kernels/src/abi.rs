@@ -6,7 +6,7 @@
 
 use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 pub const IOCB_MAX_IOCTX: usize = 2048;
 pub const IOCTX_INDEX_BITS: u32 = 11;
 pub const IOCB_MAX_PAIRS: usize = 1024;
@@ -37,6 +37,8 @@ pub const XLATE_BLOCK: u32 = 5;
 pub const XLATE_INDEX: u32 = 6;
 pub const XLATE_EMPTY: u32 = 7;
 pub const XLATE_LENGTH: u32 = 8;
+pub const XLATE_PAIR_LIST: u32 = 9;
+pub const XLATE_PAIR_RANGE: u32 = 10;
 
 pub const INVALID_OPCODE: u32 = 1;
 pub const INVALID_LENGTH: u32 = 2;
@@ -47,6 +49,7 @@ pub const INVALID_SGL_ALIGN: u32 = 6;
 
 pub const IOCB_EXPLICIT: u32 = 0;
 pub const IOCB_LAYER: u32 = 1;
+pub const IOCB_LAYER_LIST: u32 = 2;
 
 pub const TABLE_UNUSED: u32 = 0;
 pub const TABLE_SGL: u32 = 1;
@@ -121,10 +124,14 @@ pub struct IocbHeader {
     pub npairs: u32,
     pub opcode: u8,
     pub rsvd0: [u8; 3],
-    pub rsvd1: u32,
+    /// `IOCB_LAYER_LIST`: index into `ExecCtx::pair_lists`.
+    pub pair_list: u32,
     pub start_ns: u64,
     pub done_ns: u64,
-    pub rsvd2: [u64; 6],
+    /// `IOCB_LAYER_LIST`: first pair of the list this IOCB expands.
+    pub pair_first: u32,
+    pub rsvd1: u32,
+    pub rsvd2: [u64; 5],
 }
 
 /// `struct tt_iocb`: never built on the stack (139 KiB); lives in shared memory.
@@ -246,6 +253,15 @@ impl Default for LayerTableDesc {
     }
 }
 
+/// `struct tt_pair_list`: a registered (file, block) pair list.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct PairListDesc {
+    /// Executor address of `npairs` [`LayerPair`]s; 0 for a free slot.
+    pub pairs: u64,
+    pub npairs: u64,
+}
+
 /// `struct tt_exec_ctx`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
@@ -265,10 +281,15 @@ pub struct ExecCtx {
     pub submit_timeout_ns: u64,
     pub max_backoff_ns: u32,
     pub idle_sleep_ns: u32,
+    /// Executor address of `npair_lists` [`PairListDesc`]s.
+    pub pair_lists: u64,
+    pub npair_lists: u32,
+    pub rsvd0: u32,
 }
 
 const _: () = assert!(size_of::<IoCtx>() == 64);
 const _: () = assert!(size_of::<IocbHeader>() == 128);
 const _: () = assert!(size_of::<RingHeader>() == 192);
 const _: () = assert!(size_of::<NvmeQueue>() == 384);
+const _: () = assert!(size_of::<PairListDesc>() == 16);
 const _: () = assert!(IOCB_MAX_IOCTX == 1 << IOCTX_INDEX_BITS);

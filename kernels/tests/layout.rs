@@ -39,7 +39,8 @@ fn layouts() -> Vec<Layout> {
             cdw12_hi, table, rsvd0, ticket, queue, latency_us }),
         layout!(LayerPair => "tt_pair" { file, block }),
         layout!(IocbHeader => "tt_iocb_hdr" { id, seq, count, kind, nparts, parts_left, completed, failed,
-            first_error, done_seq, table, layer, npairs, opcode, rsvd0, rsvd1, start_ns, done_ns, rsvd2 }),
+            first_error, done_seq, table, layer, npairs, opcode, rsvd0, pair_list, start_ns, done_ns, pair_first,
+            rsvd1, rsvd2 }),
         layout!(Iocb => "tt_iocb" { hdr, pairs, ioctx }),
         layout!(RingCell => "tt_ring_cell" { seq, value }),
         layout!(RingHeader => "tt_ring" { head, pad0, tail, pad1, capacity, mask, pad2 }),
@@ -51,8 +52,10 @@ fn layouts() -> Vec<Layout> {
             pad4 }),
         layout!(LayerTableDesc => "tt_layer_table" { kind, layers, ndrives, chunks, files, blocks, object_lbas,
             chunk_lbas, slots_per_file, lba_shift, entries, entry_count, drive, data_start_lba }),
+        layout!(PairListDesc => "tt_pair_list" { pairs, npairs }),
         layout!(ExecCtx => "tt_exec_ctx" { sq_ring, cq_ring, control, iocbs, queues, drives, tables, niocbs,
-            nqueues, ndrives, ntables, command_timeout_ns, submit_timeout_ns, max_backoff_ns, idle_sleep_ns }),
+            nqueues, ndrives, ntables, command_timeout_ns, submit_timeout_ns, max_backoff_ns, idle_sleep_ns,
+            pair_lists, npair_lists, rsvd0 }),
     ]
 }
 
@@ -85,6 +88,8 @@ fn constants() -> Vec<(&'static str, u64)> {
         ("TT_XLATE_INDEX", XLATE_INDEX as u64),
         ("TT_XLATE_EMPTY", XLATE_EMPTY as u64),
         ("TT_XLATE_LENGTH", XLATE_LENGTH as u64),
+        ("TT_XLATE_PAIR_LIST", XLATE_PAIR_LIST as u64),
+        ("TT_XLATE_PAIR_RANGE", XLATE_PAIR_RANGE as u64),
         ("TT_INVALID_OPCODE", INVALID_OPCODE as u64),
         ("TT_INVALID_LENGTH", INVALID_LENGTH as u64),
         ("TT_INVALID_DPTR", INVALID_DPTR as u64),
@@ -93,6 +98,7 @@ fn constants() -> Vec<(&'static str, u64)> {
         ("TT_INVALID_SGL_ALIGN", INVALID_SGL_ALIGN as u64),
         ("TT_IOCB_EXPLICIT", IOCB_EXPLICIT as u64),
         ("TT_IOCB_LAYER", IOCB_LAYER as u64),
+        ("TT_IOCB_LAYER_LIST", IOCB_LAYER_LIST as u64),
         ("TT_TABLE_UNUSED", TABLE_UNUSED as u64),
         ("TT_TABLE_SGL", TABLE_SGL as u64),
         ("TT_TABLE_PRP", TABLE_PRP as u64),

@@ -7,7 +7,7 @@ use common::*;
 use tutti_driver::emulated::{FaultAction, FaultMatch};
 use tutti_driver::spec::Status;
 use tutti_objstore::store::LAYERS_IN_FLIGHT;
-use tutti_objstore::{chain_hashes, KvStore, LayoutKind, OpenMode};
+use tutti_objstore::{chain_hashes, Backend, KvStore, LayoutKind, OpenMode};
 
 const READ: u8 = 0x02;
 const WRITE: u8 = 0x01;
@@ -198,4 +198,64 @@ fn loads_and_stores_from_several_threads() {
         });
     });
     assert_eq!(store.stats().index.valid, 8 + 6 * 8);
+}
+
+#[test]
+fn jobs_register_their_pairs_once_and_a_pool_of_two_lists_never_runs_out() {
+    let g = geometry(3, 128);
+    let d = Drives::uniform(2, 512, 8 << 20);
+    let mut opts = options(g, OpenMode::Create);
+    if let Backend::Gio(gio) = &mut opts.backend {
+        gio.ring.max_pair_lists = 2;
+    }
+    let store = KvStore::open(d.specs(), opts).unwrap();
+    let kv = Kv::new(g, LayoutKind::Contiguous, 16);
+    kv.register(&store, "m");
+    assert!(store.info().io_mode.contains("layer IOCBs"));
+    let hashes = chain_hashes(&tokens(5, 4, g.tokens_per_block), g.tokens_per_block);
+    for b in 0..4 {
+        kv.fill(b, 700 + b as u64);
+    }
+    assert_eq!(store.store_request(&hashes, &[0, 1, 2, 3], WAIT).unwrap().stored, 4);
+    let hit = store.lookup(&hashes).unwrap();
+    let holds = |dst: &[u32]| dst.iter().enumerate().all(|(i, &b)| kv.holds(b, 700 + i as u64));
+
+    // Many jobs one after another: each registers its pairs, and frees them when done.
+    for round in 0..12u32 {
+        let dst: Vec<u32> = (0..4).map(|i| 4 + (i + round) % 4).collect();
+        kv.clear();
+        let job = store.submit_load(&hit.files, &dst, 0..3).unwrap();
+        let st = store.wait(job, WAIT).unwrap();
+        assert!(st.done && st.failed == 0, "round {round}: {st:?}");
+        assert!(st.pairs_registered, "round {round}: the pool of lists ran out");
+        assert_eq!(st.host_pairs, 0, "layers copied pairs although they were registered");
+        assert_eq!(st.layer_submit_ns.len(), 3);
+        assert_eq!(st.submit_ns, st.layer_submit_ns.iter().sum::<u64>());
+        store.release(job).unwrap();
+        assert!(holds(&dst), "round {round}: wrong bytes");
+    }
+
+    // Three jobs at once on two lists: the third carries its pairs in every layer and loads all the same.
+    kv.clear();
+    let dsts = [[4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]];
+    let jobs: Vec<u64> = dsts.iter().map(|dst| store.submit_load(&hit.files, dst, 0..3).unwrap()).collect();
+    let sts: Vec<_> = jobs.iter().map(|&j| store.wait(j, WAIT).unwrap()).collect();
+    for (st, dst) in sts.iter().zip(&dsts) {
+        assert!(st.done && st.failed == 0, "{st:?}");
+        assert!(holds(dst));
+    }
+    let registered: Vec<bool> = sts.iter().map(|s| s.pairs_registered).collect();
+    assert_eq!(registered, [true, true, false]);
+    assert_eq!(sts[2].host_pairs, 4 * 3, "the fallback copies 4 pairs in each of 3 layers");
+    for j in jobs {
+        store.release(j).unwrap();
+    }
+    // Released: the next job gets a list again.
+    let job = store.submit_load(&hit.files, &[4, 5, 6, 7], 0..3).unwrap();
+    assert!(store.wait(job, WAIT).unwrap().pairs_registered);
+    store.release(job).unwrap();
+    let stats = store.stats();
+    assert_eq!(stats.host_pairs, 12);
+    assert!(stats.pair_lists > 12 + 2, "{stats:?}");
+    store.unpin(hit.pin).unwrap();
 }

@@ -49,13 +49,31 @@ fn check_runs(s: &Value, blocks: u64, layers: u64) {
         assert_eq!(r["verified_bytes"].as_u64(), Some(want), "{m} verified other data");
         assert_eq!(r["layer_calls"].as_u64(), Some(layers), "{m}: one call per layer");
         assert!(r["reps"].as_u64().is_some_and(|n| (1..=2).contains(&n)), "{m}: --reps 2 gives 1 or 2 runs");
-        for field in
-            ["seconds", "gb_per_s", "host_cpu_us_per_layer_call", "host_cpu_ns_per_block", "process_cpu_s"]
-        {
+        for field in [
+            "seconds",
+            "gb_per_s",
+            "host_cpu_us_per_layer_call",
+            "host_cpu_ns_per_block",
+            "setup_cpu_us_per_request",
+            "host_cpu_us_per_layer_with_setup",
+            "process_cpu_s",
+        ] {
             let v = r[field].as_f64().unwrap_or_else(|| panic!("{m}: no {field}"));
             assert!(v.is_finite() && v >= 0.0, "{m}: {field} = {v}");
         }
         assert!(r["gb_per_s"].as_f64().unwrap() > 0.0);
+        // The setup, spread over the layers, plus the per-layer figure.
+        let (per_layer, setup) = (
+            r["host_cpu_us_per_layer_call"].as_f64().unwrap(),
+            r["setup_cpu_us_per_request"].as_f64().unwrap(),
+        );
+        let with = r["host_cpu_us_per_layer_with_setup"].as_f64().unwrap();
+        assert!((with - (per_layer + setup / layers as f64)).abs() <= 1e-6 * with.max(1.0), "{m}: {r}");
+        if m == "tutti" {
+            assert!(setup > 0.0, "tutti's submit_load costs something: {r}");
+        } else {
+            assert_eq!(setup, 0.0, "{m} has no per-request setup");
+        }
     }
     let ratios = s["ratios"].as_array().unwrap();
     let baselines: Vec<&str> = ratios.iter().map(|r| r["baseline"].as_str().unwrap()).collect();
@@ -70,6 +88,9 @@ fn check_runs(s: &Value, blocks: u64, layers: u64) {
     let t = &s["tutti_per_layer"];
     assert_eq!(t["nvme_commands"].as_f64(), Some((2 * blocks) as f64));
     assert_eq!(t["host_calls"].as_f64(), Some(1.0));
+    // The pairs went to the executor once, at submit_load; no layer copied them.
+    assert_eq!(t["pairs_registered"], Value::Bool(true));
+    assert_eq!(t["host_pairs"].as_f64(), Some(0.0));
 }
 
 #[test]
@@ -168,6 +189,10 @@ fn the_table_names_each_method_with_its_ratio() {
         assert!(text.lines().any(|l| l.starts_with(m)), "no row for {m}:\n{text}");
     }
     assert!(text.contains("tutti÷this") && text.contains("host CPU µs/layer"), "{text}");
+    assert!(
+        text.contains("setup µs/request") && text.contains("pairs registered once per request"),
+        "{text}"
+    );
     assert!(text.contains("every byte verified"), "{text}");
     assert!(!text.contains("as the request grows"), "--no-sweep still swept:\n{text}");
     let _ = std::fs::remove_dir_all(&dir);

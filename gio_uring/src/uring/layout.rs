@@ -2,8 +2,8 @@
 //!
 //! Shared memory (host and executor): submission ring, completion ring,
 //! control block, IOCB pool. Private memory (executor): `tt_exec_ctx`, one
-//! `tt_nvmeq` per queue pair, `tt_drive`s, layer table headers, and each
-//! queue's slot arrays.
+//! `tt_nvmeq` per queue pair, `tt_drive`s, layer table headers, pair list
+//! descriptors, and each queue's slot arrays.
 
 use super::{GioOptions, GioUring, Pool, Slot, SlotState};
 use crate::drive::{DriveInfo, DriveQueues};
@@ -16,13 +16,15 @@ use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex};
 use tutti_driver::spec::SglSupport;
 use tutti_driver::transport::DoorbellKind;
-use tutti_kernels::abi::{self, Control, DriveDesc, ExecCtx, Iocb, LayerTableDesc, NvmeQueue};
+use tutti_kernels::abi::{self, Control, DriveDesc, ExecCtx, Iocb, LayerTableDesc, NvmeQueue, PairListDesc};
 
 /// Most parts one IOCB is split into (the submission ring has room for every
 /// IOCB of the pool split this far).
 pub(crate) const MAX_PARTS: u32 = 64;
 /// Largest pool: IOCB indices must fit 21 bits of a slot owner word.
 const MAX_DEPTH: u32 = 4096;
+/// Most pair lists registered at once.
+const MAX_PAIR_LISTS: u32 = 65536;
 
 pub(crate) struct QueueLayout {
     /// Offset of the `tt_nvmeq` in private memory.
@@ -45,6 +47,7 @@ pub(crate) struct Layout {
     pub queues: Vec<QueueLayout>,
     pub drives: usize,
     pub tables: usize,
+    pub pair_lists: usize,
     pub private_len: usize,
 }
 
@@ -63,7 +66,10 @@ impl Layout {
         let queues_at = (ctx + size_of::<ExecCtx>()).next_multiple_of(128);
         let drives_at = (queues_at + nq * size_of::<NvmeQueue>()).next_multiple_of(64);
         let tables = (drives_at + drives.len() * size_of::<DriveDesc>()).next_multiple_of(64);
-        let mut at = (tables + opts.max_tables as usize * size_of::<LayerTableDesc>()).next_multiple_of(4096);
+        let pair_lists =
+            (tables + opts.max_tables as usize * size_of::<LayerTableDesc>()).next_multiple_of(64);
+        let mut at =
+            (pair_lists + opts.max_pair_lists as usize * size_of::<PairListDesc>()).next_multiple_of(4096);
         let mut queues = Vec::with_capacity(nq);
         let mut take = |bytes: usize| {
             let here = at;
@@ -93,6 +99,7 @@ impl Layout {
             queues,
             drives: drives_at,
             tables,
+            pair_lists,
             private_len: at,
         }
     }
@@ -110,6 +117,12 @@ fn check(opts: &GioOptions, drives: &[DriveQueues]) -> Result<()> {
     }
     if opts.max_tables == 0 || opts.max_tables > 255 {
         return Err(GioError::invalid(format!("max_tables {} is not 1..=255", opts.max_tables)));
+    }
+    if opts.max_pair_lists == 0 || opts.max_pair_lists > MAX_PAIR_LISTS {
+        return Err(GioError::invalid(format!(
+            "max_pair_lists {} is not 1..={MAX_PAIR_LISTS}",
+            opts.max_pair_lists
+        )));
     }
     if drives.is_empty() || drives.len() > u16::MAX as usize {
         return Err(GioError::invalid(format!("{} drives given; 1..=65535 are supported", drives.len())));
@@ -255,11 +268,14 @@ pub(super) fn build(
         submit_timeout_ns: ns(opts.submit_timeout),
         max_backoff_ns: ns(opts.max_backoff).clamp(32, u32::MAX as u64) as u32,
         idle_sleep_ns: ns(opts.idle_sleep).clamp(256, u32::MAX as u64) as u32,
+        pair_lists: private.exec_at(layout.pair_lists),
+        npair_lists: opts.max_pair_lists,
+        rsvd0: 0,
     };
     private.write_obj(layout.ctx, &ctx)?;
 
     let slots = (0..opts.depth)
-        .map(|_| Slot { gen: 0, state: SlotState::Free, count: 0, seq: 0, table: None })
+        .map(|_| Slot { gen: 0, state: SlotState::Free, count: 0, seq: 0, table: None, pair_list: None })
         .collect();
     let pool = Pool { slots, free: (0..opts.depth).rev().collect(), done: Vec::new() };
     Ok(GioUring {
@@ -272,6 +288,7 @@ pub(super) fn build(
         iocbs,
         pool: Mutex::new(pool),
         tables: Mutex::new((0..opts.max_tables).map(|_| None).collect()),
+        pair_lists: Mutex::new((0..opts.max_pair_lists).map(|_| Default::default()).collect()),
         seq: AtomicU32::new(0),
         drive_info,
         _maps: maps,

@@ -10,6 +10,7 @@
 
 mod complete;
 mod layout;
+mod pairs;
 mod submit;
 mod tables;
 
@@ -46,6 +47,9 @@ pub struct GioOptions {
     pub idle_sleep: Duration,
     /// Layer tables that can be registered at once (1..=255).
     pub max_tables: u32,
+    /// Pair lists that can be registered at once (1..=65536); each costs
+    /// 16 bytes of executor memory while unused.
+    pub max_pair_lists: u32,
 }
 
 impl Default for GioOptions {
@@ -57,6 +61,7 @@ impl Default for GioOptions {
             max_backoff: Duration::from_micros(50),
             idle_sleep: Duration::from_micros(200),
             max_tables: 8,
+            max_pair_lists: 64,
         }
     }
 }
@@ -90,6 +95,8 @@ pub(crate) struct Slot {
     seq: u32,
     /// Layer table of a layer IOCB.
     table: Option<u8>,
+    /// Registered pair list (slot index) a list layer IOCB expands.
+    pair_list: Option<u32>,
 }
 
 pub(crate) struct Pool {
@@ -142,6 +149,8 @@ pub struct GioUring {
     iocbs: NonNull<Iocb>,
     pool: Mutex<Pool>,
     tables: Mutex<Vec<Option<tables::TableSlot>>>,
+    /// Lock order: `pair_lists`, then `pool`.
+    pair_lists: Mutex<Vec<pairs::PairListSlot>>,
     seq: AtomicU32,
     drive_info: Vec<DriveInfo>,
     // Dropped in this order, after `Drop::drop` stopped the executor: mappings

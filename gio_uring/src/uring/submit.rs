@@ -3,7 +3,8 @@
 use super::layout::MAX_PARTS;
 use super::{GioUring, Pool, SlotState};
 use crate::error::{GioError, Result};
-use crate::iocb::{IocbId, Op, TableId};
+use crate::iocb::{IocbId, Op, PairListId, TableId};
+use std::ops::Range;
 use std::sync::atomic::Ordering;
 use tutti_kernels::abi::{self, IoCtx, IocbHeader, LayerPair};
 
@@ -29,6 +30,7 @@ impl GioUring {
             slot.state = SlotState::Filling;
             slot.count = 0;
             slot.table = None;
+            slot.pair_list = None;
             ids.push(IocbId { index, gen: slot.gen });
         }
         Ok(ids)
@@ -77,6 +79,7 @@ impl GioUring {
         }
         slot.count = ctxs.len() as u32;
         slot.table = None;
+        slot.pair_list = None;
         Ok(())
     }
 
@@ -148,6 +151,10 @@ impl GioUring {
     ///
     /// Pairs naming a file or block outside the table fail per IOCTX with a
     /// translation status; a layer outside the table is refused here.
+    ///
+    /// The copy is O(pairs) per layer; to move the same pairs for many
+    /// layers, [`register_pairs`](Self::register_pairs) once and use
+    /// [`submit_layer_list`](Self::submit_layer_list).
     pub fn submit_layer(
         &self,
         table: TableId,
@@ -159,12 +166,8 @@ impl GioUring {
         if pairs.is_empty() {
             return Err(GioError::invalid("submit_layer with no (file, block) pairs"));
         }
-        let info = self.table_info(table)?;
-        if layer >= info.layers {
-            return Err(GioError::invalid(format!("layer {layer} of a table with {} layers", info.layers)));
-        }
-        let per_pair = info.ioctx_per_pair;
-        let per_iocb = (abi::IOCB_MAX_IOCTX as u32 / per_pair).min(abi::IOCB_MAX_PAIRS as u32) as usize;
+        let per_pair = self.check_layer(table, layer)?;
+        let per_iocb = pairs_per_iocb(per_pair) as usize;
         let ids = {
             let mut pool = self.pool()?;
             let ids = Self::take(&mut pool, pairs.len().div_ceil(per_iocb), self.opts.depth)?;
@@ -175,26 +178,160 @@ impl GioUring {
                 unsafe {
                     let dst = (&raw mut (*iocb).pairs).cast::<LayerPair>();
                     for (i, &(file, block)) in chunk.iter().enumerate() {
-                        dst.add(i).write(LayerPair { file, block });
+                        dst.add(i).write_volatile(LayerPair { file, block });
                     }
-                    let hdr = &raw mut (*iocb).hdr;
-                    (*hdr).kind = abi::IOCB_LAYER;
-                    (*hdr).table = table.0 as u32;
-                    (*hdr).layer = layer;
-                    (*hdr).npairs = chunk.len() as u32;
-                    (*hdr).opcode = op as u8;
-                    (*hdr).count = chunk.len() as u32 * per_pair;
                 }
-                let slot = Self::slot(&mut pool, id)?;
-                slot.count = chunk.len() as u32 * per_pair;
-                slot.table = Some(table.0);
+                let head = LayerHead { table, layer, op, per_pair, list: None };
+                self.write_layer_head(&mut pool, id, &head, 0, chunk.len() as u32)?;
             }
             ids
         };
+        self.issue_or_release(ids, sm_budget)
+    }
+
+    /// [`submit_layer`](Self::submit_layer) for pairs `range` of a
+    /// registered list: each IOCB header names the list, its first pair and
+    /// its pair count, so the host writes O(IOCBs) words whatever the number
+    /// of pairs. IOCBs hold the same pairs as `submit_layer`'s would (IOCB k
+    /// starts at pair `range.start + k * per_iocb`, per_iocb =
+    /// min(2048 / (2 x chunks), 1024)), so IOCTX `i` of IOCB k is pair
+    /// `k * per_iocb + i / (2 x chunks)` of the range.
+    ///
+    /// A stale or unknown list, or a range beyond it, is refused here; the
+    /// executor checks the reference again (see [`fill_layer_list`](Self::fill_layer_list)).
+    pub fn submit_layer_list(
+        &self,
+        table: TableId,
+        layer: u32,
+        list: PairListId,
+        range: Range<u32>,
+        op: Op,
+        sm_budget: u32,
+    ) -> Result<Vec<IocbId>> {
+        if range.is_empty() {
+            return Err(GioError::invalid(format!(
+                "submit_layer_list with no pairs ({}..{})",
+                range.start, range.end
+            )));
+        }
+        let per_pair = self.check_layer(table, layer)?;
+        let per_iocb = pairs_per_iocb(per_pair);
+        let ids = {
+            // Held until the IOCBs name the list, so it cannot be unregistered in between.
+            let lists = self.lists()?;
+            let len = Self::registered(&lists, list)?;
+            if range.end > len {
+                return Err(GioError::pair_list(format!(
+                    "pairs {}..{} of {list}, which holds {len}",
+                    range.start, range.end
+                )));
+            }
+            let mut pool = self.pool()?;
+            let n = range.len().div_ceil(per_iocb as usize);
+            let ids = Self::take(&mut pool, n, self.opts.depth)?;
+            for (k, &id) in ids.iter().enumerate() {
+                let first = range.start + k as u32 * per_iocb;
+                let npairs = per_iocb.min(range.end - first);
+                let head = LayerHead { table, layer, op, per_pair, list: Some(list.index) };
+                self.write_layer_head(&mut pool, id, &head, first, npairs)?;
+            }
+            ids
+        };
+        self.issue_or_release(ids, sm_budget)
+    }
+
+    /// Fills one taken IOCB to expand pairs `first..first + npairs` of pair
+    /// list slot `list` through `table` at `layer`, without checking the list
+    /// on the host: the executor bounds-checks the reference, and a slot that
+    /// is not registered or a range beyond its list fails every IOCTX with
+    /// `Translation::PairList` or `Translation::PairRange`. The table and the
+    /// layer are checked (they size the IOCB). Issue it with [`issue`](Self::issue).
+    #[allow(clippy::too_many_arguments)]
+    pub fn fill_layer_list(
+        &self,
+        id: IocbId,
+        table: TableId,
+        layer: u32,
+        list: u32,
+        first: u32,
+        npairs: u32,
+        op: Op,
+    ) -> Result<()> {
+        let per_pair = self.check_layer(table, layer)?;
+        if npairs == 0 || npairs > pairs_per_iocb(per_pair) {
+            return Err(GioError::invalid(format!(
+                "{npairs} pairs; an IOCB of this table holds 1..={}",
+                pairs_per_iocb(per_pair)
+            )));
+        }
+        let mut pool = self.pool()?;
+        let head = LayerHead { table, layer, op, per_pair, list: Some(list) };
+        self.write_layer_head(&mut pool, id, &head, first, npairs)
+    }
+
+    /// IOCTXs per pair of `table`, once `layer` is known to be inside it.
+    fn check_layer(&self, table: TableId, layer: u32) -> Result<u32> {
+        let info = self.table_info(table)?;
+        if layer >= info.layers {
+            return Err(GioError::invalid(format!("layer {layer} of a table with {} layers", info.layers)));
+        }
+        Ok(info.ioctx_per_pair)
+    }
+
+    /// Writes the request fields of a layer IOCB that is being filled.
+    fn write_layer_head(
+        &self,
+        pool: &mut Pool,
+        id: IocbId,
+        head: &LayerHead,
+        first: u32,
+        npairs: u32,
+    ) -> Result<()> {
+        let slot = Self::slot(pool, id)?;
+        if !matches!(slot.state, SlotState::Filling) {
+            return Err(GioError::WrongState { id, state: slot.state.name(), expected: "being filled" });
+        }
+        let count = npairs * head.per_pair;
+        let iocb = self.iocb_ptr(id.index);
+        // SAFETY: the IOCB is Filling: the executor does not touch it until it is issued.
+        unsafe {
+            let hdr = &raw mut (*iocb).hdr;
+            let kind = if head.list.is_some() { abi::IOCB_LAYER_LIST } else { abi::IOCB_LAYER };
+            (&raw mut (*hdr).kind).write_volatile(kind);
+            (&raw mut (*hdr).table).write_volatile(head.table.0 as u32);
+            (&raw mut (*hdr).layer).write_volatile(head.layer);
+            (&raw mut (*hdr).npairs).write_volatile(npairs);
+            (&raw mut (*hdr).opcode).write_volatile(head.op as u8);
+            (&raw mut (*hdr).count).write_volatile(count);
+            (&raw mut (*hdr).pair_list).write_volatile(head.list.unwrap_or(0));
+            (&raw mut (*hdr).pair_first).write_volatile(first);
+        }
+        slot.count = count;
+        slot.table = Some(head.table.0);
+        slot.pair_list = head.list;
+        Ok(())
+    }
+
+    fn issue_or_release(&self, ids: Vec<IocbId>, sm_budget: u32) -> Result<Vec<IocbId>> {
         if let Err(e) = self.issue(&ids, sm_budget) {
             let _ = self.release(&ids);
             return Err(e);
         }
         Ok(ids)
     }
+}
+
+/// What every IOCB of one layer submission shares.
+struct LayerHead {
+    table: TableId,
+    layer: u32,
+    op: Op,
+    per_pair: u32,
+    /// Pair list slot (`TT_IOCB_LAYER_LIST`), or the IOCB's own pairs.
+    list: Option<u32>,
+}
+
+/// Pairs one layer IOCB carries: as many as fill its IOCTXs, at most `IOCB_MAX_PAIRS`.
+pub(crate) fn pairs_per_iocb(ioctx_per_pair: u32) -> u32 {
+    (abi::IOCB_MAX_IOCTX as u32 / ioctx_per_pair.max(1)).clamp(1, abi::IOCB_MAX_PAIRS as u32)
 }

@@ -201,10 +201,17 @@ impl LayerIo for DirectIo {
         Ok(())
     }
 
-    fn submit(&mut self, layer: u32, pairs: &[Pair], dir: Direction) -> Result<Option<u64>> {
+    fn submit(
+        &mut self,
+        layer: u32,
+        pairs: &[Pair],
+        dir: Direction,
+        _registered: Option<u64>,
+    ) -> Result<Option<u64>> {
         let (reg, map) = self.attached.clone().ok_or(ObjError::NotRegistered)?;
         let cmds = layer_commands(&map, &reg, layer, pairs);
-        let outcome = self.run(&cmds, dir)?;
+        let mut outcome = self.run(&cmds, dir)?;
+        outcome.host_pairs = pairs.len() as u64;
         let token = self.next_token;
         self.next_token += 1;
         self.done.insert(token, outcome);

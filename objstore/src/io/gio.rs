@@ -2,12 +2,16 @@
 //!
 //! Two ways to hand a layer to the executor, chosen once at registration:
 //!
-//! - **Layer IOCBs** (`submit_layer`): the host copies the (file, block)
-//!   pairs and the executor expands each into `2 × chunks` NVMe commands from
-//!   a registered layer table — the stripe arithmetic plus one SGL
-//!   descriptor read per command. Used when every drive sees the KV memory at
-//!   the same IOVAs (one table) and all drives share one LBA size, which is
-//!   what gio_uring's layer table describes.
+//! - **Layer IOCBs**: the executor expands each (file, block) pair into
+//!   `2 × chunks` NVMe commands from a registered layer table — the stripe
+//!   arithmetic plus one SGL descriptor read per command. A job registers its
+//!   pairs with the executor once (`register_pairs`) and every layer is a
+//!   `submit_layer_list` whose IOCB headers name that list: per layer the
+//!   host writes a few words per IOCB, however many blocks move. Without a
+//!   free pair list slot the job falls back to `submit_layer`, which copies
+//!   the pairs into each layer's IOCBs. Used when every drive sees the KV
+//!   memory at the same IOVAs (one table) and all drives share one LBA size,
+//!   which is what gio_uring's layer table describes.
 //! - **Explicit IOCBs**: otherwise (drives behind separate IOMMUs, e.g. one
 //!   emulated controller each, or mixed LBA sizes) the host fills one IOCTX
 //!   per command with the LBA and the SGL descriptor copied from the drive's
@@ -28,7 +32,7 @@ use tutti_driver::command::DataPtr;
 use tutti_driver::controller::Controller;
 use tutti_gio_uring::{
     ioctx, DataRef, DriveQueues, Executor, GioError, GioUring, HostExecutor, HostExecutorConfig, IocbId,
-    IocbResult, Kv, LayerGeometry, LayerTable, Op, PoolDrive, TableId, TableKind,
+    IocbResult, Kv, LayerGeometry, LayerTable, Op, PairListId, PoolDrive, TableId, TableKind,
 };
 use tutti_kernels::abi::IOCB_MAX_IOCTX;
 
@@ -63,7 +67,7 @@ impl Default for GioConfig {
 
 enum Attached {
     None,
-    Layer { table: TableId, per_iocb: usize },
+    Layer { table: TableId, per_iocb: usize, per_pair: u32 },
     Explicit { reg: Arc<Registration>, map: StripeMap },
 }
 
@@ -77,6 +81,7 @@ struct Transfer {
     commands: u64,
     host_calls: u64,
     host_built: u64,
+    host_pairs: u64,
 }
 
 pub struct GioIo {
@@ -220,6 +225,7 @@ impl GioIo {
             commands: t.commands,
             host_calls: t.host_calls,
             host_built: t.host_built,
+            host_pairs: t.host_pairs,
         }))
     }
 
@@ -265,6 +271,7 @@ impl GioIo {
             commands: cmds.len() as u64,
             host_calls: ids.len() as u64 + 1,
             host_built: cmds.len() as u64,
+            host_pairs: pairs.len() as u64,
         }))
     }
 }
@@ -295,7 +302,7 @@ impl LayerIo for GioIo {
                 let id = self.ring.register_table(&table).map_err(gio)?;
                 let per_pair = table.geometry().ioctx_per_pair() as usize;
                 let per_iocb = (IOCB_MAX_IOCTX / per_pair).min(tutti_kernels::abi::IOCB_MAX_PAIRS);
-                self.attached = Attached::Layer { table: id, per_iocb };
+                self.attached = Attached::Layer { table: id, per_iocb, per_pair: per_pair as u32 };
                 self.mode =
                     format!("gio_uring layer IOCBs on the {exec}: the executor expands (file, block) pairs");
             }
@@ -314,7 +321,32 @@ impl LayerIo for GioIo {
         Ok(())
     }
 
-    fn submit(&mut self, layer: u32, pairs: &[Pair], dir: Direction) -> Result<Option<u64>> {
+    fn register_pairs(&mut self, pairs: &[Pair]) -> Result<Option<u64>> {
+        if pairs.is_empty() || !matches!(self.attached, Attached::Layer { .. }) {
+            return Ok(None);
+        }
+        let raw: Vec<(u32, u32)> = pairs.iter().map(|p| (p.file, p.block)).collect();
+        match self.ring.register_pairs(&raw) {
+            Ok(id) => Ok(Some(id.to_raw())),
+            Err(e @ GioError::PairListsFull { .. }) => {
+                tracing::debug!(error = %e, "job submits its layers with inline pairs");
+                Ok(None)
+            }
+            Err(e) => Err(gio(e)),
+        }
+    }
+
+    fn unregister_pairs(&mut self, handle: u64) -> Result<()> {
+        self.ring.unregister_pairs(PairListId::from_raw(handle)).map_err(gio)
+    }
+
+    fn submit(
+        &mut self,
+        layer: u32,
+        pairs: &[Pair],
+        dir: Direction,
+        registered: Option<u64>,
+    ) -> Result<Option<u64>> {
         if pairs.is_empty() {
             let token = self.next_token;
             self.next_token += 1;
@@ -326,6 +358,7 @@ impl LayerIo for GioIo {
                 commands: 0,
                 host_calls: 0,
                 host_built: 0,
+                host_pairs: 0,
             };
             self.transfers.insert(token, t);
             return Ok(Some(token));
@@ -336,15 +369,26 @@ impl LayerIo for GioIo {
         };
         let transfer = match &self.attached {
             Attached::None => return Err(ObjError::NotRegistered),
-            Attached::Layer { table, per_iocb } => {
-                let (table, per_iocb) = (*table, *per_iocb);
-                let raw: Vec<(u32, u32)> = pairs.iter().map(|p| (p.file, p.block)).collect();
-                let ids = match self.ring.submit_layer(table, layer, &raw, op, self.cfg.sm_budget) {
+            Attached::Layer { table, per_iocb, per_pair } => {
+                let (table, per_iocb, per_pair) = (*table, *per_iocb, *per_pair);
+                let budget = self.cfg.sm_budget;
+                // With a registered list nothing here touches the pairs: O(IOCBs) per layer.
+                let (submitted, host_pairs) = match registered {
+                    Some(h) => {
+                        let list = PairListId::from_raw(h);
+                        let range = 0..pairs.len() as u32;
+                        (self.ring.submit_layer_list(table, layer, list, range, op, budget), 0)
+                    }
+                    None => {
+                        let raw: Vec<(u32, u32)> = pairs.iter().map(|p| (p.file, p.block)).collect();
+                        (self.ring.submit_layer(table, layer, &raw, op, budget), pairs.len() as u64)
+                    }
+                };
+                let ids = match submitted {
                     Ok(ids) => ids,
                     Err(GioError::PoolExhausted { .. }) => return Ok(None),
                     Err(e) => return Err(gio(e)),
                 };
-                let per_pair = self.ring.table_info(table).map_err(gio)?.ioctx_per_pair;
                 Transfer {
                     iocbs: ids.iter().enumerate().map(|(k, &id)| (id, (k * per_iocb) as u32)).collect(),
                     explicit: None,
@@ -353,6 +397,7 @@ impl LayerIo for GioIo {
                     commands: pairs.len() as u64 * per_pair as u64,
                     host_calls: 1,
                     host_built: 0,
+                    host_pairs,
                 }
             }
             Attached::Explicit { reg, map } => {

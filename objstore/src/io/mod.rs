@@ -6,7 +6,9 @@
 //!
 //! - [`gio::GioIo`]: gio_uring. The host submits one IOCB per layer (split
 //!   when it exceeds an IOCB) and the executor expands it into NVMe commands
-//!   from the registered tables — the main path.
+//!   from the registered tables — the main path. A job's (file, block) pairs
+//!   are registered with the executor once ([`LayerIo::register_pairs`]), so
+//!   each layer costs the host O(IOCBs), not O(blocks).
 //! - [`direct::DirectIo`]: the host builds and submits every command itself
 //!   on ordinary queue pairs — the CPU-driven baseline benchmarks compare with.
 //!
@@ -54,6 +56,9 @@ pub struct LayerOutcome {
     /// Commands (NVMe entries or IOCTXs) whose fields the host wrote itself;
     /// 0 when the executor expands them from the tables.
     pub host_built: u64,
+    /// (file, block) pairs the host read or copied to submit the layer; 0
+    /// when the executor reads them from a list registered for the job.
+    pub host_pairs: u64,
 }
 
 /// An I/O path for layer transfers. Implementations are used under the
@@ -66,10 +71,28 @@ pub(crate) trait LayerIo: Send {
     fn attach(&mut self, reg: &Arc<Registration>, map: &StripeMap) -> Result<()>;
     /// Forgets the registration (its memory is about to be unmapped).
     fn detach(&mut self) -> Result<()>;
+    /// A job is about to move `pairs` for each of its layers. A path whose
+    /// executor can keep them does so now, once per job, and returns a handle
+    /// for [`submit`](Self::submit); `None` (the default) when it has nothing
+    /// to keep or no room: every `submit` then gets the pairs as usual.
+    fn register_pairs(&mut self, _pairs: &[Pair]) -> Result<Option<u64>> {
+        Ok(None)
+    }
+    /// The job that registered `handle` is over: no transfer of it is in flight.
+    fn unregister_pairs(&mut self, _handle: u64) -> Result<()> {
+        Ok(())
+    }
     /// Starts layer `layer` for every pair; returns a token for
     /// [`poll`](Self::poll), or `None` when the path is full for now (retry
-    /// after earlier transfers finish).
-    fn submit(&mut self, layer: u32, pairs: &[Pair], dir: Direction) -> Result<Option<u64>>;
+    /// after earlier transfers finish). `registered` is the handle
+    /// [`register_pairs`](Self::register_pairs) returned for these very pairs.
+    fn submit(
+        &mut self,
+        layer: u32,
+        pairs: &[Pair],
+        dir: Direction,
+        registered: Option<u64>,
+    ) -> Result<Option<u64>>;
     /// Collects whatever has finished, so capacity frees up.
     fn progress(&mut self) -> Result<()>;
     /// The outcome once the transfer has finished, `None` while it runs.

@@ -7,6 +7,14 @@
 //! the job's blocks failed; the union is the job's failure bitmap (bit `i` =
 //! the `i`-th block of the submission), which the engine uses to recompute
 //! exactly those blocks.
+//!
+//! A job hands its (file, block) pairs to the I/O path once, when it starts
+//! ([`LayerIo::register_pairs`](crate::io::LayerIo::register_pairs)); each
+//! layer then refers to them, so the host's work per layer does not grow with
+//! the blocks. The registration is dropped when the job's last layer is done.
+//! Host CPU is accounted in two parts: `setup_ns` (validation and the
+//! registration, once per job) and `submit_ns` (inside the I/O path's
+//! `submit`, per layer), both the calling thread's CPU time.
 
 use super::{lock, KvStore};
 use crate::error::{ObjError, Result};
@@ -44,6 +52,14 @@ pub(crate) struct Job {
     host_calls: u64,
     host_built: u64,
     cancelled: bool,
+    /// The I/O path's handle of the job's registered pairs, until the job is done.
+    pair_list: Option<u64>,
+    pairs_registered: bool,
+    /// Host CPU of validating and setting up the job, ns.
+    setup_ns: u64,
+    /// Host CPU inside `LayerIo::submit`, per layer, ns.
+    submit_ns: Vec<u64>,
+    host_pairs: u64,
     /// Files holding an I/O reference until the job finishes.
     io_files: Vec<FileId>,
     /// The store session this job writes for.
@@ -75,6 +91,19 @@ pub struct JobStatus {
     pub host_calls: u64,
     /// Commands whose fields the host wrote itself (0 when the executor expands them).
     pub host_built: u64,
+    /// (file, block) pairs the host read or copied in per-layer submissions
+    /// (0 when every layer used the pairs registered for the job).
+    pub host_pairs: u64,
+    /// The job's pairs were registered with the I/O path once, at its start.
+    pub pairs_registered: bool,
+    /// Host CPU (the submitting thread's CPU time) of the job's setup:
+    /// validation, I/O references, pair registration. Once per job.
+    pub setup_ns: u64,
+    /// Host CPU of the per-layer submissions so far (sum of `layer_submit_ns`).
+    pub submit_ns: u64,
+    /// `layer_submit_ns[l - first_layer]`: host CPU inside the I/O path's
+    /// submit for layer `l` (retries when the path was full included).
+    pub layer_submit_ns: Vec<u64>,
 }
 
 impl JobStatus {
@@ -117,6 +146,11 @@ impl Job {
             host_calls: 0,
             host_built: 0,
             cancelled: false,
+            pair_list: None,
+            pairs_registered: false,
+            setup_ns: 0,
+            submit_ns: vec![0; n],
+            host_pairs: 0,
             io_files: Vec::new(),
             session: None,
             layer_failures: Vec::new(),
@@ -161,6 +195,11 @@ impl Job {
             commands: self.commands,
             host_calls: self.host_calls,
             host_built: self.host_built,
+            host_pairs: self.host_pairs,
+            pairs_registered: self.pairs_registered,
+            setup_ns: self.setup_ns,
+            submit_ns: self.submit_ns.iter().sum(),
+            layer_submit_ns: self.submit_ns.clone(),
         }
     }
 
@@ -169,6 +208,7 @@ impl Job {
         self.commands += outcome.commands;
         self.host_calls += outcome.host_calls;
         self.host_built += outcome.host_built;
+        self.host_pairs += outcome.host_pairs;
         let layer = self.layers.start + i as u32;
         let mut bad = Vec::with_capacity(outcome.failed.len());
         for (p, why) in &outcome.failed {
@@ -185,7 +225,9 @@ impl Job {
 
 impl KvStore {
     /// Starts a job; `io_files` get an I/O reference until it finishes.
-    pub(super) fn start_job(&self, mut job: Job, io_files: Vec<FileId>) -> Result<JobId> {
+    /// `cpu0` is the thread CPU time when the caller started validating, so
+    /// the job's `setup_ns` covers its whole setup.
+    pub(super) fn start_job(&self, mut job: Job, io_files: Vec<FileId>, cpu0: u64) -> Result<JobId> {
         {
             let mut ix = lock(&self.index, "index")?;
             for (n, &f) in io_files.iter().enumerate() {
@@ -198,10 +240,24 @@ impl KvStore {
             }
         }
         job.io_files = io_files;
+        if !job.pairs.is_empty() {
+            // O(blocks) once per job, so that no layer has to copy the pairs again.
+            match lock(&self.io, "io")?.register_pairs(&job.pairs) {
+                Ok(handle) => job.pair_list = handle,
+                Err(e) => {
+                    tracing::warn!(error = %e, "registering a job's pairs failed; its layers carry them")
+                }
+            }
+        }
+        job.pairs_registered = job.pair_list.is_some();
+        job.setup_ns = thread_cpu_ns().saturating_sub(cpu0);
         let id = self.next_id();
+        let c = &self.counters;
+        c.jobs.fetch_add(1, Ordering::Relaxed);
+        c.setup_ns.fetch_add(job.setup_ns, Ordering::Relaxed);
+        c.pair_lists.fetch_add(job.pairs_registered as u64, Ordering::Relaxed);
         let mut jobs = lock(&self.jobs, "jobs")?;
         jobs.map.insert(id, job);
-        self.counters.jobs.fetch_add(1, Ordering::Relaxed);
         self.advance(&mut jobs, id)?;
         Ok(id)
     }
@@ -237,7 +293,12 @@ impl KvStore {
                     continue;
                 }
                 let layer = job.layers.start + i as u32;
-                match io.submit(layer, &job.pairs, job.dir) {
+                let cpu0 = thread_cpu_ns();
+                let submitted = io.submit(layer, &job.pairs, job.dir, job.pair_list);
+                let spent = thread_cpu_ns().saturating_sub(cpu0);
+                job.submit_ns[i] += spent;
+                self.counters.submit_ns.fetch_add(spent, Ordering::Relaxed);
+                match submitted {
                     Ok(Some(token)) => job.state[i] = LayerState::Running(token),
                     // The I/O path is full: try again once something finishes.
                     Ok(None) => {
@@ -252,6 +313,14 @@ impl KvStore {
                     }
                 }
                 room -= 1;
+            }
+            // Every layer is done, so none of its transfers is in flight: the pairs can go.
+            if job.is_done() {
+                if let Some(handle) = job.pair_list.take() {
+                    if let Err(e) = io.unregister_pairs(handle) {
+                        tracing::error!(job = id, error = %e, "unregistering a job's pairs failed");
+                    }
+                }
             }
         }
         if job.is_done() && !job.io_files.is_empty() {
@@ -279,6 +348,7 @@ impl KvStore {
         c.commands.fetch_add(outcome.commands, Ordering::Relaxed);
         c.host_calls.fetch_add(outcome.host_calls, Ordering::Relaxed);
         c.host_built.fetch_add(outcome.host_built, Ordering::Relaxed);
+        c.host_pairs.fetch_add(outcome.host_pairs, Ordering::Relaxed);
         c.failed_blocks.fetch_add(outcome.failed.len() as u64, Ordering::Relaxed);
         match job.dir {
             Direction::Load => c.bytes_loaded.fetch_add(ok, Ordering::Relaxed),
@@ -290,6 +360,7 @@ impl KvStore {
     /// for layers `layers`. The files get an I/O reference until the job ends,
     /// so they cannot be evicted under it even if unpinned meanwhile.
     pub fn submit_load(&self, files: &[FileId], blocks: &[u32], layers: Range<u32>) -> Result<JobId> {
+        let cpu0 = thread_cpu_ns();
         let reg = self.registration()?;
         self.check_layers(&layers)?;
         if files.len() != blocks.len() {
@@ -322,7 +393,7 @@ impl KvStore {
         let pairs: Vec<Pair> = files.iter().zip(blocks).map(|(&file, &block)| Pair { file, block }).collect();
         let n = pairs.len() as u32;
         let job = Job::new(Direction::Load, pairs, (0..n).collect(), n, layers);
-        self.start_job(job, files.to_vec())
+        self.start_job(job, files.to_vec(), cpu0)
     }
 
     pub(super) fn check_layers(&self, layers: &Range<u32>) -> Result<()> {
@@ -345,9 +416,14 @@ impl KvStore {
                 format!("engine block {b} is outside the {num_blocks} registered"),
             ));
         }
-        let mut seen = std::collections::HashSet::with_capacity(blocks.len());
-        if let Some(b) = blocks.iter().find(|b| !seen.insert(**b)) {
-            return Err(ObjError::invalid("blocks", format!("engine block {b} appears twice")));
+        // One bit per registered block: cheaper than hashing each block of a long request.
+        let mut seen = vec![0u64; (num_blocks as usize).div_ceil(64)];
+        for &b in blocks {
+            let (word, bit) = (b as usize / 64, 1u64 << (b % 64));
+            if seen[word] & bit != 0 {
+                return Err(ObjError::invalid("blocks", format!("engine block {b} appears twice")));
+            }
+            seen[word] |= bit;
         }
         Ok(())
     }
@@ -465,4 +541,15 @@ impl KvStore {
         }
         self.release(id)
     }
+}
+
+/// CPU time of the calling thread, ns (0 if the clock cannot be read).
+pub(crate) fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; Linux always provides this clock.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

@@ -121,6 +121,14 @@ pub struct StoreStats {
     pub commands: u64,
     pub host_calls: u64,
     pub host_built: u64,
+    /// (file, block) pairs read or copied by per-layer submissions.
+    pub host_pairs: u64,
+    /// Jobs whose pairs were registered with the I/O path once.
+    pub pair_lists: u64,
+    /// Host CPU of job setup (validation, pair registration), ns.
+    pub setup_ns: u64,
+    /// Host CPU inside per-layer submissions, ns.
+    pub submit_ns: u64,
     pub bytes_loaded: u64,
     pub bytes_stored: u64,
     pub failed_blocks: u64,
@@ -138,6 +146,10 @@ struct Counters {
     commands: AtomicU64,
     host_calls: AtomicU64,
     host_built: AtomicU64,
+    host_pairs: AtomicU64,
+    pair_lists: AtomicU64,
+    setup_ns: AtomicU64,
+    submit_ns: AtomicU64,
     bytes_loaded: AtomicU64,
     bytes_stored: AtomicU64,
     failed_blocks: AtomicU64,
@@ -422,6 +434,10 @@ impl KvStore {
             commands: get(&c.commands),
             host_calls: get(&c.host_calls),
             host_built: get(&c.host_built),
+            host_pairs: get(&c.host_pairs),
+            pair_lists: get(&c.pair_lists),
+            setup_ns: get(&c.setup_ns),
+            submit_ns: get(&c.submit_ns),
             bytes_loaded: get(&c.bytes_loaded),
             bytes_stored: get(&c.bytes_stored),
             failed_blocks: get(&c.failed_blocks),

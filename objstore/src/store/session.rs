@@ -132,6 +132,7 @@ impl KvStore {
     /// (paper Algorithm 1, `store_layer`, for a range). The job's failure
     /// bitmap is indexed like the request given to [`begin_store`](Self::begin_store).
     pub fn submit_store(&self, store: StoreId, layers: Range<u32>) -> Result<JobId> {
+        let cpu0 = super::jobs::thread_cpu_ns();
         self.registration()?;
         self.check_layers(&layers)?;
         let (pairs, slots, n) = {
@@ -169,7 +170,7 @@ impl KvStore {
                 }
             }
         }
-        self.start_job(job, Vec::new())
+        self.start_job(job, Vec::new(), cpu0)
     }
 
     /// A store job finished some layers: record which blocks now have them.

@@ -7,8 +7,10 @@
 //! Two parts:
 //! - **request**: the full geometry (Llama-3-8B: 32 layers, 32 KiB objects),
 //!   a 16K-token request by default: bandwidth of each method and tutti's ratio to it;
-//! - **sweep**: host CPU per layer call as the request grows from 1K to 16K
-//!   blocks. 16K blocks of all 32 layers would be 32 GiB per copy of the data,
+//! - **sweep**: host CPU per layer as the request grows from 1K to 16K
+//!   blocks (tutti: the per-layer submission, which stays flat because the
+//!   request's pairs are registered once, plus the per-request setup that
+//!   does the O(blocks) work once). 16K blocks of all 32 layers would be 32 GiB per copy of the data,
 //!   so the sweep's pool keeps the same 32 KiB objects but only a few layers
 //!   (`--sweep-layers`): a layer call's cost depends on the blocks in it, not
 //!   on how many other layers the model has.

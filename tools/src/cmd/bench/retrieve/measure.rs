@@ -16,6 +16,9 @@ pub struct Calls {
     /// CPU nanoseconds the calling thread spent waiting for layers to finish
     /// (only methods whose call returns before the data has moved).
     pub wait_cpu_ns: u64,
+    /// CPU nanoseconds spent once per request before any layer (tutti: one
+    /// submit_load's validation and pair registration); 0 for methods without.
+    pub setup_cpu_ns: u64,
 }
 
 /// A way of moving layers of the request into their engine slots.
@@ -24,8 +27,8 @@ pub trait Method {
     fn name(&self) -> &'static str;
     /// What the method does, in a sentence.
     fn describe(&self) -> String;
-    /// Moves `layers` of chunks `0..n` into their slots, one call per layer,
-    /// and returns once every byte has arrived.
+    /// Moves `layers` of chunks `0..n` into their slots, one call (or, for
+    /// tutti, one submission) per layer, and returns once every byte has arrived.
     fn retrieve(&mut self, ds: &Dataset, n: u32, layers: Range<u32>) -> anyhow::Result<Calls>;
 }
 
@@ -67,6 +70,11 @@ pub struct Run {
     pub host_cpu_us_per_layer_call: f64,
     /// The same, per block of the call, ns.
     pub host_cpu_ns_per_block: f64,
+    /// Host-thread CPU spent once per request before any layer (tutti's
+    /// submit_load: validation and pair registration), µs; 0 for the baselines.
+    pub setup_cpu_us_per_request: f64,
+    /// `host_cpu_us_per_layer_call` plus the setup spread over the request's layers, µs.
+    pub host_cpu_us_per_layer_with_setup: f64,
     /// Host-thread CPU spent waiting per layer (0 for calls that return when done), µs.
     pub wait_cpu_us_per_layer: f64,
     /// CPU of every thread of the process during the run (executor lanes and
@@ -107,6 +115,8 @@ pub fn run(m: &mut dyn Method, ds: &Dataset, n: u32, layers: Range<u32>) -> anyh
         gb_per_s: bytes as f64 / seconds.max(1e-9) / 1e9,
         host_cpu_us_per_layer_call: mean_ns / 1e3,
         host_cpu_ns_per_block: mean_ns / n as f64,
+        setup_cpu_us_per_request: calls.setup_cpu_ns as f64 / 1e3,
+        host_cpu_us_per_layer_with_setup: (mean_ns + calls.setup_cpu_ns as f64 / count) / 1e3,
         wait_cpu_us_per_layer: calls.wait_cpu_ns as f64 / layers.len() as f64 / 1e3,
         process_cpu_s,
     })
