@@ -11,7 +11,9 @@ use tutti_driver::transport::IovaSegment;
 
 fn bench(c: &mut Criterion) {
     let Ok(emu) = EmulatedController::start(EmulatedConfig::default()) else { return };
-    let Ok(ctrl) = Controller::new(emu.registers(), emu.dma_space(), ControllerOptions::default()) else { return };
+    let Ok(ctrl) = Controller::new(emu.registers(), emu.dma_space(), ControllerOptions::default()) else {
+        return;
+    };
     let Ok(mut qp) = ctrl.create_io_queue_pair(256) else { return };
     let Ok(buf) = ctrl.dma().alloc(32 * 4096) else { return };
     let mut group = c.benchmark_group("submit_complete");

@@ -12,7 +12,9 @@ use crate::command::Command;
 use crate::error::{DriverError, Result};
 use crate::queue::{backoff, Completion, QueueCore};
 use crate::spec::registers::{cq_head_doorbell, offset, sq_tail_doorbell, ShutdownNotification};
-use crate::spec::{Aqa, Cap, Cc, Csts, IdentifyController, IdentifyNamespace, ShutdownStatus, SglSupport, Version};
+use crate::spec::{
+    Aqa, Cap, Cc, Csts, IdentifyController, IdentifyNamespace, SglSupport, ShutdownStatus, Version,
+};
 use crate::transport::{DmaBuffer, DmaSpace, Doorbell, Registers};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -124,13 +126,20 @@ impl std::fmt::Debug for Controller {
 
 impl Controller {
     /// Brings the controller behind `regs`/`dma` up from whatever state it is in.
-    pub fn new(regs: Arc<dyn Registers>, dma: Arc<dyn DmaSpace>, opts: ControllerOptions) -> Result<Arc<Self>> {
+    pub fn new(
+        regs: Arc<dyn Registers>,
+        dma: Arc<dyn DmaSpace>,
+        opts: ControllerOptions,
+    ) -> Result<Arc<Self>> {
         let name = regs.name().to_string();
         let cap = Cap(regs.read64(offset::CAP)?);
         let version = Version(regs.read32(offset::VS)?);
         tracing::debug!(device = %name, ?cap, %version, "bring-up");
         if !cap.supports_nvm_command_set() {
-            return Err(DriverError::Unsupported { device: name, what: "CAP.CSS: NVM command set not supported".into() });
+            return Err(DriverError::Unsupported {
+                device: name,
+                what: "CAP.CSS: NVM command set not supported".into(),
+            });
         }
         let page_shift = 12u32;
         if cap.mps_min_shift() > page_shift || cap.mps_max_shift() < page_shift {
@@ -216,7 +225,10 @@ impl Controller {
         if id.sqes_required() > 6 || id.sqes_max() < 6 || id.cqes_required() > 4 || id.cqes_max() < 4 {
             return Err(DriverError::Unsupported {
                 device: self.name.clone(),
-                what: format!("queue entry sizes SQES={:#x} CQES={:#x} exclude 64/16 bytes", id.sqes, id.cqes),
+                what: format!(
+                    "queue entry sizes SQES={:#x} CQES={:#x} exclude 64/16 bytes",
+                    id.sqes, id.cqes
+                ),
             });
         }
         let mdts = id.max_transfer_bytes(self.cap.mps_min_shift());
@@ -360,7 +372,11 @@ impl Controller {
 
     /// Creates the CQ and SQ of queue `qid` on the controller, with memory of
     /// `depth` entries. On failure nothing is left behind.
-    pub(crate) fn create_queues(&self, qid: u16, depth: u32) -> Result<(DmaBuffer, DmaBuffer, Doorbell, Doorbell)> {
+    pub(crate) fn create_queues(
+        &self,
+        qid: u16,
+        depth: u32,
+    ) -> Result<(DmaBuffer, DmaBuffer, Doorbell, Doorbell)> {
         let max = self.info.max_queue_entries;
         if depth < 2 || depth > max {
             return Err(DriverError::invalid(format!(
@@ -397,9 +413,14 @@ impl Controller {
         let cc = Cc(self.regs.read32(offset::CC)?);
         self.regs.write32(offset::CC, cc.with_shutdown(ShutdownNotification::Normal).0)?;
         let wait = self.opts.ready_timeout.unwrap_or(Duration::from_millis(self.cap.timeout_ms().max(500)));
-        wait_csts(&*self.regs, &self.name, wait, "CSTS.SHST=complete after shutdown notification", false, |c| {
-            c.shutdown_status() == ShutdownStatus::Complete
-        })?;
+        wait_csts(
+            &*self.regs,
+            &self.name,
+            wait,
+            "CSTS.SHST=complete after shutdown notification",
+            false,
+            |c| c.shutdown_status() == ShutdownStatus::Complete,
+        )?;
         tracing::info!(device = %self.name, "controller shut down");
         Ok(())
     }
@@ -447,7 +468,11 @@ fn wait_csts(
                     context: format!("; gave up after {timeout:?} waiting for {what}"),
                 });
             }
-            return Err(DriverError::Timeout { device: name.to_string(), what: what.to_string(), waited: timeout });
+            return Err(DriverError::Timeout {
+                device: name.to_string(),
+                what: what.to_string(),
+                waited: timeout,
+            });
         }
         backoff(&mut spins);
     }

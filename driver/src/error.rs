@@ -24,7 +24,9 @@ pub enum DriverError {
     #[error("nvme {device} qid {qid}: queue full ({depth} entries, {in_flight} in flight)")]
     QueueFull { device: String, qid: u16, depth: u32, in_flight: u32 },
 
-    #[error("nvme {device}: register access at {offset:#x} ({width} bytes) is outside BAR0 of {len:#x} bytes")]
+    #[error(
+        "nvme {device}: register access at {offset:#x} ({width} bytes) is outside BAR0 of {len:#x} bytes"
+    )]
     RegisterOutOfRange { device: String, offset: usize, width: usize, len: usize },
 
     #[error("nvme {device}: {what}")]

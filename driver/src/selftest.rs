@@ -112,7 +112,11 @@ fn mode_name(m: DataMode) -> &'static str {
 }
 
 /// Runs the self-test; `progress` is called with the number of bytes verified so far.
-pub fn round_trip(ctrl: &Arc<Controller>, opts: &SelftestOptions, progress: &(dyn Fn(u64) + Sync)) -> Result<SelftestReport> {
+pub fn round_trip(
+    ctrl: &Arc<Controller>,
+    opts: &SelftestOptions,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<SelftestReport> {
     let info = ctrl.info();
     let ns = info.namespace(opts.nsid).cloned().ok_or_else(|| {
         DriverError::invalid(format!("{}: namespace {} does not exist", ctrl.name(), opts.nsid))
@@ -137,7 +141,8 @@ pub fn round_trip(ctrl: &Arc<Controller>, opts: &SelftestOptions, progress: &(dy
                 let (ctrl, verified) = (ctrl.clone(), &verified);
                 let lba0 = t as u64 * stripe;
                 s.spawn(move || {
-                    let mut qp = ctrl.create_io_queue_pair(opts.queue_depth.min(ctrl.info().max_queue_entries))?;
+                    let mut qp =
+                        ctrl.create_io_queue_pair(opts.queue_depth.min(ctrl.info().max_queue_entries))?;
                     let mut w = Worker {
                         qp: &mut qp,
                         rng: Rng::new(opts.seed ^ (t as u64 + 1).wrapping_mul(0x2545_f491_4f6c_dd1d)),
@@ -154,7 +159,10 @@ pub fn round_trip(ctrl: &Arc<Controller>, opts: &SelftestOptions, progress: &(dy
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(DriverError::invalid("self-test thread panicked")))).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(DriverError::invalid("self-test thread panicked"))))
+            .collect()
     });
     let mut modes: Vec<ModeReport> = Vec::new();
     for r in results {
@@ -280,7 +288,14 @@ impl Worker<'_> {
     }
 
     /// Lays out one command of random length in window `base` of the buffers.
-    fn plan(&mut self, mode: DataMode, slot_lba: u64, base: usize, wbuf: &DmaBuffer, rbuf: &DmaBuffer) -> Result<Planned> {
+    fn plan(
+        &mut self,
+        mode: DataMode,
+        slot_lba: u64,
+        base: usize,
+        wbuf: &DmaBuffer,
+        rbuf: &DmaBuffer,
+    ) -> Result<Planned> {
         let blocks = 1 + self.rng.below(self.max_cmd_blocks);
         let bytes = (blocks * self.lba_size) as usize;
         let page = 4096usize;
@@ -342,7 +357,12 @@ impl Worker<'_> {
                 if Instant::now() >= deadline {
                     return Err(DriverError::Timeout {
                         device: self.qp.controller().name().to_string(),
-                        what: format!("qid {}: {} of {} completions", self.qp.qid(), plans.len() - done.len(), plans.len()),
+                        what: format!(
+                            "qid {}: {} of {} completions",
+                            self.qp.qid(),
+                            plans.len() - done.len(),
+                            plans.len()
+                        ),
                         waited: self.qp.controller().options().io_timeout,
                     });
                 }

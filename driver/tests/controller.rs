@@ -32,7 +32,10 @@ fn identify_reports_what_the_controller_was_configured_with() {
     let cfg = EmulatedConfig {
         serial: "SN-42".into(),
         model: "unit model".into(),
-        namespaces: vec![NamespaceConfig::with_bytes(8 << 20, 512), NamespaceConfig::with_bytes(32 << 20, 4096)],
+        namespaces: vec![
+            NamespaceConfig::with_bytes(8 << 20, 512),
+            NamespaceConfig::with_bytes(32 << 20, 4096),
+        ],
         mdts: 3,
         sgl: SglSupport::DwordAligned,
         max_io_queue_pairs: 5,
@@ -51,13 +54,20 @@ fn identify_reports_what_the_controller_was_configured_with() {
     assert_eq!(info.max_queue_entries, 256);
     assert_eq!(info.doorbell_stride, 16);
     assert_eq!(info.namespaces.len(), 2);
-    assert_eq!((info.namespaces[0].nsid, info.namespaces[0].blocks, info.namespaces[0].lba_size), (1, 16384, 512));
-    assert_eq!((info.namespaces[1].nsid, info.namespaces[1].blocks, info.namespaces[1].lba_size), (2, 8192, 4096));
+    assert_eq!(
+        (info.namespaces[0].nsid, info.namespaces[0].blocks, info.namespaces[0].lba_size),
+        (1, 16384, 512)
+    );
+    assert_eq!(
+        (info.namespaces[1].nsid, info.namespaces[1].blocks, info.namespaces[1].lba_size),
+        (2, 8192, 4096)
+    );
 }
 
 #[test]
 fn queue_pairs_are_limited_by_the_grant_and_depth_by_mqes() {
-    let (_emu, ctrl) = start(EmulatedConfig { max_io_queue_pairs: 2, max_queue_entries: 64, ..small("emu-q") });
+    let (_emu, ctrl) =
+        start(EmulatedConfig { max_io_queue_pairs: 2, max_queue_entries: 64, ..small("emu-q") });
     assert!(matches!(ctrl.create_io_queue_pair(65), Err(DriverError::InvalidArgument(_))));
     let a = ctrl.create_io_queue_pair(64).expect("first pair");
     let b = ctrl.create_io_queue_pair(8).expect("second pair");
@@ -121,11 +131,15 @@ fn dword_aligned_sgl_rule_is_honoured() {
     let (_emu, ctrl) = start(EmulatedConfig { sgl: SglSupport::DwordAligned, ..small("emu-dw") });
     let mut qp = ctrl.create_io_queue_pair(8).expect("queue pair");
     let buf = ctrl.dma().alloc(8192).expect("buffer");
-    let odd = [IovaSegment { iova: buf.iova() + 2, len: 510 }, IovaSegment { iova: buf.iova() + 1024, len: 2 }];
-    let err = qp.submit_data(Command::read(1, 0, 1), &odd, DataMode::Sgl, 0).expect_err("odd segments refused");
+    let odd =
+        [IovaSegment { iova: buf.iova() + 2, len: 510 }, IovaSegment { iova: buf.iova() + 1024, len: 2 }];
+    let err =
+        qp.submit_data(Command::read(1, 0, 1), &odd, DataMode::Sgl, 0).expect_err("odd segments refused");
     assert!(err.to_string().contains("dword"), "{err}");
-    let ok = [IovaSegment { iova: buf.iova() + 4, len: 508 }, IovaSegment { iova: buf.iova() + 1024, len: 4 }];
-    let cid = qp.submit_data(Command::read(1, 0, 1), &ok, DataMode::Sgl, 0).expect("aligned segments accepted");
+    let ok =
+        [IovaSegment { iova: buf.iova() + 4, len: 508 }, IovaSegment { iova: buf.iova() + 1024, len: 4 }];
+    let cid =
+        qp.submit_data(Command::read(1, 0, 1), &ok, DataMode::Sgl, 0).expect("aligned segments accepted");
     qp.ring();
     assert!(qp.wait(cid).expect("completes").status.is_success());
 }
@@ -144,22 +158,49 @@ fn malformed_commands_get_the_spec_status() {
     let buf = ctrl.dma().alloc(3 * 4096).expect("buffer");
     let b = buf.iova();
     let cases: Vec<(&str, Command, Status)> = vec![
-        ("PRP1 not dword aligned", Command::read(1, 0, 1).data(DataPtr::Prp { prp1: b + 2, prp2: 0 }), Status::PRP_OFFSET_INVALID),
-        ("PRP2 with an offset", Command::read(1, 0, 16).data(DataPtr::Prp { prp1: b, prp2: b + 4096 + 8 }), Status::PRP_OFFSET_INVALID),
+        (
+            "PRP1 not dword aligned",
+            Command::read(1, 0, 1).data(DataPtr::Prp { prp1: b + 2, prp2: 0 }),
+            Status::PRP_OFFSET_INVALID,
+        ),
+        (
+            "PRP2 with an offset",
+            Command::read(1, 0, 16).data(DataPtr::Prp { prp1: b, prp2: b + 4096 + 8 }),
+            Status::PRP_OFFSET_INVALID,
+        ),
         (
             "unknown SGL type",
-            Command::read(1, 0, 1).data(DataPtr::Sgl(tutti_driver::spec::SglDescriptor { id: 0x50, ..SglDescriptor::data_block(b, 512) })),
+            Command::read(1, 0, 1).data(DataPtr::Sgl(tutti_driver::spec::SglDescriptor {
+                id: 0x50,
+                ..SglDescriptor::data_block(b, 512)
+            })),
             Status::SGL_TYPE_INVALID,
         ),
-        ("SGL shorter than the transfer", Command::read(1, 0, 2).data(DataPtr::Sgl(SglDescriptor::data_block(b, 512))), Status::DATA_SGL_LENGTH_INVALID),
-        ("LBA past the namespace", Command::read(1, 32767, 2).data(DataPtr::Sgl(SglDescriptor::data_block(b, 1024))), Status::LBA_OUT_OF_RANGE),
-        ("namespace that does not exist", Command::read(7, 0, 1).data(DataPtr::Sgl(SglDescriptor::data_block(b, 512))), Status::INVALID_NAMESPACE),
+        (
+            "SGL shorter than the transfer",
+            Command::read(1, 0, 2).data(DataPtr::Sgl(SglDescriptor::data_block(b, 512))),
+            Status::DATA_SGL_LENGTH_INVALID,
+        ),
+        (
+            "LBA past the namespace",
+            Command::read(1, 32767, 2).data(DataPtr::Sgl(SglDescriptor::data_block(b, 1024))),
+            Status::LBA_OUT_OF_RANGE,
+        ),
+        (
+            "namespace that does not exist",
+            Command::read(7, 0, 1).data(DataPtr::Sgl(SglDescriptor::data_block(b, 512))),
+            Status::INVALID_NAMESPACE,
+        ),
         (
             "transfer above MDTS",
             Command::read(1, 0, 512).data(DataPtr::Sgl(SglDescriptor::data_block(b, 512 * 512))),
             Status::INVALID_FIELD,
         ),
-        ("unmapped data address", Command::read(1, 0, 1).data(DataPtr::Sgl(SglDescriptor::data_block(0x10, 512))), Status::DATA_TRANSFER_ERROR),
+        (
+            "unmapped data address",
+            Command::read(1, 0, 1).data(DataPtr::Sgl(SglDescriptor::data_block(0x10, 512))),
+            Status::DATA_TRANSFER_ERROR,
+        ),
     ];
     for (what, cmd, want) in cases {
         let got = raw_status(&ctrl, cmd);
@@ -183,11 +224,16 @@ fn injected_failures_name_queue_cid_and_status() {
     let (emu, ctrl) = start(small("emu-fail"));
     let mut qp = ctrl.create_io_queue_pair(8).expect("queue pair");
     let buf = ctrl.dma().alloc(4096).expect("buffer");
-    emu.faults().fail_next(FaultMatch { opcode: Some(0x02), ..Default::default() }, Status::UNRECOVERED_READ_ERROR);
+    emu.faults()
+        .fail_next(FaultMatch { opcode: Some(0x02), ..Default::default() }, Status::UNRECOVERED_READ_ERROR);
     let err = qp.read_buf(1, 0, &buf, 0, 4096, DataMode::Prp).expect_err("read fails");
     let msg = err.to_string();
     assert_eq!(err.status(), Some(Status::UNRECOVERED_READ_ERROR));
-    assert!(msg.contains(&format!("qid {}", qp.qid())) && msg.contains("Read failed: Media/Unrecovered Read Error (0x0281)"), "{msg}");
+    assert!(
+        msg.contains(&format!("qid {}", qp.qid()))
+            && msg.contains("Read failed: Media/Unrecovered Read Error (0x0281)"),
+        "{msg}"
+    );
     // The next read is unaffected.
     qp.read_buf(1, 0, &buf, 0, 4096, DataMode::Prp).expect("read succeeds after the fault");
 }
@@ -209,7 +255,10 @@ fn a_dropped_completion_is_a_timeout_naming_queue_and_cid() {
         }
         other => panic!("expected a command timeout, got {other}"),
     }
-    assert!(err.to_string().contains(&format!("qid {} cid {cid}: Write did not complete", qp.qid())), "{err}");
+    assert!(
+        err.to_string().contains(&format!("qid {} cid {cid}: Write did not complete", qp.qid())),
+        "{err}"
+    );
     // The queue stays usable and the abandoned CID is not handed out again.
     let cid2 = qp.submit_data(Command::read(1, 8, 1), &seg, DataMode::Sgl, 0).expect("submit after timeout");
     assert_ne!(cid2, cid);
@@ -225,7 +274,10 @@ fn queue_full_is_back_pressure_not_an_overwrite() {
     for _ in 0..3 {
         qp.submit(Command::flush(1), 0).expect("fits");
     }
-    assert!(matches!(qp.submit(Command::flush(1), 0), Err(DriverError::QueueFull { depth: 4, in_flight: 3, .. })));
+    assert!(matches!(
+        qp.submit(Command::flush(1), 0),
+        Err(DriverError::QueueFull { depth: 4, in_flight: 3, .. })
+    ));
     qp.ring();
     let mut done = Vec::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -251,10 +303,11 @@ fn controller_fatal_status_is_reported() {
     // A controller that is fatal from the start fails bring-up with the same error.
     let emu2 = EmulatedController::start(small("emu-cfs2")).expect("start");
     emu2.set_fatal();
-    let err = Controller::new(emu2.registers(), emu2.dma_space(), ControllerOptions {
-        ready_timeout: Some(Duration::from_millis(500)),
-        ..Default::default()
-    })
+    let err = Controller::new(
+        emu2.registers(),
+        emu2.dma_space(),
+        ControllerOptions { ready_timeout: Some(Duration::from_millis(500)), ..Default::default() },
+    )
     .expect_err("bring-up fails");
     assert!(matches!(err, DriverError::ControllerFatal { .. }), "{err}");
 }
@@ -293,7 +346,8 @@ fn shutdown_is_orderly_and_idempotent() {
 fn bring_up_waits_for_a_slow_ready_and_can_be_repeated() {
     let cfg = EmulatedConfig { ready_delay: Duration::from_millis(50), ..small("emu-slow") };
     let emu = EmulatedController::start(cfg).expect("start");
-    let ctrl = Controller::new(emu.registers(), emu.dma_space(), ControllerOptions::default()).expect("first bring-up");
+    let ctrl = Controller::new(emu.registers(), emu.dma_space(), ControllerOptions::default())
+        .expect("first bring-up");
     let mut qp = ctrl.create_io_queue_pair(4).expect("qp");
     let buf = ctrl.dma().alloc(4096).expect("buf");
     buf.fill(7);
@@ -301,7 +355,8 @@ fn bring_up_waits_for_a_slow_ready_and_can_be_repeated() {
     drop(qp);
     drop(ctrl);
     // A second bring-up (reset from a shut-down, enabled controller) sees the same data.
-    let ctrl = Controller::new(emu.registers(), emu.dma_space(), ControllerOptions::default()).expect("second bring-up");
+    let ctrl = Controller::new(emu.registers(), emu.dma_space(), ControllerOptions::default())
+        .expect("second bring-up");
     let mut qp = ctrl.create_io_queue_pair(4).expect("qp");
     let back = ctrl.dma().alloc(4096).expect("buf");
     qp.read_buf(1, 0, &back, 0, 4096, DataMode::Auto).expect("read");

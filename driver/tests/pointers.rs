@@ -53,7 +53,8 @@ fn check_prp(pieces: &[(u64, u64)], span: u64) -> Result<(), TestCaseError> {
     let segs: Vec<IovaSegment> =
         pieces.iter().map(|&(o, n)| IovaSegment { iova: data.iova() + o - 0x10_0000, len: n }).collect();
     let total: u64 = segs.iter().map(|s| s.len).sum();
-    let ptr = prp::build(&segs, PAGE, Scratch::whole(&lists)).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let ptr =
+        prp::build(&segs, PAGE, Scratch::whole(&lists)).map_err(|e| TestCaseError::fail(e.to_string()))?;
     let DataPtr::Prp { prp1, prp2 } = ptr else { return Err(TestCaseError::fail("not a PRP pointer")) };
     let walked = walk_prp(prp1, prp2, total, PAGE, |iova, buf| mmu.dma_read(iova, buf))
         .map_err(|s| TestCaseError::fail(format!("controller rejected the PRP: {s}")))?;
@@ -115,7 +116,9 @@ fn exactly_full_list_page_has_no_chain() {
     let Ok(data) = mmu.alloc(513 * PAGE as usize) else { panic!("alloc") };
     let Ok(lists) = mmu.alloc(2 * PAGE as usize) else { panic!("alloc") };
     let seg = [IovaSegment { iova: data.iova(), len: 513 * PAGE }];
-    let Ok(DataPtr::Prp { prp1, prp2 }) = prp::build(&seg, PAGE, Scratch::whole(&lists)) else { panic!("build") };
+    let Ok(DataPtr::Prp { prp1, prp2 }) = prp::build(&seg, PAGE, Scratch::whole(&lists)) else {
+        panic!("build")
+    };
     assert_eq!(prp1, data.iova());
     assert_eq!(prp2, lists.iova());
     let last: u64 = lists.read_obj(511 * 8).unwrap_or(0);
@@ -132,7 +135,9 @@ fn one_more_entry_chains_to_a_second_list_page() {
     let Ok(data) = mmu.alloc(514 * PAGE as usize) else { panic!("alloc") };
     let Ok(lists) = mmu.alloc(2 * PAGE as usize) else { panic!("alloc") };
     let seg = [IovaSegment { iova: data.iova(), len: 514 * PAGE }];
-    let Ok(DataPtr::Prp { prp1, prp2 }) = prp::build(&seg, PAGE, Scratch::whole(&lists)) else { panic!("build") };
+    let Ok(DataPtr::Prp { prp1, prp2 }) = prp::build(&seg, PAGE, Scratch::whole(&lists)) else {
+        panic!("build")
+    };
     let chain: u64 = lists.read_obj(511 * 8).unwrap_or(0);
     assert_eq!(chain, lists.iova() + PAGE, "slot 511 chains to the next list page");
     let walked = walk_prp(prp1, prp2, 514 * PAGE, PAGE, |i, b| mmu.dma_read(i, b));

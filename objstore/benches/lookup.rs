@@ -77,7 +77,7 @@ struct Indexed {
 
 /// An index filled with 64 requests' chains (the measured one among them).
 fn indexed() -> Indexed {
-    let identity = IdentityId(0x7475_7474_69);
+    let identity = IdentityId(0x74_7574_7469);
     let mut index = Index::new(FILES);
     let mut map = HashMap::new();
     let mut request = Vec::new();
@@ -100,7 +100,7 @@ fn indexed() -> Indexed {
 fn probe_map(x: &Indexed) -> usize {
     let mut n = 0;
     for &hash in &x.request {
-        if x.map.get(&Key { identity: x.identity, hash }).is_none() {
+        if !x.map.contains_key(&Key { identity: x.identity, hash }) {
             break;
         }
         n += 1;

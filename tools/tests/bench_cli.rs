@@ -186,7 +186,7 @@ fn command_rates_cover_every_path_and_batch_and_the_reads_are_checked() {
                 .find(|m| m["path"] == path && u(&m["batch"]) == batch)
                 .unwrap_or_else(|| panic!("no {path} at batch {batch}"));
             let n = u(&m["commands"]);
-            assert!(n >= 3 * batch && n % batch == 0, "{path} {batch}: {n} commands");
+            assert!(n >= 3 * batch && n.is_multiple_of(batch), "{path} {batch}: {n} commands");
             assert_eq!(
                 m["ratio_vs_nop"].is_null(),
                 !nop_ok,

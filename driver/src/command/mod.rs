@@ -25,7 +25,10 @@ pub const MAX_NLB: u32 = 1 << 16;
 pub enum DataPtr {
     None,
     /// PRP1 (may carry a dword-aligned offset) and PRP2 (unused, second page, or list pointer).
-    Prp { prp1: u64, prp2: u64 },
+    Prp {
+        prp1: u64,
+        prp2: u64,
+    },
     /// SGL1: one descriptor inline in the command (§4.4).
     Sgl(SglDescriptor),
 }

@@ -108,7 +108,11 @@ impl EmulatedConfig {
         }
         for (i, ns) in self.namespaces.iter().enumerate() {
             if !(9..=16).contains(&ns.lba_shift) {
-                return Err(format!("namespace {}: LBA size 2^{} is not 512..=65536 bytes", i + 1, ns.lba_shift));
+                return Err(format!(
+                    "namespace {}: LBA size 2^{} is not 512..=65536 bytes",
+                    i + 1,
+                    ns.lba_shift
+                ));
             }
             if ns.blocks == 0 {
                 return Err(format!("namespace {}: size is zero blocks", i + 1));

@@ -34,7 +34,8 @@ impl Table {
     fn insert(&self, host: usize, len: usize) -> Result<u64> {
         let span = (len.next_multiple_of(PAGE) + PAGE) as u64; // one unmapped guard page after
         let iova = IOVA_BASE + self.next.fetch_add(span, Ordering::Relaxed);
-        let mut regions = self.regions.write().map_err(|_| DriverError::dma("emulated iommu", "table lock poisoned"))?;
+        let mut regions =
+            self.regions.write().map_err(|_| DriverError::dma("emulated iommu", "table lock poisoned"))?;
         regions.insert(iova, Region { host, len });
         Ok(iova)
     }

@@ -136,14 +136,22 @@ impl QueueCore {
 
     /// Returns a reserved CID that was not used.
     pub fn unreserve(&mut self, cid: u16) {
-        if self.slots.get(cid as usize).is_some_and(|s| s.state == SlotState::Free) && !self.free.contains(&cid) {
+        if self.slots.get(cid as usize).is_some_and(|s| s.state == SlotState::Free)
+            && !self.free.contains(&cid)
+        {
             self.free.push(cid);
         }
     }
 
     /// Places `entry` (whose CID must be a reserved one) at the SQ tail. The
     /// controller does not see it until [`ring`](Self::ring).
-    pub fn push(&mut self, cid: u16, mut entry: SubmissionEntry, name: &'static str, token: u64) -> Result<()> {
+    pub fn push(
+        &mut self,
+        cid: u16,
+        mut entry: SubmissionEntry,
+        name: &'static str,
+        token: u64,
+    ) -> Result<()> {
         let slot = self
             .slots
             .get_mut(cid as usize)
@@ -238,7 +246,12 @@ impl QueueCore {
 
     /// Waits for the completion of `cid`, keeping others for later [`take_parked`](Self::take_parked).
     /// `check` runs about every millisecond of waiting (e.g. to notice CSTS.CFS).
-    pub fn wait(&mut self, cid: u16, timeout: Duration, mut check: impl FnMut() -> Result<()>) -> Result<Completion> {
+    pub fn wait(
+        &mut self,
+        cid: u16,
+        timeout: Duration,
+        mut check: impl FnMut() -> Result<()>,
+    ) -> Result<Completion> {
         if let Some(i) = self.parked.iter().position(|c| c.cid == cid) {
             return Ok(self.parked.swap_remove(i));
         }

@@ -98,15 +98,28 @@ impl IoQueuePair {
 
     /// Places a command whose data is `segments`, described as PRP or SGL.
     /// The transfer must fit one command (≤ `info().max_transfer`).
-    pub fn submit_data(&mut self, cmd: Command, segments: &[IovaSegment], mode: DataMode, token: u64) -> Result<u16> {
+    pub fn submit_data(
+        &mut self,
+        cmd: Command,
+        segments: &[IovaSegment],
+        mode: DataMode,
+        token: u64,
+    ) -> Result<u16> {
         let mode = self.resolve_mode(mode)?;
         let bytes: u64 = segments.iter().map(|s| s.len).sum();
         let max = self.ctrl.info().max_transfer;
         if bytes > max {
-            return Err(DriverError::invalid(format!("{} of {bytes} bytes exceeds the {max}-byte maximum transfer", cmd.name())));
+            return Err(DriverError::invalid(format!(
+                "{} of {bytes} bytes exceeds the {max}-byte maximum transfer",
+                cmd.name()
+            )));
         }
         let cid = self.core.reserve()?;
-        let scratch = Scratch { buf: &self.scratch, offset: cid as usize * self.scratch_per_cid, len: self.scratch_per_cid };
+        let scratch = Scratch {
+            buf: &self.scratch,
+            offset: cid as usize * self.scratch_per_cid,
+            len: self.scratch_per_cid,
+        };
         let ptr = match mode {
             DataMode::Sgl => sgl::build(segments, self.ctrl.info().sgl, scratch),
             _ => prp::build(segments, self.page, scratch),
@@ -179,22 +192,47 @@ impl IoQueuePair {
     }
 
     /// Reads into `buf[offset..offset+len]`.
-    pub fn read_buf(&mut self, nsid: u32, lba: u64, buf: &DmaBuffer, offset: usize, len: usize, mode: DataMode) -> Result<()> {
+    pub fn read_buf(
+        &mut self,
+        nsid: u32,
+        lba: u64,
+        buf: &DmaBuffer,
+        offset: usize,
+        len: usize,
+        mode: DataMode,
+    ) -> Result<()> {
         let seg = buffer_segment(buf, offset, len)?;
         self.read(nsid, lba, &[seg], mode)
     }
 
     /// Writes `buf[offset..offset+len]`.
-    pub fn write_buf(&mut self, nsid: u32, lba: u64, buf: &DmaBuffer, offset: usize, len: usize, mode: DataMode) -> Result<()> {
+    pub fn write_buf(
+        &mut self,
+        nsid: u32,
+        lba: u64,
+        buf: &DmaBuffer,
+        offset: usize,
+        len: usize,
+        mode: DataMode,
+    ) -> Result<()> {
         let seg = buffer_segment(buf, offset, len)?;
         self.write(nsid, lba, &[seg], mode)
     }
 
-    fn transfer(&mut self, write: bool, nsid: u32, lba: u64, segments: &[IovaSegment], mode: DataMode) -> Result<()> {
+    fn transfer(
+        &mut self,
+        write: bool,
+        nsid: u32,
+        lba: u64,
+        segments: &[IovaSegment],
+        mode: DataMode,
+    ) -> Result<()> {
         let bytes: u64 = segments.iter().map(|s| s.len).sum();
         let lba_size = self.ctrl.info().namespace(nsid).map_or(512, |n| n.lba_size as u64);
         if bytes == 0 || !bytes.is_multiple_of(lba_size) {
-            return Err(DriverError::invalid(format!("transfer of {bytes} bytes is not a whole number of {lba_size}-byte blocks")));
+            return Err(DriverError::invalid(format!(
+                "transfer of {bytes} bytes is not a whole number of {lba_size}-byte blocks"
+            )));
         }
         self.namespace(nsid, lba, bytes / lba_size)?;
         let chunk = (self.ctrl.info().max_transfer / lba_size).min(MAX_NLB as u64) * lba_size;
@@ -210,7 +248,11 @@ impl IoQueuePair {
                 let len = chunk.min(bytes - off);
                 let blocks = (len / lba_size) as u32;
                 let slba = lba + off / lba_size;
-                let cmd = if write { Command::write(nsid, slba, blocks) } else { Command::read(nsid, slba, blocks) };
+                let cmd = if write {
+                    Command::write(nsid, slba, blocks)
+                } else {
+                    Command::read(nsid, slba, blocks)
+                };
                 let segs = slice_segments(segments, off, len);
                 match self.submit_data(cmd, &segs, mode, off) {
                     Ok(_) => {
@@ -274,7 +316,9 @@ impl IoQueuePair {
     /// Zeroes `blocks` blocks at `lba` without transferring data.
     pub fn write_zeroes(&mut self, nsid: u32, lba: u64, blocks: u32) -> Result<()> {
         if blocks == 0 || blocks > MAX_NLB {
-            return Err(DriverError::invalid(format!("Write Zeroes of {blocks} blocks is not 1..={MAX_NLB}")));
+            return Err(DriverError::invalid(format!(
+                "Write Zeroes of {blocks} blocks is not 1..={MAX_NLB}"
+            )));
         }
         self.namespace(nsid, lba, blocks as u64)?;
         self.simple(Command::write_zeroes(nsid, lba, blocks))
@@ -283,7 +327,10 @@ impl IoQueuePair {
     /// Deallocates (trims) the given `(lba, blocks)` ranges (at most 256).
     pub fn deallocate(&mut self, nsid: u32, ranges: &[(u64, u32)]) -> Result<()> {
         if ranges.is_empty() || ranges.len() > 256 {
-            return Err(DriverError::invalid(format!("{} ranges; Dataset Management takes 1..=256", ranges.len())));
+            return Err(DriverError::invalid(format!(
+                "{} ranges; Dataset Management takes 1..=256",
+                ranges.len()
+            )));
         }
         let buf = self.ctrl.dma().alloc(ranges.len() * 16)?;
         for (i, &(lba, blocks)) in ranges.iter().enumerate() {
@@ -293,7 +340,8 @@ impl IoQueuePair {
             buf.write_obj(i * 16 + 8, &lba)?;
         }
         let seg = IovaSegment { iova: buf.iova(), len: ranges.len() as u64 * 16 };
-        let cid = self.submit_data(Command::deallocate(nsid, ranges.len() as u32), &[seg], DataMode::Prp, 0)?;
+        let cid =
+            self.submit_data(Command::deallocate(nsid, ranges.len() as u32), &[seg], DataMode::Prp, 0)?;
         self.core.ring();
         let c = self.wait(cid)?;
         if !c.status.is_success() {
@@ -315,7 +363,10 @@ impl IoQueuePair {
 
 fn buffer_segment(buf: &DmaBuffer, offset: usize, len: usize) -> Result<IovaSegment> {
     if offset.checked_add(len).is_none_or(|e| e > buf.len()) {
-        return Err(DriverError::invalid(format!("{offset:#x}+{len:#x} is outside a {:#x}-byte buffer", buf.len())));
+        return Err(DriverError::invalid(format!(
+            "{offset:#x}+{len:#x} is outside a {:#x}-byte buffer",
+            buf.len()
+        )));
     }
     Ok(IovaSegment { iova: buf.iova_at(offset), len: len as u64 })
 }
@@ -347,10 +398,10 @@ mod tests {
     #[test]
     fn slicing_segments() {
         let s = [IovaSegment { iova: 0x1000, len: 0x1000 }, IovaSegment { iova: 0x9000, len: 0x2000 }];
-        assert_eq!(slice_segments(&s, 0x800, 0x1000), vec![
-            IovaSegment { iova: 0x1800, len: 0x800 },
-            IovaSegment { iova: 0x9000, len: 0x800 }
-        ]);
+        assert_eq!(
+            slice_segments(&s, 0x800, 0x1000),
+            vec![IovaSegment { iova: 0x1800, len: 0x800 }, IovaSegment { iova: 0x9000, len: 0x800 }]
+        );
         assert_eq!(slice_segments(&s, 0x1000, 0x2000), vec![IovaSegment { iova: 0x9000, len: 0x2000 }]);
         assert_eq!(slice_segments(&s, 0, 0x3000).len(), 2);
     }

@@ -310,12 +310,8 @@ mod tests {
 
     #[test]
     fn cc_fields_encode_where_the_spec_puts_them() {
-        let cc = Cc::default()
-            .with_enable(true)
-            .with_css(0)
-            .with_page_shift(12)
-            .with_iosqes(6)
-            .with_iocqes(4);
+        let cc =
+            Cc::default().with_enable(true).with_css(0).with_page_shift(12).with_iosqes(6).with_iocqes(4);
         assert_eq!(cc.0, 0x0046_0001);
         assert!(cc.enabled());
         assert_eq!(cc.iosqes(), 6);

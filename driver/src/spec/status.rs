@@ -244,10 +244,7 @@ mod tests {
         assert_eq!(Status::INVALID_FIELD.to_string(), "Generic/Invalid Field (0x0002)");
         assert_eq!(Status::LBA_OUT_OF_RANGE.to_string(), "Generic/LBA Out of Range (0x0080)");
         assert_eq!(Status::PRP_OFFSET_INVALID.to_string(), "Generic/PRP Offset Invalid (0x0013)");
-        assert_eq!(
-            Status::INVALID_QUEUE_SIZE.to_string(),
-            "Command Specific/Invalid Queue Size (0x0102)"
-        );
+        assert_eq!(Status::INVALID_QUEUE_SIZE.to_string(), "Command Specific/Invalid Queue Size (0x0102)");
         assert_eq!(Status::UNRECOVERED_READ_ERROR.to_string(), "Media/Unrecovered Read Error (0x0281)");
         assert_eq!(Status::new(0, 0x7f).to_string(), "Generic/Unknown Status (0x007f)");
         assert_eq!(Status::INVALID_FIELD.with_dnr(true).to_string(), "Generic/Invalid Field (0x0002) [DNR]");

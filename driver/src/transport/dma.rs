@@ -232,7 +232,10 @@ mod tests {
     #[test]
     fn translate_walks_segments() {
         let m = mapping(&[(0x10_0800, 0x800), (0x50_0000, 0x1000), (0x90_0000, 0x1000)]);
-        assert_eq!(m.translate(0, 0x800).unwrap_or_default(), vec![IovaSegment { iova: 0x10_0800, len: 0x800 }]);
+        assert_eq!(
+            m.translate(0, 0x800).unwrap_or_default(),
+            vec![IovaSegment { iova: 0x10_0800, len: 0x800 }]
+        );
         assert_eq!(
             m.translate(0x700, 0x200).unwrap_or_default(),
             vec![IovaSegment { iova: 0x10_0f00, len: 0x100 }, IovaSegment { iova: 0x50_0000, len: 0x100 }]
@@ -244,6 +247,9 @@ mod tests {
     #[test]
     fn translate_merges_adjacent_segments() {
         let m = mapping(&[(0x1000, 0x1000), (0x2000, 0x1000)]);
-        assert_eq!(m.translate(0, 0x2000).unwrap_or_default(), vec![IovaSegment { iova: 0x1000, len: 0x2000 }]);
+        assert_eq!(
+            m.translate(0, 0x2000).unwrap_or_default(),
+            vec![IovaSegment { iova: 0x1000, len: 0x2000 }]
+        );
     }
 }

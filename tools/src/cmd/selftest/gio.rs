@@ -50,7 +50,7 @@ pub fn run(
             timeout: Duration::from_secs(120),
             ..SelftestOptions::default()
         };
-        let report = round_trip(&ctrls, &opts).with_context(|| {
+        let report = round_trip(ctrls, &opts).with_context(|| {
             format!(
                 "gio_uring round trip ({mode_name}, {})",
                 if force_prp { "PRP" } else { "SGL where supported" }

@@ -123,7 +123,11 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         let passes = gio::run(&ctrls, None, args.gio_ioctx)?;
-        return if args.json { print_json(&passes) } else { Ok(gio::print(&passes)) };
+        if args.json {
+            return print_json(&passes);
+        }
+        gio::print(&passes);
+        return Ok(());
     }
     if args.emulated {
         if !args.probe {
