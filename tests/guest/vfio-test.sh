@@ -87,6 +87,15 @@ timeout 150 tutti demo --drives $NVME0,$NVME1 --tokens 256 2>/tmp/err >/tmp/demo
 sed 's/^/demo: /' /tmp/demo.txt
 no_iommu_faults "during the demo"
 
+step "tutti demo on one controller: layer IOCBs, the executor expands (file, block) pairs from a registered list"
+# One drive means one LBA size, so the pool takes the main path (layer IOCBs) rather than the
+# explicit IOCBs that mixed LBA sizes force above; the run must say so.
+timeout 150 tutti demo --drives $NVME0 --tokens 128 2>/tmp/err >/tmp/demo.txt \
+    || { cat /tmp/err /tmp/demo.txt; fail "demo on one controller"; }
+grep -q "layer IOCBs" /tmp/demo.txt || { cat /tmp/demo.txt; fail "demo on one controller did not use layer IOCBs"; }
+sed 's/^/demo: /' /tmp/demo.txt
+no_iommu_faults "during the one-controller demo"
+
 step "tutti bench sgl-vs-prp: SGL, PRP+list and two-page PRP reads of the same objects on both controllers"
 # Small on purpose: the guest may run under TCG on a busy host. The figures are QEMU's NVMe
 # emulation speed, not an SSD's; what must hold is that every mode read back the stored bytes.
