@@ -39,6 +39,27 @@ fn small_request_round_trips_and_survives_reopen() {
 }
 
 #[test]
+fn both_executor_modes_verify_and_the_host_builds_nothing() {
+    for mode in ["launch", "persistent"] {
+        let mut args = SMALL.to_vec();
+        args.extend_from_slice(&["--executor", mode, "--no-reopen"]);
+        let r = json(&args);
+        assert_eq!(r["retrieve"]["verified_bytes"], r["retrieve"]["bytes"], "{mode}");
+        for phase in ["store", "retrieve"] {
+            let p = &r[phase];
+            assert_eq!(p["host_calls_per_layer"], 1.0, "{mode} {phase}: one submission per layer");
+            assert_eq!(p["host_built_per_layer"], 0.0, "{mode} {phase}: the executor builds the commands");
+            let cpu = p["host_submit_us_per_layer"].as_f64().unwrap_or(-1.0);
+            assert!(cpu > 0.0, "{mode} {phase}: host CPU of the submissions is measured: {p}");
+            assert!(p["host_setup_us_per_layer"].as_f64().unwrap_or(-1.0) > 0.0, "{mode} {phase}: {p}");
+        }
+    }
+    let out = tutti(&["--executor", "gpu"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--executor"));
+}
+
+#[test]
 fn geometry_layout_lba_size_and_backend_flags() {
     let r = json(&[
         "--tokens",

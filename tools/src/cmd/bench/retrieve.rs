@@ -105,7 +105,7 @@ pub enum ExecFlag {
 }
 
 impl ExecFlag {
-    fn mode(self) -> tutti_gio_uring::ExecMode {
+    pub(crate) fn mode(self) -> tutti_gio_uring::ExecMode {
         match self {
             ExecFlag::Persistent => tutti_gio_uring::ExecMode::Persistent,
             ExecFlag::Launch => tutti_gio_uring::ExecMode::Launch,
