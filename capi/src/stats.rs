@@ -1,4 +1,5 @@
-//! Counters of a runtime: bytes, hits, misses, evictions, queue depths.
+//! Counters of a runtime: bytes, hits, misses, evictions, failed blocks, queue
+//! depths, and the host's work on the control path (ABI 1.1).
 
 use crate::error::{guard, Result};
 use crate::ptr::{self, SizePrefixed};

@@ -69,27 +69,23 @@ fn an_abi_1_0_caller_gets_exactly_its_fields() {
     store_all(&rt, &keys, &[0, 1]);
 
     // Stats: the 1.0 fields are filled, the bytes after them are left alone.
-    let mut s = [SENTINEL; size_of::<tutti_stats_t>()];
     let mut stats_v0 = [0u64; size_of::<tutti_stats_t>() / 8];
-    stats_v0[0] = STATS_V0 as u64;
-    // SAFETY: a live handle; `stats_v0` is an aligned buffer larger than 136 bytes.
-    unsafe {
-        let p = stats_v0.as_mut_ptr() as *mut u8;
-        std::ptr::copy_nonoverlapping(s.as_ptr().add(STATS_V0), p.add(STATS_V0), s.len() - STATS_V0);
+    let p = stats_v0.as_mut_ptr() as *mut u8;
+    // SAFETY: a live handle; `stats_v0` is an aligned 184-byte buffer whose first
+    // 136 bytes are a 1.0 `tutti_stats_t`; fields are read at their offsets.
+    let (jobs, bytes_stored, stores_open, tail) = unsafe {
+        std::ptr::write_bytes(p.add(STATS_V0), SENTINEL, size_of::<tutti_stats_t>() - STATS_V0);
+        std::ptr::write(p as *mut u32, STATS_V0 as u32);
         ok(tutti_get_stats(rt.0, p as *mut tutti_stats_t));
-        std::ptr::copy_nonoverlapping(p, s.as_mut_ptr(), s.len());
-    }
-    assert!(s[STATS_V0..].iter().all(|&b| b == SENTINEL), "bytes past struct_size were written");
-    let full = stats(&rt);
-    // SAFETY: the first 136 bytes are a 1.0 `tutti_stats_t` prefix; read field by field.
-    let (jobs, bytes_stored, stores_open) = unsafe {
-        let p = stats_v0.as_ptr() as *const u8;
         (
             std::ptr::read(p.add(offset_of!(tutti_stats_t, jobs)) as *const u64),
             std::ptr::read(p.add(offset_of!(tutti_stats_t, bytes_stored)) as *const u64),
             std::ptr::read(p.add(offset_of!(tutti_stats_t, stores_open)) as *const u64),
+            std::slice::from_raw_parts(p.add(STATS_V0), size_of::<tutti_stats_t>() - STATS_V0).to_vec(),
         )
     };
+    assert!(tail.iter().all(|&b| b == SENTINEL), "bytes past struct_size were written");
+    let full = stats(&rt);
     assert_eq!((jobs, bytes_stored, stores_open), (full.jobs, full.bytes_stored, 0));
     assert!(jobs == 1 && bytes_stored > 0);
 
