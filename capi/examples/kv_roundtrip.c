@@ -14,6 +14,7 @@
 #include "tutti.h"
 
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -357,6 +358,23 @@ int main(int argc, char **argv) {
           s.jobs_in_flight);
     CHECK(s.lookup_hits >= 2 * REQUEST_BLOCKS && s.lookup_misses >= REQUEST_BLOCKS, "hits %" PRIu64,
           s.lookup_hits);
+    /* ABI 1.1: the host's work. Every job here registered its pairs once (gio_uring on the host). */
+    CHECK(tutti_abi_minor() >= 1, "ABI minor %u", tutti_abi_minor());
+    CHECK(s.pairs_registered > 0 && s.host_pairs == 0 && s.host_calls > 0, "pairs registered %" PRIu64
+          ", host pairs %" PRIu64, s.pairs_registered, s.host_pairs);
+    /* An engine built against ABI 1.0 passes the smaller struct (its fields end at stores_open):
+       it is filled up to there and not a byte further. */
+    {
+        tutti_stats_t old;
+        const size_t old_size = offsetof(tutti_stats_t, host_calls);
+        memset(&old, 0xA5, sizeof old);
+        old.struct_size = (uint32_t)old_size;
+        OK(tutti_get_stats(rt, &old));
+        CHECK(old.files_valid == s.files_valid && old.bytes_stored == s.bytes_stored, "1.0 stats");
+        const unsigned char *tail = (const unsigned char *)&old + old_size;
+        for (size_t i = 0; i < sizeof old - old_size; i++)
+            CHECK(tail[i] == 0xA5, "byte %zu past a 1.0 tutti_stats_t was written", old_size + i);
+    }
     s.struct_size = 8;
     EXPECT_ERR(tutti_get_stats(rt, &s), TUTTI_E_STRUCT_SIZE, "tutti_stats_t.struct_size is 8");
 

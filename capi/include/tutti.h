@@ -29,8 +29,23 @@
 #include <stdint.h>
 
 // The ABI version of this library; a caller built against another version
-// must not use it. Structs of ABI 1 must carry exactly their ABI-1 size.
+// must not use it. It changes only when the ABI changes incompatibly.
+//
+// Within ABI 1, additions are minor versions (`TUTTI_ABI_MINOR`): new
+// functions, constants, and fields appended to size-prefixed structs. A
+// library of minor `m` accepts in `struct_size` the size of the struct in
+// any minor `<= m` (the sizes are listed with each struct): it reads only
+// the fields the caller's size covers (absent inputs take their defaults)
+// and writes only those, so a caller built against an older header works
+// unchanged. Any other `struct_size` is `TUTTI_E_STRUCT_SIZE`. A caller that
+// needs the fields of minor `m` checks `tutti_abi_minor() >= m` first (an
+// older library refuses the larger size). Minor 0 is the first ABI 1;
+// minor 1 added the host-work counters of `tutti_stats_t` and
+// `tutti_job_status_t`.
 #define TUTTI_ABI_VERSION 1
+
+// The minor version of ABI 1 this library implements (see `TUTTI_ABI_VERSION`).
+#define TUTTI_ABI_MINOR 1
 
 // 32-bit float KV.
 #define TUTTI_DTYPE_F32 1
@@ -180,8 +195,11 @@ typedef struct tutti_hash_t {
     uint8_t bytes[16];
 } tutti_hash_t;
 
-// A job's progress. Set `struct_size = sizeof(tutti_job_status_t)`, and
-// `failed_bitmap`/`failed_bitmap_words` if the per-block failures are wanted.
+// A job's progress. Set `struct_size = sizeof(tutti_job_status_t)` (64 for
+// a caller built against ABI 1.0, which gets the fields up to `bytes`; 120
+// since ABI 1.1), and `failed_bitmap`/`failed_bitmap_words` if the
+// per-block failures are wanted (`layer_submit_ns`/`layer_submit_ns_len`
+// for the per-layer submission CPU).
 typedef struct tutti_job_status_t {
     uint32_t struct_size;
     // `TUTTI_DIR_*`.
@@ -204,6 +222,28 @@ typedef struct tutti_job_status_t {
     uint64_t commands;
     // KV bytes of the blocks that did not fail, over the finished layers.
     uint64_t bytes;
+    // ABI 1.1: calls the host made into the I/O path for this job.
+    uint64_t host_calls;
+    // ABI 1.1: commands whose fields the host wrote itself (0 when the executor expands them).
+    uint64_t host_built;
+    // ABI 1.1: (file, block) pairs the host read or copied in the job's
+    // per-layer submissions; 0 when `pairs_registered` (the executor reads
+    // the registered list).
+    uint64_t host_pairs;
+    // ABI 1.1: host CPU (the submitting thread's CPU time) of the job's
+    // setup: validation, I/O references, pair registration; ns, once per job.
+    uint64_t setup_ns;
+    // ABI 1.1: host CPU of the job's per-layer submissions so far (the sum
+    // of `layer_submit_ns`), ns.
+    uint64_t submit_ns;
+    // ABI 1.1: 1 when the job's (file, block) pairs were registered with
+    // the I/O path once, at its start, so layers refer to them.
+    uint32_t pairs_registered;
+    // ABI 1.1, IN: capacity of `layer_submit_ns` in entries (at least `num_layers` if given).
+    uint32_t layer_submit_ns_len;
+    // ABI 1.1, IN, nullable: receives the host CPU inside the I/O path's
+    // submit per layer, ns; entry i = layer `first_layer + i` (0 while not submitted).
+    uint64_t *layer_submit_ns;
 } tutti_job_status_t;
 
 // The engine's KV memory. Set `struct_size = sizeof(tutti_kv_layout_t)`.
@@ -310,7 +350,9 @@ typedef struct tutti_runtime_info_t {
     uint8_t pool_id[16];
 } tutti_runtime_info_t;
 
-// Counters since the runtime opened. Set `struct_size = sizeof(tutti_stats_t)`.
+// Counters since the runtime opened. Set `struct_size = sizeof(tutti_stats_t)`
+// (136 for a caller built against ABI 1.0, which gets the fields up to
+// `stores_open`; 184 since ABI 1.1).
 typedef struct tutti_stats_t {
     uint32_t struct_size;
     // Pool files (one KV block each).
@@ -336,7 +378,10 @@ typedef struct tutti_stats_t {
     uint64_t layers;
     // NVMe commands issued by jobs.
     uint64_t commands;
-    // Block-layers that failed.
+    // Blocks jobs reported failed, each once per job however often it is
+    // polled: device errors, cancellations, and a load's blocks not stored
+    // under the cache identity. Counted when a poll or wait sees the failure,
+    // or when the job is destroyed.
     uint64_t failed_blocks;
     // Chunks made durable and visible by commits.
     uint64_t files_committed;
@@ -346,6 +391,21 @@ typedef struct tutti_stats_t {
     uint64_t layers_in_flight;
     // Store sessions neither committed nor given up.
     uint64_t stores_open;
+    // ABI 1.1: calls the host made into the I/O path (one per submitted
+    // layer, or per filled IOCB, plus issues).
+    uint64_t host_calls;
+    // ABI 1.1: commands whose fields the host wrote itself (0 when the executor expands them).
+    uint64_t host_built;
+    // ABI 1.1: (file, block) pairs the host read or copied in per-layer
+    // submissions (0 when every job's pairs were registered once).
+    uint64_t host_pairs;
+    // ABI 1.1: jobs whose (file, block) pairs were registered with the I/O path once, at their start.
+    uint64_t pairs_registered;
+    // ABI 1.1: host CPU (the submitting thread's CPU time) of job setup:
+    // validation, I/O references, pair registration; ns.
+    uint64_t setup_ns;
+    // ABI 1.1: host CPU inside the per-layer submissions, ns.
+    uint64_t submit_ns;
 } tutti_stats_t;
 
 // What a commit achieved. Set `struct_size = sizeof(tutti_store_report_t)`,
@@ -373,6 +433,14 @@ extern "C" {
 // # Safety
 // None: callable at any time from any thread.
 uint32_t tutti_abi_version(void);
+
+// The minor version of ABI 1 the loaded library implements
+// (`TUTTI_ABI_MINOR` it was built with). Libraries of minor 0 lack this
+// function; a caller that loads the library dynamically treats its absence as 0.
+//
+// # Safety
+// None: callable at any time from any thread.
+uint32_t tutti_abi_minor(void);
 
 // The name of a status code, e.g. "TUTTI_E_INVALID_ARG"
 // ("TUTTI_UNKNOWN_STATUS" for a value that is none). A static string.
@@ -665,11 +733,11 @@ int32_t tutti_runtime_close(struct tutti_runtime_t *rt);
 // `tutti_runtime_info_t` with `struct_size` set.
 int32_t tutti_runtime_info(struct tutti_runtime_t *rt, struct tutti_runtime_info_t *out);
 
-// Fills `out` with the runtime's counters.
+// Fills `out` with the runtime's counters, as many as its `struct_size` covers.
 //
 // # Safety
 // `rt` is a runtime handle (checked); `out` is NULL or points to a
-// `tutti_stats_t` with `struct_size` set.
+// `tutti_stats_t` of any ABI-1 minor version with `struct_size` set.
 int32_t tutti_get_stats(struct tutti_runtime_t *rt, struct tutti_stats_t *out);
 
 // Starts storing chunk `hashes[i]` from engine block `block_ids[i]`:

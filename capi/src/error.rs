@@ -18,7 +18,7 @@ pub enum CapiError {
     Misaligned(&'static str, &'static str),
 
     #[error("{what}.struct_size is {got}, this library (ABI {abi}) expects {expected}", abi = crate::TUTTI_ABI_VERSION)]
-    StructSize { what: &'static str, got: u32, expected: u32 },
+    StructSize { what: &'static str, got: u32, expected: String },
 
     #[error("invalid {field}: {what}")]
     Invalid { field: &'static str, what: String },
@@ -183,7 +183,7 @@ mod tests {
         assert_eq!(CapiError::from(busy).code(), TUTTI_E_BUSY);
         assert_eq!(CapiError::from(ObjError::NotRegistered).code(), TUTTI_E_NOT_REGISTERED);
         assert_eq!(CapiError::from(ObjError::Unknown { what: "pin", id: 3 }).code(), TUTTI_E_NOT_FOUND);
-        let e = CapiError::StructSize { what: "config", got: 8, expected: 96 };
+        let e = CapiError::StructSize { what: "config", got: 8, expected: "96".into() };
         assert_eq!(e.code(), TUTTI_E_STRUCT_SIZE);
         assert!(e.to_string().contains("is 8") && e.to_string().contains("expects 96"));
     }

@@ -10,7 +10,8 @@ use crate::status::{TUTTI_IN_PROGRESS, TUTTI_OK};
 use crate::store::StoreSession;
 use std::ffi::c_char;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tutti_objstore::{Direction, JobId, JobStatus};
 
@@ -28,8 +29,11 @@ pub struct tutti_job_t {
     _private: [u8; 0],
 }
 
-/// A job's progress. Set `struct_size = sizeof(tutti_job_status_t)`, and
-/// `failed_bitmap`/`failed_bitmap_words` if the per-block failures are wanted.
+/// A job's progress. Set `struct_size = sizeof(tutti_job_status_t)` (64 for
+/// a caller built against ABI 1.0, which gets the fields up to `bytes`; 120
+/// since ABI 1.1), and `failed_bitmap`/`failed_bitmap_words` if the
+/// per-block failures are wanted (`layer_submit_ns`/`layer_submit_ns_len`
+/// for the per-layer submission CPU).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct tutti_job_status_t {
@@ -54,11 +58,66 @@ pub struct tutti_job_status_t {
     pub commands: u64,
     /// KV bytes of the blocks that did not fail, over the finished layers.
     pub bytes: u64,
+    /// ABI 1.1: calls the host made into the I/O path for this job.
+    pub host_calls: u64,
+    /// ABI 1.1: commands whose fields the host wrote itself (0 when the executor expands them).
+    pub host_built: u64,
+    /// ABI 1.1: (file, block) pairs the host read or copied in the job's
+    /// per-layer submissions; 0 when `pairs_registered` (the executor reads
+    /// the registered list).
+    pub host_pairs: u64,
+    /// ABI 1.1: host CPU (the submitting thread's CPU time) of the job's
+    /// setup: validation, I/O references, pair registration; ns, once per job.
+    pub setup_ns: u64,
+    /// ABI 1.1: host CPU of the job's per-layer submissions so far (the sum
+    /// of `layer_submit_ns`), ns.
+    pub submit_ns: u64,
+    /// ABI 1.1: 1 when the job's (file, block) pairs were registered with
+    /// the I/O path once, at its start, so layers refer to them.
+    pub pairs_registered: u32,
+    /// ABI 1.1, IN: capacity of `layer_submit_ns` in entries (at least `num_layers` if given).
+    pub layer_submit_ns_len: u32,
+    /// ABI 1.1, IN, nullable: receives the host CPU inside the I/O path's
+    /// submit per layer, ns; entry i = layer `first_layer + i` (0 while not submitted).
+    pub layer_submit_ns: *mut u64,
 }
 
-// SAFETY: repr(C) with `struct_size: u32` first.
+impl Default for tutti_job_status_t {
+    fn default() -> Self {
+        tutti_job_status_t {
+            struct_size: 0,
+            direction: 0,
+            done: 0,
+            cancelled: 0,
+            first_layer: 0,
+            num_layers: 0,
+            layers_done: 0,
+            blocks: 0,
+            failed: 0,
+            failed_bitmap_words: 0,
+            failed_bitmap: std::ptr::null_mut(),
+            commands: 0,
+            bytes: 0,
+            host_calls: 0,
+            host_built: 0,
+            host_pairs: 0,
+            setup_ns: 0,
+            submit_ns: 0,
+            pairs_registered: 0,
+            layer_submit_ns_len: 0,
+            layer_submit_ns: std::ptr::null_mut(),
+        }
+    }
+}
+
+// SAFETY: repr(C) with `struct_size: u32` first; integers and pointers, no padding
+// (ten u32, then 8-byte fields from offset 40; two u32 before the last pointer).
 unsafe impl SizePrefixed for tutti_job_status_t {
     const NAME: &'static str = "tutti_job_status_t";
+    const SIZES: &'static [u32] = &[
+        std::mem::offset_of!(tutti_job_status_t, host_calls) as u32,
+        std::mem::size_of::<tutti_job_status_t>() as u32,
+    ];
 }
 
 pub(crate) struct Job {
@@ -75,6 +134,8 @@ pub(crate) struct Job {
     pin: u64,
     /// Stores: the session written for (kept open while the job lives).
     _session: Option<Arc<StoreSession>>,
+    /// The failures already added to the runtime's `failed_blocks` (bitmap).
+    counted: Mutex<Vec<u64>>,
 }
 
 pub(crate) static JOBS: Registry<Job> = Registry::new("tutti_job_t", 2);
@@ -114,15 +175,50 @@ impl Job {
         let key = rt.next_key();
         rt.set_in_flight(key, if s.id.is_some() { s.layers.len() as u32 } else { 0 });
         let Submitted { id, dir, blocks, submitted, layers, pin, session } = s;
-        Job { rt, key, id, dir, blocks, submitted, layers, pin, _session: session }
+        let job = Job {
+            rt,
+            key,
+            id,
+            dir,
+            blocks,
+            submitted,
+            layers,
+            pin,
+            _session: session,
+            counted: Mutex::new(vec![0; (blocks as usize).div_ceil(64)]),
+        };
+        // The blocks not submitted have failed already, whether or not the job is ever polled.
+        job.count_failures(&job.failed_bitmap(None));
+        job
     }
 
-    fn view(&self, st: Option<JobStatus>) -> View {
-        let mut failed = st.as_ref().map(|s| s.failed_blocks.clone()).unwrap_or_default();
+    /// The job's failure bitmap: the object store's, plus the blocks not submitted.
+    fn failed_bitmap(&self, st: Option<&JobStatus>) -> Vec<u64> {
+        let mut failed = st.map(|s| s.failed_blocks.clone()).unwrap_or_default();
         failed.resize((self.blocks as usize).div_ceil(64), 0);
         for i in self.submitted..self.blocks {
             failed[i as usize / 64] |= 1 << (i % 64);
         }
+        failed
+    }
+
+    /// Adds the failures not counted before to the runtime's `failed_blocks`:
+    /// every block a job reports failed counts once, however often it is seen.
+    fn count_failures(&self, failed: &[u64]) {
+        let Ok(mut counted) = self.counted.lock() else {
+            return;
+        };
+        let mut new = 0u64;
+        for (c, &f) in counted.iter_mut().zip(failed) {
+            new += (f & !*c).count_ones() as u64;
+            *c |= f;
+        }
+        self.rt.failed_blocks.fetch_add(new, Ordering::Relaxed);
+    }
+
+    fn view(&self, st: Option<JobStatus>) -> Result<View> {
+        let failed = self.failed_bitmap(st.as_ref());
+        self.count_failures(&failed);
         let mut first_error = st.as_ref().and_then(|s| s.first_error.clone());
         if self.submitted < self.blocks && first_error.is_none() {
             first_error = Some(format!(
@@ -133,20 +229,20 @@ impl Job {
         if let Some(s) = &st {
             self.rt.set_in_flight(self.key, if s.done { 0 } else { s.layers - s.layers_done });
         }
-        View { st, failed, first_error }
+        Ok(View { st, failed, first_error })
     }
 
     fn poll(&self) -> Result<View> {
-        Ok(self.view(self.id.map(|id| self.rt.store.poll(id)).transpose()?))
+        self.view(self.id.map(|id| self.rt.store.poll(id)).transpose()?)
     }
 
     fn wait(&self, timeout: Duration) -> Result<View> {
-        Ok(self.view(self.id.map(|id| self.rt.store.wait(id, timeout)).transpose()?))
+        self.view(self.id.map(|id| self.rt.store.wait(id, timeout)).transpose()?)
     }
 
     fn wait_layer(&self, layer: u32, timeout: Duration) -> Result<View> {
         self.check_layer(layer)?;
-        Ok(self.view(self.id.map(|id| self.rt.store.wait_layer(id, layer, timeout)).transpose()?))
+        self.view(self.id.map(|id| self.rt.store.wait_layer(id, layer, timeout)).transpose()?)
     }
 
     fn check_layer(&self, layer: u32) -> Result<()> {
@@ -167,7 +263,8 @@ impl Job {
         v.st.as_ref().is_none_or(|s| s.layer_is_done(layer))
     }
 
-    fn fill(&self, v: &View, out: &mut tutti_job_status_t) -> Result<()> {
+    /// Sets the fields of `out` from `v` (the caller's buffers are filled by `fill_buffers`).
+    fn fill(&self, v: &View, out: &mut tutti_job_status_t) {
         let failed: u32 = v.failed.iter().map(|w| w.count_ones()).sum();
         let layers_done = v.st.as_ref().map_or(self.layers.len() as u32, |s| s.layers_done);
         let obj = self.rt.store.stripe_map().object_bytes();
@@ -184,6 +281,19 @@ impl Job {
         out.failed = failed;
         out.commands = v.st.as_ref().map_or(0, |s| s.commands);
         out.bytes = self.blocks.saturating_sub(failed) as u64 * layers_done as u64 * 2 * obj;
+        if let Some(s) = &v.st {
+            out.host_calls = s.host_calls;
+            out.host_built = s.host_built;
+            out.host_pairs = s.host_pairs;
+            out.setup_ns = s.setup_ns;
+            out.submit_ns = s.submit_ns;
+            out.pairs_registered = s.pairs_registered as u32;
+        }
+    }
+
+    /// Copies the failure bitmap and the per-layer submission CPU into the
+    /// caller's buffers named in `out` (each nullable).
+    fn fill_buffers(&self, v: &View, out: &tutti_job_status_t) -> Result<()> {
         if !out.failed_bitmap.is_null() {
             if (out.failed_bitmap_words as usize) < v.failed.len() {
                 return Err(CapiError::BufferTooSmall {
@@ -195,6 +305,24 @@ impl Job {
             // SAFETY: the caller promises `failed_bitmap_words` writable words (struct docs).
             let dst = unsafe { ptr::slice_out(out.failed_bitmap, v.failed.len(), "failed_bitmap")? };
             dst.copy_from_slice(&v.failed);
+        }
+        if !out.layer_submit_ns.is_null() {
+            let n = self.layers.len();
+            if (out.layer_submit_ns_len as usize) < n {
+                return Err(CapiError::BufferTooSmall {
+                    what: "layer_submit_ns (entries)",
+                    needed: n,
+                    capacity: out.layer_submit_ns_len as usize,
+                });
+            }
+            // SAFETY: the caller promises `layer_submit_ns_len` writable entries (struct docs).
+            let dst = unsafe { ptr::slice_out(out.layer_submit_ns, n, "layer_submit_ns")? };
+            dst.fill(0);
+            if let Some(s) = &v.st {
+                for (d, &ns) in dst.iter_mut().zip(&s.layer_submit_ns) {
+                    *d = ns;
+                }
+            }
         }
         Ok(())
     }
@@ -208,6 +336,10 @@ impl Drop for Job {
                 let _ = store.cancel(id);
                 let _ = store.wait(id, DRAIN);
             }
+            // Failures no poll saw yet (a job destroyed unwaited) still count once.
+            if let Ok(s) = store.poll(id) {
+                self.count_failures(&self.failed_bitmap(Some(&s)));
+            }
             if let Err(e) = store.release(id) {
                 tracing::warn!(job = id, error = %e, "a destroyed job could not be released");
             }
@@ -219,15 +351,21 @@ impl Drop for Job {
     }
 }
 
-/// Answers a job call: fills `status` (nullable) even when the call then
-/// reports a timeout, so the caller sees how far the job got.
+/// Answers a job call: fills `status` (nullable; as many fields as its
+/// `struct_size` covers) even when the call then reports a timeout, so the
+/// caller sees how far the job got; then the caller's buffers.
 ///
 /// # Safety
-/// `status` is NULL or points to a `tutti_job_status_t` with `struct_size` set.
+/// `status` is NULL or points to a `tutti_job_status_t` of any ABI-1 minor
+/// version with `struct_size` set.
 unsafe fn answer(job: &Job, v: &View, status: *mut tutti_job_status_t) -> Result<()> {
     if !status.is_null() {
         // SAFETY: forwarded from the caller.
-        job.fill(v, unsafe { ptr::sized_out(status)? })?;
+        let mut out = unsafe { ptr::sized_out_prefix(status)? };
+        job.fill(v, &mut out.val);
+        let buffers = out.val;
+        out.commit();
+        job.fill_buffers(v, &buffers)?;
     }
     Ok(())
 }

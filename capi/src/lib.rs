@@ -49,8 +49,23 @@ use std::ffi::c_char;
 const EMPTY: &str = "\0";
 
 /// The ABI version of this library; a caller built against another version
-/// must not use it. Structs of ABI 1 must carry exactly their ABI-1 size.
+/// must not use it. It changes only when the ABI changes incompatibly.
+///
+/// Within ABI 1, additions are minor versions (`TUTTI_ABI_MINOR`): new
+/// functions, constants, and fields appended to size-prefixed structs. A
+/// library of minor `m` accepts in `struct_size` the size of the struct in
+/// any minor `<= m` (the sizes are listed with each struct): it reads only
+/// the fields the caller's size covers (absent inputs take their defaults)
+/// and writes only those, so a caller built against an older header works
+/// unchanged. Any other `struct_size` is `TUTTI_E_STRUCT_SIZE`. A caller that
+/// needs the fields of minor `m` checks `tutti_abi_minor() >= m` first (an
+/// older library refuses the larger size). Minor 0 is the first ABI 1;
+/// minor 1 added the host-work counters of `tutti_stats_t` and
+/// `tutti_job_status_t`.
 pub const TUTTI_ABI_VERSION: u32 = 1;
+
+/// The minor version of ABI 1 this library implements (see `TUTTI_ABI_VERSION`).
+pub const TUTTI_ABI_MINOR: u32 = 1;
 
 /// The ABI version of the loaded library (`TUTTI_ABI_VERSION` it was built with).
 ///
@@ -59,6 +74,17 @@ pub const TUTTI_ABI_VERSION: u32 = 1;
 #[no_mangle]
 pub extern "C" fn tutti_abi_version() -> u32 {
     TUTTI_ABI_VERSION
+}
+
+/// The minor version of ABI 1 the loaded library implements
+/// (`TUTTI_ABI_MINOR` it was built with). Libraries of minor 0 lack this
+/// function; a caller that loads the library dynamically treats its absence as 0.
+///
+/// # Safety
+/// None: callable at any time from any thread.
+#[no_mangle]
+pub extern "C" fn tutti_abi_minor() -> u32 {
+    TUTTI_ABI_MINOR
 }
 
 /// The name of a status code, e.g. "TUTTI_E_INVALID_ARG"

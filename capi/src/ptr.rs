@@ -13,10 +13,20 @@ pub const TUTTI_MAX_TIMEOUT_MS: u64 = 86_400_000;
 
 /// A C struct whose first field is `uint32_t struct_size`.
 ///
+/// ABI 1 grows such a struct only by appending fields (a new minor version,
+/// `TUTTI_ABI_MINOR`); `SIZES` lists the size of each of its versions, so a
+/// caller built against an older header keeps working: the library reads and
+/// writes only the bytes the caller's `struct_size` covers.
+///
 /// # Safety
-/// Implementors must be `#[repr(C)]` with a `u32` `struct_size` first.
+/// Implementors must be `#[repr(C)]` with a `u32` `struct_size` first, have
+/// no padding, and hold only integers and raw pointers (every bit pattern is
+/// a valid value). `SIZES` is ascending, ends with `size_of::<Self>()`, and
+/// each entry is a field boundary.
 pub(crate) unsafe trait SizePrefixed: Sized {
     const NAME: &'static str;
+    /// The struct's size in each ABI-1 minor version that changed it, oldest first.
+    const SIZES: &'static [u32] = &[std::mem::size_of::<Self>() as u32];
 }
 
 fn check_ptr<T>(p: *const T, what: &'static str) -> Result<()> {
@@ -29,41 +39,80 @@ fn check_ptr<T>(p: *const T, what: &'static str) -> Result<()> {
     Ok(())
 }
 
-/// Reads `struct_size` alone (so a smaller struct is never read past its end) and checks it.
+/// Reads `struct_size` alone (so a smaller struct is never read past its end),
+/// checks that it is the size of one of the struct's versions, and returns it.
 ///
 /// # Safety
 /// `p` is NULL or points to at least 4 readable bytes.
-unsafe fn check_size<T: SizePrefixed>(p: *const T) -> Result<()> {
+unsafe fn check_size<T: SizePrefixed>(p: *const T) -> Result<u32> {
     check_ptr(p, T::NAME)?;
     // SAFETY: non-null and aligned (checked); the caller promises 4 readable bytes.
     let got = unsafe { std::ptr::read(p as *const u32) };
-    let expected = std::mem::size_of::<T>() as u32;
-    if got != expected {
+    if !T::SIZES.contains(&got) {
+        let expected = T::SIZES.iter().map(u32::to_string).collect::<Vec<_>>().join(" or ");
         return Err(CapiError::StructSize { what: T::NAME, got, expected });
     }
-    Ok(())
+    Ok(got)
 }
 
-/// A size-prefixed input struct.
+/// A size-prefixed input struct of a single version.
 ///
 /// # Safety
 /// `p` is NULL or points to a readable `T` (if its `struct_size` says so).
 pub(crate) unsafe fn sized_in<'a, T: SizePrefixed>(p: *const T) -> Result<&'a T> {
+    const { assert!(T::SIZES.len() == 1, "a struct of several versions is read by prefix") };
     // SAFETY: forwarded.
     unsafe { check_size(p)? };
     // SAFETY: checked non-null, aligned, and the caller's struct is this size.
     Ok(unsafe { &*p })
 }
 
-/// A size-prefixed output struct (the caller sets `struct_size`; inputs in it are kept).
+/// A size-prefixed output struct of a single version (the caller sets
+/// `struct_size`; inputs in it are kept).
 ///
 /// # Safety
 /// `p` is NULL or points to a writable `T` (if its `struct_size` says so).
 pub(crate) unsafe fn sized_out<'a, T: SizePrefixed>(p: *mut T) -> Result<&'a mut T> {
+    const { assert!(T::SIZES.len() == 1, "a struct of several versions is written by prefix") };
     // SAFETY: forwarded.
     unsafe { check_size(p)? };
     // SAFETY: as in `sized_in`, and the caller grants write access.
     Ok(unsafe { &mut *p })
+}
+
+/// An output struct that may be any of its versions: `val` starts as the
+/// caller's bytes (its inputs) with the fields its version lacks at their
+/// defaults; `commit` writes back only the caller's `struct_size` bytes.
+pub(crate) struct SizedOut<T> {
+    dst: *mut T,
+    len: usize,
+    pub val: T,
+}
+
+/// A size-prefixed output struct of any of its versions.
+///
+/// # Safety
+/// `p` is NULL or points to `struct_size` readable and writable bytes (the
+/// caller's version of `T`), which stay valid until the result is committed or dropped.
+pub(crate) unsafe fn sized_out_prefix<T: SizePrefixed + Default>(p: *mut T) -> Result<SizedOut<T>> {
+    // SAFETY: forwarded.
+    let len = unsafe { check_size(p)? } as usize;
+    let mut val = T::default();
+    // SAFETY: the caller has `len` readable bytes; `len <= size_of::<T>()` (the last
+    // of `SIZES`); any bytes are a valid `T` prefix (trait contract).
+    unsafe { std::ptr::copy_nonoverlapping(p as *const u8, &mut val as *mut T as *mut u8, len) };
+    Ok(SizedOut { dst: p, len, val })
+}
+
+impl<T> SizedOut<T> {
+    /// Writes the caller's version of the struct back.
+    pub(crate) fn commit(self) {
+        // SAFETY: `dst` has `len` writable bytes (`sized_out_prefix`'s contract); `T`
+        // has no padding, so every copied byte is initialised.
+        unsafe {
+            std::ptr::copy_nonoverlapping(&self.val as *const T as *const u8, self.dst as *mut u8, self.len)
+        };
+    }
 }
 
 /// A required out pointer.

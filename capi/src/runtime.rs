@@ -29,6 +29,8 @@ pub(crate) struct Runtime {
     /// Queue depth: per live unfinished job, its layers not yet finished.
     pub in_flight: Mutex<HashMap<u64, u32>>,
     pub stores_open: AtomicU64,
+    /// Blocks jobs reported failed, each counted once per job (`Job::count_failures`).
+    pub failed_blocks: AtomicU64,
     next_key: AtomicU64,
 }
 
@@ -124,6 +126,7 @@ pub unsafe extern "C" fn tutti_runtime_open(
             hooks: Mutex::new(Hooks::new(geometry.layers)?),
             in_flight: Mutex::new(HashMap::new()),
             stores_open: AtomicU64::new(0),
+            failed_blocks: AtomicU64::new(0),
             next_key: AtomicU64::new(1),
         };
         *out = RUNTIMES.insert(Arc::new(rt));

@@ -1,4 +1,5 @@
-//! Counters of a runtime: bytes, hits, misses, evictions, queue depths.
+//! Counters of a runtime: bytes, hits, misses, evictions, failed blocks, queue
+//! depths, and the host's work on the control path (ABI 1.1).
 
 use crate::error::{guard, Result};
 use crate::ptr::{self, SizePrefixed};
@@ -6,7 +7,9 @@ use crate::runtime::{lock, tutti_runtime_t, Runtime};
 use crate::status::TUTTI_OK;
 use std::sync::atomic::Ordering;
 
-/// Counters since the runtime opened. Set `struct_size = sizeof(tutti_stats_t)`.
+/// Counters since the runtime opened. Set `struct_size = sizeof(tutti_stats_t)`
+/// (136 for a caller built against ABI 1.0, which gets the fields up to
+/// `stores_open`; 184 since ABI 1.1).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct tutti_stats_t {
@@ -34,7 +37,10 @@ pub struct tutti_stats_t {
     pub layers: u64,
     /// NVMe commands issued by jobs.
     pub commands: u64,
-    /// Block-layers that failed.
+    /// Blocks jobs reported failed, each once per job however often it is
+    /// polled: device errors, cancellations, and a load's blocks not stored
+    /// under the cache identity. Counted when a poll or wait sees the failure,
+    /// or when the job is destroyed.
     pub failed_blocks: u64,
     /// Chunks made durable and visible by commits.
     pub files_committed: u64,
@@ -44,11 +50,30 @@ pub struct tutti_stats_t {
     pub layers_in_flight: u64,
     /// Store sessions neither committed nor given up.
     pub stores_open: u64,
+    /// ABI 1.1: calls the host made into the I/O path (one per submitted
+    /// layer, or per filled IOCB, plus issues).
+    pub host_calls: u64,
+    /// ABI 1.1: commands whose fields the host wrote itself (0 when the executor expands them).
+    pub host_built: u64,
+    /// ABI 1.1: (file, block) pairs the host read or copied in per-layer
+    /// submissions (0 when every job's pairs were registered once).
+    pub host_pairs: u64,
+    /// ABI 1.1: jobs whose (file, block) pairs were registered with the I/O path once, at their start.
+    pub pairs_registered: u64,
+    /// ABI 1.1: host CPU (the submitting thread's CPU time) of job setup:
+    /// validation, I/O references, pair registration; ns.
+    pub setup_ns: u64,
+    /// ABI 1.1: host CPU inside the per-layer submissions, ns.
+    pub submit_ns: u64,
 }
 
 // SAFETY: repr(C) with `struct_size: u32` first.
 unsafe impl SizePrefixed for tutti_stats_t {
     const NAME: &'static str = "tutti_stats_t";
+    const SIZES: &'static [u32] = &[
+        std::mem::offset_of!(tutti_stats_t, host_calls) as u32,
+        std::mem::size_of::<tutti_stats_t>() as u32,
+    ];
 }
 
 fn collect(rt: &Runtime, struct_size: u32) -> Result<tutti_stats_t> {
@@ -73,26 +98,33 @@ fn collect(rt: &Runtime, struct_size: u32) -> Result<tutti_stats_t> {
         jobs: s.jobs,
         layers: s.layers,
         commands: s.commands,
-        failed_blocks: s.failed_blocks,
+        failed_blocks: rt.failed_blocks.load(Ordering::Relaxed),
         files_committed: s.files_committed,
         jobs_in_flight,
         layers_in_flight,
         stores_open: rt.stores_open.load(Ordering::Relaxed),
+        host_calls: s.host_calls,
+        host_built: s.host_built,
+        host_pairs: s.host_pairs,
+        pairs_registered: s.pair_lists,
+        setup_ns: s.setup_ns,
+        submit_ns: s.submit_ns,
     })
 }
 
-/// Fills `out` with the runtime's counters.
+/// Fills `out` with the runtime's counters, as many as its `struct_size` covers.
 ///
 /// # Safety
 /// `rt` is a runtime handle (checked); `out` is NULL or points to a
-/// `tutti_stats_t` with `struct_size` set.
+/// `tutti_stats_t` of any ABI-1 minor version with `struct_size` set.
 #[no_mangle]
 pub unsafe extern "C" fn tutti_get_stats(rt: *mut tutti_runtime_t, out: *mut tutti_stats_t) -> i32 {
     guard("tutti_get_stats", || {
         let rt = Runtime::get(rt)?;
         // SAFETY: forwarded from the caller.
-        let out = unsafe { ptr::sized_out(out)? };
-        *out = collect(&rt, out.struct_size)?;
+        let mut out = unsafe { ptr::sized_out_prefix(out)? };
+        out.val = collect(&rt, out.val.struct_size)?;
+        out.commit();
         Ok(TUTTI_OK)
     })
 }

@@ -176,6 +176,11 @@ fn c_and_rust_agree_on_struct_layouts() {
             offset_of!(tutti_store_report_t, failed_bitmap_words),
         ),
         ("offsetof(tutti_stats_t, stores_open)", offset_of!(tutti_stats_t, stores_open)),
+        ("offsetof(tutti_stats_t, host_calls)", offset_of!(tutti_stats_t, host_calls)),
+        ("offsetof(tutti_stats_t, submit_ns)", offset_of!(tutti_stats_t, submit_ns)),
+        ("offsetof(tutti_job_status_t, host_calls)", offset_of!(tutti_job_status_t, host_calls)),
+        ("offsetof(tutti_job_status_t, pairs_registered)", offset_of!(tutti_job_status_t, pairs_registered)),
+        ("offsetof(tutti_job_status_t, layer_submit_ns)", offset_of!(tutti_job_status_t, layer_submit_ns)),
     ];
     let mut src =
         String::from("#include \"tutti.h\"\n#include <stdio.h>\n#include <stddef.h>\nint main(void) {\n");

@@ -20,6 +20,7 @@ HEADER_DIR = Path(__file__).resolve().parents[2] / "include"
 
 CONSTANTS = {
     "TUTTI_ABI_VERSION": _lib.ABI_VERSION,
+    "TUTTI_ABI_MINOR": _lib.ABI_MINOR,
     **{f"TUTTI_DTYPE_{k.upper()}": v for k, v in _lib.DTYPE.items()},
     "TUTTI_DRIVES_EMULATED": _lib.DRIVES_EMULATED,
     "TUTTI_DRIVES_VFIO": _lib.DRIVES_VFIO,

@@ -11,6 +11,7 @@ from conftest import NUM_BLOCKS, block_bytes, fill_block, vllm_layers
 def test_abi_version_is_the_one_the_package_binds(library):
     assert tutti.abi_version() == 1
     assert library.tutti_abi_version() == tutti._lib.ABI_VERSION
+    assert library.tutti_abi_minor() >= tutti._lib.ABI_MINOR == 1
 
 
 def test_clock_is_monotonic(library):
@@ -190,6 +191,56 @@ def test_stats_count_traffic(registered, geometry):
     assert s.files_valid == 2 and s.files_committed - before.files_committed == 2
     assert s.lookups > before.lookups and s.lookup_hits >= before.lookup_hits + 2
     assert s.jobs_in_flight == 0 and s.stores_open == 0
+
+
+def test_host_work_counters_of_jobs_and_stats(registered, geometry):
+    rt, layers = registered
+    before = rt.stats()
+    hashes = tutti.chain_hashes(list(range(8)), 4)
+    fill_block(geometry, layers, NUM_BLOCKS, 0, seed=1)
+    fill_block(geometry, layers, NUM_BLOCKS, 1, seed=2)
+    statuses = []
+    with rt.begin_store(hashes, [0, 1]) as st:
+        with st.submit(range(0, geometry.layers)) as job:
+            statuses.append(job.wait())
+        st.commit()
+    with rt.load(hashes, [6, 7]) as job:
+        for layer in range(geometry.layers):
+            job.wait_layer(layer)
+        statuses.append(job.wait())
+    for s in statuses:
+        assert s.done and s.failed == 0
+        # The main path registers a job's pairs once; no layer carries them again.
+        assert s.pairs_registered and s.host_pairs == 0
+        assert s.host_calls >= geometry.layers and s.commands > 0
+        assert len(s.layer_submit_ns) == geometry.layers
+        assert sum(s.layer_submit_ns) == s.submit_ns
+        assert all(0 <= ns <= s.submit_ns for ns in s.layer_submit_ns)
+    after = rt.stats()
+    assert after.pairs_registered - before.pairs_registered == 2
+    assert after.host_pairs == before.host_pairs
+    for f in ("host_calls", "host_built", "setup_ns", "submit_ns"):
+        assert getattr(after, f) - getattr(before, f) == sum(getattr(s, f) for s in statuses), f
+
+
+def test_failed_blocks_counts_each_missing_block_once(registered, geometry):
+    rt, layers = registered
+    hashes = tutti.chain_hashes(list(range(16)), 4)
+    fill_block(geometry, layers, NUM_BLOCKS, 0, seed=1)
+    store(rt, hashes[:1], [0])
+    before = rt.stats().failed_blocks
+    with rt.load(hashes, [8, 9, 10, 11]) as job:
+        for _ in range(3):
+            job.poll()
+        st = job.wait()
+        job.wait_layer(0)
+        assert st.failed_blocks == [1, 2, 3]
+        assert rt.stats().failed_blocks - before == 3
+    assert rt.stats().failed_blocks - before == 3, "closing the job counts nothing again"
+    # Nothing stored, never polled: counted anyway.
+    with rt.load(hashes[1:], [8, 9, 10]):
+        pass
+    assert rt.stats().failed_blocks - before == 6
 
 
 def test_lookup_without_pin_pins_nothing(registered, geometry):
@@ -379,3 +430,23 @@ def test_zero_timeout_wait_reports_progress(library):
                     assert p is not None and not p.done and p.layers_done < 16 and p.blocks == 2
                 assert job.wait().failed == 0
         print(f"{timeouts} of 5 zero-timeout waits timed out")
+
+
+def test_a_caller_of_abi_1_0_gets_the_old_stats_struct(registered):
+    """An engine built against ABI 1.0 passes the smaller tutti_stats_t: it is filled up to its
+    end and not a byte further."""
+    import ctypes
+
+    rt, _ = registered
+    old_size = tutti._lib.Stats.host_calls.offset
+    assert old_size == 136
+    buf = tutti._lib.Stats()
+    ctypes.memset(ctypes.byref(buf), 0xA5, ctypes.sizeof(buf))
+    buf.struct_size = old_size
+    tutti._lib.lib().call("tutti_get_stats", rt._p(), ctypes.byref(buf))
+    raw = ctypes.string_at(ctypes.byref(buf), ctypes.sizeof(buf))
+    assert raw[old_size:] == b"\xa5" * (ctypes.sizeof(buf) - old_size)
+    assert buf.files == rt.stats().files > 0 and buf.stores_open == 0
+    buf.struct_size = old_size + 8
+    with pytest.raises(tutti.StructSizeError, match="136 or 184"):
+        tutti._lib.lib().call("tutti_get_stats", rt._p(), ctypes.byref(buf))

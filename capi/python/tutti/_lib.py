@@ -1,6 +1,6 @@
 """Loading libtutti.so and declaring its C ABI for ctypes.
 
-The declarations mirror ``capi/include/tutti.h`` (ABI version 1); the test
+The declarations mirror ``capi/include/tutti.h`` (ABI version 1.1); the test
 suite compiles a C program against that header and checks every struct's
 size and field offsets against the ones here, so the two cannot drift apart
 unnoticed.
@@ -38,6 +38,9 @@ from pathlib import Path
 from .errors import OK, IN_PROGRESS, AbiMismatch, LibraryNotFound, exception_class
 
 ABI_VERSION = 1
+# The structs here are those of ABI 1.1 (the host-work counters); a library of
+# minor 0 would refuse their sizes.
+ABI_MINOR = 1
 LIB_NAME = "libtutti.so"
 
 # Constants of tutti.h.
@@ -147,6 +150,15 @@ class JobStatus(Structure):
         ("failed_bitmap", POINTER(c_uint64)),
         ("commands", c_uint64),
         ("bytes", c_uint64),
+        # ABI 1.1
+        ("host_calls", c_uint64),
+        ("host_built", c_uint64),
+        ("host_pairs", c_uint64),
+        ("setup_ns", c_uint64),
+        ("submit_ns", c_uint64),
+        ("pairs_registered", c_uint32),
+        ("layer_submit_ns_len", c_uint32),
+        ("layer_submit_ns", POINTER(c_uint64)),
     ]
 
 
@@ -183,6 +195,13 @@ class Stats(Structure):
         ("jobs_in_flight", c_uint64),
         ("layers_in_flight", c_uint64),
         ("stores_open", c_uint64),
+        # ABI 1.1
+        ("host_calls", c_uint64),
+        ("host_built", c_uint64),
+        ("host_pairs", c_uint64),
+        ("pairs_registered", c_uint64),
+        ("setup_ns", c_uint64),
+        ("submit_ns", c_uint64),
     ]
 
 
@@ -212,6 +231,7 @@ _i32 = c_int32
 # name: (restype, argtypes); status-returning calls have restype int32.
 _PROTOTYPES = {
     "tutti_abi_version": (c_uint32, []),
+    "tutti_abi_minor": (c_uint32, []),
     "tutti_status_name": (c_char_p, [c_int32]),
     "tutti_last_error": (c_char_p, []),
     "tutti_last_error_copy": (_i32, [POINTER(c_char), c_size_t, POINTER(c_size_t)]),
@@ -258,7 +278,8 @@ _PROTOTYPES = {
 }
 
 # Calls this package can live without (newer additions); the rest must be present.
-OPTIONAL = {"tutti_emulated_fail_next"}
+# Libraries of ABI 1.0 lack tutti_abi_minor: they are refused by the minor check, naming it.
+OPTIONAL = {"tutti_emulated_fail_next", "tutti_abi_minor"}
 _PROTOTYPES["tutti_emulated_fail_next"] = (_i32, [_rt, c_uint32, c_uint32, c_uint32])
 
 
@@ -330,6 +351,12 @@ class Library:
         if version != ABI_VERSION:
             raise AbiMismatch(
                 f"{self.path} speaks tutti ABI {version}; this Python package needs ABI {ABI_VERSION}"
+            )
+        minor = self.tutti_abi_minor() if self.has("tutti_abi_minor") else 0
+        if minor < ABI_MINOR:
+            raise AbiMismatch(
+                f"{self.path} speaks tutti ABI {version}.{minor}; this Python package needs ABI "
+                f"{ABI_VERSION}.{ABI_MINOR} or a later minor"
             )
 
     def has(self, name: str) -> bool:

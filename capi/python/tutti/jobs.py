@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from ctypes import byref, c_char, c_size_t, c_uint64, c_void_p
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from . import _lib
@@ -36,7 +36,15 @@ def _bits(bitmap, blocks: int) -> list[int]:
 
 @dataclass
 class JobStatus:
-    """A job's progress; ``failed_blocks`` are indices into the submission's block list."""
+    """A job's progress; ``failed_blocks`` are indices into the submission's block list.
+
+    The host-work counters: ``host_calls`` (calls into the I/O path), ``host_built``
+    (commands whose fields the host wrote), ``host_pairs`` ((file, block) pairs the host
+    read or copied per layer; 0 when ``pairs_registered``, i.e. the job's pairs were
+    registered once at its start), ``setup_ns`` (host CPU of the job's setup, once),
+    ``submit_ns`` (host CPU of its per-layer submissions so far) and ``layer_submit_ns``
+    (that CPU per layer of the job, in order; its sum is ``submit_ns``).
+    """
 
     direction: str
     done: bool
@@ -49,6 +57,13 @@ class JobStatus:
     failed_blocks: list[int]
     commands: int
     bytes: int
+    host_calls: int = 0
+    host_built: int = 0
+    host_pairs: int = 0
+    pairs_registered: bool = False
+    setup_ns: int = 0
+    submit_ns: int = 0
+    layer_submit_ns: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -118,10 +133,20 @@ class Job(_Handle):
     def _status(self):
         words = max((self.blocks + 63) // 64, 1)
         bitmap = (c_uint64 * words)()
-        st = sized(_lib.JobStatus, failed_bitmap_words=words, failed_bitmap=bitmap)
+        per_layer = (c_uint64 * max(len(self.layers), 1))()
+        st = sized(
+            _lib.JobStatus,
+            failed_bitmap_words=words,
+            failed_bitmap=bitmap,
+            layer_submit_ns_len=len(per_layer),
+            layer_submit_ns=per_layer,
+        )
+        # Both buffers live as long as the struct that points to them.
+        st._buffers = (bitmap, per_layer)
         return st, bitmap
 
     def _convert(self, st, bitmap) -> JobStatus:
+        per_layer = st._buffers[1]
         return JobStatus(
             direction="load" if st.direction == _lib.DIR_LOAD else "store",
             done=bool(st.done),
@@ -134,6 +159,13 @@ class Job(_Handle):
             failed_blocks=_bits(bitmap, st.blocks),
             commands=st.commands,
             bytes=st.bytes,
+            host_calls=st.host_calls,
+            host_built=st.host_built,
+            host_pairs=st.host_pairs,
+            pairs_registered=bool(st.pairs_registered),
+            setup_ns=st.setup_ns,
+            submit_ns=st.submit_ns,
+            layer_submit_ns=[per_layer[i] for i in range(len(self.layers))],
         )
 
     def _waited(self, status: int, name: str, st, bitmap) -> JobStatus:

@@ -159,6 +159,13 @@ class Stats:
     jobs_in_flight: int = 0
     layers_in_flight: int = 0
     stores_open: int = 0
+    # ABI 1.1: the host's work on the control path.
+    host_calls: int = 0
+    host_built: int = 0
+    host_pairs: int = 0
+    pairs_registered: int = 0
+    setup_ns: int = 0
+    submit_ns: int = 0
 
 
 @dataclass

@@ -125,21 +125,7 @@ pub fn layout(kind: u32, num_blocks: u32) -> tutti_kv_layout_t {
 }
 
 pub fn status() -> tutti_job_status_t {
-    tutti_job_status_t {
-        struct_size: std::mem::size_of::<tutti_job_status_t>() as u32,
-        direction: 0,
-        done: 0,
-        cancelled: 0,
-        first_layer: 0,
-        num_layers: 0,
-        layers_done: 0,
-        blocks: 0,
-        failed: 0,
-        failed_bitmap_words: 0,
-        failed_bitmap: ptr::null_mut(),
-        commands: 0,
-        bytes: 0,
-    }
+    tutti_job_status_t { struct_size: std::mem::size_of::<tutti_job_status_t>() as u32, ..Default::default() }
 }
 
 pub fn hashes(n: usize, salt: u32) -> Vec<tutti_hash_t> {
