@@ -41,6 +41,8 @@ pub enum Translation {
     PairList,
     /// A layer IOCB named pairs beyond the end of its pair list.
     PairRange,
+    /// A drive's LBA size does not fit the layer table's units.
+    Unit,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -82,6 +84,7 @@ impl IoStatus {
                 abi::XLATE_LENGTH => Translation::EntryLength,
                 abi::XLATE_PAIR_LIST => Translation::PairList,
                 abi::XLATE_PAIR_RANGE => Translation::PairRange,
+                abi::XLATE_UNIT => Translation::Unit,
                 _ => return unknown,
             }),
             abi::KIND_INVALID => IoStatus::Invalid(match detail {
@@ -130,6 +133,7 @@ impl std::fmt::Display for IoStatus {
                     Translation::EntryLength => "table entry length differs from the chunk",
                     Translation::PairList => "no such registered pair list",
                     Translation::PairRange => "pairs beyond the end of the pair list",
+                    Translation::Unit => "a drive's LBA size does not fit the layer table's units",
                 }
             ),
             IoStatus::Invalid(i) => write!(

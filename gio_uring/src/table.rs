@@ -7,10 +7,13 @@
 //! 1 = V). For file `f`:
 //! - drive of object j: `(f + j) mod D`;
 //! - slots per file per drive: `S = ceil(2L / D)`;
-//! - LBA of object j: `data_start_lba[drive] + (f·S + j / D) · object_lbas`.
+//! - LBA of object j: `data_start_lba[drive] + (f·S + j / D) · object_lbas[drive]`,
+//!   where `object_lbas[drive]` is the object size in that drive's LBAs (the
+//!   drives of a pool may have different LBA sizes).
 //!
 //! An object is `chunks` commands: it is split at the drives' transfer limit
-//! (MDTS) into `chunk_lbas`-block pieces, the last possibly shorter. The data
+//! (MDTS) into `chunk_bytes` pieces (whole LBAs of every drive), the last
+//! possibly shorter. The data
 //! pointer of chunk `c` of object (layer, kv) of engine block `b` is entry
 //! `((b·L + layer)·2 + kv)·chunks + c` — a 16-byte SGL descriptor (an SGL
 //! table) or PRP1/PRP2 (a PRP table).
@@ -33,8 +36,10 @@ pub enum Kv {
 pub struct PoolDrive {
     /// Index of the drive in the `GioUring` (the order drives were given to `init`).
     pub drive: u32,
-    /// First LBA of the object area on this drive.
+    /// First LBA of the object area on this drive, in this drive's LBAs.
     pub data_start_lba: u64,
+    /// This drive's logical block size (drives of one pool may differ).
+    pub lba_size: u32,
 }
 
 /// The shape of a pool: everything the placement formula needs.
@@ -45,10 +50,9 @@ pub struct LayerGeometry {
     pub files: u32,
     /// Engine blocks with table entries (block ids are `0..blocks`).
     pub blocks: u32,
-    /// Bytes of one object (one K or V slice of one block in one layer).
+    /// Bytes of one object (one K or V slice of one block in one layer); a
+    /// whole number of LBAs on every pool drive.
     pub object_bytes: u64,
-    /// Logical block size of every pool drive.
-    pub lba_size: u32,
     /// Largest transfer of one command, bytes (the smallest MDTS of the pool).
     pub max_transfer: u64,
     pub drives: Vec<PoolDrive>,
@@ -67,20 +71,26 @@ impl LayerGeometry {
         if self.drives.is_empty() || self.drives.len() > TABLE_MAX_DRIVES {
             return bad(format!("{} drives; a pool has 1..={TABLE_MAX_DRIVES}", self.drives.len()));
         }
-        if !self.lba_size.is_power_of_two() || self.lba_size < 512 {
-            return bad(format!("LBA size {} is not a power of two >= 512", self.lba_size));
+        for (i, d) in self.drives.iter().enumerate() {
+            if !d.lba_size.is_power_of_two() || d.lba_size < 512 {
+                return bad(format!("pool drive {i}: LBA size {} is not a power of two >= 512", d.lba_size));
+            }
+            if self.object_bytes == 0 || !self.object_bytes.is_multiple_of(d.lba_size as u64) {
+                return bad(format!(
+                    "object size {} is not a whole number of pool drive {i}'s {}-byte LBAs",
+                    self.object_bytes, d.lba_size
+                ));
+            }
         }
-        if self.object_bytes == 0 || !self.object_bytes.is_multiple_of(self.lba_size as u64) {
-            return bad(format!(
-                "object size {} is not a whole number of {}-byte LBAs",
-                self.object_bytes, self.lba_size
-            ));
-        }
-        if self.object_lbas() > u32::MAX as u64 {
+        if self.object_units() > u32::MAX as u64 {
             return bad(format!("object of {} bytes is too large", self.object_bytes));
         }
-        if self.max_transfer < self.lba_size as u64 {
-            return bad(format!("transfer limit {} is below one LBA ({})", self.max_transfer, self.lba_size));
+        if self.max_transfer < self.max_lba() as u64 {
+            return bad(format!(
+                "transfer limit {} is below one LBA ({}) of a pool drive",
+                self.max_transfer,
+                self.max_lba()
+            ));
         }
         if 2 * self.chunks() as usize > abi::IOCB_MAX_IOCTX {
             return bad(format!(
@@ -99,51 +109,83 @@ impl LayerGeometry {
     pub fn pool_drives(&self) -> u32 {
         self.drives.len() as u32
     }
-    pub fn object_lbas(&self) -> u64 {
-        self.object_bytes / self.lba_size as u64
+
+    /// The table's unit: the smallest LBA size of the pool. The executor keeps
+    /// object and chunk sizes in these units and divides by the ratio to each
+    /// drive's own LBA size (a power of two).
+    pub fn unit(&self) -> u32 {
+        self.drives.iter().map(|d| d.lba_size).min().unwrap_or(512).max(1)
     }
-    /// Blocks per command: the object, or the transfer limit if that is smaller.
-    pub fn chunk_lbas(&self) -> u32 {
-        let per_cmd = (self.max_transfer / self.lba_size as u64).min(tutti_driver::command::MAX_NLB as u64);
-        self.object_lbas().min(per_cmd) as u32
+
+    /// The largest LBA size of the pool: chunks are whole multiples of it.
+    pub fn max_lba(&self) -> u32 {
+        self.drives.iter().map(|d| d.lba_size).max().unwrap_or(512).max(1)
     }
+
+    /// Object size in table units.
+    pub fn object_units(&self) -> u64 {
+        self.object_bytes / self.unit() as u64
+    }
+
+    /// Bytes per command: the object, or the transfer limit (at most MAX_NLB of
+    /// the smallest LBAs, whole LBAs of every drive) if that is smaller.
+    pub fn chunk_bytes(&self) -> u64 {
+        let unit = self.unit() as u64;
+        let per_cmd = self.max_transfer.min(unit * tutti_driver::command::MAX_NLB as u64);
+        let per_cmd = per_cmd / self.max_lba() as u64 * self.max_lba() as u64;
+        self.object_bytes.min(per_cmd).max(unit)
+    }
+
     /// Commands per object.
     pub fn chunks(&self) -> u32 {
-        self.object_lbas().div_ceil(self.chunk_lbas().max(1) as u64) as u32
+        self.object_bytes.div_ceil(self.chunk_bytes().max(1)) as u32
     }
+
     /// `S = ceil(2L / D)`.
     pub fn slots_per_file(&self) -> u32 {
         (2 * self.layers).div_ceil(self.pool_drives())
     }
+
     /// Pool index of the drive holding object (layer, kv) of `file`.
     pub fn drive_of(&self, file: u32, layer: u32, kv: Kv) -> u32 {
         let j = 2 * layer as u64 + kv as u64;
         ((file as u64 + j) % self.pool_drives() as u64) as u32
     }
-    /// First LBA of object (layer, kv) of `file` on its drive.
+
+    /// LBAs of one object on pool drive `d`.
+    pub fn object_lbas(&self, d: u32) -> u64 {
+        self.object_bytes / self.drives.get(d as usize).map_or(1, |p| p.lba_size.max(1) as u64)
+    }
+
+    /// First LBA of object (layer, kv) of `file` on its drive, in that drive's LBAs.
     pub fn lba_of(&self, file: u32, layer: u32, kv: Kv) -> u64 {
         let j = 2 * layer as u64 + kv as u64;
-        let d = self.drive_of(file, layer, kv) as usize;
+        let d = self.drive_of(file, layer, kv);
         let d_count = self.pool_drives() as u64;
-        self.drives[d].data_start_lba
-            + (file as u64 * self.slots_per_file() as u64 + j / d_count) * self.object_lbas()
+        let start = self.drives.get(d as usize).map_or(0, |p| p.data_start_lba);
+        start + (file as u64 * self.slots_per_file() as u64 + j / d_count) * self.object_lbas(d)
     }
-    /// LBAs each drive needs past its `data_start_lba` for `files` files.
-    pub fn lbas_per_drive(&self) -> u64 {
-        self.files as u64 * self.slots_per_file() as u64 * self.object_lbas()
+
+    /// LBAs pool drive `d` needs past its `data_start_lba` for `files` files.
+    pub fn lbas_per_drive(&self, d: u32) -> u64 {
+        self.files as u64 * self.slots_per_file() as u64 * self.object_lbas(d)
     }
-    /// (offset from the object's first LBA, blocks) of chunk `c`.
-    pub fn chunk(&self, c: u32) -> (u64, u32) {
-        let off = c as u64 * self.chunk_lbas() as u64;
-        (off, (self.object_lbas() - off).min(self.chunk_lbas() as u64) as u32)
+
+    /// (byte offset into the object, bytes) of chunk `c`.
+    pub fn chunk(&self, c: u32) -> (u64, u64) {
+        let off = c as u64 * self.chunk_bytes();
+        (off, self.object_bytes.saturating_sub(off).min(self.chunk_bytes()))
     }
+
     /// Table entry of chunk `c` of object (layer, kv) of engine block `block`.
     pub fn entry_index(&self, block: u32, layer: u32, kv: Kv, c: u32) -> u64 {
         ((block as u64 * self.layers as u64 + layer as u64) * 2 + kv as u64) * self.chunks() as u64 + c as u64
     }
+
     pub fn entry_count(&self) -> u64 {
         self.blocks as u64 * self.layers as u64 * 2 * self.chunks() as u64
     }
+
     /// IOCTXs one (file, block) pair expands to in a layer IOCB.
     pub fn ioctx_per_pair(&self) -> u32 {
         2 * self.chunks()
@@ -206,7 +248,7 @@ impl LayerTable {
     pub fn set_entry(&mut self, block: u32, layer: u32, kv: Kv, c: u32, ptr: DataPtr) -> Result<()> {
         self.check(block, layer, c)?;
         let i = self.geometry.entry_index(block, layer, kv, c) as usize;
-        let bytes = self.geometry.chunk(c).1 as u64 * self.geometry.lba_size as u64;
+        let bytes = self.geometry.chunk(c).1;
         let words = match (self.kind, ptr) {
             (TableKind::Sgl, DataPtr::Sgl(d)) => {
                 if d.kind() == SglKind::DataBlock && d.len as u64 != bytes {
@@ -258,8 +300,7 @@ impl LayerTable {
             )));
         }
         for c in 0..g.chunks() {
-            let (off, nlb) = g.chunk(c);
-            let (off, len) = (off * g.lba_size as u64, nlb as u64 * g.lba_size as u64);
+            let (off, len) = g.chunk(c);
             let part = tutti_driver::queue::slice_segments(segments, off, len);
             let ptr = match self.kind {
                 TableKind::Sgl => match part.as_slice() {
@@ -292,10 +333,10 @@ impl LayerTable {
             chunks: g.chunks(),
             files: g.files,
             blocks: g.blocks,
-            object_lbas: g.object_lbas() as u32,
-            chunk_lbas: g.chunk_lbas(),
+            object_units: g.object_units() as u32,
+            chunk_units: (g.chunk_bytes() / g.unit() as u64) as u32,
             slots_per_file: g.slots_per_file(),
-            lba_shift: g.lba_size.trailing_zeros(),
+            unit_shift: g.unit().trailing_zeros(),
             entries: entries_addr,
             entry_count: self.entries.len() as u64,
             ..Default::default()
@@ -339,9 +380,10 @@ mod tests {
             files: 10,
             blocks: 8,
             object_bytes: 64 << 10,
-            lba_size: 512,
             max_transfer: 16 << 10,
-            drives: (0..drives).map(|d| PoolDrive { drive: d, data_start_lba: 1000 * d as u64 }).collect(),
+            drives: (0..drives)
+                .map(|d| PoolDrive { drive: d, data_start_lba: 1000 * d as u64, lba_size: 512 })
+                .collect(),
         }
     }
 
@@ -350,7 +392,7 @@ mod tests {
         for (d, l) in [(1, 1), (2, 3), (3, 4), (4, 2), (5, 7)] {
             let g = geometry(d, l);
             assert_eq!(g.slots_per_file(), (2 * l).div_ceil(d));
-            assert_eq!((g.chunk_lbas(), g.chunks()), (32, 4));
+            assert_eq!((g.chunk_bytes(), g.chunks()), (16 << 10, 4));
             let mut used = std::collections::HashSet::new();
             for f in 0..g.files {
                 for layer in 0..l {
@@ -360,8 +402,8 @@ mod tests {
                         assert_eq!(drive, (f + j) % d);
                         let lba = g.lba_of(f, layer, kv);
                         let s = (f * g.slots_per_file() + j / d) as u64;
-                        assert_eq!(lba, 1000 * drive as u64 + s * g.object_lbas());
-                        assert!(lba + g.object_lbas() <= 1000 * drive as u64 + g.lbas_per_drive());
+                        assert_eq!(lba, 1000 * drive as u64 + s * g.object_lbas(drive));
+                        assert!(lba + g.object_lbas(drive) <= 1000 * drive as u64 + g.lbas_per_drive(drive));
                         assert!(used.insert((drive, lba)), "two objects at drive {drive} LBA {lba}");
                     }
                 }
@@ -377,15 +419,37 @@ mod tests {
         assert_eq!(g.entry_index(0, 1, Kv::K, 3), 11);
         assert_eq!(g.entry_index(1, 0, Kv::K, 0), 3 * 2 * 4);
         assert_eq!(g.entry_count(), 8 * 3 * 2 * 4);
-        assert_eq!(g.chunk(3), (96, 32));
+        assert_eq!(g.chunk(3), (48 << 10, 16 << 10));
     }
 
     #[test]
     fn uneven_last_chunk() {
         let mut g = geometry(2, 1);
         g.object_bytes = 40 * 512;
-        assert_eq!((g.chunk_lbas(), g.chunks()), (32, 2));
-        assert_eq!(g.chunk(1), (32, 8));
+        assert_eq!((g.chunk_bytes(), g.chunks()), (16 << 10, 2));
+        assert_eq!(g.chunk(1), (16 << 10, 4 << 10));
+    }
+
+    #[test]
+    fn mixed_lba_sizes_place_objects_in_each_drive_units() {
+        let mut g = geometry(2, 2);
+        g.drives[1].lba_size = 4096;
+        g.validate().unwrap();
+        assert_eq!((g.unit(), g.max_lba()), (512, 4096));
+        assert_eq!((g.object_lbas(0), g.object_lbas(1)), (128, 16));
+        // Chunks are whole 4 KiB LBAs of drive 1 as well as 512-byte LBAs of drive 0.
+        assert_eq!((g.chunk_bytes(), g.chunks()), (16 << 10, 4));
+        // File 0: object j on drive j mod 2, slot j / 2.
+        assert_eq!(g.lba_of(0, 0, Kv::K), 0);
+        assert_eq!(g.lba_of(0, 0, Kv::V), 1000);
+        assert_eq!(g.lba_of(0, 1, Kv::V), 1000 + 16);
+        assert_eq!(g.lba_of(1, 0, Kv::K), 1000 + 2 * 16);
+        // A transfer limit that is not whole 4 KiB LBAs is rounded down to them.
+        g.max_transfer = 6 << 10;
+        assert_eq!(g.chunk_bytes(), 4 << 10);
+        // An object that is not whole LBAs of every drive is refused, naming the drive.
+        g.object_bytes = 6 << 10;
+        assert!(g.validate().unwrap_err().to_string().contains("pool drive 1"));
     }
 
     #[test]

@@ -170,15 +170,23 @@ TT_DEVICE uint32_t tt_build_layer(const struct tt_exec_ctx* ctx, const struct tt
     if (block >= tb->blocks) return tt_xlate(TT_XLATE_BLOCK);
     const uint32_t j = 2u * req->layer + kv;
     const uint32_t pool_drive = (uint32_t)(((uint64_t)file + j) % tb->ndrives);
-    const uint64_t slba = tb->data_start_lba[pool_drive] +
-                          ((uint64_t)file * tb->slots_per_file + j / tb->ndrives) * tb->object_lbas +
-                          (uint64_t)c * tb->chunk_lbas;
-    const uint32_t nlb = tt_min_u32(tb->chunk_lbas, tb->object_lbas - c * tb->chunk_lbas);
-    const uint64_t idx = (((uint64_t)block * tb->layers + req->layer) * 2u + kv) * chunks + c;
-    if (idx >= tb->entry_count) return tt_xlate(TT_XLATE_INDEX);
     const uint32_t drive = tb->drive[pool_drive];
     if (drive >= ctx->ndrives) return tt_xlate(TT_XLATE_DRIVE);
     const struct tt_drive* d = &ctx->drives[drive];
+    /* Sizes are in table units (the pool's smallest LBA); this drive's LBAs are 2^r units,
+     * and the host made every object and chunk a whole number of them. */
+    if (d->lba_shift < tb->unit_shift || d->lba_shift - tb->unit_shift >= 32u) return tt_xlate(TT_XLATE_UNIT);
+    const uint32_t r = d->lba_shift - tb->unit_shift;
+    const uint64_t lba_units = (uint64_t)1 << r;
+    const uint64_t chunk_off = (uint64_t)c * tb->chunk_units;
+    const uint64_t chunk_len = tt_min_u64(tb->chunk_units, tb->object_units - chunk_off);
+    if ((tb->object_units | chunk_off | chunk_len) & (lba_units - 1u)) return tt_xlate(TT_XLATE_UNIT);
+    const uint64_t slba = tb->data_start_lba[pool_drive] +
+                          ((((uint64_t)file * tb->slots_per_file + j / tb->ndrives) * tb->object_units) >> r) +
+                          (chunk_off >> r);
+    const uint32_t nlb = (uint32_t)(chunk_len >> r);
+    const uint64_t idx = (((uint64_t)block * tb->layers + req->layer) * 2u + kv) * chunks + c;
+    if (idx >= tb->entry_count) return tt_xlate(TT_XLATE_INDEX);
     const uint64_t d0 = tb->entries[2 * idx];
     const uint64_t d1 = tb->entries[2 * idx + 1];
     const bool sgl = tb->kind == TT_TABLE_SGL;

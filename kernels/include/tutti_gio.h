@@ -73,6 +73,7 @@ typedef long long int64_t;
 #define TT_XLATE_LENGTH 8u /* table entry length differs from the chunk's length */
 #define TT_XLATE_PAIR_LIST 9u   /* no such registered pair list */
 #define TT_XLATE_PAIR_RANGE 10u /* pair_first + npairs beyond the pair list (or the IOCB's pairs) */
+#define TT_XLATE_UNIT 11u       /* a drive's LBA size does not fit the layer table's units */
 
 #define TT_INVALID_OPCODE 1u     /* only Read (02h) and Write (01h) are issued */
 #define TT_INVALID_LENGTH 2u     /* nlb is 0 or above the drive's per-command limit (MDTS) */
@@ -262,11 +263,16 @@ struct tt_nvmeq {
 /*
  * Device-resident table that turns (layer, file, block) into commands.
  * Pool of `ndrives` drives, L = `layers`; a file holds 2L objects, object
- * j = 2 * layer + kv (kv 0 = K, 1 = V). File f's object j lives on pool drive
- * (f + j) mod D at LBA data_start_lba[drive] + (f * S + j / D) * object_lbas,
+ * j = 2 * layer + kv (kv 0 = K, 1 = V). Sizes are kept in table units of
+ * 2^unit_shift bytes (the smallest LBA size of the pool); pool drive d, whose
+ * own LBAs are 2^r units (r = its tt_drive.lba_shift - unit_shift), holds file
+ * f's object j, for d = (f + j) mod D, at LBA
+ * data_start_lba[d] + ((f * S + j / D) * object_units >> r),
  * S = slots_per_file = ceil(2L / D). An object is `chunks` commands of
- * chunk_lbas blocks (the last may be shorter); the data pointer of chunk c of
- * engine block b is entries[((b * L + layer) * 2 + kv) * chunks + c].
+ * chunk_units units (the last may be shorter), chunk c starting
+ * c * chunk_units >> r LBAs into the object; the host guarantees both sizes
+ * are whole LBAs of every pool drive. The data pointer of chunk c of engine
+ * block b is entries[((b * L + layer) * 2 + kv) * chunks + c].
  */
 struct tt_layer_table {
     uint32_t kind; /* TT_TABLE_* */
@@ -275,10 +281,10 @@ struct tt_layer_table {
     uint32_t chunks;
     uint32_t files;
     uint32_t blocks;
-    uint32_t object_lbas;
-    uint32_t chunk_lbas;
+    uint32_t object_units;   /* object size in units of 2^unit_shift bytes */
+    uint32_t chunk_units;    /* bytes per command (but the last), same units */
     uint32_t slots_per_file;
-    uint32_t lba_shift;
+    uint32_t unit_shift;     /* log2 of the smallest LBA size of the pool */
     uint64_t* entries; /* [entry_count][2]: SGL descriptor or PRP1, PRP2 */
     uint64_t entry_count;
     uint32_t drive[TT_TABLE_MAX_DRIVES]; /* executor drive index of pool drive d */

@@ -39,6 +39,7 @@ pub const XLATE_EMPTY: u32 = 7;
 pub const XLATE_LENGTH: u32 = 8;
 pub const XLATE_PAIR_LIST: u32 = 9;
 pub const XLATE_PAIR_RANGE: u32 = 10;
+pub const XLATE_UNIT: u32 = 11;
 
 pub const INVALID_OPCODE: u32 = 1;
 pub const INVALID_LENGTH: u32 = 2;
@@ -237,10 +238,14 @@ pub struct LayerTableDesc {
     pub chunks: u32,
     pub files: u32,
     pub blocks: u32,
-    pub object_lbas: u32,
-    pub chunk_lbas: u32,
+    /// Object size in units of `2^unit_shift` bytes.
+    pub object_units: u32,
+    /// Bytes per command (all but the last of an object), same units.
+    pub chunk_units: u32,
     pub slots_per_file: u32,
-    pub lba_shift: u32,
+    /// log2 of the smallest LBA size of the pool; a drive with larger LBAs
+    /// divides unit counts by the ratio.
+    pub unit_shift: u32,
     pub entries: u64,
     pub entry_count: u64,
     pub drive: [u32; TABLE_MAX_DRIVES],

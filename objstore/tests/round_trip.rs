@@ -125,10 +125,32 @@ fn objects_split_at_mdts_and_mixed_lba_sizes() {
     assert_eq!((store.stripe_map().chunk_bytes(), store.stripe_map().chunks()), (8 << 10, 4));
     let kv = Kv::new(g, LayoutKind::Contiguous, 10);
     kv.register(&store, "model");
+    // These controllers map the KV memory at different IOVAs, so each drive needs
+    // its own descriptors: the host fills explicit IOCBs.
     let mode = store.info().io_mode;
-    assert!(mode.contains("explicit IOCBs"), "{mode}");
+    assert!(mode.contains("explicit IOCBs") && mode.contains("IOMMU views"), "{mode}");
     round_trip(&store, &kv, 5, 7);
     assert_eq!(store.stats().commands, 2 * 5 * 2 * 2 * 4, "5 chunks × 2 layers × K,V × 4 commands, each way");
+}
+
+#[test]
+fn mixed_lba_sizes_take_the_executor_path() {
+    // 32 KiB objects on 512-, 4096- and 512-byte drives that see the KV memory at
+    // the same IOVAs: one layer table, objects placed in each drive's own LBAs.
+    let g = geometry(2, 512);
+    let cfgs = [DriveCfg::ram(512, 16 << 20), DriveCfg::ram(4096, 16 << 20), DriveCfg::ram(512, 16 << 20)];
+    let d = Drives::start(&cfgs);
+    let store = open(&d, g, OpenMode::Create);
+    let kv = Kv::new(g, LayoutKind::VllmPerLayer, 12);
+    kv.register(&store, "model");
+    let mode = store.info().io_mode;
+    assert!(mode.contains("layer IOCBs"), "{mode}");
+    round_trip(&store, &kv, 6, 11);
+    let st = store.stats();
+    assert_eq!(st.host_built, 0, "the executor built every command: {mode}");
+    assert_eq!(st.commands, 2 * 6 * 2 * 2 * store.stripe_map().chunks() as u64);
+    // The 4096-byte drive took its share of every layer.
+    assert!(d.emus[1].stats().bytes_written >= 6 * g.file_bytes() / 3 / 2);
 }
 
 #[test]

@@ -27,7 +27,7 @@ pub struct TableInfo {
 
 impl GioUring {
     /// Uploads `table` to executor memory after checking it against the drives:
-    /// pool drives exist, share the table's LBA size, carry a whole chunk in one
+    /// pool drives exist, have the LBA sizes the table places them with, carry a whole chunk in one
     /// command, support SGLs if the table is SGL, and hold every object.
     pub fn register_table(&self, table: &LayerTable) -> Result<TableId> {
         let g = table.geometry();
@@ -40,31 +40,30 @@ impl GioUring {
                     self.drive_info.len()
                 ))
             })?;
-            if d.lba_size != g.lba_size {
+            if d.lba_size != pd.lba_size {
                 return Err(GioError::table(format!(
-                    "{}: LBA size {} differs from the table's {}",
-                    d.name, d.lba_size, g.lba_size
+                    "{}: LBA size {} differs from the {} the table places pool drive {i} with",
+                    d.name, d.lba_size, pd.lba_size
                 )));
             }
-            if g.chunk_lbas() > d.max_lbas {
+            let chunk_lbas = g.chunk_bytes() / d.lba_size as u64;
+            if chunk_lbas > d.max_lbas as u64 {
                 return Err(GioError::table(format!(
                     "{}: a chunk is {} blocks, above its transfer limit of {} blocks",
-                    d.name,
-                    g.chunk_lbas(),
-                    d.max_lbas
+                    d.name, chunk_lbas, d.max_lbas
                 )));
             }
             if table.kind() == TableKind::Sgl && d.sgl == SglSupport::None {
                 return Err(GioError::table(format!("{} does not support SGLs: use a PRP table", d.name)));
             }
-            let end = pd.data_start_lba.checked_add(g.lbas_per_drive());
+            let end = pd.data_start_lba.checked_add(g.lbas_per_drive(i as u32));
             if end.is_none_or(|e| e > d.blocks) {
                 return Err(GioError::table(format!(
                     "{}: {} files need LBAs {}..{} but the namespace has {} blocks",
                     d.name,
                     g.files,
                     pd.data_start_lba,
-                    pd.data_start_lba as u128 + g.lbas_per_drive() as u128,
+                    pd.data_start_lba as u128 + g.lbas_per_drive(i as u32) as u128,
                     d.blocks
                 )));
             }

@@ -21,6 +21,8 @@ pub struct RigSpec {
     /// Namespaces per controller; each is one drive of the ring.
     pub namespaces: usize,
     pub ns_bytes: u64,
+    /// LBA size of namespace i: `ns_lba_sizes[i % len]` (empty: 512).
+    pub ns_lba_sizes: Vec<u32>,
     pub pairs: u32,
     pub depth: u32,
     pub mode: ExecMode,
@@ -36,6 +38,7 @@ impl Default for RigSpec {
             controllers: 2,
             namespaces: 1,
             ns_bytes: 64 << 20,
+            ns_lba_sizes: Vec::new(),
             pairs: 2,
             depth: 64,
             mode: ExecMode::Launch,
@@ -55,7 +58,14 @@ pub fn rig(spec: RigSpec) -> Rig {
         let cfg = EmulatedConfig {
             name: format!("emu{c}"),
             namespaces: (0..spec.namespaces)
-                .map(|_| NamespaceConfig::with_bytes(spec.ns_bytes, 512))
+                .map(|i| {
+                    let lba = if spec.ns_lba_sizes.is_empty() {
+                        512
+                    } else {
+                        spec.ns_lba_sizes[i % spec.ns_lba_sizes.len()]
+                    };
+                    NamespaceConfig::with_bytes(spec.ns_bytes, lba)
+                })
                 .collect(),
             max_queue_entries: 4096,
             mdts: spec.mdts,

@@ -10,10 +10,11 @@
 //!   host writes a few words per IOCB, however many blocks move. Without a
 //!   free pair list slot the job falls back to `submit_layer`, which copies
 //!   the pairs into each layer's IOCBs. Used when every drive sees the KV
-//!   memory at the same IOVAs (one table) and all drives share one LBA size,
-//!   which is what gio_uring's layer table describes.
-//! - **Explicit IOCBs**: otherwise (drives behind separate IOMMUs, e.g. one
-//!   emulated controller each, or mixed LBA sizes) the host fills one IOCTX
+//!   memory at the same IOVAs (one table), which is what gio_uring's layer
+//!   table describes; drives may differ in LBA size (the table keeps sizes in
+//!   the smallest LBA and the executor converts per drive).
+//! - **Explicit IOCBs**: otherwise (drives behind separate IOMMU views) the
+//!   host fills one IOCTX
 //!   per command with the LBA and the SGL descriptor copied from the drive's
 //!   own table. Still one `issue` per IOCB; the host writes the 64-byte
 //!   IOCTXs instead of 8-byte pairs.
@@ -131,16 +132,12 @@ impl GioIo {
     }
 
     /// Why layer IOCBs cannot serve this registration, if they cannot.
-    fn layer_obstacle(&self, reg: &Registration, map: &StripeMap) -> Option<String> {
+    fn layer_obstacle(&self, reg: &Registration) -> Option<String> {
         if self.cfg.force_explicit {
             return Some("explicit IOCBs requested".into());
         }
         if reg.tables.len() != 1 {
             return Some(format!("the drives see the KV memory through {} IOMMU views", reg.tables.len()));
-        }
-        let lba = map.drive(0).lba_size;
-        if map.drives().iter().any(|d| d.lba_size != lba) {
-            return Some("the drives have different LBA sizes".into());
         }
         if self.ring.drives().iter().any(|d| !d.sgl.available()) {
             return Some("a drive does not support SGLs".into());
@@ -155,10 +152,13 @@ impl GioIo {
             files: map.files(),
             blocks: reg.layout.num_blocks(),
             object_bytes: map.object_bytes(),
-            lba_size: map.drive(0).lba_size,
             max_transfer: map.chunk_bytes(),
             drives: (0..map.drive_count())
-                .map(|d| PoolDrive { drive: d, data_start_lba: map.drive(d).data_start_lba })
+                .map(|d| PoolDrive {
+                    drive: d,
+                    data_start_lba: map.drive(d).data_start_lba,
+                    lba_size: map.drive(d).lba_size,
+                })
                 .collect(),
         };
         let mut table = LayerTable::new(geometry, TableKind::Sgl).map_err(gio)?;
@@ -296,7 +296,7 @@ impl LayerIo for GioIo {
     fn attach(&mut self, reg: &Arc<Registration>, map: &StripeMap) -> Result<()> {
         self.detach()?;
         let exec = self.ring.executor().name().to_string();
-        match self.layer_obstacle(reg, map) {
+        match self.layer_obstacle(reg) {
             None => {
                 let table = Self::build_table(reg, map)?;
                 let id = self.ring.register_table(&table).map_err(gio)?;
