@@ -224,6 +224,7 @@ impl Engine {
                     if sqid == super::ADMIN_QID { self.admin_command(&sqe) } else { self.io_command(&sqe) };
                 p.status = super::with_dnr_if_permanent(done.status);
                 p.dw0 = done.dw0;
+                self.shared.counters.late_executions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tracing::debug!(device = %self.shared.cfg.name, sqid, cid = p.cid, status = %p.status,
                     "fault: deferred command executed");
             }
