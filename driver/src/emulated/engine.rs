@@ -4,7 +4,8 @@
 //! exist, fetches submission entries between an SQ's head and its tail
 //! doorbell, executes them ([`admin`], [`io`]) and posts completion entries
 //! with phase tags. Completions that must wait (fault delays, the cost model)
-//! sit in a list ordered by due time while other commands keep flowing.
+//! sit in a list ordered by due time while other commands keep flowing; so do
+//! commands whose execution a fault deferred, which run when they are due.
 
 mod admin;
 mod io;

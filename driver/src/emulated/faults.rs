@@ -137,6 +137,17 @@ mod tests {
     }
 
     #[test]
+    fn delayed_execution_fires_once_for_its_match() {
+        let f = FaultInjector::default();
+        let by = Duration::from_millis(5);
+        f.delay_execution_next(FaultMatch { opcode: Some(1), lba: Some(8..9), ..Default::default() }, by);
+        assert_eq!(f.check(1, 2, Some(8)), None); // a read
+        assert_eq!(f.check(1, 1, Some(9)), None); // another LBA
+        assert_eq!(f.check(1, 1, Some(8)), Some(FaultAction::DelayExecution(by)));
+        assert_eq!(f.check(1, 1, Some(8)), None); // used up
+    }
+
+    #[test]
     fn lba_ranges_select_commands() {
         let f = FaultInjector::default();
         f.inject(FaultMatch { lba: Some(100..200), ..Default::default() }, FaultAction::DropCompletion, None);

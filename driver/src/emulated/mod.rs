@@ -6,7 +6,8 @@
 //! from submission queues, walks their PRP lists and SGLs per spec, moves data
 //! between its media and host memory, and posts completions with phase tags
 //! and SQ head pointers. Malformed commands get the spec's status codes.
-//! [`faults`] can make chosen commands fail, stall or lose their completion,
+//! [`faults`] can make chosen commands fail, stall, lose their completion or
+//! execute only long after they were fetched (late DMA),
 //! and [`EmulatedController::set_fatal`] raises CSTS.CFS.
 //!
 //! The driver brings it up through the same code path as a real drive:
