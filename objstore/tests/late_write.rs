@@ -16,8 +16,9 @@ const WRITE: u8 = 0x01;
 const READ: u8 = 0x02;
 /// How long the host waits for a command (driver I/O timeout, gio_uring command timeout).
 const TIMEOUT: Duration = Duration::from_millis(300);
-/// How long after its submission the delayed command executes: well past `TIMEOUT`.
-const LATE: Duration = Duration::from_millis(1500);
+/// How long after its fetch the delayed command executes: far past `TIMEOUT`, so
+/// the host gives up first even on a loaded machine.
+const LATE: Duration = Duration::from_secs(3);
 const FILES: u32 = 4;
 
 #[derive(Clone, Copy, Debug)]
