@@ -267,6 +267,84 @@ fn a_dropped_completion_is_a_timeout_naming_queue_and_cid() {
     assert_eq!(emu.stats().dropped_completions, 1);
 }
 
+/// Reads LBA `lba` of namespace 1 through `qp` into a fresh buffer.
+fn read_lba(ctrl: &Arc<Controller>, qp: &mut tutti_driver::queue::IoQueuePair, lba: u64) -> Vec<u8> {
+    let buf = ctrl.dma().alloc(4096).expect("buffer");
+    qp.read_buf(1, lba, &buf, 0, 512, DataMode::Sgl).expect("read");
+    let mut out = vec![0u8; 512];
+    buf.copy_out(0, &mut out).expect("copy out");
+    out
+}
+
+#[test]
+fn a_write_with_delayed_execution_lands_after_the_host_gave_up() {
+    let opts = ControllerOptions { io_timeout: Duration::from_millis(200), ..Default::default() };
+    let (emu, ctrl) = start_with(small("emu-late"), opts);
+    let mut qp = ctrl.create_io_queue_pair(8).expect("queue pair");
+    let old = ctrl.dma().alloc(4096).expect("buffer");
+    old.copy_in(0, &[0xAA; 512]).expect("fill");
+    qp.write_buf(1, 8, &old, 0, 512, DataMode::Sgl).expect("first write");
+
+    let new = ctrl.dma().alloc(4096).expect("buffer");
+    new.copy_in(0, &[0x55; 512]).expect("fill");
+    emu.faults().delay_execution_next(
+        FaultMatch { opcode: Some(0x01), ..Default::default() },
+        Duration::from_millis(800),
+    );
+    let seg = [IovaSegment { iova: new.iova(), len: 512 }];
+    let cid = qp.submit_data(Command::write(1, 8, 1), &seg, DataMode::Sgl, 0).expect("submit");
+    qp.ring();
+    let err = qp.wait(cid).expect_err("the host gives up on the write");
+    assert!(matches!(err, DriverError::CommandTimeout { .. }), "{err}");
+    // Reported failed, but nothing has moved yet: the media still holds the old data.
+    assert_eq!(read_lba(&ctrl, &mut qp, 8), vec![0xAA; 512], "the write must not execute before its delay");
+
+    // Later the controller executes it anyway: the late write reaches the media.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = read_lba(&ctrl, &mut qp, 8);
+        if got == vec![0x55; 512] {
+            break;
+        }
+        assert_eq!(got, vec![0xAA; 512], "the media holds either the old or the late data");
+        assert!(std::time::Instant::now() < deadline, "the deferred write never executed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Its completion arrives for an abandoned CID and is discarded; the queue stays usable.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while qp.in_flight() > 0 {
+        let mut out = Vec::new();
+        qp.reap(&mut out).expect("reap");
+        assert!(out.is_empty(), "a late completion must not be reported as another command's: {out:?}");
+        assert!(std::time::Instant::now() < deadline, "the late completion never arrived");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!((emu.stats().dropped_completions, emu.stats().late_executions), (0, 1));
+}
+
+#[test]
+fn deleting_the_queue_aborts_a_command_whose_execution_was_deferred() {
+    let opts = ControllerOptions { io_timeout: Duration::from_millis(200), ..Default::default() };
+    let (emu, ctrl) = start_with(small("emu-late-delete"), opts);
+    let mut qp = ctrl.create_io_queue_pair(8).expect("queue pair");
+    let buf = ctrl.dma().alloc(4096).expect("buffer");
+    buf.copy_in(0, &[0x77; 512]).expect("fill");
+    emu.faults().delay_execution_next(
+        FaultMatch { opcode: Some(0x01), ..Default::default() },
+        Duration::from_millis(600),
+    );
+    let seg = [IovaSegment { iova: buf.iova(), len: 512 }];
+    let cid = qp.submit_data(Command::write(1, 16, 1), &seg, DataMode::Sgl, 0).expect("submit");
+    qp.ring();
+    assert!(matches!(qp.wait(cid), Err(DriverError::CommandTimeout { .. })));
+    // §5.6: deleting the SQ aborts what it still holds; the write never executes.
+    drop(qp);
+    let mut qp = ctrl.create_io_queue_pair(8).expect("queue pair");
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(read_lba(&ctrl, &mut qp, 16), vec![0u8; 512], "an aborted deferred write must not land");
+    assert_eq!(emu.stats().late_executions, 0);
+}
+
 #[test]
 fn queue_full_is_back_pressure_not_an_overwrite() {
     let (_emu, ctrl) = start(small("emu-full"));

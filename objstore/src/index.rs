@@ -2,7 +2,8 @@
 //! and which file to give up next.
 //!
 //! A file is `Free`, `Reserved` (being written by a store; not visible to
-//! lookups) or `Valid` (its key answers lookups). A valid file with no pins
+//! lookups), `Valid` (its key answers lookups) or `Quarantined` (a write into
+//! it may still land; never used again in this process). A valid file with no pins
 //! and no I/O in flight sits in the LRU list and may be evicted; pinned or
 //! busy files are taken out of the list, so eviction never has to skip them.
 //! All operations are O(log n) or better in the number of files.
@@ -31,6 +32,9 @@ enum State {
     Free,
     Reserved(Key),
     Valid(Key),
+    /// A write into the file timed out (or otherwise ended without a known
+    /// outcome): the device may still execute it. See [`Index::quarantine`].
+    Quarantined,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -68,6 +72,9 @@ pub struct IndexStats {
     pub reserved: u32,
     /// Valid files that could be evicted now.
     pub evictable: u32,
+    /// Files withheld from reuse because a write into them may still land
+    /// (see [`Index::quarantine`]); they count as used.
+    pub quarantined: u32,
     /// Files with at least one pin.
     pub pinned: u32,
     /// Files with I/O in flight.
@@ -273,6 +280,32 @@ impl Index {
         Ok(())
     }
 
+    /// A write into the reserved `file` ended without a known outcome (it
+    /// timed out, its completion was lost, its queue or controller died):
+    /// the drive may still execute it and overwrite whatever the file holds
+    /// next ("late DMA"). The file is taken out of service for the rest of
+    /// this process — not free, not committed, never evicted (it is not
+    /// valid, so it is never in the LRU list) — and counts as used when the
+    /// pool is full.
+    ///
+    /// Nothing is journaled: the file's new generation never got an Insert
+    /// record (and if it held an entry before, its Invalidate is already
+    /// durable), so a store opened later finds it free. That is safe because
+    /// bringing a controller up resets it first (CC.EN = 0, §7.3.2: the
+    /// controller stops processing outstanding commands): a new process gets
+    /// a reset function from VFIO and `Controller::new` disables the
+    /// controller before anything else, and an emulated controller forgets
+    /// deferred commands on reset. Reopening a pool in the same process
+    /// without bringing its controllers up again would not be safe.
+    pub fn quarantine(&mut self, file: FileId) -> Result<()> {
+        let State::Reserved(key) = self.meta(file)?.state else {
+            return Err(ObjError::invalid("file", format!("file {file} is not reserved")));
+        };
+        self.pending.remove(&key);
+        self.files[file as usize].state = State::Quarantined;
+        Ok(())
+    }
+
     /// The store into a reserved file failed: the file is free again.
     pub fn abort(&mut self, file: FileId) -> Result<()> {
         let State::Reserved(key) = self.meta(file)?.state else {
@@ -292,6 +325,7 @@ impl Index {
                 State::Free => s.free += 1,
                 State::Reserved(_) => s.reserved += 1,
                 State::Valid(_) => s.valid += 1,
+                State::Quarantined => s.quarantined += 1,
             }
             s.pinned += (m.pins > 0) as u32;
             s.busy += (m.io > 0) as u32;
@@ -379,6 +413,26 @@ mod tests {
         let Some(Reserve::New { invalidate, .. }) = ix.reserve(key(4)) else { panic!() };
         assert!(invalidate, "a file the journal may claim needs an Invalidate before reuse");
         assert!(ix.lookup(IdentityId(1), &[BlockHash(1)], false).is_empty(), "the evicted key is gone");
+    }
+
+    #[test]
+    fn quarantined_files_are_never_reused_nor_evicted() {
+        let mut ix = Index::new(2);
+        let Some(Reserve::New { file: q, .. }) = ix.reserve(key(1)) else { panic!() };
+        ix.quarantine(q).unwrap();
+        assert!(ix.lookup(IdentityId(1), &[BlockHash(1)], false).is_empty(), "a quarantined key is a miss");
+        assert!(ix.abort(q).is_err() && ix.commit(q).is_err() && ix.pin(q).is_err());
+        let s = ix.stats();
+        assert_eq!((s.quarantined, s.free, s.reserved, s.valid), (1, 1, 0, 0));
+        // The key may be stored again, in another file.
+        let other = store(&mut ix, key(1));
+        assert_ne!(other, q);
+        // The pool is full: the only candidate is the valid file, never the quarantined one.
+        let Some(Reserve::New { file, evicted: Some(old), .. }) = ix.reserve(key(2)) else { panic!() };
+        assert_eq!((file, old), (other, key(1)));
+        ix.commit(file).unwrap();
+        ix.pin(file).unwrap();
+        assert!(ix.reserve(key(3)).is_none(), "one file pinned, one quarantined: nothing to give");
     }
 
     #[test]

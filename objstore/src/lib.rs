@@ -22,7 +22,7 @@ pub use geometry::{Dtype, Geometry};
 pub use hash::{chain_hashes, BlockHash, CacheIdentity, IdentityId};
 pub use index::FileId;
 pub use io::gio::GioConfig;
-pub use io::Direction;
+pub use io::{Direction, FailureKind, PairFailure};
 pub use layout::{KvLayout, LayerBases, LayoutKind};
 pub use memory::HostKvMemory;
 pub use pool::{OpenMode, PoolOptions};

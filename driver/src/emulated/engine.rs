@@ -4,7 +4,8 @@
 //! exist, fetches submission entries between an SQ's head and its tail
 //! doorbell, executes them ([`admin`], [`io`]) and posts completion entries
 //! with phase tags. Completions that must wait (fault delays, the cost model)
-//! sit in a list ordered by due time while other commands keep flowing.
+//! sit in a list ordered by due time while other commands keep flowing; so do
+//! commands whose execution a fault deferred, which run when they are due.
 
 mod admin;
 mod io;
@@ -94,14 +95,20 @@ struct Done {
     dw0: u32,
     /// Post no earlier than this.
     due: Option<Instant>,
+    /// Not executed yet: run this I/O command when `due` comes, then post its
+    /// completion ([`FaultAction::DelayExecution`]).
+    deferred: Option<SubmissionEntry>,
 }
 
 impl Done {
     fn ok(dw0: u32) -> Done {
-        Done { status: Status::SUCCESS, dw0, due: None }
+        Done { status: Status::SUCCESS, dw0, due: None, deferred: None }
     }
     fn err(status: Status) -> Done {
-        Done { status, dw0: 0, due: None }
+        Done { status, dw0: 0, due: None, deferred: None }
+    }
+    fn deferred(due: Instant, sqe: SubmissionEntry) -> Done {
+        Done { status: Status::SUCCESS, dw0: 0, due: Some(due), deferred: Some(sqe) }
     }
 }
 
@@ -370,6 +377,10 @@ impl Engine {
         let action = self.shared.faults.check(qid, opcode, slba);
         let mut done = match &action {
             Some(FaultAction::Fail(status)) => Done::err(*status),
+            Some(FaultAction::DelayExecution(by)) => {
+                tracing::debug!(device = %self.name(), qid, cid = sqe.cid(), opcode, ?by, "fault: execution deferred");
+                return Some(Done::deferred(Instant::now() + *by, *sqe));
+            }
             _ => {
                 let mut d = if qid == ADMIN_QID { self.admin_command(sqe) } else { self.io_command(sqe) };
                 d.status = with_dnr_if_permanent(d.status);

@@ -18,6 +18,14 @@ pub enum FaultAction {
     Delay(Duration),
     /// Execute the command but never post its completion.
     DropCompletion,
+    /// Leave the command untouched for this long, then execute it (move its
+    /// data) and post its completion. Unlike [`Delay`](Self::Delay), nothing
+    /// reaches the media or host memory before the delay is over: this is the
+    /// "late DMA" of a command the host already gave up on. A controller
+    /// reset forgets the command (it never executes); deleting its SQ
+    /// aborts it unexecuted (§5.6); a shutdown executes it before reporting
+    /// shutdown complete.
+    DelayExecution(Duration),
 }
 
 /// Which commands a rule applies to. Empty fields match anything.
@@ -63,6 +71,11 @@ impl FaultInjector {
     /// Makes the next command matching `when` lose its completion.
     pub fn drop_next(&self, when: FaultMatch) {
         self.inject(when, FaultAction::DropCompletion, Some(1));
+    }
+
+    /// Makes the next command matching `when` execute only after `by`.
+    pub fn delay_execution_next(&self, when: FaultMatch, by: Duration) {
+        self.inject(when, FaultAction::DelayExecution(by), Some(1));
     }
 
     pub fn clear(&self) {
@@ -121,6 +134,17 @@ mod tests {
         assert_eq!(f.check(1, 2, Some(0)), None); // skipped
         assert_eq!(f.check(1, 2, Some(0)), Some(FaultAction::Fail(Status::UNRECOVERED_READ_ERROR)));
         assert_eq!(f.check(1, 2, Some(0)), None); // used up
+    }
+
+    #[test]
+    fn delayed_execution_fires_once_for_its_match() {
+        let f = FaultInjector::default();
+        let by = Duration::from_millis(5);
+        f.delay_execution_next(FaultMatch { opcode: Some(1), lba: Some(8..9), ..Default::default() }, by);
+        assert_eq!(f.check(1, 2, Some(8)), None); // a read
+        assert_eq!(f.check(1, 1, Some(9)), None); // another LBA
+        assert_eq!(f.check(1, 1, Some(8)), Some(FaultAction::DelayExecution(by)));
+        assert_eq!(f.check(1, 1, Some(8)), None); // used up
     }
 
     #[test]

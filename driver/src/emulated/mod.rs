@@ -6,7 +6,8 @@
 //! from submission queues, walks their PRP lists and SGLs per spec, moves data
 //! between its media and host memory, and posts completions with phase tags
 //! and SQ head pointers. Malformed commands get the spec's status codes.
-//! [`faults`] can make chosen commands fail, stall or lose their completion,
+//! [`faults`] can make chosen commands fail, stall, lose their completion or
+//! execute only long after they were fetched (late DMA),
 //! and [`EmulatedController::set_fatal`] raises CSTS.CFS.
 //!
 //! The driver brings it up through the same code path as a real drive:
@@ -40,6 +41,7 @@ pub(crate) struct Counters {
     pub bytes_written: AtomicU64,
     pub errors: AtomicU64,
     pub dropped_completions: AtomicU64,
+    pub late_executions: AtomicU64,
 }
 
 /// A snapshot of an emulated controller's counters.
@@ -55,6 +57,8 @@ pub struct EmulatedStats {
     /// Commands completed with a non-success status.
     pub errors: u64,
     pub dropped_completions: u64,
+    /// Commands executed late by [`FaultAction::DelayExecution`] (the data moved then).
+    pub late_executions: u64,
     /// DMA accesses to unmapped addresses.
     pub iommu_faults: u64,
 }
@@ -137,6 +141,7 @@ impl EmulatedController {
             bytes_written: c.bytes_written.load(Ordering::Relaxed),
             errors: c.errors.load(Ordering::Relaxed),
             dropped_completions: c.dropped_completions.load(Ordering::Relaxed),
+            late_executions: c.late_executions.load(Ordering::Relaxed),
             iommu_faults: self.shared.iommu.fault_count(),
         }
     }

@@ -6,7 +6,9 @@
 //! without SGL support, PRP entries the driver builds from it), so the bytes
 //! moved are exactly those of the gio_uring path; only who does the work differs.
 
-use super::{layer_commands, Cmd, Direction, LayerIo, LayerOutcome, Pair};
+use super::{
+    layer_commands, note_failure, sorted_failures, Cmd, Direction, LayerIo, LayerOutcome, Pair, PairFailure,
+};
 use crate::error::{ObjError, Result};
 use crate::registration::Registration;
 use crate::stripe::StripeMap;
@@ -17,6 +19,7 @@ use tutti_driver::command::{Command, DataMode};
 use tutti_driver::controller::Controller;
 use tutti_driver::queue::{backoff, Completion, IoQueuePair};
 use tutti_driver::transport::IovaSegment;
+use tutti_driver::DriverError;
 
 struct Lane {
     qp: IoQueuePair,
@@ -69,7 +72,7 @@ impl DirectIo {
                 .ok_or(ObjError::Unknown { what: "pool drive", id: c.drive as u64 })?;
             lane.todo.push(i as u32);
         }
-        let mut failed: HashMap<u32, String> = HashMap::new();
+        let mut failed: HashMap<u32, PairFailure> = HashMap::new();
         let mut outstanding = 0usize;
         let mut reaped: Vec<Completion> = Vec::new();
         let mut spins = 0u32;
@@ -94,9 +97,8 @@ impl DirectIo {
                             out.host_calls += 1;
                             submitted = true;
                         }
-                        Err(e) => {
-                            failed.entry(c.pair).or_insert_with(|| e.to_string());
-                        }
+                        // Refused before reaching the submission queue.
+                        Err(e) => note_failure(&mut failed, c.pair, PairFailure::definite(e.to_string())),
                     }
                 }
                 if submitted {
@@ -111,15 +113,14 @@ impl DirectIo {
                     progressed = true;
                     if !comp.status.is_success() {
                         let c = &cmds[comp.token as usize];
-                        failed.entry(c.pair).or_insert_with(|| {
-                            format!(
-                                "{} LBA {} on {}: {}",
-                                if dir == Direction::Load { "Read" } else { "Write" },
-                                c.lba,
-                                lane.qp.controller().name(),
-                                comp.status
-                            )
-                        });
+                        let why = format!(
+                            "{} LBA {} on {}: {}",
+                            if dir == Direction::Load { "Read" } else { "Write" },
+                            c.lba,
+                            lane.qp.controller().name(),
+                            comp.status
+                        );
+                        note_failure(&mut failed, c.pair, PairFailure::definite(why));
                     }
                 }
             }
@@ -143,16 +144,14 @@ impl DirectIo {
             }
             backoff(&mut spins);
         }
-        let mut failed: Vec<(u32, String)> = failed.into_iter().collect();
-        failed.sort_unstable_by_key(|f| f.0);
-        out.failed = failed;
+        out.failed = sorted_failures(failed);
         Ok(out)
     }
 
     /// Gives up on commands that stopped completing: each one in flight is
     /// waited for once more (bounded by the I/O timeout) and its pair failed
     /// if it still does not complete. Returns how many commands were settled.
-    fn expire(&mut self, cmds: &[Cmd], failed: &mut HashMap<u32, String>) -> Result<usize> {
+    fn expire(&mut self, cmds: &[Cmd], failed: &mut HashMap<u32, PairFailure>) -> Result<usize> {
         let mut settled = 0;
         for lane in &mut self.lanes {
             let stuck: Vec<(u16, u32)> = lane.inflight.drain().collect();
@@ -161,12 +160,10 @@ impl DirectIo {
                 let pair = cmds[idx as usize].pair;
                 match lane.qp.wait(cid) {
                     Ok(comp) if comp.status.is_success() => {}
-                    Ok(comp) => {
-                        failed.entry(pair).or_insert_with(|| comp.status.to_string());
-                    }
+                    Ok(comp) => note_failure(failed, pair, PairFailure::definite(comp.status.to_string())),
                     Err(e) => {
                         tracing::warn!(error = %e, "command timed out");
-                        failed.entry(pair).or_insert_with(|| e.to_string());
+                        note_failure(failed, pair, wait_failure(&e));
                     }
                 }
             }
@@ -210,7 +207,21 @@ impl LayerIo for DirectIo {
     ) -> Result<Option<u64>> {
         let (reg, map) = self.attached.clone().ok_or(ObjError::NotRegistered)?;
         let cmds = layer_commands(&map, &reg, layer, pairs);
-        let mut outcome = self.run(&cmds, dir)?;
+        let mut outcome = match self.run(&cmds, dir) {
+            Ok(o) => o,
+            // Commands may be in flight on a queue that stopped making sense
+            // (e.g. a malformed completion): none of them has a known outcome.
+            Err(e) => {
+                tracing::warn!(error = %e, layer, "layer transfer broke off with commands in flight");
+                let why = format!("{e} (the commands' outcome is unknown)");
+                LayerOutcome {
+                    failed: (0..pairs.len() as u32).map(|p| (p, PairFailure::unknown(why.clone()))).collect(),
+                    commands: cmds.len() as u64,
+                    host_built: cmds.len() as u64,
+                    ..Default::default()
+                }
+            }
+        };
         outcome.host_pairs = pairs.len() as u64;
         let token = self.next_token;
         self.next_token += 1;
@@ -220,5 +231,19 @@ impl LayerIo for DirectIo {
 
     fn poll(&mut self, token: u64) -> Result<Option<LayerOutcome>> {
         self.done.remove(&token).map(Some).ok_or(ObjError::Unknown { what: "layer transfer", id: token })
+    }
+}
+
+/// What waiting for a submitted command ended with, when it ended without a
+/// completion: the command reached the submission queue, so unless the error
+/// says the controller refused it, the device may still execute it.
+fn wait_failure(e: &DriverError) -> PairFailure {
+    match e {
+        DriverError::CommandFailed { .. } => PairFailure::definite(e.to_string()),
+        // CommandTimeout (completion lost or late), ControllerFatal (the
+        // controller stopped; what it did with the command is unknown until a
+        // reset), BadDeviceResponse, transport errors, a CID the queue no
+        // longer tracks...
+        _ => PairFailure::unknown(e.to_string()),
     }
 }

@@ -23,7 +23,10 @@
 //! reaps completions; a finished IOCB reports every failed IOCTX, which maps
 //! back to its pair.
 
-use super::{layer_commands, Direction, LayerIo, LayerOutcome, Pair};
+use super::{
+    layer_commands, note_failure, sorted_failures, Direction, FailureKind, LayerIo, LayerOutcome, Pair,
+    PairFailure,
+};
 use crate::error::{ObjError, Result};
 use crate::registration::Registration;
 use crate::stripe::StripeMap;
@@ -32,8 +35,8 @@ use std::sync::Arc;
 use tutti_driver::command::DataPtr;
 use tutti_driver::controller::Controller;
 use tutti_gio_uring::{
-    ioctx, DataRef, DriveQueues, Executor, GioError, GioUring, HostExecutor, HostExecutorConfig, IocbId,
-    IocbResult, Kv, LayerGeometry, LayerTable, Op, PairListId, PoolDrive, TableId, TableKind,
+    ioctx, DataRef, DriveQueues, Executor, GioError, GioUring, HostExecutor, HostExecutorConfig, IoStatus,
+    IocbId, IocbResult, Kv, LayerGeometry, LayerTable, Op, PairListId, PoolDrive, TableId, TableKind,
 };
 use tutti_kernels::abi::IOCB_MAX_IOCTX;
 
@@ -94,6 +97,31 @@ pub struct GioIo {
     results: HashMap<IocbId, IocbResult>,
     next_token: u64,
     mode: String,
+}
+
+/// Whether the drive may still act on an IOCTX that ended with `status`.
+///
+/// Only a completion the executor reaped is a known outcome: an NVMe status,
+/// or a refusal before the command was built (translation, malformed). A
+/// completion timeout means the executor expired the command and reused its
+/// slot (`tt_slot_expire`; the CID generation keeps a late completion from
+/// being taken for the new command's) while the controller may still execute
+/// it. `SubmitTimeout` and `QueueDead` are counted unknown as well: the
+/// executor's rules say such a command never passed the doorbell
+/// (`gio_queue.cuh`: nothing at or after the dead queue's hole is
+/// published), but a dead queue is never deleted or reset in this process,
+/// so nothing bounds what its controller does; a file costs less than
+/// wrong bytes served as a hit.
+pub(crate) fn failure_kind(status: IoStatus) -> FailureKind {
+    match status {
+        IoStatus::Nvme(_) | IoStatus::Translation(_) | IoStatus::Invalid(_) => FailureKind::Definite,
+        IoStatus::Success
+        | IoStatus::Pending
+        | IoStatus::CompletionTimeout
+        | IoStatus::SubmitTimeout
+        | IoStatus::QueueDead { .. }
+        | IoStatus::Unknown(_) => FailureKind::Unknown,
+    }
 }
 
 fn gio(e: GioError) -> ObjError {
@@ -196,7 +224,7 @@ impl GioIo {
             return Ok(None);
         }
         let Some(t) = self.transfers.remove(&token) else { return Ok(None) };
-        let mut failed: HashMap<u32, String> = HashMap::new();
+        let mut failed: HashMap<u32, PairFailure> = HashMap::new();
         for (k, (id, first)) in t.iocbs.iter().enumerate() {
             let Some(r) = self.results.remove(id) else { continue };
             for f in &r.failures {
@@ -205,23 +233,24 @@ impl GioIo {
                     None => Some(first + f.index / t.ioctx_per_pair),
                 };
                 if let Some(p) = pair.filter(|&p| (p as usize) < t.pairs) {
-                    failed.entry(p).or_insert_with(|| f.to_string());
+                    note_failure(
+                        &mut failed,
+                        p,
+                        PairFailure { kind: failure_kind(f.status), why: f.to_string() },
+                    );
                 }
             }
             if r.completed != r.count {
                 // Defensive: IOCTXs unaccounted for fail the whole IOCB's pairs.
                 let n = r.count.div_ceil(t.ioctx_per_pair);
+                let why = format!("{}: {} of {} IOCTXs completed", r.id, r.completed, r.count);
                 for p in *first..(*first + n).min(t.pairs as u32) {
-                    failed.entry(p).or_insert_with(|| {
-                        format!("{}: {} of {} IOCTXs completed", r.id, r.completed, r.count)
-                    });
+                    note_failure(&mut failed, p, PairFailure::unknown(why.clone()));
                 }
             }
         }
-        let mut failed: Vec<(u32, String)> = failed.into_iter().collect();
-        failed.sort_unstable_by_key(|f| f.0);
         Ok(Some(LayerOutcome {
-            failed,
+            failed: sorted_failures(failed),
             commands: t.commands,
             host_calls: t.host_calls,
             host_built: t.host_built,
@@ -421,5 +450,32 @@ impl LayerIo for GioIo {
     fn poll(&mut self, token: u64) -> Result<Option<LayerOutcome>> {
         self.take_results()?;
         self.finish(token)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tutti_driver::spec::Status;
+    use tutti_gio_uring::Translation;
+
+    #[test]
+    fn only_reaped_or_refused_commands_have_a_known_outcome() {
+        for s in [
+            IoStatus::Nvme(Status::WRITE_FAULT),
+            IoStatus::Translation(Translation::File),
+            IoStatus::Invalid(tutti_gio_uring::Invalid::Length),
+        ] {
+            assert_eq!(failure_kind(s), FailureKind::Definite, "{s}");
+        }
+        for s in [
+            IoStatus::CompletionTimeout,
+            IoStatus::SubmitTimeout,
+            IoStatus::QueueDead { queue: 1 },
+            IoStatus::Pending,
+            IoStatus::Unknown(0x7700_0001),
+        ] {
+            assert_eq!(failure_kind(s), FailureKind::Unknown, "{s}");
+        }
     }
 }

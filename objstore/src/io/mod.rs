@@ -22,6 +22,8 @@ use crate::error::Result;
 use crate::index::FileId;
 use crate::registration::Registration;
 use crate::stripe::StripeMap;
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
 use std::sync::Arc;
 use tutti_driver::spec::SglDescriptor;
 
@@ -42,11 +44,71 @@ pub struct Pair {
     pub block: u32,
 }
 
+/// Whether the device may still act on a command that failed.
+///
+/// A command the host gave up on is not a command the device gave up on: a
+/// controller may execute a timed-out command later and move its data then
+/// ("late DMA"). Such a failure must be kept apart from one whose outcome is
+/// known, because the store may reuse a file only if no write into it can
+/// still land (see [`Index::quarantine`](crate::index::Index::quarantine)).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FailureKind {
+    /// The command did not and will not move its data: the controller
+    /// completed it with an error status, or it was refused before being
+    /// handed to the controller (bad translation, malformed, queue full).
+    Definite,
+    /// The host stopped waiting without learning the outcome (no completion
+    /// within the command timeout, completion lost, queue or controller
+    /// dead): the device may still execute it until the drive is reset.
+    Unknown,
+}
+
+/// Why one pair of a layer transfer failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PairFailure {
+    pub kind: FailureKind,
+    pub why: String,
+}
+
+impl PairFailure {
+    pub fn definite(why: impl Into<String>) -> Self {
+        PairFailure { kind: FailureKind::Definite, why: why.into() }
+    }
+    pub fn unknown(why: impl Into<String>) -> Self {
+        PairFailure { kind: FailureKind::Unknown, why: why.into() }
+    }
+}
+
+/// Records a failed command of `pair`: the first reason is kept, except that
+/// a command of unknown outcome makes the whole pair's outcome unknown (and
+/// its reason is the one reported), whatever failed before.
+pub(crate) fn note_failure(failed: &mut HashMap<u32, PairFailure>, pair: u32, f: PairFailure) {
+    match failed.entry(pair) {
+        Entry::Vacant(v) => {
+            v.insert(f);
+        }
+        Entry::Occupied(mut o) => {
+            if f.kind == FailureKind::Unknown && o.get().kind == FailureKind::Definite {
+                o.insert(f);
+            }
+        }
+    }
+}
+
+/// The failures by pair, in pair order.
+pub(crate) fn sorted_failures(failed: HashMap<u32, PairFailure>) -> Vec<(u32, PairFailure)> {
+    let mut failed: Vec<(u32, PairFailure)> = failed.into_iter().collect();
+    failed.sort_unstable_by_key(|f| f.0);
+    failed
+}
+
 /// How one layer transfer ended.
 #[derive(Clone, Debug, Default)]
 pub struct LayerOutcome {
-    /// Indices (into the submitted pairs) that failed, with the first reason for each.
-    pub failed: Vec<(u32, String)>,
+    /// Indices (into the submitted pairs) that failed, with the first reason
+    /// for each and whether the device may still act on it.
+    pub failed: Vec<(u32, PairFailure)>,
     /// NVMe commands the layer took.
     pub commands: u64,
     /// Calls the host made into the I/O path to move the layer: one per
@@ -128,4 +190,21 @@ pub(crate) fn layer_commands(map: &StripeMap, reg: &Registration, layer: u32, pa
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_outcome_wins_over_a_definite_failure_of_the_same_pair() {
+        let mut failed = HashMap::new();
+        note_failure(&mut failed, 3, PairFailure::definite("LBA out of range"));
+        note_failure(&mut failed, 3, PairFailure::unknown("timed out"));
+        note_failure(&mut failed, 3, PairFailure::definite("write fault"));
+        note_failure(&mut failed, 1, PairFailure::unknown("queue dead"));
+        note_failure(&mut failed, 1, PairFailure::unknown("timed out again"));
+        let v = sorted_failures(failed);
+        assert_eq!(v, vec![(1, PairFailure::unknown("queue dead")), (3, PairFailure::unknown("timed out"))]);
+    }
 }

@@ -19,7 +19,7 @@
 use super::{lock, KvStore};
 use crate::error::{ObjError, Result};
 use crate::index::FileId;
-use crate::io::{Direction, LayerOutcome, Pair};
+use crate::io::{Direction, FailureKind, LayerOutcome, Pair, PairFailure};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
@@ -47,6 +47,8 @@ pub(crate) struct Job {
     layers: Range<u32>,
     state: Vec<LayerState>,
     failed: Vec<u64>,
+    /// Failed slots whose transfer may still be executed by a drive.
+    unknown: Vec<u64>,
     first_error: Option<String>,
     commands: u64,
     host_calls: u64,
@@ -64,8 +66,8 @@ pub(crate) struct Job {
     io_files: Vec<FileId>,
     /// The store session this job writes for.
     pub session: Option<u64>,
-    /// Per finished layer, the pairs that failed (stores report these to the session).
-    pub layer_failures: Vec<(u32, Vec<u32>)>,
+    /// Per finished layer, the pairs that failed and how (stores report these to the session).
+    pub layer_failures: Vec<(u32, Vec<(u32, FailureKind)>)>,
     session_notified: bool,
 }
 
@@ -85,6 +87,19 @@ pub struct JobStatus {
     pub blocks: u32,
     pub failed_blocks: Vec<u64>,
     pub failed: u32,
+    /// The failed blocks (a subset of `failed_blocks`, same bit order) of
+    /// which a command ended without a known outcome — it timed out, or its
+    /// queue or controller died — so the drive may still execute it:
+    ///
+    /// - load: the drive may still write that engine block, until the drive
+    ///   is reset. Recompute it, but be aware that a late read can overwrite
+    ///   the recomputed KV; nothing on this side can prevent that. Resetting
+    ///   the drive (a new process) bounds it.
+    /// - store: the block was not stored, and its file is quarantined (never
+    ///   reused in this process; see `StoreStats::quarantined_files`).
+    ///
+    /// The failure text of such a block says "outcome unknown".
+    pub unknown_blocks: Vec<u64>,
     pub first_error: Option<String>,
     pub commands: u64,
     /// Calls the host made into the I/O path (see `LayerOutcome::host_calls`).
@@ -109,6 +124,10 @@ pub struct JobStatus {
 impl JobStatus {
     pub fn block_failed(&self, i: u32) -> bool {
         self.failed_blocks.get(i as usize / 64).is_some_and(|w| w >> (i % 64) & 1 == 1)
+    }
+    /// Block `i` failed and a drive may still act on its transfer (see `unknown_blocks`).
+    pub fn block_outcome_unknown(&self, i: u32) -> bool {
+        self.unknown_blocks.get(i as usize / 64).is_some_and(|w| w >> (i % 64) & 1 == 1)
     }
     pub fn layer_is_done(&self, layer: u32) -> bool {
         layer
@@ -141,6 +160,7 @@ impl Job {
             layers,
             state: vec![LayerState::Queued; n],
             failed: vec![0; (blocks as usize).div_ceil(64)],
+            unknown: vec![0; (blocks as usize).div_ceil(64)],
             first_error: None,
             commands: 0,
             host_calls: 0,
@@ -191,6 +211,7 @@ impl Job {
             blocks: self.blocks,
             failed: self.failed.iter().map(|w| w.count_ones()).sum(),
             failed_blocks: self.failed.clone(),
+            unknown_blocks: self.unknown.clone(),
             first_error: self.first_error.clone(),
             commands: self.commands,
             host_calls: self.host_calls,
@@ -211,11 +232,32 @@ impl Job {
         self.host_pairs += outcome.host_pairs;
         let layer = self.layers.start + i as u32;
         let mut bad = Vec::with_capacity(outcome.failed.len());
-        for (p, why) in &outcome.failed {
-            if let Some(&slot) = self.slots.get(*p as usize) {
-                self.fail_slot(slot, &format!("layer {layer}: {why}"));
-                bad.push(*p);
+        for (p, f) in &outcome.failed {
+            let (Some(&slot), Some(pair)) = (self.slots.get(*p as usize), self.pairs.get(*p as usize)) else {
+                continue;
+            };
+            let why = match (f.kind, self.dir) {
+                (FailureKind::Definite, _) => format!("layer {layer}: {}", f.why),
+                (FailureKind::Unknown, Direction::Load) => format!(
+                    "layer {layer}: {}; outcome unknown: the drive may still write engine block {} until it is reset",
+                    f.why, pair.block
+                ),
+                (FailureKind::Unknown, Direction::Store) => format!(
+                    "layer {layer}: {}; outcome unknown: the drive may still write file {}, which is quarantined",
+                    f.why, pair.file
+                ),
+            };
+            if f.kind == FailureKind::Unknown {
+                if let Some(w) = self.unknown.get_mut(slot as usize / 64) {
+                    *w |= 1 << (slot % 64);
+                }
+                if self.dir == Direction::Load {
+                    tracing::warn!(layer, file = pair.file, block = pair.block, reason = %f.why,
+                        "load of unknown outcome: the drive may still write this engine block until it is reset");
+                }
             }
+            self.fail_slot(slot, &why);
+            bad.push((*p, f.kind));
         }
         if self.session.is_some() {
             self.layer_failures.push((layer, bad));
@@ -307,8 +349,13 @@ impl KvStore {
                     }
                     Err(e) => {
                         let why = e.to_string();
-                        let all: Vec<(u32, String)> =
-                            (0..job.pairs.len() as u32).map(|p| (p, why.clone())).collect();
+                        // Refused up front, or the path broke while handing the layer
+                        // over (e.g. gio_uring's `issue` after some IOCBs reached the
+                        // executor): only the former has a known outcome.
+                        let refused = matches!(e, ObjError::NotRegistered | ObjError::Invalid { .. });
+                        let f = if refused { PairFailure::definite(why) } else { PairFailure::unknown(why) };
+                        let all: Vec<(u32, PairFailure)> =
+                            (0..job.pairs.len() as u32).map(|p| (p, f.clone())).collect();
                         job.record(i, LayerOutcome { failed: all, ..Default::default() });
                     }
                 }
@@ -331,7 +378,7 @@ impl KvStore {
             }
         }
         if let Some(sid) = job.session {
-            let layers: Vec<(u32, Vec<u32>)> = std::mem::take(&mut job.layer_failures);
+            let layers: Vec<(u32, Vec<(u32, FailureKind)>)> = std::mem::take(&mut job.layer_failures);
             let finished = job.is_done() && !job.session_notified;
             if !layers.is_empty() || finished {
                 job.session_notified |= finished;

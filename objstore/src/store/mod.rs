@@ -134,6 +134,9 @@ pub struct StoreStats {
     pub failed_blocks: u64,
     pub files_committed: u64,
     pub journal_appends: u64,
+    /// Files taken out of service since open because a write into them ended
+    /// without a known outcome (also `index.quarantined`).
+    pub quarantined_files: u64,
 }
 
 #[derive(Default)]
@@ -155,6 +158,7 @@ struct Counters {
     failed_blocks: AtomicU64,
     files_committed: AtomicU64,
     journal_appends: AtomicU64,
+    quarantined_files: AtomicU64,
 }
 
 /// The journals and the commit stamp, under one lock.
@@ -443,6 +447,7 @@ impl KvStore {
             failed_blocks: get(&c.failed_blocks),
             files_committed: get(&c.files_committed),
             journal_appends: get(&c.journal_appends),
+            quarantined_files: get(&c.quarantined_files),
         }
     }
 }

@@ -17,8 +17,8 @@ use super::{lock, KvStore, Meta};
 use crate::drives::DriveMeta;
 use crate::error::{ObjError, Result};
 use crate::hash::BlockHash;
-use crate::index::{FileId, Key, Reserve};
-use crate::io::{Direction, Pair};
+use crate::index::{FileId, Index, Key, Reserve};
+use crate::io::{Direction, FailureKind, Pair};
 use crate::journal::{Record, RecordKind};
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -36,6 +36,9 @@ enum Entry {
         block: u32,
         layers: Vec<u64>,
         failed: Option<String>,
+        /// A write into the file ended without a known outcome: the drive may
+        /// still execute it, so the file is quarantined, never freed.
+        outcome_unknown: bool,
     },
     /// Already stored (or being stored by another session): nothing to write.
     Present(FileId),
@@ -86,8 +89,8 @@ impl KvStore {
                     None => {
                         let s = ix.stats();
                         Entry::Failed(format!(
-                            "pool full: all {} files are pinned, in flight or being written",
-                            s.files
+                            "pool full: all {} files are pinned, in flight, being written or quarantined ({} quarantined)",
+                            s.files, s.quarantined
                         ))
                     }
                     Some(Reserve::Present(f)) => Entry::Present(f),
@@ -95,7 +98,7 @@ impl KvStore {
                         if inv {
                             invalidate.push((i, file, gen));
                         }
-                        Entry::New { file, gen, block, layers: vec![0; words], failed: None }
+                        Entry::New { file, gen, block, layers: vec![0; words], failed: None, outcome_unknown: false }
                     }
                 });
             }
@@ -178,17 +181,26 @@ impl KvStore {
         &self,
         store: StoreId,
         slots: &[u32],
-        layers: &[(u32, Vec<u32>)],
+        layers: &[(u32, Vec<(u32, FailureKind)>)],
         job_finished: bool,
     ) -> Result<()> {
         let mut sessions = lock(&self.sessions, "sessions")?;
         let Some(s) = sessions.get_mut(&store) else { return Ok(()) };
         for (layer, bad) in layers {
             for (p, &slot) in slots.iter().enumerate() {
-                let Some(Entry::New { layers: bits, failed, .. }) = s.entries.get_mut(slot as usize) else {
+                let Some(Entry::New { layers: bits, failed, outcome_unknown, .. }) =
+                    s.entries.get_mut(slot as usize)
+                else {
                     continue;
                 };
-                if bad.contains(&(p as u32)) {
+                if let Some(&(_, kind)) = bad.iter().find(|(q, _)| *q == p as u32) {
+                    if kind == FailureKind::Unknown && !*outcome_unknown {
+                        *outcome_unknown = true;
+                        *failed = Some(format!(
+                            "writing layer {layer} ended without a known outcome (the drive may still execute it); \
+                             file quarantined"
+                        ));
+                    }
                     failed.get_or_insert_with(|| format!("writing layer {layer} failed"));
                 } else {
                     bits[*layer as usize / 64] |= 1 << (layer % 64);
@@ -211,8 +223,14 @@ impl KvStore {
         let mut report = StoreReport { files: vec![None; session.entries.len()], ..Default::default() };
         let mut commit = Vec::new();
         let mut give_up = Vec::new();
+        let mut quarantine = Vec::new();
         for (i, e) in session.entries.iter().enumerate() {
             match e {
+                Entry::New { file, gen, outcome_unknown: true, failed, .. } => {
+                    let why = failed.clone().unwrap_or_else(|| "a write's outcome is unknown".into());
+                    report.failed.push((i as u32, why.clone()));
+                    quarantine.push((*file, *gen, why));
+                }
                 Entry::Present(f) => {
                     report.present += 1;
                     report.files[i] = Some(*f);
@@ -278,6 +296,7 @@ impl KvStore {
         for f in give_up {
             ix.abort(f)?;
         }
+        self.quarantine(&mut ix, quarantine)?;
         drop(ix);
         report.failed.sort_by_key(|f| f.0);
         self.counters.files_committed.fetch_add(report.stored as u64, Ordering::Relaxed);
@@ -288,10 +307,30 @@ impl KvStore {
     pub fn abort_store(&self, store: StoreId) -> Result<()> {
         let session = self.take_session(store)?;
         let mut ix = lock(&self.index, "index")?;
+        let mut quarantine = Vec::new();
         for e in session.entries {
-            if let Entry::New { file, .. } = e {
-                ix.abort(file)?;
+            match e {
+                Entry::New { file, gen, outcome_unknown: true, failed, .. } => {
+                    quarantine.push((file, gen, failed.unwrap_or_default()));
+                }
+                Entry::New { file, .. } => ix.abort(file)?,
+                _ => {}
             }
+        }
+        self.quarantine(&mut ix, quarantine)
+    }
+
+    /// Takes files a write of unknown outcome may still land in out of
+    /// service for the rest of the process (see [`Index::quarantine`]).
+    fn quarantine(&self, ix: &mut Index, files: Vec<(FileId, u64, String)>) -> Result<()> {
+        // Object j of a file lives on drive (file + j) mod D: every drive holds some of it;
+        // the reason names the drive and LBA of the command that timed out.
+        let drives: Vec<&str> = self.drives.iter().map(|d| d.name()).collect();
+        for (file, gen, why) in files {
+            ix.quarantine(file)?;
+            self.counters.quarantined_files.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(file, gen, ?drives, reason = %why,
+                "file quarantined: a write into it may still be executed by the drive; not reused until the pool is reopened");
         }
         Ok(())
     }

@@ -71,11 +71,16 @@ impl Drives {
 
     /// Brings every controller up (again) and returns the drives in `order`.
     pub fn specs_in(&self, order: &[usize]) -> Vec<DriveSpec> {
+        self.specs_with(order, Duration::from_secs(2))
+    }
+
+    /// Like [`specs_in`](Self::specs_in), with the driver's I/O timeout `io_timeout`.
+    pub fn specs_with(&self, order: &[usize], io_timeout: Duration) -> Vec<DriveSpec> {
         order
             .iter()
             .map(|&i| {
                 let e = &self.emus[i];
-                let opts = ControllerOptions { io_timeout: Duration::from_secs(2), ..Default::default() };
+                let opts = ControllerOptions { io_timeout, ..Default::default() };
                 let ctrl = Controller::new(e.registers(), e.dma_space(), opts).expect("bring-up");
                 DriveSpec::first_namespace(ctrl).expect("namespace")
             })

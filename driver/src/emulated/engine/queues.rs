@@ -84,6 +84,9 @@ pub(super) struct Pending {
     pub(super) cid: u16,
     dw0: u32,
     pub(super) status: Status,
+    /// A command whose execution was deferred: it runs when due, and its
+    /// own status replaces `status`.
+    pub(super) deferred: Option<SubmissionEntry>,
 }
 
 impl Engine {
@@ -174,12 +177,21 @@ impl Engine {
     fn complete(&mut self, sqid: u16, cqid: u16, cid: u16, done: Done) {
         let sqhd = self.sqs[sqid as usize].as_ref().map_or(0, |sq| sq.head as u16);
         match done.due {
-            Some(due) if due > Instant::now() => {
+            Some(due) if due > Instant::now() || done.deferred.is_some() => {
                 if let Some(cq) = self.cqs[cqid as usize].as_mut() {
                     cq.reserved += 1;
                 }
                 let at = self.pending.partition_point(|p| p.due <= due);
-                let p = Pending { due, sqid, cqid, sqhd, cid, dw0: done.dw0, status: done.status };
+                let p = Pending {
+                    due,
+                    sqid,
+                    cqid,
+                    sqhd,
+                    cid,
+                    dw0: done.dw0,
+                    status: done.status,
+                    deferred: done.deferred,
+                };
                 self.pending.insert(at, p);
             }
             _ => self.post(cqid, sqid, sqhd, cid, done.dw0, done.status),
@@ -205,7 +217,17 @@ impl Engine {
                 continue;
             }
             cq.reserved = cq.reserved.saturating_sub(1);
-            let p = self.pending.remove(i);
+            let mut p = self.pending.remove(i);
+            if let Some(sqe) = p.deferred.take() {
+                // The late execution: data moves only now, long after the command was fetched.
+                let done =
+                    if sqid == super::ADMIN_QID { self.admin_command(&sqe) } else { self.io_command(&sqe) };
+                p.status = super::with_dnr_if_permanent(done.status);
+                p.dw0 = done.dw0;
+                self.shared.counters.late_executions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::debug!(device = %self.shared.cfg.name, sqid, cid = p.cid, status = %p.status,
+                    "fault: deferred command executed");
+            }
             let sqhd = self.sqs[sqid as usize].as_ref().map_or(p.sqhd, |sq| sq.head as u16);
             self.post(cqid, sqid, sqhd, p.cid, p.dw0, p.status);
             posted = true;
@@ -243,6 +265,8 @@ impl Engine {
         for p in self.pending.iter_mut().filter(|p| p.sqid == sqid) {
             p.due = now.min(p.due);
             p.status = Status::ABORTED_SQ_DELETION;
+            // A command not yet executed is aborted without touching memory.
+            p.deferred = None;
             p.sqhd = sqhd;
             any = true;
         }
