@@ -41,11 +41,13 @@
 // needs the fields of minor `m` checks `tutti_abi_minor() >= m` first (an
 // older library refuses the larger size). Minor 0 is the first ABI 1;
 // minor 1 added the host-work counters of `tutti_stats_t` and
-// `tutti_job_status_t`.
+// `tutti_job_status_t`; minor 2 added outcome-unknown failures
+// (`tutti_stats_t::quarantined_files`, `tutti_job_status_t::unknown` and
+// `unknown_bitmap`) and `tutti_emulated_delay_next`.
 #define TUTTI_ABI_VERSION 1
 
 // The minor version of ABI 1 this library implements (see `TUTTI_ABI_VERSION`).
-#define TUTTI_ABI_MINOR 1
+#define TUTTI_ABI_MINOR 2
 
 // 32-bit float KV.
 #define TUTTI_DTYPE_F32 1
@@ -85,6 +87,9 @@
 
 // Open the pool the drives hold, or format them if every one is blank.
 #define TUTTI_OPEN_OR_CREATE 3
+
+// Longest deferral `tutti_emulated_delay_next` accepts, in ms.
+#define TUTTI_MAX_EMULATED_DELAY_MS 60000
 
 // The profiler keeps every sample until the table is built; a profiling
 // run needs far fewer, so an engine that leaves profiling on is stopped
@@ -197,9 +202,29 @@ typedef struct tutti_hash_t {
 
 // A job's progress. Set `struct_size = sizeof(tutti_job_status_t)` (64 for
 // a caller built against ABI 1.0, which gets the fields up to `bytes`; 120
-// since ABI 1.1), and `failed_bitmap`/`failed_bitmap_words` if the
-// per-block failures are wanted (`layer_submit_ns`/`layer_submit_ns_len`
-// for the per-layer submission CPU).
+// for ABI 1.1, up to `layer_submit_ns`; 136 since ABI 1.2), and
+// `failed_bitmap`/`failed_bitmap_words` if the per-block failures are
+// wanted (`unknown_bitmap`/`unknown_bitmap_words` for those of unknown
+// outcome, `layer_submit_ns`/`layer_submit_ns_len` for the per-layer
+// submission CPU).
+//
+// The caller's buffers are filled after the fields; a buffer given with
+// too small a capacity is left alone and the call returns
+// `TUTTI_E_BUFFER_TOO_SMALL` once the fields and the other buffers are filled.
+//
+// Unknown outcome (ABI 1.2, `unknown`, `unknown_bitmap`): a failed block
+// whose NVMe command timed out or whose queue or drive died, so the drive
+// may still execute it later:
+// - load: the drive may still write that engine block's KV memory until
+//   the drive is reset (the runtime closed; opening the pool again, e.g. in
+//   a new process, resets the controllers). Until then the engine must not
+//   hand that block's memory to another request, nor recompute into it:
+//   treat the block as poisoned (keep it out of the free list) and
+//   recompute the request's KV into other blocks, or the late read can
+//   overwrite the new KV.
+// - store: the block was not stored, and its pool file is quarantined
+//   (`tutti_stats_t::quarantined_files`), never reused nor served by a
+//   lookup in this runtime; the engine's block is only read, so it is free.
 typedef struct tutti_job_status_t {
     uint32_t struct_size;
     // `TUTTI_DIR_*`.
@@ -244,6 +269,13 @@ typedef struct tutti_job_status_t {
     // ABI 1.1, IN, nullable: receives the host CPU inside the I/O path's
     // submit per layer, ns; entry i = layer `first_layer + i` (0 while not submitted).
     uint64_t *layer_submit_ns;
+    // ABI 1.2: of the `failed` blocks, those with an unknown outcome (see above).
+    uint32_t unknown;
+    // ABI 1.2, IN: capacity of `unknown_bitmap` in 64-bit words (at least ceil(blocks / 64) if given).
+    uint32_t unknown_bitmap_words;
+    // ABI 1.2, IN, nullable: receives the blocks of unknown outcome, a subset
+    // of `failed_bitmap`, in its bit order.
+    uint64_t *unknown_bitmap;
 } tutti_job_status_t;
 
 // The engine's KV memory. Set `struct_size = sizeof(tutti_kv_layout_t)`.
@@ -352,7 +384,8 @@ typedef struct tutti_runtime_info_t {
 
 // Counters since the runtime opened. Set `struct_size = sizeof(tutti_stats_t)`
 // (136 for a caller built against ABI 1.0, which gets the fields up to
-// `stores_open`; 184 since ABI 1.1).
+// `stores_open`; 184 for ABI 1.1, which gets them up to `submit_ns`; 192
+// since ABI 1.2).
 typedef struct tutti_stats_t {
     uint32_t struct_size;
     // Pool files (one KV block each).
@@ -406,6 +439,12 @@ typedef struct tutti_stats_t {
     uint64_t setup_ns;
     // ABI 1.1: host CPU inside the per-layer submissions, ns.
     uint64_t submit_ns;
+    // ABI 1.2: pool files taken out of service because a write into them
+    // ended without a known outcome (it timed out, or its queue or drive
+    // died): the drive may still execute it, so the file is never reused by
+    // this runtime. They count as used, not free, and come back only when the
+    // drives are reset (the pool reopened, e.g. in a new process).
+    uint64_t quarantined_files;
 } tutti_stats_t;
 
 // What a commit achieved. Set `struct_size = sizeof(tutti_store_report_t)`,
@@ -479,6 +518,26 @@ int32_t tutti_emulated_fail_next(struct tutti_runtime_t *rt,
                                  uint32_t drive,
                                  uint32_t direction,
                                  uint32_t count);
+
+// Makes the next NVMe Read (`TUTTI_DIR_LOAD`) or Write (`TUTTI_DIR_STORE`)
+// command that emulated drive `drive` (pool order) fetches execute only
+// `delay_ms` (1..=`TUTTI_MAX_EMULATED_DELAY_MS`) later, as a drive that is
+// slow but not dead. With `delay_ms` past the runtime's `io_timeout_ms` the
+// host gives up on the command first and reports its blocks failed with an
+// unknown outcome (`tutti_job_status_t::unknown`), then the drive moves the
+// data anyway: a late write lands in a quarantined file
+// (`tutti_stats_t::quarantined_files`), a late read in the engine block.
+// `TUTTI_E_UNSUPPORTED` on VFIO drives.
+//
+// The late command may write engine memory after its job has finished:
+// keep registered memory alive until `delay_ms` has passed.
+//
+// # Safety
+// `rt` is a runtime handle (checked).
+int32_t tutti_emulated_delay_next(struct tutti_runtime_t *rt,
+                                  uint32_t drive,
+                                  uint32_t direction,
+                                  uint32_t delay_ms);
 
 // Nanoseconds on the monotonic clock the `tutti_profile_layer_start/end`
 // hooks use (its zero is the first use in the process).

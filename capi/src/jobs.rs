@@ -31,9 +31,29 @@ pub struct tutti_job_t {
 
 /// A job's progress. Set `struct_size = sizeof(tutti_job_status_t)` (64 for
 /// a caller built against ABI 1.0, which gets the fields up to `bytes`; 120
-/// since ABI 1.1), and `failed_bitmap`/`failed_bitmap_words` if the
-/// per-block failures are wanted (`layer_submit_ns`/`layer_submit_ns_len`
-/// for the per-layer submission CPU).
+/// for ABI 1.1, up to `layer_submit_ns`; 136 since ABI 1.2), and
+/// `failed_bitmap`/`failed_bitmap_words` if the per-block failures are
+/// wanted (`unknown_bitmap`/`unknown_bitmap_words` for those of unknown
+/// outcome, `layer_submit_ns`/`layer_submit_ns_len` for the per-layer
+/// submission CPU).
+///
+/// The caller's buffers are filled after the fields; a buffer given with
+/// too small a capacity is left alone and the call returns
+/// `TUTTI_E_BUFFER_TOO_SMALL` once the fields and the other buffers are filled.
+///
+/// Unknown outcome (ABI 1.2, `unknown`, `unknown_bitmap`): a failed block
+/// whose NVMe command timed out or whose queue or drive died, so the drive
+/// may still execute it later:
+/// - load: the drive may still write that engine block's KV memory until
+///   the drive is reset (the runtime closed; opening the pool again, e.g. in
+///   a new process, resets the controllers). Until then the engine must not
+///   hand that block's memory to another request, nor recompute into it:
+///   treat the block as poisoned (keep it out of the free list) and
+///   recompute the request's KV into other blocks, or the late read can
+///   overwrite the new KV.
+/// - store: the block was not stored, and its pool file is quarantined
+///   (`tutti_stats_t::quarantined_files`), never reused nor served by a
+///   lookup in this runtime; the engine's block is only read, so it is free.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct tutti_job_status_t {
@@ -80,6 +100,13 @@ pub struct tutti_job_status_t {
     /// ABI 1.1, IN, nullable: receives the host CPU inside the I/O path's
     /// submit per layer, ns; entry i = layer `first_layer + i` (0 while not submitted).
     pub layer_submit_ns: *mut u64,
+    /// ABI 1.2: of the `failed` blocks, those with an unknown outcome (see above).
+    pub unknown: u32,
+    /// ABI 1.2, IN: capacity of `unknown_bitmap` in 64-bit words (at least ceil(blocks / 64) if given).
+    pub unknown_bitmap_words: u32,
+    /// ABI 1.2, IN, nullable: receives the blocks of unknown outcome, a subset
+    /// of `failed_bitmap`, in its bit order.
+    pub unknown_bitmap: *mut u64,
 }
 
 impl Default for tutti_job_status_t {
@@ -106,16 +133,20 @@ impl Default for tutti_job_status_t {
             pairs_registered: 0,
             layer_submit_ns_len: 0,
             layer_submit_ns: std::ptr::null_mut(),
+            unknown: 0,
+            unknown_bitmap_words: 0,
+            unknown_bitmap: std::ptr::null_mut(),
         }
     }
 }
 
 // SAFETY: repr(C) with `struct_size: u32` first; integers and pointers, no padding
-// (ten u32, then 8-byte fields from offset 40; two u32 before the last pointer).
+// (ten u32, then 8-byte fields from offset 40; two u32 before each later pointer).
 unsafe impl SizePrefixed for tutti_job_status_t {
     const NAME: &'static str = "tutti_job_status_t";
     const SIZES: &'static [u32] = &[
         std::mem::offset_of!(tutti_job_status_t, host_calls) as u32,
+        std::mem::offset_of!(tutti_job_status_t, unknown) as u32,
         std::mem::size_of::<tutti_job_status_t>() as u32,
     ];
 }
@@ -167,6 +198,8 @@ pub(crate) struct Submitted {
 struct View {
     st: Option<JobStatus>,
     failed: Vec<u64>,
+    /// The failed blocks of unknown outcome (a subset of `failed`, as long).
+    unknown: Vec<u64>,
     first_error: Option<String>,
 }
 
@@ -219,6 +252,13 @@ impl Job {
     fn view(&self, st: Option<JobStatus>) -> Result<View> {
         let failed = self.failed_bitmap(st.as_ref());
         self.count_failures(&failed);
+        // Only the object store's blocks can be unknown: the blocks not
+        // submitted never reached a drive.
+        let mut unknown = st.as_ref().map(|s| s.unknown_blocks.clone()).unwrap_or_default();
+        unknown.resize(failed.len(), 0);
+        for (u, f) in unknown.iter_mut().zip(&failed) {
+            *u &= f;
+        }
         let mut first_error = st.as_ref().and_then(|s| s.first_error.clone());
         if self.submitted < self.blocks && first_error.is_none() {
             first_error = Some(format!(
@@ -229,7 +269,7 @@ impl Job {
         if let Some(s) = &st {
             self.rt.set_in_flight(self.key, if s.done { 0 } else { s.layers - s.layers_done });
         }
-        Ok(View { st, failed, first_error })
+        Ok(View { st, failed, unknown, first_error })
     }
 
     fn poll(&self) -> Result<View> {
@@ -279,6 +319,7 @@ impl Job {
         out.layers_done = layers_done;
         out.blocks = self.blocks;
         out.failed = failed;
+        out.unknown = v.unknown.iter().map(|w| w.count_ones()).sum();
         out.commands = v.st.as_ref().map_or(0, |s| s.commands);
         out.bytes = self.blocks.saturating_sub(failed) as u64 * layers_done as u64 * 2 * obj;
         if let Some(s) = &v.st {
@@ -291,41 +332,61 @@ impl Job {
         }
     }
 
-    /// Copies the failure bitmap and the per-layer submission CPU into the
-    /// caller's buffers named in `out` (each nullable).
+    /// Copies the failure bitmaps and the per-layer submission CPU into the
+    /// caller's buffers named in `out` (each nullable). A buffer too small is
+    /// skipped and reported after the others are filled.
     fn fill_buffers(&self, v: &View, out: &tutti_job_status_t) -> Result<()> {
-        if !out.failed_bitmap.is_null() {
-            if (out.failed_bitmap_words as usize) < v.failed.len() {
-                return Err(CapiError::BufferTooSmall {
-                    what: "failed_bitmap (words)",
-                    needed: v.failed.len(),
-                    capacity: out.failed_bitmap_words as usize,
-                });
-            }
-            // SAFETY: the caller promises `failed_bitmap_words` writable words (struct docs).
-            let dst = unsafe { ptr::slice_out(out.failed_bitmap, v.failed.len(), "failed_bitmap")? };
-            dst.copy_from_slice(&v.failed);
+        // SAFETY: the caller promises `failed_bitmap_words` writable words (struct docs).
+        let failed = unsafe {
+            bitmap_out(&v.failed, out.failed_bitmap, out.failed_bitmap_words, "failed_bitmap (words)")
+        };
+        // SAFETY: as above, `unknown_bitmap_words` words (only read from a 1.2 caller's struct).
+        let unknown = unsafe {
+            bitmap_out(&v.unknown, out.unknown_bitmap, out.unknown_bitmap_words, "unknown_bitmap (words)")
+        };
+        let layers = self.fill_layer_submit_ns(v, out);
+        failed.and(unknown).and(layers)
+    }
+
+    fn fill_layer_submit_ns(&self, v: &View, out: &tutti_job_status_t) -> Result<()> {
+        if out.layer_submit_ns.is_null() {
+            return Ok(());
         }
-        if !out.layer_submit_ns.is_null() {
-            let n = self.layers.len();
-            if (out.layer_submit_ns_len as usize) < n {
-                return Err(CapiError::BufferTooSmall {
-                    what: "layer_submit_ns (entries)",
-                    needed: n,
-                    capacity: out.layer_submit_ns_len as usize,
-                });
-            }
-            // SAFETY: the caller promises `layer_submit_ns_len` writable entries (struct docs).
-            let dst = unsafe { ptr::slice_out(out.layer_submit_ns, n, "layer_submit_ns")? };
-            dst.fill(0);
-            if let Some(s) = &v.st {
-                for (d, &ns) in dst.iter_mut().zip(&s.layer_submit_ns) {
-                    *d = ns;
-                }
+        let n = self.layers.len();
+        if (out.layer_submit_ns_len as usize) < n {
+            return Err(CapiError::BufferTooSmall {
+                what: "layer_submit_ns (entries)",
+                needed: n,
+                capacity: out.layer_submit_ns_len as usize,
+            });
+        }
+        // SAFETY: the caller promises `layer_submit_ns_len` writable entries (struct docs).
+        let dst = unsafe { ptr::slice_out(out.layer_submit_ns, n, "layer_submit_ns")? };
+        dst.fill(0);
+        if let Some(s) = &v.st {
+            for (d, &ns) in dst.iter_mut().zip(&s.layer_submit_ns) {
+                *d = ns;
             }
         }
         Ok(())
     }
+}
+
+/// Copies `bits` into an optional caller bitmap of `words` words.
+///
+/// # Safety
+/// `dst` is NULL or points to `words` writable `u64`s.
+unsafe fn bitmap_out(bits: &[u64], dst: *mut u64, words: u32, what: &'static str) -> Result<()> {
+    if dst.is_null() {
+        return Ok(());
+    }
+    if (words as usize) < bits.len() {
+        return Err(CapiError::BufferTooSmall { what, needed: bits.len(), capacity: words as usize });
+    }
+    // SAFETY: forwarded; `bits.len() <= words`.
+    let dst = unsafe { ptr::slice_out(dst, bits.len(), what)? };
+    dst.copy_from_slice(bits);
+    Ok(())
 }
 
 impl Drop for Job {

@@ -61,11 +61,13 @@ const EMPTY: &str = "\0";
 /// needs the fields of minor `m` checks `tutti_abi_minor() >= m` first (an
 /// older library refuses the larger size). Minor 0 is the first ABI 1;
 /// minor 1 added the host-work counters of `tutti_stats_t` and
-/// `tutti_job_status_t`.
+/// `tutti_job_status_t`; minor 2 added outcome-unknown failures
+/// (`tutti_stats_t::quarantined_files`, `tutti_job_status_t::unknown` and
+/// `unknown_bitmap`) and `tutti_emulated_delay_next`.
 pub const TUTTI_ABI_VERSION: u32 = 1;
 
 /// The minor version of ABI 1 this library implements (see `TUTTI_ABI_VERSION`).
-pub const TUTTI_ABI_MINOR: u32 = 1;
+pub const TUTTI_ABI_MINOR: u32 = 2;
 
 /// The ABI version of the loaded library (`TUTTI_ABI_VERSION` it was built with).
 ///

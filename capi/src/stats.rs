@@ -1,5 +1,6 @@
 //! Counters of a runtime: bytes, hits, misses, evictions, failed blocks, queue
-//! depths, and the host's work on the control path (ABI 1.1).
+//! depths, the host's work on the control path (ABI 1.1), and quarantined
+//! files (ABI 1.2).
 
 use crate::error::{guard, Result};
 use crate::ptr::{self, SizePrefixed};
@@ -9,7 +10,8 @@ use std::sync::atomic::Ordering;
 
 /// Counters since the runtime opened. Set `struct_size = sizeof(tutti_stats_t)`
 /// (136 for a caller built against ABI 1.0, which gets the fields up to
-/// `stores_open`; 184 since ABI 1.1).
+/// `stores_open`; 184 for ABI 1.1, which gets them up to `submit_ns`; 192
+/// since ABI 1.2).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct tutti_stats_t {
@@ -65,6 +67,12 @@ pub struct tutti_stats_t {
     pub setup_ns: u64,
     /// ABI 1.1: host CPU inside the per-layer submissions, ns.
     pub submit_ns: u64,
+    /// ABI 1.2: pool files taken out of service because a write into them
+    /// ended without a known outcome (it timed out, or its queue or drive
+    /// died): the drive may still execute it, so the file is never reused by
+    /// this runtime. They count as used, not free, and come back only when the
+    /// drives are reset (the pool reopened, e.g. in a new process).
+    pub quarantined_files: u64,
 }
 
 // SAFETY: repr(C) with `struct_size: u32` first.
@@ -72,6 +80,7 @@ unsafe impl SizePrefixed for tutti_stats_t {
     const NAME: &'static str = "tutti_stats_t";
     const SIZES: &'static [u32] = &[
         std::mem::offset_of!(tutti_stats_t, host_calls) as u32,
+        std::mem::offset_of!(tutti_stats_t, quarantined_files) as u32,
         std::mem::size_of::<tutti_stats_t>() as u32,
     ];
 }
@@ -109,6 +118,7 @@ fn collect(rt: &Runtime, struct_size: u32) -> Result<tutti_stats_t> {
         pairs_registered: s.pair_lists,
         setup_ns: s.setup_ns,
         submit_ns: s.submit_ns,
+        quarantined_files: s.quarantined_files,
     })
 }
 

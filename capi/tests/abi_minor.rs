@@ -1,7 +1,8 @@
 //! ABI 1 minor versions: a caller built against ABI 1.0 passes the smaller
 //! `tutti_stats_t` / `tutti_job_status_t` and gets exactly its fields; a 1.1
-//! caller gets the host-work counters; and `failed_blocks` counts every
-//! block a job reports failed once.
+//! caller gets the host-work counters but not the 1.2 fields (quarantined
+//! files, unknown-outcome blocks); and `failed_blocks` counts every block a
+//! job reports failed once.
 
 mod common;
 
@@ -15,6 +16,8 @@ const BLOCKS: u32 = 4;
 const SENTINEL: u8 = 0xA5;
 const STATS_V0: usize = 136;
 const STATUS_V0: usize = 64;
+const STATS_V1: usize = 184;
+const STATUS_V1: usize = 120;
 
 /// A runtime with `BLOCKS` engine blocks registered (vLLM per-layer layout), and their memory.
 fn kv(executor: u32) -> (Rt, Mem) {
@@ -42,23 +45,25 @@ fn stats(rt: &Rt) -> tutti_stats_t {
 
 #[test]
 fn versions_and_sizes_of_each_minor() {
-    assert_eq!((tutti_abi_version(), tutti_abi_minor()), (1, 1));
-    assert_eq!((TUTTI_ABI_VERSION, TUTTI_ABI_MINOR), (1, 1));
-    // ABI 1.0's structs end where the 1.1 fields begin.
+    assert_eq!((tutti_abi_version(), tutti_abi_minor()), (1, 2));
+    assert_eq!((TUTTI_ABI_VERSION, TUTTI_ABI_MINOR), (1, 2));
+    // Each minor's structs end where the next one's fields begin.
     assert_eq!(offset_of!(tutti_stats_t, host_calls), STATS_V0);
     assert_eq!(offset_of!(tutti_job_status_t, host_calls), STATUS_V0);
-    assert_eq!((size_of::<tutti_stats_t>(), size_of::<tutti_job_status_t>()), (184, 120));
+    assert_eq!(offset_of!(tutti_stats_t, quarantined_files), STATS_V1);
+    assert_eq!(offset_of!(tutti_job_status_t, unknown), STATUS_V1);
+    assert_eq!((size_of::<tutti_stats_t>(), size_of::<tutti_job_status_t>()), (192, 136));
 }
 
 #[test]
 fn sizes_between_versions_are_refused() {
     let (rt, _mem) = kv(TUTTI_EXECUTOR_GIO_HOST);
     let mut buf = [0u64; 32];
-    for size in [0u32, 4, 8, STATS_V0 as u32 - 8, STATS_V0 as u32 + 8, 192] {
+    for size in [0u32, 4, 8, STATS_V0 as u32 - 8, STATS_V0 as u32 + 8, STATS_V1 as u32 + 4, 200] {
         buf[0] = size as u64; // struct_size is the first u32 (little endian)
                               // SAFETY: a live handle; `buf` is 256 writable, aligned bytes.
         let code = unsafe { tutti_get_stats(rt.0, buf.as_mut_ptr() as *mut tutti_stats_t) };
-        expect(code, TUTTI_E_STRUCT_SIZE, "expects 136 or 184");
+        expect(code, TUTTI_E_STRUCT_SIZE, "expects 136 or 184 or 192");
     }
 }
 
@@ -246,4 +251,106 @@ fn failed_blocks_counts_each_failed_block_once() {
         ok(tutti_job_destroy(job));
         assert_eq!(stats(&rt).failed_blocks, 6);
     }
+}
+
+#[test]
+fn an_abi_1_1_caller_gets_exactly_its_fields() {
+    let (rt, _mem) = kv(TUTTI_EXECUTOR_GIO_HOST);
+    let keys = hashes(2, 110);
+    store_all(&rt, &keys, &[0, 1]);
+
+    let mut stats_v1 = [0u64; size_of::<tutti_stats_t>() / 8];
+    let p = stats_v1.as_mut_ptr() as *mut u8;
+    // SAFETY: a live handle; `stats_v1` is an aligned 192-byte buffer whose first
+    // 184 bytes are a 1.1 `tutti_stats_t`; fields are read at their offsets.
+    let (jobs, submit_ns, tail) = unsafe {
+        std::ptr::write_bytes(p.add(STATS_V1), SENTINEL, size_of::<tutti_stats_t>() - STATS_V1);
+        std::ptr::write(p as *mut u32, STATS_V1 as u32);
+        ok(tutti_get_stats(rt.0, p as *mut tutti_stats_t));
+        (
+            std::ptr::read(p.add(offset_of!(tutti_stats_t, jobs)) as *const u64),
+            std::ptr::read(p.add(offset_of!(tutti_stats_t, submit_ns)) as *const u64),
+            std::slice::from_raw_parts(p.add(STATS_V1), size_of::<tutti_stats_t>() - STATS_V1).to_vec(),
+        )
+    };
+    assert!(tail.iter().all(|&b| b == SENTINEL), "bytes past struct_size were written");
+    let full = stats(&rt);
+    assert_eq!((jobs, submit_ns), (full.jobs, full.submit_ns));
+    assert!(jobs == 1 && submit_ns > 0 && full.quarantined_files == 0);
+
+    // Job status: the 1.1 inputs are honoured; the sentinel bytes where the
+    // 1.2 `unknown_bitmap` would be are never followed.
+    let mut st = [0u64; size_of::<tutti_job_status_t>() / 8];
+    let mut words = [u64::MAX; 1];
+    let mut per_layer = [u64::MAX; LAYERS as usize];
+    let mut job = null_mut();
+    // SAFETY: live handles; `st` is an aligned buffer larger than 120 bytes whose
+    // first 120 are a 1.1 status with a one-word bitmap and a per-layer buffer.
+    unsafe {
+        let p = st.as_mut_ptr() as *mut u8;
+        std::ptr::write_bytes(p.add(STATUS_V1), SENTINEL, size_of::<tutti_job_status_t>() - STATUS_V1);
+        let v1 = p as *mut tutti_job_status_t;
+        std::ptr::write(p as *mut u32, STATUS_V1 as u32);
+        std::ptr::write(p.add(offset_of!(tutti_job_status_t, failed_bitmap_words)) as *mut u32, 1);
+        std::ptr::write(
+            p.add(offset_of!(tutti_job_status_t, failed_bitmap)) as *mut *mut u64,
+            words.as_mut_ptr(),
+        );
+        std::ptr::write(p.add(offset_of!(tutti_job_status_t, layer_submit_ns_len)) as *mut u32, LAYERS);
+        std::ptr::write(
+            p.add(offset_of!(tutti_job_status_t, layer_submit_ns)) as *mut *mut u64,
+            per_layer.as_mut_ptr(),
+        );
+        ok(tutti_submit_load(rt.0, hashes(3, 110).as_ptr(), [2u32, 3, 1].as_ptr(), 3, 0, LAYERS, &mut job));
+        ok(tutti_job_wait(job, WAIT_MS, v1));
+        ok(tutti_job_destroy(job));
+        let failed = std::ptr::read(p.add(offset_of!(tutti_job_status_t, failed)) as *const u32);
+        let submit_ns = std::ptr::read(p.add(offset_of!(tutti_job_status_t, submit_ns)) as *const u64);
+        assert_eq!((failed, words[0]), (1, 0b100), "block 2's chunk is not stored");
+        assert_eq!(submit_ns, per_layer.iter().sum::<u64>());
+        let tail = std::slice::from_raw_parts(p.add(STATUS_V1), size_of::<tutti_job_status_t>() - STATUS_V1);
+        assert!(tail.iter().all(|&b| b == SENTINEL), "bytes past struct_size were written");
+    }
+}
+
+#[test]
+fn unknown_is_a_subset_of_failed_and_checks_its_buffer() {
+    let (rt, _mem) = kv(TUTTI_EXECUTOR_GIO_HOST);
+    let keys = hashes(2, 120);
+    store_all(&rt, &keys[..1], &[0]);
+    let mut job = null_mut();
+    let mut failed = [u64::MAX; 1];
+    let mut unknown = [u64::MAX; 1];
+    let mut st = status();
+    st.failed_bitmap = failed.as_mut_ptr();
+    st.failed_bitmap_words = 1;
+    st.unknown_bitmap = unknown.as_mut_ptr();
+    st.unknown_bitmap_words = 1;
+    // SAFETY: live handles and valid buffers throughout.
+    unsafe {
+        // A missing chunk and a media error: definite failures, none unknown.
+        ok(tutti_emulated_fail_next(rt.0, 0, TUTTI_DIR_LOAD, 1));
+        ok(tutti_submit_load(rt.0, keys.as_ptr(), [1u32, 2].as_ptr(), 2, 0, LAYERS, &mut job));
+        ok(tutti_job_wait(job, WAIT_MS, &mut st));
+        assert_eq!((st.failed, st.unknown, failed[0], unknown[0]), (2, 0, 0b11, 0), "{st:?}");
+
+        // A too-small unknown bitmap is refused after the rest is filled.
+        failed = [u64::MAX; 1];
+        let mut per_layer = [u64::MAX; LAYERS as usize];
+        st.layer_submit_ns = per_layer.as_mut_ptr();
+        st.layer_submit_ns_len = LAYERS;
+        st.unknown_bitmap_words = 0;
+        st.failed = 99;
+        expect(tutti_job_poll(job, &mut st), TUTTI_E_BUFFER_TOO_SMALL, "unknown_bitmap");
+        assert_eq!((st.failed, failed[0]), (2, 0b11), "{st:?}");
+        assert!(per_layer.iter().all(|&ns| ns != u64::MAX), "{per_layer:?}");
+        // And a too-small failed bitmap does not keep the unknown one from being filled.
+        unknown = [u64::MAX; 1];
+        st.unknown_bitmap_words = 1;
+        st.failed_bitmap_words = 0;
+        expect(tutti_job_poll(job, &mut st), TUTTI_E_BUFFER_TOO_SMALL, "failed_bitmap");
+        assert_eq!(unknown[0], 0);
+        ok(tutti_job_destroy(job));
+    }
+    assert_eq!(stats(&rt).quarantined_files, 0);
 }

@@ -11,7 +11,7 @@ from conftest import NUM_BLOCKS, block_bytes, fill_block, vllm_layers
 def test_abi_version_is_the_one_the_package_binds(library):
     assert tutti.abi_version() == 1
     assert library.tutti_abi_version() == tutti._lib.ABI_VERSION
-    assert library.tutti_abi_minor() >= tutti._lib.ABI_MINOR == 1
+    assert library.tutti_abi_minor() >= tutti._lib.ABI_MINOR == 2
 
 
 def test_clock_is_monotonic(library):
@@ -448,5 +448,82 @@ def test_a_caller_of_abi_1_0_gets_the_old_stats_struct(registered):
     assert raw[old_size:] == b"\xa5" * (ctypes.sizeof(buf) - old_size)
     assert buf.files == rt.stats().files > 0 and buf.stores_open == 0
     buf.struct_size = old_size + 8
-    with pytest.raises(tutti.StructSizeError, match="136 or 184"):
+    with pytest.raises(tutti.StructSizeError, match="136 or 184 or 192"):
         tutti._lib.lib().call("tutti_get_stats", rt._p(), ctypes.byref(buf))
+
+
+def test_a_caller_of_abi_1_1_gets_no_1_2_fields(registered):
+    """An engine built against ABI 1.1 passes the 184-byte tutti_stats_t: the host-work
+    counters are filled, ``quarantined_files`` (ABI 1.2) is not written."""
+    import ctypes
+
+    rt, _ = registered
+    old_size = tutti._lib.Stats.quarantined_files.offset
+    assert old_size == 184
+    buf = tutti._lib.Stats()
+    ctypes.memset(ctypes.byref(buf), 0xA5, ctypes.sizeof(buf))
+    buf.struct_size = old_size
+    tutti._lib.lib().call("tutti_get_stats", rt._p(), ctypes.byref(buf))
+    raw = ctypes.string_at(ctypes.byref(buf), ctypes.sizeof(buf))
+    assert raw[old_size:] == b"\xa5" * (ctypes.sizeof(buf) - old_size)
+    assert buf.files == rt.stats().files > 0 and buf.submit_ns == rt.stats().submit_ns
+
+
+def test_unknown_outcome_fields_on_definite_failures(registered, geometry, library):
+    """Missing chunks and media errors are failures of known outcome: ``unknown`` stays 0."""
+    rt, layers = registered
+    hashes = tutti.chain_hashes(list(range(12)), 4)
+    fill_block(geometry, layers, NUM_BLOCKS, 0, seed=1)
+    store(rt, hashes[:1], [0])
+    rt.emulated_fail_next(0, "load", 1)
+    with rt.load(hashes, [8, 9, 10]) as job:
+        st = job.wait()
+    assert st.failed == len(st.failed_blocks) >= 2 and 1 in st.failed_blocks and 2 in st.failed_blocks
+    assert (st.unknown, st.unknown_blocks) == (0, [])
+    s = rt.stats()
+    assert s.quarantined_files == 0 and s.files_free + s.files_valid == s.files
+
+
+def test_late_write_and_late_read_are_reported_unknown(library, geometry):
+    """A drive that executes a command after the host gave up on it (emulated, 3 s late
+    against a 300 ms deadline): a late write quarantines its file and is never served; a late
+    read is reported in ``unknown_blocks`` and does write the engine block afterwards."""
+    import time
+
+    if not library.has("tutti_emulated_delay_next"):
+        pytest.skip("libtutti has no tutti_emulated_delay_next")
+    late_ms = 3000
+    with tutti.Runtime(
+        geometry, emulated_drives=1, emulated_capacity_bytes=8 << 20, open_mode="create", io_timeout_ms=300
+    ) as rt:
+        layers = vllm_layers(geometry)
+        rt.register_kv("vllm_per_layer", NUM_BLOCKS, model="m", k_bases=[t.data_ptr() for t in layers], keepalive=layers)
+        hashes = tutti.chain_hashes(list(range(8)), 4)
+        good = fill_block(geometry, layers, NUM_BLOCKS, 0, seed=10)
+        store(rt, hashes[:1], [0])
+        start = time.monotonic()
+
+        fill_block(geometry, layers, NUM_BLOCKS, 1, seed=11)
+        rt.emulated_delay_next(0, "store", late_ms)
+        with rt.begin_store(hashes[1:], [1]) as st:
+            with st.submit() as job:
+                status = job.wait()
+                assert "outcome unknown" in job.error()
+            assert (status.failed, status.unknown, status.unknown_blocks) == (1, 1, [0])
+            assert st.commit().stored == 0
+        assert rt.stats().quarantined_files == 1
+        assert rt.lookup(hashes, pin=False).hits == 1
+
+        rt.emulated_delay_next(0, "load", late_ms)
+        with rt.load(hashes[:1], [8]) as job:
+            status = job.wait()
+        assert status.failed_blocks == status.unknown_blocks == [0] and status.unknown == 1
+        assert block_bytes(geometry, layers, NUM_BLOCKS, 8) != good
+
+        time.sleep(max(0.0, late_ms / 1000 + 1.0 - (time.monotonic() - start)))
+        assert block_bytes(geometry, layers, NUM_BLOCKS, 8) == good, "the late read landed"
+        with rt.load(hashes, [9, 10]) as job:
+            status = job.wait()
+        assert status.failed_blocks == [1] and status.unknown == 0
+        assert block_bytes(geometry, layers, NUM_BLOCKS, 9) == good, "the late write changed no stored chunk"
+        assert rt.stats().quarantined_files == 1

@@ -271,3 +271,28 @@ def test_an_emulated_pool_in_files_has_one_user_process(library, geometry, tmp_p
     # Released with the last connector: the directory opens again.
     c = TuttiConnector(vllm_config(geometry, dict(extra, open_mode="open")), KVConnectorRole.WORKER)
     c.shutdown()
+
+
+def test_unknown_outcome_load_blocks_are_load_errors_with_a_warning(library, geometry, caplog):
+    """A read the drive executes after the host gave up on it (300 ms deadline, 3 s late): its
+    block is a load error like any other, and the connector warns that the drive may still
+    write it."""
+    if not library.has("tutti_emulated_delay_next"):
+        pytest.skip("libtutti has no tutti_emulated_delay_next")
+    engine = MiniEngine(geometry, dict(EXTRA, io_timeout_ms=300))
+    try:
+        B = engine.B
+        engine.step(new=[Request("a", prompt(40, 3 * B + 1))])
+        w = engine.worker
+        assert w._w().unknown_load_blocks == set()
+        w.runtime.emulated_delay_next(0, "load", 3000)
+        b = Request("b", prompt(40, 3 * B + 1))
+        with caplog.at_level("WARNING", logger="tutti.vllm"):
+            r = engine.step(new=[b])
+        assert r.matched == {"b": 3 * B}
+        assert len(r.load_errors) == 1 and r.load_errors <= set(engine.blocks["b"][:3])
+        assert w._w().unknown_load_blocks == r.load_errors
+        assert any("unknown outcome" in m and "may still write" in m for m in caplog.messages), caplog.messages
+        assert w.get_block_ids_with_load_errors() == set()  # reported once
+    finally:
+        engine.close()

@@ -1,6 +1,6 @@
 """Loading libtutti.so and declaring its C ABI for ctypes.
 
-The declarations mirror ``capi/include/tutti.h`` (ABI version 1.1); the test
+The declarations mirror ``capi/include/tutti.h`` (ABI version 1.2); the test
 suite compiles a C program against that header and checks every struct's
 size and field offsets against the ones here, so the two cannot drift apart
 unnoticed.
@@ -38,9 +38,10 @@ from pathlib import Path
 from .errors import OK, IN_PROGRESS, AbiMismatch, LibraryNotFound, exception_class
 
 ABI_VERSION = 1
-# The structs here are those of ABI 1.1 (the host-work counters); a library of
-# minor 0 would refuse their sizes.
-ABI_MINOR = 1
+# The structs here are those of ABI 1.2 (1.1: the host-work counters; 1.2:
+# quarantined files and unknown-outcome blocks); a library of an older minor
+# would refuse their sizes.
+ABI_MINOR = 2
 LIB_NAME = "libtutti.so"
 
 # Constants of tutti.h.
@@ -159,6 +160,10 @@ class JobStatus(Structure):
         ("pairs_registered", c_uint32),
         ("layer_submit_ns_len", c_uint32),
         ("layer_submit_ns", POINTER(c_uint64)),
+        # ABI 1.2
+        ("unknown", c_uint32),
+        ("unknown_bitmap_words", c_uint32),
+        ("unknown_bitmap", POINTER(c_uint64)),
     ]
 
 
@@ -202,6 +207,8 @@ class Stats(Structure):
         ("pairs_registered", c_uint64),
         ("setup_ns", c_uint64),
         ("submit_ns", c_uint64),
+        # ABI 1.2
+        ("quarantined_files", c_uint64),
     ]
 
 
@@ -279,8 +286,9 @@ _PROTOTYPES = {
 
 # Calls this package can live without (newer additions); the rest must be present.
 # Libraries of ABI 1.0 lack tutti_abi_minor: they are refused by the minor check, naming it.
-OPTIONAL = {"tutti_emulated_fail_next", "tutti_abi_minor"}
+OPTIONAL = {"tutti_emulated_fail_next", "tutti_emulated_delay_next", "tutti_abi_minor"}
 _PROTOTYPES["tutti_emulated_fail_next"] = (_i32, [_rt, c_uint32, c_uint32, c_uint32])
+_PROTOTYPES["tutti_emulated_delay_next"] = (_i32, [_rt, c_uint32, c_uint32, c_uint32])
 
 
 def _candidates() -> list[str]:

@@ -44,6 +44,13 @@ class JobStatus:
     registered once at its start), ``setup_ns`` (host CPU of the job's setup, once),
     ``submit_ns`` (host CPU of its per-layer submissions so far) and ``layer_submit_ns``
     (that CPU per layer of the job, in order; its sum is ``submit_ns``).
+
+    ``unknown_blocks`` (ABI 1.2, a subset of ``failed_blocks``; ``unknown`` is their count)
+    failed with an unknown outcome: the command timed out or its queue or drive died, so
+    the drive may still execute it. For a load, the drive may still write that engine block
+    until the pool is reopened: do not give its memory to another request nor recompute
+    into it before then (treat it as poisoned). For a store, the chunk was not stored and
+    its pool file is quarantined (``Stats.quarantined_files``).
     """
 
     direction: str
@@ -64,6 +71,8 @@ class JobStatus:
     setup_ns: int = 0
     submit_ns: int = 0
     layer_submit_ns: list[int] = field(default_factory=list)
+    unknown: int = 0
+    unknown_blocks: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -134,15 +143,18 @@ class Job(_Handle):
         words = max((self.blocks + 63) // 64, 1)
         bitmap = (c_uint64 * words)()
         per_layer = (c_uint64 * max(len(self.layers), 1))()
+        unknown = (c_uint64 * words)()
         st = sized(
             _lib.JobStatus,
             failed_bitmap_words=words,
             failed_bitmap=bitmap,
             layer_submit_ns_len=len(per_layer),
             layer_submit_ns=per_layer,
+            unknown_bitmap_words=words,
+            unknown_bitmap=unknown,
         )
-        # Both buffers live as long as the struct that points to them.
-        st._buffers = (bitmap, per_layer)
+        # The buffers live as long as the struct that points to them.
+        st._buffers = (bitmap, per_layer, unknown)
         return st, bitmap
 
     def _convert(self, st, bitmap) -> JobStatus:
@@ -166,6 +178,8 @@ class Job(_Handle):
             setup_ns=st.setup_ns,
             submit_ns=st.submit_ns,
             layer_submit_ns=[per_layer[i] for i in range(len(self.layers))],
+            unknown=st.unknown,
+            unknown_blocks=_bits(st._buffers[2], st.blocks),
         )
 
     def _waited(self, status: int, name: str, st, bitmap) -> JobStatus:

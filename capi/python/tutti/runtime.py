@@ -166,6 +166,9 @@ class Stats:
     pairs_registered: int = 0
     setup_ns: int = 0
     submit_ns: int = 0
+    # ABI 1.2: files out of service because a write into them has an unknown
+    # outcome (the drive may still execute it); back only after the pool is reopened.
+    quarantined_files: int = 0
 
 
 @dataclass
@@ -392,6 +395,18 @@ class Runtime(_Handle):
             raise NotImplementedError(f"{L.path} has no tutti_emulated_fail_next")
         d = _lib.DIR_LOAD if direction == "load" else _lib.DIR_STORE
         L.call("tutti_emulated_fail_next", self._p(), drive, d, count)
+
+    def emulated_delay_next(self, drive: int, direction: str, delay_ms: int) -> None:
+        """Makes the next read or write on emulated drive ``drive`` execute ``delay_ms`` later (tests).
+
+        Past the runtime's ``io_timeout_ms`` the host gives up first: the block fails with an
+        unknown outcome (``JobStatus.unknown_blocks``), and the drive moves the data anyway.
+        """
+        L = lib()
+        if not L.has("tutti_emulated_delay_next"):
+            raise NotImplementedError(f"{L.path} has no tutti_emulated_delay_next")
+        d = _lib.DIR_LOAD if direction == "load" else _lib.DIR_STORE
+        L.call("tutti_emulated_delay_next", self._p(), drive, d, delay_ms)
 
     # --- scheduler timing hooks -----------------------------------------------------------
 

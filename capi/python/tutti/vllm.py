@@ -200,7 +200,12 @@ class TuttiConnector(KVConnectorBase_V1):
         return (done or None), None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        """Blocks whose load failed since the last call; vLLM recomputes them."""
+        """Blocks whose load failed since the last call; vLLM recomputes them.
+
+        Blocks whose load failed with an unknown outcome (a timed-out read the drive may
+        still execute) are among them; a warning names those, since the drive may write
+        them until the pool is reopened.
+        """
         return self._w().take_load_errors()
 
     # ==============================

@@ -14,6 +14,10 @@ its saves are done.
 Blocks whose load failed (a device error, a chunk gone, a timeout) are
 collected and handed to vLLM by ``get_block_ids_with_load_errors``; vLLM then
 recomputes them. A failed save only costs a future cache miss and is logged.
+A load block whose failure has an unknown outcome (its NVMe command timed
+out: the drive may still write that block until the pool is reopened) is
+reported the same way, with a warning naming it; ``unknown_load_blocks``
+keeps every such block id for the life of the worker.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import Timeout, TuttiError
+from ..jobs import JobStatus
 from ..runtime import Geometry, Job, Runtime, Store
 from ..tensors import mark_written, view
 from .metadata import LoadSpec, SaveSpec, StepPlan
@@ -112,6 +117,8 @@ class _Load:
     spec: LoadSpec
     job: Job | None
     waited: set[int] = field(default_factory=set)
+    # Engine block ids already reported with an unknown outcome (warned once).
+    unknown: set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -149,6 +156,8 @@ class WorkerSide:
         self._cur_save_ids: set[str] = set()
         self._prev_save_ids: set[str] = set()
         self._load_errors: set[int] = set()
+        # Engine blocks a drive may still write (loads of unknown outcome), until the pool is reopened.
+        self.unknown_load_blocks: set[int] = set()
 
     # --- register_kv_caches --------------------------------------------------------------
 
@@ -201,8 +210,18 @@ class WorkerSide:
                 continue
             self._loads.append(_Load(spec, job))
 
-    def _absorb(self, ld: _Load, failed: list[int]) -> None:
-        self._load_errors.update(ld.spec.block_ids[i] for i in failed)
+    def _absorb(self, ld: _Load, st: JobStatus) -> None:
+        self._load_errors.update(ld.spec.block_ids[i] for i in st.failed_blocks)
+        new = sorted({ld.spec.block_ids[i] for i in st.unknown_blocks} - ld.unknown)
+        if new:
+            ld.unknown.update(new)
+            self.unknown_load_blocks.update(new)
+            log.warning(
+                "tutti: loading blocks %s of request %s failed with an unknown outcome (a command timed out): "
+                "the drive may still write them until the pool is reopened; they are reported as load errors, "
+                "but their memory is not safe to reuse before then",
+                new, ld.spec.req_id,
+            )
 
     def _abandon(self, ld: _Load, why: Exception) -> None:
         """The load cannot be trusted any more: every block of it is reported failed."""
@@ -230,7 +249,7 @@ class WorkerSide:
                 self._abandon(ld, e)
                 continue
             ld.waited.add(layer)
-            self._absorb(ld, st.failed_blocks)
+            self._absorb(ld, st)
 
     def finish_loads(self) -> None:
         for ld in self._loads:
@@ -241,7 +260,7 @@ class WorkerSide:
             except TuttiError as e:
                 self._abandon(ld, e)
                 continue
-            self._absorb(ld, st.failed_blocks)
+            self._absorb(ld, st)
             ld.job.close()
             ld.job = None
         self._loads.clear()
