@@ -133,14 +133,16 @@ pub(crate) trait LayerIo: Send {
     fn attach(&mut self, reg: &Arc<Registration>, map: &StripeMap) -> Result<()>;
     /// Forgets the registration (its memory is about to be unmapped).
     fn detach(&mut self) -> Result<()>;
-    /// A job is about to move `pairs` for each of its layers. A path whose
-    /// executor can keep them does so now, once per job, and returns a handle
+    /// A job (or every job of a store session) is about to move `pairs` for
+    /// each of its layers. A path whose executor can keep them does so now,
+    /// once per job or session, and returns a handle
     /// for [`submit`](Self::submit); `None` (the default) when it has nothing
     /// to keep or no room: every `submit` then gets the pairs as usual.
     fn register_pairs(&mut self, _pairs: &[Pair]) -> Result<Option<u64>> {
         Ok(None)
     }
-    /// The job that registered `handle` is over: no transfer of it is in flight.
+    /// The job or session that registered `handle` is over. Refused while a
+    /// transfer that references it may still be in flight.
     fn unregister_pairs(&mut self, _handle: u64) -> Result<()> {
         Ok(())
     }

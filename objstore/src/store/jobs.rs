@@ -12,6 +12,8 @@
 //! ([`LayerIo::register_pairs`](crate::io::LayerIo::register_pairs)); each
 //! layer then refers to them, so the host's work per layer does not grow with
 //! the blocks. The registration is dropped when the job's last layer is done.
+//! The jobs of a store session share the session's registration instead
+//! (see `session.rs`): it outlives each job and is dropped at commit or abort.
 //! Host CPU is accounted in two parts: `setup_ns` (validation and the
 //! registration, once per job) and `submit_ns` (inside the I/O path's
 //! `submit`, per layer), both the calling thread's CPU time.
@@ -23,6 +25,7 @@ use crate::io::{Direction, FailureKind, LayerOutcome, Pair, PairFailure};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tutti_driver::queue::backoff;
 
@@ -40,9 +43,10 @@ enum LayerState {
 
 pub(crate) struct Job {
     dir: Direction,
-    pairs: Vec<Pair>,
+    /// Shared with the store session when the job moves the session's pairs as registered.
+    pairs: Arc<[Pair]>,
     /// Bitmap index of each pair (stores: the session entry; loads: the pair itself).
-    slots: Vec<u32>,
+    slots: Arc<[u32]>,
     blocks: u32,
     layers: Range<u32>,
     state: Vec<LayerState>,
@@ -56,6 +60,9 @@ pub(crate) struct Job {
     cancelled: bool,
     /// The I/O path's handle of the job's registered pairs, until the job is done.
     pair_list: Option<u64>,
+    /// Who frees `pair_list`: the job when its last layer is done, or (when
+    /// the handle is its store session's) the session at commit or abort.
+    list_owner: ListOwner,
     pairs_registered: bool,
     /// Host CPU of validating and setting up the job, ns.
     setup_ns: u64,
@@ -69,6 +76,16 @@ pub(crate) struct Job {
     /// Per finished layer, the pairs that failed and how (stores report these to the session).
     pub layer_failures: Vec<(u32, Vec<(u32, FailureKind)>)>,
     session_notified: bool,
+}
+
+/// Who registered a job's pair list, and so who frees it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum ListOwner {
+    /// `start_job` registers the job's pairs and the job frees them when done.
+    Job,
+    /// The store session registered them (or found no room); the job neither
+    /// registers nor frees a list.
+    Session,
 }
 
 /// A job's progress as the engine sees it.
@@ -109,7 +126,8 @@ pub struct JobStatus {
     /// (file, block) pairs the host read or copied in per-layer submissions
     /// (0 when every layer used the pairs registered for the job).
     pub host_pairs: u64,
-    /// The job's pairs were registered with the I/O path once, at its start.
+    /// Every layer referenced the job's pairs as registered with the I/O path
+    /// once: at the job's start, or (stores) once for the whole store session.
     pub pairs_registered: bool,
     /// Host CPU (the submitting thread's CPU time) of the job's setup:
     /// validation, I/O references, pair registration. Once per job.
@@ -150,7 +168,13 @@ impl Jobs {
 }
 
 impl Job {
-    pub fn new(dir: Direction, pairs: Vec<Pair>, slots: Vec<u32>, blocks: u32, layers: Range<u32>) -> Self {
+    pub fn new(
+        dir: Direction,
+        pairs: Arc<[Pair]>,
+        slots: Arc<[u32]>,
+        blocks: u32,
+        layers: Range<u32>,
+    ) -> Self {
         let n = layers.len();
         Job {
             dir,
@@ -167,6 +191,7 @@ impl Job {
             host_built: 0,
             cancelled: false,
             pair_list: None,
+            list_owner: ListOwner::Job,
             pairs_registered: false,
             setup_ns: 0,
             submit_ns: vec![0; n],
@@ -189,6 +214,13 @@ impl Job {
         if self.first_error.is_none() {
             self.first_error = Some(why.to_string());
         }
+    }
+
+    /// Layers reference `handle`, a list of exactly this job's pairs that its
+    /// store session registered and frees.
+    pub fn use_session_list(&mut self, handle: Option<u64>) {
+        self.pair_list = handle;
+        self.list_owner = ListOwner::Session;
     }
 
     pub fn fail_all_slots(&mut self, slots: &[u32], why: &str) {
@@ -282,10 +314,13 @@ impl KvStore {
             }
         }
         job.io_files = io_files;
-        if !job.pairs.is_empty() {
+        if !job.pairs.is_empty() && job.list_owner == ListOwner::Job {
             // O(blocks) once per job, so that no layer has to copy the pairs again.
             match lock(&self.io, "io")?.register_pairs(&job.pairs) {
-                Ok(handle) => job.pair_list = handle,
+                Ok(handle) => {
+                    job.pair_list = handle;
+                    self.counters.pair_registrations.fetch_add(handle.is_some() as u64, Ordering::Relaxed);
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "registering a job's pairs failed; its layers carry them")
                 }
@@ -361,8 +396,9 @@ impl KvStore {
                 }
                 room -= 1;
             }
-            // Every layer is done, so none of its transfers is in flight: the pairs can go.
-            if job.is_done() {
+            // Every layer is done, so none of its transfers is in flight: the pairs can go
+            // (a session's list stays until the session ends).
+            if job.is_done() && job.list_owner == ListOwner::Job {
                 if let Some(handle) = job.pair_list.take() {
                     if let Err(e) = io.unregister_pairs(handle) {
                         tracing::error!(job = id, error = %e, "unregistering a job's pairs failed");
@@ -437,7 +473,8 @@ impl KvStore {
                 }
             }
         }
-        let pairs: Vec<Pair> = files.iter().zip(blocks).map(|(&file, &block)| Pair { file, block }).collect();
+        let pairs: Arc<[Pair]> =
+            files.iter().zip(blocks).map(|(&file, &block)| Pair { file, block }).collect();
         let n = pairs.len() as u32;
         let job = Job::new(Direction::Load, pairs, (0..n).collect(), n, layers);
         self.start_job(job, files.to_vec(), cpu0)

@@ -123,8 +123,12 @@ pub struct StoreStats {
     pub host_built: u64,
     /// (file, block) pairs read or copied by per-layer submissions.
     pub host_pairs: u64,
-    /// Jobs whose pairs were registered with the I/O path once.
+    /// Jobs whose layers referenced registered pairs (their own list, or
+    /// their store session's).
     pub pair_lists: u64,
+    /// Pair lists registered with the I/O path: one per load job, one per
+    /// store session (or per store job when the session found no free list).
+    pub pair_registrations: u64,
     /// Host CPU of job setup (validation, pair registration), ns.
     pub setup_ns: u64,
     /// Host CPU inside per-layer submissions, ns.
@@ -151,6 +155,7 @@ struct Counters {
     host_built: AtomicU64,
     host_pairs: AtomicU64,
     pair_lists: AtomicU64,
+    pair_registrations: AtomicU64,
     setup_ns: AtomicU64,
     submit_ns: AtomicU64,
     bytes_loaded: AtomicU64,
@@ -183,6 +188,9 @@ pub struct KvStore {
     reg: RwLock<Option<Arc<Registration>>>,
     jobs: Mutex<jobs::Jobs>,
     sessions: Mutex<HashMap<u64, session::Session>>,
+    /// Session pair lists whose release the I/O path refused (an IOCB still
+    /// referenced them); retried whenever a session ends or registers.
+    retired_lists: Mutex<Vec<u64>>,
     next_id: AtomicU64,
     pins: Mutex<HashMap<u64, Vec<FileId>>>,
     counters: Counters,
@@ -227,6 +235,7 @@ impl KvStore {
             reg: RwLock::new(None),
             jobs: Mutex::new(jobs::Jobs::default()),
             sessions: Mutex::new(HashMap::new()),
+            retired_lists: Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),
             pins: Mutex::new(HashMap::new()),
             counters: Counters::default(),
@@ -440,6 +449,7 @@ impl KvStore {
             host_built: get(&c.host_built),
             host_pairs: get(&c.host_pairs),
             pair_lists: get(&c.pair_lists),
+            pair_registrations: get(&c.pair_registrations),
             setup_ns: get(&c.setup_ns),
             submit_ns: get(&c.submit_ns),
             bytes_loaded: get(&c.bytes_loaded),

@@ -11,8 +11,16 @@
 //!    non-volatile media), then appends and flushes Insert records, and only
 //!    then makes the entries visible to lookups. A crash before the Insert
 //!    is durable leaves the chunk a miss; after, a hit with exactly those bytes.
+//!
+//! An engine typically submits one job per layer as the layer is computed,
+//! so per-job setup is paid once per layer. The session therefore fixes its
+//! (file, block) pairs at `begin_store` and registers them with the I/O path
+//! at the first `submit_store`; every job whose pairs are still exactly those
+//! (no block of the session has failed yet) shares both the pairs and the
+//! registered list. The list is freed when the session is committed or
+//! aborted, which both refuse while a job of the session has layers running.
 
-use super::jobs::{Job, JobId};
+use super::jobs::{thread_cpu_ns, Job, JobId};
 use super::{lock, KvStore, Meta};
 use crate::drives::DriveMeta;
 use crate::error::{ObjError, Result};
@@ -23,6 +31,7 @@ use crate::journal::{Record, RecordKind};
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub type StoreId = u64;
@@ -49,6 +58,17 @@ pub(crate) struct Session {
     keys: Vec<Key>,
     entries: Vec<Entry>,
     running_jobs: u32,
+    /// The `Entry::New` blocks as of `begin_store`, and their entry indices.
+    pairs: Arc<[Pair]>,
+    slots: Arc<[u32]>,
+    /// Blocks that got no file at `begin_store`: failed in every job.
+    unstored: Vec<(u32, String)>,
+    /// `Entry::New` blocks whose write failed since `begin_store`: while 0,
+    /// a job moves exactly `pairs`.
+    failed_since_begin: u32,
+    /// `pairs` as registered with the I/O path, from the first job that got a
+    /// free list until commit or abort.
+    pair_list: Option<u64>,
 }
 
 /// What a store achieved, per block of the request.
@@ -126,8 +146,31 @@ impl KvStore {
                 }
             }
         }
+        let mut pairs = Vec::new();
+        let mut slots = Vec::new();
+        let mut unstored = Vec::new();
+        for (i, e) in entries.iter().enumerate() {
+            match e {
+                Entry::New { file, block, .. } => {
+                    pairs.push(Pair { file: *file, block: *block });
+                    slots.push(i as u32);
+                }
+                Entry::Failed(why) => unstored.push((i as u32, why.clone())),
+                Entry::Present(_) => {}
+            }
+        }
+        let session = Session {
+            keys,
+            entries,
+            running_jobs: 0,
+            pairs: pairs.into(),
+            slots: slots.into(),
+            unstored,
+            failed_since_begin: 0,
+            pair_list: None,
+        };
         let id = self.next_id();
-        lock(&self.sessions, "sessions")?.insert(id, Session { keys, entries, running_jobs: 0 });
+        lock(&self.sessions, "sessions")?.insert(id, session);
         Ok(id)
     }
 
@@ -135,45 +178,92 @@ impl KvStore {
     /// (paper Algorithm 1, `store_layer`, for a range). The job's failure
     /// bitmap is indexed like the request given to [`begin_store`](Self::begin_store).
     pub fn submit_store(&self, store: StoreId, layers: Range<u32>) -> Result<JobId> {
-        let cpu0 = super::jobs::thread_cpu_ns();
-        self.registration()?;
+        let cpu0 = thread_cpu_ns();
+        // The registration and the blocks were checked by `begin_store`, and the
+        // registration cannot be dropped while the session is open (`ensure_idle`).
         self.check_layers(&layers)?;
-        let (pairs, slots, n) = {
+        let mut job = {
             let mut sessions = lock(&self.sessions, "sessions")?;
             let s = sessions.get_mut(&store).ok_or(ObjError::Unknown { what: "store", id: store })?;
-            let mut pairs = Vec::new();
-            let mut slots = Vec::new();
-            for (i, e) in s.entries.iter().enumerate() {
-                if let Entry::New { file, block, failed: None, .. } = e {
-                    pairs.push(Pair { file: *file, block: *block });
-                    slots.push(i as u32);
-                }
-            }
+            let job = if s.failed_since_begin == 0 {
+                self.session_job(s, layers)?
+            } else {
+                Self::reduced_job(s, layers)
+            };
             s.running_jobs += 1;
-            (pairs, slots, s.entries.len() as u32)
+            job
         };
-        let mut job = Job::new(Direction::Store, pairs, slots, n, layers);
         job.session = Some(store);
-        {
-            let sessions = lock(&self.sessions, "sessions")?;
-            if let Some(s) = sessions.get(&store) {
-                let failed: Vec<(u32, String)> = s
-                    .entries
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, e)| match e {
-                        Entry::Failed(why) | Entry::New { failed: Some(why), .. } => {
-                            Some((i as u32, why.clone()))
-                        }
-                        _ => None,
-                    })
-                    .collect();
-                for (i, why) in failed {
-                    job.fail_all_slots(&[i], &why);
+        self.start_job(job, Vec::new(), cpu0)
+    }
+
+    /// A job of every block `begin_store` gave a file, on the session's
+    /// registered list (registered now if it is not yet). Without a free
+    /// list the job registers its own pairs or copies them, as a load does.
+    fn session_job(&self, s: &mut Session, layers: Range<u32>) -> Result<Job> {
+        if s.pair_list.is_none() && !s.pairs.is_empty() {
+            self.release_pair_lists(None)?;
+            match lock(&self.io, "io")?.register_pairs(&s.pairs) {
+                Ok(handle) => {
+                    s.pair_list = handle;
+                    self.counters.pair_registrations.fetch_add(handle.is_some() as u64, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "registering a store session's pairs failed; its jobs register their own")
                 }
             }
         }
-        self.start_job(job, Vec::new(), cpu0)
+        let mut job =
+            Job::new(Direction::Store, s.pairs.clone(), s.slots.clone(), s.entries.len() as u32, layers);
+        if s.pair_list.is_some() {
+            job.use_session_list(s.pair_list);
+        }
+        for (i, why) in &s.unstored {
+            job.fail_all_slots(&[*i], why);
+        }
+        Ok(job)
+    }
+
+    /// A job of the blocks not failed so far: fewer pairs than the session's
+    /// list, so it carries (and registers) its own.
+    fn reduced_job(s: &Session, layers: Range<u32>) -> Job {
+        let mut pairs = Vec::new();
+        let mut slots = Vec::new();
+        for (i, e) in s.entries.iter().enumerate() {
+            if let Entry::New { file, block, failed: None, .. } = e {
+                pairs.push(Pair { file: *file, block: *block });
+                slots.push(i as u32);
+            }
+        }
+        let mut job = Job::new(Direction::Store, pairs.into(), slots.into(), s.entries.len() as u32, layers);
+        for (i, e) in s.entries.iter().enumerate() {
+            if let Entry::Failed(why) | Entry::New { failed: Some(why), .. } = e {
+                job.fail_all_slots(&[i as u32], why);
+            }
+        }
+        job
+    }
+
+    /// Frees `ended` (the pair list of a session whose jobs have all finished)
+    /// and any list whose release was refused before. The I/O path refuses
+    /// while an IOCB still references the list (e.g. a layer whose handover
+    /// broke midway, so its IOCBs may still run): such a list is kept and
+    /// retried when the next session ends or registers.
+    fn release_pair_lists(&self, ended: Option<u64>) -> Result<()> {
+        let mut retired = lock(&self.retired_lists, "retired pair lists")?;
+        retired.extend(ended);
+        if retired.is_empty() {
+            return Ok(());
+        }
+        let mut io = lock(&self.io, "io")?;
+        retired.retain(|&handle| match io.unregister_pairs(handle) {
+            Ok(()) => false,
+            Err(e) => {
+                tracing::warn!(handle, error = %e, "a store session's pair list is still referenced; freed later");
+                true
+            }
+        });
+        Ok(())
     }
 
     /// A store job finished some layers: record which blocks now have them.
@@ -194,6 +284,9 @@ impl KvStore {
                     continue;
                 };
                 if let Some(&(_, kind)) = bad.iter().find(|(q, _)| *q == p as u32) {
+                    if failed.is_none() {
+                        s.failed_since_begin += 1;
+                    }
                     if kind == FailureKind::Unknown && !*outcome_unknown {
                         *outcome_unknown = true;
                         *failed = Some(format!(
@@ -218,6 +311,8 @@ impl KvStore {
     /// open, while one of its jobs is still running.
     pub fn commit_store(&self, store: StoreId) -> Result<StoreReport> {
         let session = self.take_session(store)?;
+        // Every job of the session has finished: none of its layers references the list.
+        self.release_pair_lists(session.pair_list)?;
         let layers = self.geometry.layers;
         let complete = |bits: &[u64]| (0..layers).all(|l| bits[l as usize / 64] >> (l % 64) & 1 == 1);
         let mut report = StoreReport { files: vec![None; session.entries.len()], ..Default::default() };
@@ -306,6 +401,7 @@ impl KvStore {
     /// Gives up a store: every reserved file is freed.
     pub fn abort_store(&self, store: StoreId) -> Result<()> {
         let session = self.take_session(store)?;
+        self.release_pair_lists(session.pair_list)?;
         let mut ix = lock(&self.index, "index")?;
         let mut quarantine = Vec::new();
         for e in session.entries {
