@@ -39,6 +39,18 @@ pub enum GioError {
     #[error("CUDA {call} failed: {code}")]
     Cuda { call: &'static str, code: String },
 
+    #[error("drive {drive} ({name}): recovery gave up after {waited:?}: {users} command(s) still in flight on its queues; nothing was changed")]
+    RecoveryBusy { drive: u16, name: String, users: u32, waited: Duration },
+
+    #[error("drive {drive} ({name}) failed: {what}; its queues stay closed until the controller is reset")]
+    DriveFailed {
+        drive: u16,
+        name: String,
+        what: String,
+        #[source]
+        source: Option<Box<tutti_driver::DriverError>>,
+    },
+
     #[error(transparent)]
     Kernel(#[from] tutti_kernels::KernelError),
 

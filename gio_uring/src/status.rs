@@ -23,6 +23,11 @@ pub enum IoStatus {
     QueueDead {
         queue: u32,
     },
+    /// The host was recovering the queue it was for (`GioUring::recover_drive`);
+    /// it was never sent.
+    QueueRecovering {
+        queue: u32,
+    },
     /// A value this version does not know.
     Unknown(u32),
 }
@@ -97,6 +102,7 @@ impl IoStatus {
                 _ => return unknown,
             }),
             abi::KIND_QUEUE_DEAD => IoStatus::QueueDead { queue: detail },
+            abi::KIND_QUEUE_RECOVERING => IoStatus::QueueRecovering { queue: detail },
             _ => unknown,
         }
     }
@@ -149,6 +155,7 @@ impl std::fmt::Display for IoStatus {
                 }
             ),
             IoStatus::QueueDead { queue } => write!(f, "queue {queue} failed earlier"),
+            IoStatus::QueueRecovering { queue } => write!(f, "queue {queue} is being recovered; not sent"),
             IoStatus::Unknown(raw) => write!(f, "unknown status {raw:#010x}"),
         }
     }
@@ -180,6 +187,10 @@ mod tests {
         assert_eq!(
             IoStatus::from_raw(abi::status(abi::KIND_QUEUE_DEAD, 3)),
             IoStatus::QueueDead { queue: 3 }
+        );
+        assert_eq!(
+            IoStatus::from_raw(abi::status(abi::KIND_QUEUE_RECOVERING, 2)),
+            IoStatus::QueueRecovering { queue: 2 }
         );
         assert_eq!(IoStatus::from_raw(0x7700_0001), IoStatus::Unknown(0x7700_0001));
     }

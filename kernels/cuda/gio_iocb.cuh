@@ -239,9 +239,14 @@ TT_NOINLINE void tt_process_part(const struct tt_exec_ctx* ctx, uint32_t b, uint
     const uint32_t stride = nparts * bdim;
     if (tid == 0) tt_atomic_cas_u64(&iocb->hdr.start_ns, 0, tt_now_ns());
 
+    /* Bit r: the IOCTX of this lane's round r was admitted to its queue
+     * (tt_warp_enter) and must leave it once finished. count <= 2048 and
+     * stride >= 32, so there are at most 64 rounds. */
+    uint64_t admitted = 0;
+    uint32_t round = 0;
     /* Every lane of a warp stays in this loop until no lane of the warp has work:
      * the ticket reservation is a warp collective. */
-    for (uint32_t base = part * bdim;; base += stride) {
+    for (uint32_t base = part * bdim;; base += stride, round++) {
         const uint32_t i = base + tid;
         const bool have = i < count;
         if (!tt_warp_any(have)) break;
@@ -260,15 +265,30 @@ TT_NOINLINE void tt_process_part(const struct tt_exec_ctx* ctx, uint32_t b, uint
             else
                 tt_finish_ioctx(ctx, ref, st, 0);
         }
+        if (!tt_warp_enter(ctx, target) && target >= 0) {
+            tt_finish_ioctx(ctx, ref, TT_STATUS(TT_KIND_QUEUE_RECOVERING, queue), 0);
+            target = -1;
+        }
         const uint64_t ticket = tt_warp_reserve(ctx, target);
         if (target >= 0) {
             const uint32_t st = tt_sq_submit(ctx, queue, ticket, &sqe, ref, &iocb->ioctx[i]);
-            if (st != TT_STATUS_PENDING) tt_finish_ioctx(ctx, ref, st, 0);
+            if (st != TT_STATUS_PENDING) {
+                tt_finish_ioctx(ctx, ref, st, 0);
+                tt_queue_leave(ctx, queue);
+            } else if (round < 64u) {
+                admitted |= 1ull << round;
+            }
         }
     }
 
-    for (uint32_t base = part * bdim; base < count; base += stride) {
-        if (base + tid < count) tt_wait_ioctx(ctx, b, base + tid);
+    round = 0;
+    for (uint32_t base = part * bdim; base < count; base += stride, round++) {
+        if (base + tid < count) {
+            tt_wait_ioctx(ctx, b, base + tid);
+            /* tt_sq_submit recorded the queue of every IOCTX it submitted. */
+            if (round < 64u && ((admitted >> round) & 1u))
+                tt_queue_leave(ctx, tt_ld_relaxed_u32(&iocb->ioctx[base + tid].queue));
+        }
     }
 
     tt_syncthreads();

@@ -195,6 +195,38 @@ TT_DEVICE void tt_sq_publish(struct tt_nvmeq* q) {
     }
 }
 
+/* Each lane names the queue it is about to submit to (-1: none); one atomic
+ * per distinct queue in the warp adds the lanes to the queue's users, then
+ * reads whether the host is recovering it (tt_qgate). True if the lane was
+ * admitted: it must tt_queue_leave once its command has finished. Refused
+ * lanes have not touched the queue. Every lane of the warp must call this. */
+TT_DEVICE bool tt_warp_enter(const struct tt_exec_ctx* ctx, int32_t queue) {
+    const uint32_t peers = tt_warp_match((uint32_t)queue);
+    const uint32_t lane = tt_lane_id();
+    const uint32_t leader = tt_ffs(peers) - 1u;
+    uint64_t admitted = 0;
+    if (queue >= 0 && lane == leader) {
+        struct tt_qgate* g = ctx->queues[queue].gate;
+        const uint32_t n = tt_popc(peers);
+        tt_atomic_add_u32(&g->users, n);
+        /* Pairs with the host's fence between storing `recovering` and reading `users`. */
+        tt_fence_system();
+        if (tt_ld_acquire_u32(&g->recovering))
+            tt_atomic_add_u32(&g->users, 0u - n);
+        else
+            admitted = 1;
+    }
+    admitted = tt_warp_shfl_u64(admitted, leader);
+    return queue >= 0 && admitted != 0;
+}
+
+/* The end of an admitted command's use of queue `qidx`: everything this lane
+ * did to the queue is visible before the host can see it gone. */
+TT_DEVICE void tt_queue_leave(const struct tt_exec_ctx* ctx, uint32_t qidx) {
+    tt_fence_system();
+    tt_atomic_add_u32(&ctx->queues[qidx].gate->users, 0xFFFFFFFFu);
+}
+
 /* Each lane names the queue it wants a ticket on (-1: none); one atomic per
  * distinct queue in the warp. Every lane of the warp must call this. */
 TT_DEVICE uint64_t tt_warp_reserve(const struct tt_exec_ctx* ctx, int32_t queue) {

@@ -12,7 +12,8 @@
  *                                      tt_nvmeq config
  *   executor only ..................... tt_ioctx.status/ticket/queue/latency_us, tt_iocb_hdr counters,
  *                                      tt_nvmeq state and slot arrays
- *   both, one side per word ........... tt_ring (host produces the submission ring and consumes the
+ *   both, one side per word ........... tt_qgate (host stores `recovering`, the executor adds to `users`),
+ *                                      tt_ring (host produces the submission ring and consumes the
  *                                      completion ring; the executor does the opposite; no word is
  *                                      read-modify-written by both sides)
  */
@@ -31,7 +32,7 @@ typedef long long int64_t;
 #include <stdint.h>
 #endif
 
-#define TT_ABI_VERSION 2u
+#define TT_ABI_VERSION 3u
 
 /* One IOCB carries at most this many IOCTXs: one per thread of two 1024-thread blocks. */
 #define TT_IOCB_MAX_IOCTX 2048u
@@ -59,6 +60,7 @@ typedef long long int64_t;
 #define TT_KIND_TRANSLATION 0x03u /* detail: TT_XLATE_* */
 #define TT_KIND_INVALID 0x04u     /* detail: TT_INVALID_* */
 #define TT_KIND_QUEUE_DEAD 0x05u  /* the queue failed earlier; detail: queue index */
+#define TT_KIND_QUEUE_RECOVERING 0x06u /* the host is recovering the queue; never sent; detail: queue index */
 
 #define TT_TIMEOUT_COMPLETION 1u /* submitted, no completion before the command deadline */
 #define TT_TIMEOUT_SUBMIT 2u     /* no submission slot before the submit deadline */
@@ -210,6 +212,21 @@ struct tt_drive {
 };
 
 /*
+ * The host's hold on one queue pair, in shared memory. 64 bytes. Before a
+ * lane touches a queue for a command it adds itself to `users`, then reads
+ * `recovering` (a full fence between: the host stores `recovering`, fences,
+ * then reads `users`, so one side always sees the other); if set it leaves
+ * again and the command fails with TT_KIND_QUEUE_RECOVERING. A lane leaves
+ * once its command has finished. With `recovering` set and `users` at 0 no
+ * lane is inside the queue, and the host may delete, recreate and reset it.
+ */
+struct tt_qgate {
+    uint32_t recovering; /* host: 1 while the queue is being recovered (or failed to recover) */
+    uint32_t users;      /* executor: commands between admission and their finish */
+    uint64_t rsvd[7];
+};
+
+/*
  * One NVMe I/O queue pair driven by many executor threads. 384 bytes.
  *
  * A submitter takes ticket t (one atomic per warp); its slot is t % depth and
@@ -235,7 +252,8 @@ struct tt_nvmeq {
     uint32_t qid;
     uint32_t drive;
     uint32_t cid_shift; /* bits of the CID that hold the slot */
-    uint64_t pad0[6];
+    struct tt_qgate* gate; /* shared memory: the host's hold on this queue */
+    uint64_t pad0[5];
     /* submission */
     uint64_t ticket;
     uint64_t hole; /* lowest ticket whose submitter gave up (never published), or ~0 */
@@ -329,6 +347,7 @@ static_assert(sizeof(struct tt_ioctx) == 64, "tt_ioctx is 64 bytes");
 static_assert(sizeof(struct tt_iocb_hdr) == 128, "tt_iocb_hdr is 128 bytes");
 static_assert(sizeof(struct tt_ring) == 192, "tt_ring is 192 bytes");
 static_assert(sizeof(struct tt_nvmeq) == 384, "tt_nvmeq is 384 bytes");
+static_assert(sizeof(struct tt_qgate) == 64, "tt_qgate is 64 bytes");
 static_assert(sizeof(struct tt_pair_list) == 16, "tt_pair_list is 16 bytes");
 static_assert(TT_IOCB_MAX_IOCTX == (1u << TT_IOCTX_INDEX_BITS), "IOCTX index bits");
 #endif

@@ -6,7 +6,7 @@
 
 use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 pub const IOCB_MAX_IOCTX: usize = 2048;
 pub const IOCTX_INDEX_BITS: u32 = 11;
 pub const IOCB_MAX_PAIRS: usize = 1024;
@@ -25,6 +25,7 @@ pub const KIND_TIMEOUT: u32 = 0x02;
 pub const KIND_TRANSLATION: u32 = 0x03;
 pub const KIND_INVALID: u32 = 0x04;
 pub const KIND_QUEUE_DEAD: u32 = 0x05;
+pub const KIND_QUEUE_RECOVERING: u32 = 0x06;
 
 pub const TIMEOUT_COMPLETION: u32 = 1;
 pub const TIMEOUT_SUBMIT: u32 = 2;
@@ -190,6 +191,16 @@ pub struct DriveDesc {
     pub rsvd: u64,
 }
 
+/// `struct tt_qgate`: the host's hold on one queue pair (shared memory). The
+/// host stores `recovering`; the executor adds to `users`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct QueueGate {
+    pub recovering: u32,
+    pub users: u32,
+    pub rsvd: [u64; 7],
+}
+
 /// `struct tt_nvmeq`: configuration, then state only the executor touches.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
@@ -206,7 +217,9 @@ pub struct NvmeQueue {
     pub qid: u32,
     pub drive: u32,
     pub cid_shift: u32,
-    pub pad0: [u64; 6],
+    /// Executor address of this queue's [`QueueGate`] (shared memory).
+    pub gate: u64,
+    pub pad0: [u64; 5],
     pub ticket: u64,
     pub hole: u64,
     pub pad1: [u64; 6],
@@ -296,5 +309,6 @@ const _: () = assert!(size_of::<IoCtx>() == 64);
 const _: () = assert!(size_of::<IocbHeader>() == 128);
 const _: () = assert!(size_of::<RingHeader>() == 192);
 const _: () = assert!(size_of::<NvmeQueue>() == 384);
+const _: () = assert!(size_of::<QueueGate>() == 64);
 const _: () = assert!(size_of::<PairListDesc>() == 16);
 const _: () = assert!(IOCB_MAX_IOCTX == 1 << IOCTX_INDEX_BITS);

@@ -16,7 +16,9 @@ use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex};
 use tutti_driver::spec::SglSupport;
 use tutti_driver::transport::DoorbellKind;
-use tutti_kernels::abi::{self, Control, DriveDesc, ExecCtx, Iocb, LayerTableDesc, NvmeQueue, PairListDesc};
+use tutti_kernels::abi::{
+    self, Control, DriveDesc, ExecCtx, Iocb, LayerTableDesc, NvmeQueue, PairListDesc, QueueGate,
+};
 
 /// Most parts one IOCB is split into (the submission ring has room for every
 /// IOCB of the pool split this far).
@@ -41,6 +43,8 @@ pub(crate) struct Layout {
     pub cq: usize,
     pub cq_cap: u32,
     pub control: usize,
+    /// One `tt_qgate` per queue pair.
+    pub gates: usize,
     pub iocbs: usize,
     pub shared_len: usize,
     pub ctx: usize,
@@ -57,12 +61,13 @@ impl Layout {
         let cq_cap = opts.depth.next_power_of_two().max(2);
         let sq = 0;
         let cq = (sq + RingView::bytes(sq_cap)).next_multiple_of(64);
+        let nq: usize = drives.iter().map(|d| d.queues.len()).sum();
         let control = (cq + RingView::bytes(cq_cap)).next_multiple_of(64);
-        let iocbs = (control + size_of::<Control>()).next_multiple_of(4096);
+        let gates = (control + size_of::<Control>()).next_multiple_of(64);
+        let iocbs = (gates + nq * size_of::<QueueGate>()).next_multiple_of(4096);
         let shared_len = iocbs + opts.depth as usize * size_of::<Iocb>();
 
         let ctx = 0;
-        let nq: usize = drives.iter().map(|d| d.queues.len()).sum();
         let queues_at = (ctx + size_of::<ExecCtx>()).next_multiple_of(128);
         let drives_at = (queues_at + nq * size_of::<NvmeQueue>()).next_multiple_of(64);
         let tables = (drives_at + drives.len() * size_of::<DriveDesc>()).next_multiple_of(64);
@@ -93,6 +98,7 @@ impl Layout {
             cq,
             cq_cap,
             control,
+            gates,
             iocbs,
             shared_len,
             ctx,
@@ -176,6 +182,7 @@ pub(super) fn build(
     let cq = unsafe { RingView::init(at(layout.cq)?, layout.cq_cap)? };
     let control = at(layout.control)?.cast::<Control>();
     let iocbs = at(layout.iocbs)?.cast::<Iocb>();
+    let gates = at(layout.gates)?.cast::<QueueGate>();
     for i in 0..opts.depth {
         // SAFETY: IOCB `i` lies inside the pool; no executor runs yet.
         unsafe {
@@ -217,6 +224,7 @@ pub(super) fn build(
                 qid: q.qid() as u32,
                 drive: di as u32,
                 cid_shift: depth.next_power_of_two().trailing_zeros(),
+                gate: shared.exec_at(layout.gates + qi * size_of::<QueueGate>()),
                 hole: u64::MAX,
                 ..Default::default()
             };
@@ -285,12 +293,14 @@ pub(super) fn build(
         sq,
         cq,
         control,
+        gates,
         iocbs,
         pool: Mutex::new(pool),
         tables: Mutex::new((0..opts.max_tables).map(|_| None).collect()),
         pair_lists: Mutex::new((0..opts.max_pair_lists).map(|_| Default::default()).collect()),
         seq: AtomicU32::new(0),
         drive_info,
+        recovery: Mutex::new(vec![super::recover::DriveHealth::Serving; drives.len()]),
         _maps: maps,
         _shared: shared,
         private,

@@ -11,6 +11,7 @@
 mod complete;
 mod layout;
 mod pairs;
+mod recover;
 mod submit;
 mod tables;
 
@@ -25,8 +26,9 @@ use std::ptr::NonNull;
 use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-use tutti_kernels::abi::{Control, Iocb, NvmeQueue};
+use tutti_kernels::abi::{Control, Iocb, NvmeQueue, QueueGate};
 
+pub use recover::RecoveryReport;
 pub use tables::TableInfo;
 
 /// Tunables of a [`GioUring`].
@@ -125,6 +127,9 @@ pub struct QueueStats {
     pub sq_doorbells: u64,
     pub cq_doorbells: u64,
     pub dead: bool,
+    /// The host holds the queue for recovery (or its recovery failed): the
+    /// executor refuses commands for it with `IoStatus::QueueRecovering`.
+    pub recovering: bool,
 }
 
 /// Executor-wide counters from the shared control block.
@@ -146,6 +151,8 @@ pub struct GioUring {
     sq: RingView,
     cq: RingView,
     control: NonNull<Control>,
+    /// One `tt_qgate` per queue pair, in shared memory.
+    gates: NonNull<QueueGate>,
     iocbs: NonNull<Iocb>,
     pool: Mutex<Pool>,
     tables: Mutex<Vec<Option<tables::TableSlot>>>,
@@ -153,6 +160,9 @@ pub struct GioUring {
     pair_lists: Mutex<Vec<pairs::PairListSlot>>,
     seq: AtomicU32,
     drive_info: Vec<DriveInfo>,
+    /// Per drive: serving, or failed to recover. Held for the whole of a recovery,
+    /// so recoveries run one at a time.
+    recovery: Mutex<Vec<recover::DriveHealth>>,
     // Dropped in this order, after `Drop::drop` stopped the executor: mappings
     // of queue memory, then the memory the executor worked in, then the queue
     // pairs (deleted on the controller) themselves.
@@ -224,6 +234,7 @@ impl GioUring {
                     sq_doorbells: s.sq_doorbells,
                     cq_doorbells: s.cq_doorbells,
                     dead: s.dead != 0,
+                    recovering: self.gate(i).recovering.load(std::sync::atomic::Ordering::Acquire) != 0,
                 })
             })
             .collect()

@@ -111,10 +111,14 @@ pub struct GioIo {
 /// (`gio_queue.cuh`: nothing at or after the dead queue's hole is
 /// published), but a dead queue is never deleted or reset in this process,
 /// so nothing bounds what its controller does; a file costs less than
-/// wrong bytes served as a hit.
+/// wrong bytes served as a hit. `QueueRecovering` is definite: the executor
+/// refused the command before it took a ticket on the queue.
 pub(crate) fn failure_kind(status: IoStatus) -> FailureKind {
     match status {
-        IoStatus::Nvme(_) | IoStatus::Translation(_) | IoStatus::Invalid(_) => FailureKind::Definite,
+        IoStatus::Nvme(_)
+        | IoStatus::Translation(_)
+        | IoStatus::Invalid(_)
+        | IoStatus::QueueRecovering { .. } => FailureKind::Definite,
         IoStatus::Success
         | IoStatus::Pending
         | IoStatus::CompletionTimeout
