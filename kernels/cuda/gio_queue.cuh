@@ -208,11 +208,11 @@ TT_DEVICE bool tt_warp_enter(const struct tt_exec_ctx* ctx, int32_t queue) {
     if (queue >= 0 && lane == leader) {
         struct tt_qgate* g = ctx->queues[queue].gate;
         const uint32_t n = tt_popc(peers);
-        tt_atomic_add_u32(&g->users, n);
+        tt_atomic_add_sys_u32(&g->users, n);
         /* Pairs with the host's fence between storing `recovering` and reading `users`. */
         tt_fence_system();
         if (tt_ld_acquire_u32(&g->recovering))
-            tt_atomic_add_u32(&g->users, 0u - n);
+            tt_atomic_add_sys_u32(&g->users, 0u - n);
         else
             admitted = 1;
     }
@@ -224,7 +224,7 @@ TT_DEVICE bool tt_warp_enter(const struct tt_exec_ctx* ctx, int32_t queue) {
  * did to the queue is visible before the host can see it gone. */
 TT_DEVICE void tt_queue_leave(const struct tt_exec_ctx* ctx, uint32_t qidx) {
     tt_fence_system();
-    tt_atomic_add_u32(&ctx->queues[qidx].gate->users, 0xFFFFFFFFu);
+    tt_atomic_add_sys_u32(&ctx->queues[qidx].gate->users, 0xFFFFFFFFu);
 }
 
 /* Each lane names the queue it wants a ticket on (-1: none); one atomic per

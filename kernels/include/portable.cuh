@@ -77,6 +77,9 @@ TT_DEVICE void tt_fence_system() { __threadfence_system(); }
 TT_DEVICE void tt_fence_device() { __threadfence(); }
 
 TT_DEVICE uint32_t tt_atomic_add_u32(uint32_t* p, uint32_t v) { return atomicAdd(p, v); }
+/* An add the host observes too (memory the CPU reads while the kernel runs, e.g. a
+ * queue gate's user count): system scope, not just this GPU's. */
+TT_DEVICE uint32_t tt_atomic_add_sys_u32(uint32_t* p, uint32_t v) { return atomicAdd_system(p, v); }
 TT_DEVICE uint64_t tt_atomic_add_u64(uint64_t* p, uint64_t v) {
     return atomicAdd((unsigned long long*)p, (unsigned long long)v);
 }
@@ -142,6 +145,7 @@ TT_DEVICE void tt_fence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 TT_DEVICE void tt_fence_device() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
 TT_DEVICE uint32_t tt_atomic_add_u32(uint32_t* p, uint32_t v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+TT_DEVICE uint32_t tt_atomic_add_sys_u32(uint32_t* p, uint32_t v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 TT_DEVICE uint64_t tt_atomic_add_u64(uint64_t* p, uint64_t v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 TT_DEVICE uint32_t tt_atomic_cas_u32(uint32_t* p, uint32_t cmp, uint32_t v) {
     __atomic_compare_exchange_n(p, &cmp, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
