@@ -75,8 +75,15 @@ cat /tmp/err
 no_iommu_faults "during the verification"
 
 step "gio_uring: the host executor (CUDA kernel source on CPU threads) drives both controllers"
-tutti selftest --drives $NVME0,$NVME1 --no-verify --gio --gio-ioctx 512 2>/tmp/err || { cat /tmp/err; fail "gio selftest"; }
-cat /tmp/err
+# After its passes it recovers both drives (every I/O SQ/CQ deleted and created again through the
+# admin queue) and runs one more verified pass on the recreated queues.
+tutti selftest --drives $NVME0,$NVME1 --no-verify --gio --gio-ioctx 512 2>/tmp/err >/tmp/gio.txt \
+    || { cat /tmp/err /tmp/gio.txt; fail "gio selftest"; }
+cat /tmp/err /tmp/gio.txt
+for b in $NVME0 $NVME1; do
+    grep -q "^selftest gio recovery: $b.* deleted and created again" /tmp/gio.txt || fail "gio selftest: $b was not recovered"
+done
+grep -q "^selftest gio recovery: after recovery: .* bytes verified" /tmp/gio.txt || fail "gio selftest: no verified pass after the recovery"
 no_iommu_faults "during the gio_uring round trip"
 
 step "tutti demo: a request's KV stored and loaded layer by layer on both controllers"

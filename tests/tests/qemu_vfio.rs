@@ -44,8 +44,9 @@ fn check_console(log: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Lines a reader wants: identify and verification summaries per controller,
-/// and where QEMU's controller answered a probe differently from the spec.
+/// Lines a reader wants: identify and verification summaries per controller
+/// (with the gio_uring passes and drive recoveries, `selftest gio ...`), and
+/// where QEMU's controller answered a probe differently from the spec.
 fn summary(log: &str) -> Vec<&str> {
     log.lines()
         .filter(|l| {
@@ -165,4 +166,8 @@ fn console_check_requires_a_clean_log_before_the_negative_test() {
     assert_eq!(summary(probes).len(), 2, "the count and the DIFF line, not the conforming probe");
     let bench = "guest: === tutti bench sgl-vs-prp\nbench:    32K  object  SGL  0.0123\nsomething else\n";
     assert_eq!(summary(bench), ["bench:    32K  object  SGL  0.0123"], "benchmark lines are shown");
+    let recovery = "selftest gio recovery: 0000:00:04.0 ns 1: 2 queue pair(s) (qid 1, 2) deleted and created again\n\
+                    guest: === next\n\
+                    selftest gio recovery: after recovery: host executor ... bytes verified on 0000:00:04.0\n";
+    assert_eq!(summary(recovery).len(), 2, "the recovery of each drive and the pass after it are shown");
 }

@@ -122,11 +122,11 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                     .map_err(Into::into)
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let passes = gio::run(&ctrls, None, args.gio_ioctx)?;
+        let report = gio::run(&ctrls, None, args.gio_ioctx)?;
         if args.json {
-            return print_json(&passes);
+            return print_json(&report);
         }
-        gio::print(&passes);
+        gio::print(&report);
         return Ok(());
     }
     if args.emulated {
@@ -163,10 +163,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             bdfs.push(bdf);
             devices.push(dev);
         }
-        let passes = gio::run(&ctrls, Some((&mut log, &bdfs)), args.gio_ioctx)?;
+        let report = gio::run(&ctrls, Some((&mut log, &bdfs)), args.gio_ioctx)?;
         drop(ctrls);
         drop(devices);
-        Some(passes)
+        Some(report)
     } else {
         None
     };
