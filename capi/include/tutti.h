@@ -225,6 +225,12 @@ typedef struct tutti_hash_t {
 // - store: the block was not stored, and its pool file is quarantined
 //   (`tutti_stats_t::quarantined_files`), never reused nor served by a
 //   lookup in this runtime; the engine's block is only read, so it is free.
+//
+// The gio_uring executors recover the drive first (its queue pairs deleted
+// and created again, which completes or aborts every earlier command): such
+// a block then fails with a known outcome, is not in `unknown`, and its file
+// is reused. A block is reported unknown only when that recovery failed, or
+// with `TUTTI_EXECUTOR_DIRECT`, which does not recover drives.
 typedef struct tutti_job_status_t {
     uint32_t struct_size;
     // `TUTTI_DIR_*`.
@@ -443,7 +449,9 @@ typedef struct tutti_stats_t {
     // ended without a known outcome (it timed out, or its queue or drive
     // died): the drive may still execute it, so the file is never reused by
     // this runtime. They count as used, not free, and come back only when the
-    // drives are reset (the pool reopened, e.g. in a new process).
+    // drives are reset (the pool reopened, e.g. in a new process). On the
+    // gio_uring executors a drive recovery settles the outcome first, so a
+    // file is quarantined only when that recovery failed.
     uint64_t quarantined_files;
 } tutti_stats_t;
 
@@ -527,6 +535,9 @@ int32_t tutti_emulated_fail_next(struct tutti_runtime_t *rt,
 // unknown outcome (`tutti_job_status_t::unknown`), then the drive moves the
 // data anyway: a late write lands in a quarantined file
 // (`tutti_stats_t::quarantined_files`), a late read in the engine block.
+// On the gio_uring executors the host recovers the drive instead, which
+// aborts the late command: its blocks fail with a known outcome and
+// nothing lands.
 // `TUTTI_E_UNSUPPORTED` on VFIO drives.
 //
 // The late command may write engine memory after its job has finished:

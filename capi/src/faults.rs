@@ -77,6 +77,9 @@ pub unsafe extern "C" fn tutti_emulated_fail_next(
 /// unknown outcome (`tutti_job_status_t::unknown`), then the drive moves the
 /// data anyway: a late write lands in a quarantined file
 /// (`tutti_stats_t::quarantined_files`), a late read in the engine block.
+/// On the gio_uring executors the host recovers the drive instead, which
+/// aborts the late command: its blocks fail with a known outcome and
+/// nothing lands.
 /// `TUTTI_E_UNSUPPORTED` on VFIO drives.
 ///
 /// The late command may write engine memory after its job has finished:

@@ -54,6 +54,12 @@ pub struct tutti_job_t {
 /// - store: the block was not stored, and its pool file is quarantined
 ///   (`tutti_stats_t::quarantined_files`), never reused nor served by a
 ///   lookup in this runtime; the engine's block is only read, so it is free.
+///
+/// The gio_uring executors recover the drive first (its queue pairs deleted
+/// and created again, which completes or aborts every earlier command): such
+/// a block then fails with a known outcome, is not in `unknown`, and its file
+/// is reused. A block is reported unknown only when that recovery failed, or
+/// with `TUTTI_EXECUTOR_DIRECT`, which does not recover drives.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct tutti_job_status_t {

@@ -71,7 +71,9 @@ pub struct tutti_stats_t {
     /// ended without a known outcome (it timed out, or its queue or drive
     /// died): the drive may still execute it, so the file is never reused by
     /// this runtime. They count as used, not free, and come back only when the
-    /// drives are reset (the pool reopened, e.g. in a new process).
+    /// drives are reset (the pool reopened, e.g. in a new process). On the
+    /// gio_uring executors a drive recovery settles the outcome first, so a
+    /// file is quarantined only when that recovery failed.
     pub quarantined_files: u64,
 }
 

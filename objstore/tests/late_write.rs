@@ -3,6 +3,11 @@
 //! would land in the next block stored there and a lookup would serve wrong
 //! bytes as a hit. A write that failed with an NVMe status is over, so its
 //! file is free again.
+//!
+//! The gio_uring path recovers the drive instead (its queue pairs are deleted
+//! and created again, which completes or aborts every earlier command): the
+//! outcome becomes known, and the file is freed as after an NVMe error. With
+//! recovery turned off it quarantines like the direct path.
 
 mod common;
 
@@ -24,16 +29,19 @@ const FILES: u32 = 4;
 #[derive(Clone, Copy, Debug)]
 enum Path {
     Gio,
+    /// gio_uring without drive recovery.
+    GioNoRecovery,
     Direct,
 }
 
 fn store_options(path: Path, g: tutti_objstore::Geometry, mode: OpenMode) -> StoreOptions {
     let mut o = match path {
-        Path::Gio => {
+        Path::Gio | Path::GioNoRecovery => {
             let mut o = options(g, mode);
             if let Backend::Gio(gio) = &mut o.backend {
                 gio.ring.command_timeout = TIMEOUT;
                 gio.ring.submit_timeout = TIMEOUT * 4;
+                gio.recover_drives = matches!(path, Path::Gio);
             }
             o
         }
@@ -149,8 +157,8 @@ fn late_write_quarantines_its_file(path: Path) {
 }
 
 #[test]
-fn gio_late_write_quarantines_its_file() {
-    late_write_quarantines_its_file(Path::Gio);
+fn gio_without_recovery_late_write_quarantines_its_file() {
+    late_write_quarantines_its_file(Path::GioNoRecovery);
 }
 
 #[test]
@@ -212,11 +220,104 @@ fn late_read_is_reported_unknown(path: Path) {
 }
 
 #[test]
-fn gio_late_read_is_reported_unknown() {
-    late_read_is_reported_unknown(Path::Gio);
+fn gio_without_recovery_late_read_is_reported_unknown() {
+    late_read_is_reported_unknown(Path::GioNoRecovery);
 }
 
 #[test]
 fn direct_late_read_is_reported_unknown() {
     late_read_is_reported_unknown(Path::Direct);
+}
+
+/// Sleeps until a command delayed by [`LATE`] from now would have executed.
+fn outlast_the_delay() {
+    std::thread::sleep(LATE + Duration::from_secs(1));
+}
+
+#[test]
+fn gio_late_write_is_aborted_by_recovery_and_its_file_reused() {
+    let (d, store, kv) = pool(Path::Gio);
+    let victim = 0;
+    d.emus[0].faults().delay_execution_next(
+        FaultMatch { opcode: Some(WRITE), lba: Some(first_object(&store, victim)), ..Default::default() },
+        LATE,
+    );
+    kv.fill(0, 1);
+    let rep = store.store_request(&[hash(1)], &[0], WAIT).expect("store");
+    assert_eq!(rep.stored, 0, "{rep:?}");
+    let why = &rep.failed[0].1;
+    assert!(!why.contains("outcome"), "a failure of known outcome: {rep:?}");
+    let s = store.stats();
+    assert_eq!((s.recoveries, s.recovery_failures), (1, 0), "{s:?}");
+    assert_eq!((s.quarantined_files, s.index.quarantined, s.index.free), (0, 0, FILES), "{s:?}");
+
+    // The file is in service at once: the next store goes to it, and the pool fills.
+    let seeds: Vec<u64> = (2..2 + FILES as u64).collect();
+    for &seed in &seeds {
+        kv.fill(0, seed);
+        let rep = store.store_request(&[hash(seed)], &[0], WAIT).expect("store");
+        assert_eq!(rep.stored, 1, "{rep:?}");
+        if seed == 2 {
+            assert_eq!(rep.files[0], Some(victim), "the recovered file is reused");
+        }
+    }
+    assert_eq!(store.stats().index.valid, FILES);
+
+    // Past the delay, the abandoned write would have landed in seed 2's file.
+    outlast_the_delay();
+    assert_eq!(d.emus[0].stats().late_executions, 0, "the recovery aborted the late write");
+    check_hits(&store, &kv, &seeds);
+    assert_eq!(store.contains(&[hash(1)]).expect("contains"), 0, "the failed block is a miss");
+    let s = store.stats();
+    assert_eq!((s.recoveries, s.quarantined_files), (1, 0), "{s:?}");
+}
+
+#[test]
+fn gio_late_read_is_definite_after_recovery_and_never_lands() {
+    let (d, store, kv) = pool(Path::Gio);
+    kv.fill(0, 5);
+    let rep = store.store_request(&[hash(5)], &[0], WAIT).expect("store");
+    assert_eq!(rep.stored, 1);
+    let l = store.lookup(&[hash(5)]).expect("lookup");
+    d.emus[0].faults().delay_execution_next(
+        FaultMatch { opcode: Some(READ), lba: Some(first_object(&store, l.files[0])), ..Default::default() },
+        LATE,
+    );
+    kv.clear();
+    let st = store.load_request(&l.files, &[3], WAIT).expect("load");
+    assert!(st.block_failed(0), "{st:?}");
+    assert!(!st.block_outcome_unknown(0), "the recovery made the outcome known: {st:?}");
+    let why = st.first_error.clone().unwrap_or_default();
+    assert!(!why.contains("outcome unknown") && why.contains("recovered"), "{why}");
+    assert_eq!(store.stats().recoveries, 1);
+
+    outlast_the_delay();
+    assert_eq!(d.emus[0].stats().late_executions, 0, "the recovery aborted the late read");
+    assert!(!kv.layer_holds(3, 0, 0, 5), "nothing landed in engine block 3 after the job failed");
+    store.unpin(l.pin).expect("unpin");
+    check_hits(&store, &kv, &[5]);
+}
+
+#[test]
+fn gio_failed_recovery_keeps_the_quarantine() {
+    let (d, store, kv) = pool(Path::Gio);
+    // The controller stops answering, admin commands included: the writes
+    // time out, and so does deleting the queues to recover the drive.
+    d.emus[0].set_fatal();
+    kv.fill(0, 1);
+    let rep = store.store_request(&[hash(1)], &[0], WAIT).expect("store");
+    assert_eq!(rep.stored, 0, "{rep:?}");
+    assert!(rep.failed[0].1.contains("outcome"), "the outcome stays unknown: {rep:?}");
+    let s = store.stats();
+    assert_eq!((s.recoveries, s.recovery_failures), (0, 1), "{s:?}");
+    assert_eq!((s.quarantined_files, s.index.quarantined), (1, 1), "{s:?}");
+
+    // The drive's queues stay closed: the next store is refused before it
+    // reaches the drive, a known outcome that quarantines nothing more.
+    kv.fill(0, 2);
+    let rep = store.store_request(&[hash(2)], &[0], WAIT).expect("store");
+    assert_eq!(rep.stored, 0, "{rep:?}");
+    assert!(!rep.failed[0].1.contains("outcome"), "{rep:?}");
+    let s = store.stats();
+    assert_eq!((s.quarantined_files, s.recovery_failures), (1, 1), "{s:?}");
 }

@@ -22,6 +22,16 @@
 //! Either way the executor builds the NVMe commands, rings the doorbells and
 //! reaps completions; a finished IOCB reports every failed IOCTX, which maps
 //! back to its pair.
+//!
+//! A layer whose commands ended without a known outcome (expired, or stranded
+//! on a dead queue) is held back: no new layer is submitted until the layers
+//! in flight have finished, then the drives those commands went to are
+//! recovered (`GioUring::recover_drive`: each queue pair is deleted and
+//! created again; §5.6 Delete I/O Submission Queue completes only after every
+//! command of the SQ was completed or aborted). Once a drive is recovered
+//! nothing submitted to it earlier can move data, so those failures become
+//! definite and the store frees the files instead of quarantining them. When
+//! a recovery cannot run or fails, the failures stay unknown.
 
 use super::{
     layer_commands, note_failure, sorted_failures, Direction, FailureKind, LayerIo, LayerOutcome, Pair,
@@ -30,8 +40,9 @@ use super::{
 use crate::error::{ObjError, Result};
 use crate::registration::Registration;
 use crate::stripe::StripeMap;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tutti_driver::command::DataPtr;
 use tutti_driver::controller::Controller;
 use tutti_gio_uring::{
@@ -54,6 +65,13 @@ pub struct GioConfig {
     pub sm_budget: u32,
     /// Force explicit IOCBs even when layer IOCBs are possible (for comparisons).
     pub force_explicit: bool,
+    /// Recover a drive (delete and recreate its queue pairs) after commands
+    /// to it ended without a known outcome, so that their outcome becomes
+    /// known and the files they wrote need no quarantine.
+    pub recover_drives: bool,
+    /// How long one drive recovery waits for commands already admitted to
+    /// the drive's queues to finish (`GioUring::recover_drive`).
+    pub recovery_timeout: Duration,
 }
 
 impl Default for GioConfig {
@@ -65,6 +83,8 @@ impl Default for GioConfig {
             queue_depth: 256,
             sm_budget: 3,
             force_explicit: false,
+            recover_drives: true,
+            recovery_timeout: Duration::from_secs(1),
         }
     }
 }
@@ -88,11 +108,31 @@ struct Transfer {
     host_pairs: u64,
 }
 
+/// A finished layer with failures of unknown outcome that a recovery of
+/// their drives can make known.
+struct Held {
+    outcome: LayerOutcome,
+    /// Pair → the drives of its unknown-outcome commands, for the pairs whose
+    /// every such command a drive recovery bounds.
+    drives: BTreeMap<u32, BTreeSet<u16>>,
+    since: Instant,
+}
+
 pub struct GioIo {
     ring: GioUring,
     cfg: GioConfig,
     attached: Attached,
+    /// Layers submitted and not yet finished (or finished and not yet polled).
     transfers: HashMap<u64, Transfer>,
+    /// Finished layers waiting for their drives' recovery.
+    held: HashMap<u64, Held>,
+    /// Drives recovered for the layers now held (a recovery pass that has to
+    /// wait for another drive does not recover them twice).
+    recovered: BTreeSet<u16>,
+    /// Recoveries in `recovered`, not yet reported in an outcome.
+    pending_recoveries: u64,
+    /// Finished layers ready for `poll`.
+    ready: HashMap<u64, LayerOutcome>,
     /// Results collected but not yet claimed by their transfer.
     results: HashMap<IocbId, IocbResult>,
     next_token: u64,
@@ -128,6 +168,15 @@ pub(crate) fn failure_kind(status: IoStatus) -> FailureKind {
     }
 }
 
+/// Whether recovering the drive makes the outcome of an IOCTX that ended
+/// with `status` known: the command reached (or may have reached) one of the
+/// drive's queues, whose deletion completes or aborts it. Statuses the
+/// executor should never report for a finished IOCTX (`Pending`, an
+/// unrecognised code) say nothing about where the command went.
+fn recovery_resolves(status: IoStatus) -> bool {
+    matches!(status, IoStatus::CompletionTimeout | IoStatus::SubmitTimeout | IoStatus::QueueDead { .. })
+}
+
 fn gio(e: GioError) -> ObjError {
     ObjError::Gio(e.to_string())
 }
@@ -157,6 +206,10 @@ impl GioIo {
             cfg: cfg.clone(),
             attached: Attached::None,
             transfers: HashMap::new(),
+            held: HashMap::new(),
+            recovered: BTreeSet::new(),
+            pending_recoveries: 0,
+            ready: HashMap::new(),
             results: HashMap::new(),
             next_token: 1,
             mode: "gio_uring (no KV memory registered)".into(),
@@ -221,14 +274,19 @@ impl GioIo {
         Ok(())
     }
 
-    /// The outcome of `token` if all its IOCBs are in.
-    fn finish(&mut self, token: u64) -> Result<Option<LayerOutcome>> {
+    /// Once all IOCBs of `token` are in, its outcome goes to `ready`, or to
+    /// `held` when a drive recovery can make some of its failures known.
+    fn finish(&mut self, token: u64) -> Result<()> {
         let t = self.transfers.get(&token).ok_or(ObjError::Unknown { what: "layer transfer", id: token })?;
         if !t.iocbs.iter().all(|(id, _)| self.results.contains_key(id)) {
-            return Ok(None);
+            return Ok(());
         }
-        let Some(t) = self.transfers.remove(&token) else { return Ok(None) };
+        let Some(t) = self.transfers.remove(&token) else { return Ok(()) };
         let mut failed: HashMap<u32, PairFailure> = HashMap::new();
+        // Drives of each pair's unknown-outcome commands, and the pairs one of
+        // whose unknown outcomes no recovery can settle.
+        let mut drives: BTreeMap<u32, BTreeSet<u16>> = BTreeMap::new();
+        let mut unresolvable: BTreeSet<u32> = BTreeSet::new();
         for (k, (id, first)) in t.iocbs.iter().enumerate() {
             let Some(r) = self.results.remove(id) else { continue };
             for f in &r.failures {
@@ -237,11 +295,15 @@ impl GioIo {
                     None => Some(first + f.index / t.ioctx_per_pair),
                 };
                 if let Some(p) = pair.filter(|&p| (p as usize) < t.pairs) {
-                    note_failure(
-                        &mut failed,
-                        p,
-                        PairFailure { kind: failure_kind(f.status), why: f.to_string() },
-                    );
+                    let kind = failure_kind(f.status);
+                    if kind == FailureKind::Unknown {
+                        if recovery_resolves(f.status) {
+                            drives.entry(p).or_default().insert(f.drive);
+                        } else {
+                            unresolvable.insert(p);
+                        }
+                    }
+                    note_failure(&mut failed, p, PairFailure { kind, why: f.to_string() });
                 }
             }
             if r.completed != r.count {
@@ -249,17 +311,124 @@ impl GioIo {
                 let n = r.count.div_ceil(t.ioctx_per_pair);
                 let why = format!("{}: {} of {} IOCTXs completed", r.id, r.completed, r.count);
                 for p in *first..(*first + n).min(t.pairs as u32) {
+                    unresolvable.insert(p);
                     note_failure(&mut failed, p, PairFailure::unknown(why.clone()));
                 }
             }
         }
-        Ok(Some(LayerOutcome {
+        let outcome = LayerOutcome {
             failed: sorted_failures(failed),
             commands: t.commands,
             host_calls: t.host_calls,
             host_built: t.host_built,
             host_pairs: t.host_pairs,
-        }))
+            ..Default::default()
+        };
+        drives.retain(|p, _| !unresolvable.contains(p));
+        if self.cfg.recover_drives && !drives.is_empty() {
+            self.held.insert(token, Held { outcome, drives, since: Instant::now() });
+        } else {
+            self.ready.insert(token, outcome);
+        }
+        Ok(())
+    }
+
+    /// Whether a submitted layer still has IOCBs with the executor.
+    fn in_flight(&self) -> bool {
+        self.transfers.values().any(|t| !t.iocbs.iter().all(|(id, _)| self.results.contains_key(id)))
+    }
+
+    /// Recovers the drives the held layers' unknown-outcome commands went to
+    /// and releases those layers, with the failures a recovery settled made
+    /// definite.
+    ///
+    /// Waits (across calls) until no other layer is in flight, so that no
+    /// command of another layer is refused or caught in the recovery; no new
+    /// layer is submitted meanwhile. Every command is bounded by the command
+    /// and submit timeouts, so after that long the recovery runs anyway (and
+    /// may find the drive busy).
+    fn recover_held(&mut self) -> Result<()> {
+        if self.held.is_empty() {
+            return Ok(());
+        }
+        // Layers that finished meanwhile join this recovery rather than wait for another.
+        let done: Vec<u64> = self
+            .transfers
+            .iter()
+            .filter(|(_, t)| t.iocbs.iter().all(|(id, _)| self.results.contains_key(id)))
+            .map(|(&token, _)| token)
+            .collect();
+        for token in done {
+            self.finish(token)?;
+        }
+        let Some(oldest) = self.held.values().map(|h| h.since).min() else { return Ok(()) };
+        let patience = self.cfg.ring.submit_timeout + self.cfg.ring.command_timeout;
+        let waited = oldest.elapsed();
+        if self.in_flight() && waited < patience {
+            return Ok(());
+        }
+        let wanted: BTreeSet<u16> =
+            self.held.values().flat_map(|h| h.drives.values().flatten().copied()).collect();
+        let mut lost: BTreeMap<u16, String> = BTreeMap::new();
+        let (mut recoveries, mut failures) = (0u64, 0u64);
+        for d in wanted {
+            if self.recovered.contains(&d) {
+                continue;
+            }
+            match self.ring.recover_drive(d, self.cfg.recovery_timeout) {
+                Ok(rep) => {
+                    tracing::info!(
+                        drive = d,
+                        expired_commands = rep.expired_commands,
+                        dead_queues = rep.dead_queues,
+                        elapsed_us = rep.elapsed.as_micros() as u64,
+                        "drive recovered after commands of unknown outcome; their outcome is now known"
+                    );
+                    self.recovered.insert(d);
+                    recoveries += 1;
+                }
+                Err(GioError::RecoveryBusy { .. }) if waited < patience => {
+                    // A lane is still inside the queues: try again on a later poll.
+                    tracing::debug!(drive = d, "drive recovery deferred: commands still in its queues");
+                    self.pending_recoveries += recoveries;
+                    return Ok(());
+                }
+                Err(e) => {
+                    tracing::warn!(drive = d, error = %e,
+                        "drive recovery failed; outcomes of commands sent to it stay unknown");
+                    lost.insert(d, e.to_string());
+                    failures += 1;
+                }
+            }
+        }
+        let recovered = std::mem::take(&mut self.recovered);
+        let mut counts = Some((recoveries + self.pending_recoveries, failures));
+        self.pending_recoveries = 0;
+        for (token, h) in self.held.drain() {
+            let mut outcome = h.outcome;
+            for (p, f) in &mut outcome.failed {
+                let Some(ds) = h.drives.get(p) else { continue };
+                if f.kind != FailureKind::Unknown {
+                    continue;
+                }
+                if ds.iter().all(|d| recovered.contains(d)) {
+                    f.kind = FailureKind::Definite;
+                    f.why = format!(
+                        "{}; drive {} recovered: the command was completed or aborted before its queue was deleted",
+                        f.why,
+                        ds.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+                    );
+                } else if let Some((d, e)) = ds.iter().find_map(|d| lost.get(d).map(|e| (d, e))) {
+                    f.why = format!("{}; recovery of drive {d} failed: {e}", f.why);
+                }
+            }
+            if let Some((r, x)) = counts.take() {
+                outcome.recoveries = r;
+                outcome.recovery_failures = x;
+            }
+            self.ready.insert(token, outcome);
+        }
+        Ok(())
     }
 
     fn submit_explicit(
@@ -380,6 +549,10 @@ impl LayerIo for GioIo {
         dir: Direction,
         registered: Option<u64>,
     ) -> Result<Option<u64>> {
+        if !self.held.is_empty() {
+            // Drives wait for recovery: let the layers in flight drain first.
+            return Ok(None);
+        }
         if pairs.is_empty() {
             let token = self.next_token;
             self.next_token += 1;
@@ -448,12 +621,19 @@ impl LayerIo for GioIo {
     }
 
     fn progress(&mut self) -> Result<()> {
-        self.take_results()
+        self.take_results()?;
+        self.recover_held()
     }
 
     fn poll(&mut self, token: u64) -> Result<Option<LayerOutcome>> {
         self.take_results()?;
-        self.finish(token)
+        if self.transfers.contains_key(&token) {
+            self.finish(token)?;
+        } else if !self.held.contains_key(&token) && !self.ready.contains_key(&token) {
+            return Err(ObjError::Unknown { what: "layer transfer", id: token });
+        }
+        self.recover_held()?;
+        Ok(self.ready.remove(&token))
     }
 }
 
@@ -480,6 +660,16 @@ mod tests {
             IoStatus::Unknown(0x7700_0001),
         ] {
             assert_eq!(failure_kind(s), FailureKind::Unknown, "{s}");
+        }
+    }
+
+    #[test]
+    fn a_drive_recovery_settles_only_commands_that_reached_its_queues() {
+        for s in [IoStatus::CompletionTimeout, IoStatus::SubmitTimeout, IoStatus::QueueDead { queue: 0 }] {
+            assert!(recovery_resolves(s), "{s}");
+        }
+        for s in [IoStatus::Pending, IoStatus::Unknown(0x7700_0001), IoStatus::Nvme(Status::WRITE_FAULT)] {
+            assert!(!recovery_resolves(s), "{s}");
         }
     }
 }

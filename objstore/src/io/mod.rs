@@ -121,6 +121,13 @@ pub struct LayerOutcome {
     /// (file, block) pairs the host read or copied to submit the layer; 0
     /// when the executor reads them from a list registered for the job.
     pub host_pairs: u64,
+    /// Drives recovered (queue pairs deleted and created again) before this
+    /// outcome was reported, so that failures of unknown outcome became
+    /// definite. Counted in one outcome when one recovery serves several.
+    pub recoveries: u64,
+    /// Drive recoveries that failed or could not run; the failures they were
+    /// for stay unknown.
+    pub recovery_failures: u64,
 }
 
 /// An I/O path for layer transfers. Implementations are used under the

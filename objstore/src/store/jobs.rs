@@ -116,6 +116,13 @@ pub struct JobStatus {
     ///   reused in this process; see `StoreStats::quarantined_files`).
     ///
     /// The failure text of such a block says "outcome unknown".
+    ///
+    /// The gio_uring path recovers the drives of such commands before it
+    /// reports the layer (see `io::gio`): the commands were then completed
+    /// or aborted, so their blocks fail with a known outcome and are not in
+    /// this bitmap (`StoreStats::recoveries`). A block is here only when
+    /// that recovery failed or could not run (`recovery_failures`), or on
+    /// the direct path, which does not recover drives.
     pub unknown_blocks: Vec<u64>,
     pub first_error: Option<String>,
     pub commands: u64,
@@ -433,6 +440,8 @@ impl KvStore {
         c.host_built.fetch_add(outcome.host_built, Ordering::Relaxed);
         c.host_pairs.fetch_add(outcome.host_pairs, Ordering::Relaxed);
         c.failed_blocks.fetch_add(outcome.failed.len() as u64, Ordering::Relaxed);
+        c.recoveries.fetch_add(outcome.recoveries, Ordering::Relaxed);
+        c.recovery_failures.fetch_add(outcome.recovery_failures, Ordering::Relaxed);
         match job.dir {
             Direction::Load => c.bytes_loaded.fetch_add(ok, Ordering::Relaxed),
             Direction::Store => c.bytes_stored.fetch_add(ok, Ordering::Relaxed),

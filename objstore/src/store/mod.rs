@@ -141,6 +141,11 @@ pub struct StoreStats {
     /// Files taken out of service since open because a write into them ended
     /// without a known outcome (also `index.quarantined`).
     pub quarantined_files: u64,
+    /// Drives recovered (gio_uring: queue pairs deleted and created again)
+    /// after commands of unknown outcome, which made those outcomes definite.
+    pub recoveries: u64,
+    /// Drive recoveries that failed or could not run (the outcomes stayed unknown).
+    pub recovery_failures: u64,
 }
 
 #[derive(Default)]
@@ -164,6 +169,8 @@ struct Counters {
     files_committed: AtomicU64,
     journal_appends: AtomicU64,
     quarantined_files: AtomicU64,
+    recoveries: AtomicU64,
+    recovery_failures: AtomicU64,
 }
 
 /// The journals and the commit stamp, under one lock.
@@ -458,6 +465,8 @@ impl KvStore {
             files_committed: get(&c.files_committed),
             journal_appends: get(&c.journal_appends),
             quarantined_files: get(&c.quarantined_files),
+            recoveries: get(&c.recoveries),
+            recovery_failures: get(&c.recovery_failures),
         }
     }
 }
