@@ -486,15 +486,21 @@ def test_unknown_outcome_fields_on_definite_failures(registered, geometry, libra
 
 def test_late_write_and_late_read_are_reported_unknown(library, geometry):
     """A drive that executes a command after the host gave up on it (emulated, 3 s late
-    against a 300 ms deadline): a late write quarantines its file and is never served; a late
-    read is reported in ``unknown_blocks`` and does write the engine block afterwards."""
+    against a 300 ms deadline), on the CPU-driven path, which cannot recover the drive's
+    queues: a late write quarantines its file and is never served; a late read is reported in
+    ``unknown_blocks`` and does write the engine block afterwards."""
     import time
 
     if not library.has("tutti_emulated_delay_next"):
         pytest.skip("libtutti has no tutti_emulated_delay_next")
     late_ms = 3000
     with tutti.Runtime(
-        geometry, emulated_drives=1, emulated_capacity_bytes=8 << 20, open_mode="create", io_timeout_ms=300
+        geometry,
+        emulated_drives=1,
+        emulated_capacity_bytes=8 << 20,
+        open_mode="create",
+        io_timeout_ms=300,
+        executor="direct",
     ) as rt:
         layers = vllm_layers(geometry)
         rt.register_kv("vllm_per_layer", NUM_BLOCKS, model="m", k_bases=[t.data_ptr() for t in layers], keepalive=layers)
@@ -527,3 +533,49 @@ def test_late_write_and_late_read_are_reported_unknown(library, geometry):
         assert status.failed_blocks == [1] and status.unknown == 0
         assert block_bytes(geometry, layers, NUM_BLOCKS, 9) == good, "the late write changed no stored chunk"
         assert rt.stats().quarantined_files == 1
+
+
+def test_late_io_on_the_gio_path_is_settled_by_recovering_the_drive(library, geometry):
+    """The same late write and late read through gio_uring: the drive's queues are deleted and
+    recreated, which aborts the late commands, so their blocks fail with a known outcome, no
+    file is quarantined, and nothing lands after the delay."""
+    import time
+
+    if not library.has("tutti_emulated_delay_next"):
+        pytest.skip("libtutti has no tutti_emulated_delay_next")
+    late_ms = 3000
+    with tutti.Runtime(
+        geometry,
+        emulated_drives=1,
+        emulated_capacity_bytes=8 << 20,
+        open_mode="create",
+        io_timeout_ms=300,
+        executor="gio",
+    ) as rt:
+        layers = vllm_layers(geometry)
+        rt.register_kv("vllm_per_layer", NUM_BLOCKS, model="m", k_bases=[t.data_ptr() for t in layers], keepalive=layers)
+        hashes = tutti.chain_hashes(list(range(8)), 4)
+        good = fill_block(geometry, layers, NUM_BLOCKS, 0, seed=10)
+        store(rt, hashes[:1], [0])
+        start = time.monotonic()
+
+        fill_block(geometry, layers, NUM_BLOCKS, 1, seed=11)
+        rt.emulated_delay_next(0, "store", late_ms)
+        with rt.begin_store(hashes[1:], [1]) as st:
+            with st.submit() as job:
+                status = job.wait()
+            assert (status.failed, status.unknown) == (1, 0)
+            assert st.commit().stored == 0
+        assert rt.stats().quarantined_files == 0
+
+        rt.emulated_delay_next(0, "load", late_ms)
+        with rt.load(hashes[:1], [8]) as job:
+            status = job.wait()
+        assert status.failed_blocks == [0] and status.unknown == 0
+
+        time.sleep(max(0.0, late_ms / 1000 + 1.0 - (time.monotonic() - start)))
+        assert block_bytes(geometry, layers, NUM_BLOCKS, 8) != good, "the aborted late read never landed"
+        with rt.load(hashes[:1], [9]) as job:
+            status = job.wait()
+        assert status.failed == 0 and block_bytes(geometry, layers, NUM_BLOCKS, 9) == good
+        assert rt.stats().quarantined_files == 0

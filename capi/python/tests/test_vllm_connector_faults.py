@@ -274,12 +274,12 @@ def test_an_emulated_pool_in_files_has_one_user_process(library, geometry, tmp_p
 
 
 def test_unknown_outcome_load_blocks_are_load_errors_with_a_warning(library, geometry, caplog):
-    """A read the drive executes after the host gave up on it (300 ms deadline, 3 s late): its
-    block is a load error like any other, and the connector warns that the drive may still
-    write it."""
+    """A read the drive executes after the host gave up on it (300 ms deadline, 3 s late), on the
+    CPU-driven path, which cannot recover the drive's queues: its block is a load error like any
+    other, and the connector warns that the drive may still write it."""
     if not library.has("tutti_emulated_delay_next"):
         pytest.skip("libtutti has no tutti_emulated_delay_next")
-    engine = MiniEngine(geometry, dict(EXTRA, io_timeout_ms=300))
+    engine = MiniEngine(geometry, dict(EXTRA, io_timeout_ms=300, executor="direct"))
     try:
         B = engine.B
         engine.step(new=[Request("a", prompt(40, 3 * B + 1))])
@@ -294,5 +294,28 @@ def test_unknown_outcome_load_blocks_are_load_errors_with_a_warning(library, geo
         assert w._w().unknown_load_blocks == r.load_errors
         assert any("unknown outcome" in m and "may still write" in m for m in caplog.messages), caplog.messages
         assert w.get_block_ids_with_load_errors() == set()  # reported once
+    finally:
+        engine.close()
+
+
+def test_a_late_read_on_the_gio_path_is_settled_by_recovering_the_drive(library, geometry, caplog):
+    """The same late read through gio_uring: the drive's queues are deleted and recreated, which
+    aborts the read, so the block is an ordinary load error (recomputed), not an unknown one."""
+    if not library.has("tutti_emulated_delay_next"):
+        pytest.skip("libtutti has no tutti_emulated_delay_next")
+    engine = MiniEngine(geometry, dict(EXTRA, io_timeout_ms=300, executor="gio"))
+    try:
+        B = engine.B
+        engine.step(new=[Request("a", prompt(40, 3 * B + 1))])
+        w = engine.worker
+        w.runtime.emulated_delay_next(0, "load", 3000)
+        b = Request("b", prompt(40, 3 * B + 1))
+        with caplog.at_level("WARNING", logger="tutti.vllm"):
+            r = engine.step(new=[b])
+        assert r.matched == {"b": 3 * B}
+        assert len(r.load_errors) == 1 and r.load_errors <= set(engine.blocks["b"][:3])
+        assert w._w().unknown_load_blocks == set()
+        assert not any("may still write" in m for m in caplog.messages), caplog.messages
+        assert w.runtime.stats().quarantined_files == 0
     finally:
         engine.close()
