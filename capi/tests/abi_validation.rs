@@ -264,6 +264,7 @@ fn register_kv_rejects_each_bad_field() {
         TUTTI_E_NULL_POINTER,
         "v_bases is NULL",
     );
+    // SAFETY: a plain-data C struct of integers, for which all-zero bytes are a valid value.
     let mut sizes: tutti_table_sizes_t = unsafe { std::mem::zeroed() };
     // SAFETY: valid layout; a zero struct_size in the optional out struct is refused.
     expect(
