@@ -398,6 +398,42 @@ impl Controller {
         Ok((sq, cq, sq_db, cq_db))
     }
 
+    /// Deletes I/O queue pair `qid` (SQ, then CQ) and creates it again at
+    /// the same memory, with both rings zeroed, so the host side can start
+    /// over at SQ tail 0, CQ head 0, expected phase 1.
+    ///
+    /// §5.6: the controller completes or aborts every command of the SQ
+    /// before Delete I/O Submission Queue completes, so once this returns no
+    /// command submitted before it can still move data. The caller must make
+    /// sure nobody touches the queue memory or doorbells meanwhile. Every
+    /// admin command is bounded by `ControllerOptions::admin_timeout`.
+    ///
+    /// Errors say which step failed; after a failure the pair's state on the
+    /// controller is unknown, and only a controller reset recovers it.
+    pub(crate) fn recreate_queues(&self, qid: u16, depth: u32, sq: &DmaBuffer, cq: &DmaBuffer) -> Result<()> {
+        let step = |what: &str, r: Result<_>| {
+            r.map_err(|e| {
+                tracing::error!(device = %self.name, qid, step = what, error = %e, "queue pair recreation failed");
+                e
+            })
+        };
+        step("delete SQ", self.admin_command(Command::delete_io_sq(qid), None))?;
+        step("delete CQ", self.admin_command(Command::delete_io_cq(qid), None))?;
+        // Stale phase tags in the old CQ would read as fresh completions.
+        sq.fill(0);
+        cq.fill(0);
+        step("create CQ", self.admin_command(Command::create_io_cq(qid, depth, cq.iova(), true), None))?;
+        let create_sq = Command::create_io_sq(qid, depth, sq.iova(), qid, true);
+        if let Err(e) = step("create SQ", self.admin_command(create_sq, None)) {
+            if let Err(e2) = self.admin_command(Command::delete_io_cq(qid), None) {
+                tracing::warn!(device = %self.name, qid, error = %e2, "deleting the recreated CQ failed");
+            }
+            return Err(e);
+        }
+        tracing::info!(device = %self.name, qid, "I/O queue pair deleted and created again");
+        Ok(())
+    }
+
     /// Deletes the SQ then the CQ of `qid` (§5.5, §5.6 order).
     pub(crate) fn delete_queues(&self, qid: u16) -> Result<()> {
         let sq = self.admin_command(Command::delete_io_sq(qid), None);

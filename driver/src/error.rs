@@ -21,6 +21,9 @@ pub enum DriverError {
     #[error("nvme {device}: controller fatal status (CSTS.CFS=1){context}")]
     ControllerFatal { device: String, context: String },
 
+    #[error("nvme {device} qid {qid}: queue pair unusable: {reason}; its state on the controller is unknown and only a controller reset recovers it")]
+    QueueUnusable { device: String, qid: u16, reason: String },
+
     #[error("nvme {device} qid {qid}: queue full ({depth} entries, {in_flight} in flight)")]
     QueueFull { device: String, qid: u16, depth: u32, in_flight: u32 },
 

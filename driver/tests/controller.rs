@@ -346,6 +346,88 @@ fn deleting_the_queue_aborts_a_command_whose_execution_was_deferred() {
 }
 
 #[test]
+fn recovering_the_pair_aborts_a_late_write_and_frees_every_slot() {
+    let opts = ControllerOptions { io_timeout: Duration::from_millis(200), ..Default::default() };
+    let (emu, ctrl) = start_with(small("emu-recover"), opts);
+    let mut qp = ctrl.create_io_queue_pair(8).expect("queue pair");
+    let old = ctrl.dma().alloc(4096).expect("buffer");
+    old.copy_in(0, &[0xAA; 512]).expect("fill");
+    qp.write_buf(1, 24, &old, 0, 512, DataMode::Sgl).expect("first write");
+
+    let new = ctrl.dma().alloc(4096).expect("buffer");
+    new.copy_in(0, &[0x55; 512]).expect("fill");
+    let hold = Duration::from_millis(800);
+    emu.faults().delay_execution_next(FaultMatch { opcode: Some(0x01), ..Default::default() }, hold);
+    let held_at = std::time::Instant::now();
+    let err = qp.write_buf(1, 24, &new, 0, 512, DataMode::Sgl).expect_err("the host gives up on the write");
+    assert!(matches!(err, DriverError::CommandTimeout { .. }), "{err}");
+    assert_eq!(qp.in_flight(), 1, "the abandoned write keeps its slot until recovery");
+
+    let report = qp.recover().expect("recover");
+    assert_eq!((report.abandoned, report.outstanding, report.parked), (1, 0, 0));
+    assert_eq!((qp.in_flight(), qp.free_slots()), (0, qp.depth() - 1));
+
+    // Past the hold the write would have landed, had the SQ deletion not aborted it.
+    std::thread::sleep(
+        (held_at + hold + Duration::from_millis(300)).saturating_duration_since(std::time::Instant::now()),
+    );
+    assert_eq!(emu.stats().late_executions, 0);
+    assert_eq!(read_lba(&ctrl, &mut qp, 24), vec![0xAA; 512], "the late write reached the media");
+
+    // Every slot carries a command again: depth - 1 writes in flight at once,
+    // with fresh CIDs and phase, each completing as itself.
+    let n = qp.depth() as usize - 1;
+    let buf = ctrl.dma().alloc(n * 4096).expect("buffer");
+    for i in 0..n {
+        buf.copy_in(i * 4096, &[0x10 + i as u8; 512]).expect("fill");
+    }
+    let mut cids = Vec::new();
+    for i in 0..n {
+        let seg = [IovaSegment { iova: buf.iova_at(i * 4096), len: 512 }];
+        let cmd = Command::write(1, 32 + i as u64, 1);
+        cids.push(qp.submit_data(cmd, &seg, DataMode::Sgl, i as u64).expect("submit after recovery"));
+    }
+    assert_eq!(qp.free_slots(), 0);
+    qp.ring();
+    for (i, cid) in cids.into_iter().enumerate() {
+        let c = qp.wait(cid).expect("completion after recovery");
+        assert!(c.status.is_success(), "{:?}", c.status);
+        assert_eq!(c.token, i as u64);
+    }
+    for i in 0..n {
+        assert_eq!(read_lba(&ctrl, &mut qp, 32 + i as u64), vec![0x10 + i as u8; 512]);
+    }
+    assert_eq!(qp.free_slots(), qp.depth() - 1);
+}
+
+#[test]
+fn a_failed_recovery_leaves_the_pair_unusable() {
+    let opts = ControllerOptions { io_timeout: Duration::from_millis(200), ..Default::default() };
+    let (emu, ctrl) = start_with(small("emu-recover-fail"), opts);
+    let mut qp = ctrl.create_io_queue_pair(8).expect("queue pair");
+    // Delete I/O Submission Queue (admin opcode 0x00) fails.
+    emu.faults().fail_next(
+        FaultMatch { qid: Some(0), opcode: Some(0x00), ..Default::default() },
+        Status::INTERNAL_ERROR,
+    );
+    let err = qp.recover().expect_err("the delete fails");
+    assert_eq!(err.status(), Some(Status::INTERNAL_ERROR), "{err}");
+    assert!(qp.is_unusable());
+
+    let buf = ctrl.dma().alloc(4096).expect("buffer");
+    let calls = [
+        qp.write_buf(1, 0, &buf, 0, 512, DataMode::Sgl).expect_err("write on an unusable pair"),
+        qp.submit(Command::flush(1), 0).expect_err("submit on an unusable pair"),
+        qp.reap(&mut Vec::new()).expect_err("reap on an unusable pair"),
+        qp.recover().expect_err("a second recovery on unknown state"),
+    ];
+    for err in calls {
+        assert!(matches!(err, DriverError::QueueUnusable { .. }), "{err}");
+        assert!(err.to_string().contains("controller reset"), "{err}");
+    }
+}
+
+#[test]
 fn queue_full_is_back_pressure_not_an_overwrite() {
     let (_emu, ctrl) = start(small("emu-full"));
     let mut qp = ctrl.create_io_queue_pair(4).expect("queue pair");

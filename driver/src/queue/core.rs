@@ -25,6 +25,18 @@ pub struct Completion {
     pub opcode: u8,
 }
 
+/// What [`QueueCore::reset`] dropped: the commands that were still without
+/// a completion, and completions reaped but not yet handed out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Settled {
+    /// Commands given up on after a timeout.
+    pub abandoned: u32,
+    /// Commands submitted and still waited for.
+    pub outstanding: u32,
+    /// Completions parked by `wait` for other CIDs, now dropped.
+    pub parked: u32,
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum SlotState {
     Free,
@@ -308,6 +320,31 @@ impl QueueCore {
                 slot.state = SlotState::Abandoned;
             }
         }
+    }
+
+    /// Forgets every command and completion and returns to the initial state
+    /// (SQ tail 0, CQ head 0, expected phase 1, every CID free). Only sound
+    /// once the controller's queues were deleted and created again, so that
+    /// none of those commands can complete or move data any more.
+    pub fn reset(&mut self) -> Settled {
+        let count = |state| self.slots.iter().filter(|s| s.state == state).count() as u32;
+        let settled = Settled {
+            abandoned: count(SlotState::Abandoned),
+            outstanding: count(SlotState::Busy),
+            parked: self.parked.len() as u32,
+        };
+        for slot in &mut self.slots {
+            *slot = Slot { state: SlotState::Free, token: 0, opcode: 0, name: "" };
+        }
+        self.free = (0..self.depth as u16 - 1).rev().collect();
+        self.in_flight = 0;
+        self.parked.clear();
+        self.sq_tail = 0;
+        self.published_tail = 0;
+        self.sq_head = 0;
+        self.cq_head = 0;
+        self.phase = true;
+        settled
     }
 
     /// Whether `cid` is waiting for its completion.

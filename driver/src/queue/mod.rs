@@ -6,6 +6,6 @@ mod core;
 mod pair;
 mod raw;
 
-pub use self::core::{backoff, Completion, QueueCore};
-pub use pair::{slice_segments, IoQueuePair};
+pub use self::core::{backoff, Completion, QueueCore, Settled};
+pub use pair::{slice_segments, IoQueuePair, QueueRecovery};
 pub use raw::RawQueuePair;

@@ -1,7 +1,7 @@
 //! I/O queue pairs driven from Rust: submit/ring/reap for pipelines, and
 //! synchronous helpers that split transfers at MDTS.
 
-use super::core::{backoff, Completion, QueueCore};
+use super::core::{backoff, Completion, QueueCore, Settled};
 use crate::command::prp::{self, Scratch};
 use crate::command::{sgl, Command, DataMode, MAX_NLB};
 use crate::controller::{Controller, NamespaceInfo};
@@ -27,6 +27,9 @@ pub fn slice_segments(segments: &[IovaSegment], offset: u64, len: u64) -> Vec<Io
     out
 }
 
+/// What [`IoQueuePair::recover`] settled.
+pub type QueueRecovery = Settled;
+
 /// An I/O submission/completion queue pair owned by one thread at a time.
 /// Deleted from the controller when dropped.
 pub struct IoQueuePair {
@@ -36,6 +39,9 @@ pub struct IoQueuePair {
     scratch: DmaBuffer,
     scratch_per_cid: usize,
     page: u64,
+    /// Why a recovery failed: the controller's view of the queues is unknown,
+    /// so every later call fails instead of resuming on it.
+    unusable: Option<String>,
 }
 
 impl IoQueuePair {
@@ -53,7 +59,9 @@ impl IoQueuePair {
             })
         });
         match created {
-            Ok(core) => Ok(IoQueuePair { ctrl: ctrl.clone(), core, scratch, scratch_per_cid, page }),
+            Ok(core) => {
+                Ok(IoQueuePair { ctrl: ctrl.clone(), core, scratch, scratch_per_cid, page, unusable: None })
+            }
             Err(e) => {
                 ctrl.release_qid(qid);
                 Err(e)
@@ -77,6 +85,52 @@ impl IoQueuePair {
         self.core.free_slots()
     }
 
+    /// Whether a failed [`recover`](Self::recover) left the pair unusable.
+    pub fn is_unusable(&self) -> bool {
+        self.unusable.is_some()
+    }
+
+    fn usable(&self) -> Result<()> {
+        match &self.unusable {
+            None => Ok(()),
+            Some(reason) => Err(DriverError::QueueUnusable {
+                device: self.ctrl.name().to_string(),
+                qid: self.qid(),
+                reason: reason.clone(),
+            }),
+        }
+    }
+
+    /// Settles every command still without a completion (abandoned after a
+    /// timeout, or outstanding) by deleting the SQ and CQ on the controller
+    /// and creating them again, then starts the host side over: SQ tail 0,
+    /// CQ head 0, phase 1, every CID free, parked completions dropped.
+    ///
+    /// §5.6: the controller completes or aborts each command of the SQ before
+    /// Delete I/O Submission Queue completes, so afterwards none of them can
+    /// still move data: a timed-out write did either land before this
+    /// returned or never will. Each admin command is bounded by the admin
+    /// timeout. If any step fails the pair is left unusable: every later call
+    /// returns [`DriverError::QueueUnusable`] (the controller needs a reset).
+    pub fn recover(&mut self) -> Result<QueueRecovery> {
+        self.usable()?;
+        let qid = self.qid();
+        let (sq, cq) = (self.core.sq_memory(), self.core.cq_memory());
+        if let Err(e) = self.ctrl.recreate_queues(qid, self.depth(), sq, cq) {
+            self.unusable = Some(format!("recovery failed: {e}"));
+            return Err(e);
+        }
+        let settled = self.core.reset();
+        tracing::info!(
+            device = %self.ctrl.name(),
+            qid,
+            abandoned = settled.abandoned,
+            outstanding = settled.outstanding,
+            "I/O queue pair recovered"
+        );
+        Ok(settled)
+    }
+
     /// Resolves `Auto` and refuses SGL on a controller without it.
     pub fn resolve_mode(&self, mode: DataMode) -> Result<DataMode> {
         let sgl = self.ctrl.info().sgl.available();
@@ -93,6 +147,7 @@ impl IoQueuePair {
 
     /// Places a command without data at the tail. Not visible until [`ring`](Self::ring).
     pub fn submit(&mut self, cmd: Command, token: u64) -> Result<u16> {
+        self.usable()?;
         self.core.submit(cmd.entry(), cmd.name(), token)
     }
 
@@ -105,6 +160,7 @@ impl IoQueuePair {
         mode: DataMode,
         token: u64,
     ) -> Result<u16> {
+        self.usable()?;
         let mode = self.resolve_mode(mode)?;
         let bytes: u64 = segments.iter().map(|s| s.len).sum();
         let max = self.ctrl.info().max_transfer;
@@ -137,11 +193,13 @@ impl IoQueuePair {
 
     /// Publishes submitted commands with one doorbell write.
     pub fn ring(&mut self) {
+        // Nothing can have been placed since the pair became unusable.
         self.core.ring()
     }
 
     /// Reaps completions (one CQ doorbell per batch).
     pub fn reap(&mut self, out: &mut Vec<Completion>) -> Result<usize> {
+        self.usable()?;
         let before = out.len();
         self.core.take_parked(out);
         self.core.reap(out)?;
@@ -150,6 +208,7 @@ impl IoQueuePair {
 
     /// Waits for one command, bounded by the controller's I/O timeout.
     pub fn wait(&mut self, cid: u16) -> Result<Completion> {
+        self.usable()?;
         let timeout = self.ctrl.options().io_timeout;
         let ctrl = self.ctrl.clone();
         self.core.wait(cid, timeout, || ctrl.check_fatal())
@@ -227,6 +286,7 @@ impl IoQueuePair {
         segments: &[IovaSegment],
         mode: DataMode,
     ) -> Result<()> {
+        self.usable()?;
         let bytes: u64 = segments.iter().map(|s| s.len).sum();
         let lba_size = self.ctrl.info().namespace(nsid).map_or(512, |n| n.lba_size as u64);
         if bytes == 0 || !bytes.is_multiple_of(lba_size) {

@@ -1,7 +1,6 @@
 //! A queue pair whose commands are built by someone else: host executor lanes
 //! or GPU threads that write submission entries and ring doorbells directly.
 
-use crate::command::Command;
 use crate::controller::Controller;
 use crate::error::Result;
 use crate::transport::{DmaBuffer, Doorbell, DoorbellKind};
@@ -89,30 +88,7 @@ impl RawQueuePair {
     /// Errors say which step failed; after a failed Delete the pair's state on
     /// the controller is unknown, and only a controller reset recovers it.
     pub fn recreate(&self) -> Result<()> {
-        let step = |what: &str, r: Result<_>| {
-            r.map_err(|e| {
-                tracing::error!(device = %self.ctrl.name(), qid = self.qid, step = what, error = %e, "queue pair recreation failed");
-                e
-            })
-        };
-        step("delete SQ", self.ctrl.admin_command(Command::delete_io_sq(self.qid), None))?;
-        step("delete CQ", self.ctrl.admin_command(Command::delete_io_cq(self.qid), None))?;
-        // Stale phase tags in the old CQ would read as fresh completions.
-        self.sq.fill(0);
-        self.cq.fill(0);
-        step(
-            "create CQ",
-            self.ctrl.admin_command(Command::create_io_cq(self.qid, self.depth, self.cq.iova(), true), None),
-        )?;
-        let sq = Command::create_io_sq(self.qid, self.depth, self.sq.iova(), self.qid, true);
-        if let Err(e) = step("create SQ", self.ctrl.admin_command(sq, None)) {
-            if let Err(e2) = self.ctrl.admin_command(Command::delete_io_cq(self.qid), None) {
-                tracing::warn!(device = %self.ctrl.name(), qid = self.qid, error = %e2, "deleting the recreated CQ failed");
-            }
-            return Err(e);
-        }
-        tracing::info!(device = %self.ctrl.name(), qid = self.qid, "I/O queue pair deleted and created again");
-        Ok(())
+        self.ctrl.recreate_queues(self.qid, self.depth, &self.sq, &self.cq)
     }
 }
 
