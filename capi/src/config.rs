@@ -237,7 +237,7 @@ impl RuntimeConfig {
                 gio.sm_budget = lane_blocks;
                 Backend::Gio(gio)
             }
-            TUTTI_EXECUTOR_DIRECT => Backend::Direct { queue_depth: 64 },
+            TUTTI_EXECUTOR_DIRECT => Backend::Direct { queue_depth: 64, recover_queues: true },
             n => {
                 return Err(CapiError::invalid(
                     "executor",

@@ -7,7 +7,8 @@
 //! The gio_uring path recovers the drive instead (its queue pairs are deleted
 //! and created again, which completes or aborts every earlier command): the
 //! outcome becomes known, and the file is freed as after an NVMe error. With
-//! recovery turned off it quarantines like the direct path.
+//! recovery turned off it quarantines. The direct path does the same with
+//! its queue pairs (`IoQueuePair::recover`), and can turn recovery off too.
 
 mod common;
 
@@ -32,6 +33,8 @@ enum Path {
     /// gio_uring without drive recovery.
     GioNoRecovery,
     Direct,
+    /// The direct path without queue pair recovery.
+    DirectNoRecovery,
 }
 
 fn store_options(path: Path, g: tutti_objstore::Geometry, mode: OpenMode) -> StoreOptions {
@@ -45,7 +48,11 @@ fn store_options(path: Path, g: tutti_objstore::Geometry, mode: OpenMode) -> Sto
             }
             o
         }
-        Path::Direct => direct_options(g, mode),
+        Path::Direct | Path::DirectNoRecovery => {
+            let mut o = direct_options(g, mode);
+            o.backend = Backend::Direct { queue_depth: 64, recover_queues: matches!(path, Path::Direct) };
+            o
+        }
     };
     o.pool.journal_pages = Some(2);
     o
@@ -162,8 +169,8 @@ fn gio_without_recovery_late_write_quarantines_its_file() {
 }
 
 #[test]
-fn direct_late_write_quarantines_its_file() {
-    late_write_quarantines_its_file(Path::Direct);
+fn direct_without_recovery_late_write_quarantines_its_file() {
+    late_write_quarantines_its_file(Path::DirectNoRecovery);
 }
 
 fn definite_failure_frees_its_file(path: Path) {
@@ -225,8 +232,8 @@ fn gio_without_recovery_late_read_is_reported_unknown() {
 }
 
 #[test]
-fn direct_late_read_is_reported_unknown() {
-    late_read_is_reported_unknown(Path::Direct);
+fn direct_without_recovery_late_read_is_reported_unknown() {
+    late_read_is_reported_unknown(Path::DirectNoRecovery);
 }
 
 /// Sleeps until a command delayed by [`LATE`] from now would have executed.
@@ -236,7 +243,16 @@ fn outlast_the_delay() {
 
 #[test]
 fn gio_late_write_is_aborted_by_recovery_and_its_file_reused() {
-    let (d, store, kv) = pool(Path::Gio);
+    late_write_is_aborted_by_recovery_and_its_file_reused(Path::Gio);
+}
+
+#[test]
+fn direct_late_write_is_aborted_by_recovery_and_its_file_reused() {
+    late_write_is_aborted_by_recovery_and_its_file_reused(Path::Direct);
+}
+
+fn late_write_is_aborted_by_recovery_and_its_file_reused(path: Path) {
+    let (d, store, kv) = pool(path);
     let victim = 0;
     d.emus[0].faults().delay_execution_next(
         FaultMatch { opcode: Some(WRITE), lba: Some(first_object(&store, victim)), ..Default::default() },
@@ -274,7 +290,16 @@ fn gio_late_write_is_aborted_by_recovery_and_its_file_reused() {
 
 #[test]
 fn gio_late_read_is_definite_after_recovery_and_never_lands() {
-    let (d, store, kv) = pool(Path::Gio);
+    late_read_is_definite_after_recovery_and_never_lands(Path::Gio);
+}
+
+#[test]
+fn direct_late_read_is_definite_after_recovery_and_never_lands() {
+    late_read_is_definite_after_recovery_and_never_lands(Path::Direct);
+}
+
+fn late_read_is_definite_after_recovery_and_never_lands(path: Path) {
+    let (d, store, kv) = pool(path);
     kv.fill(0, 5);
     let rep = store.store_request(&[hash(5)], &[0], WAIT).expect("store");
     assert_eq!(rep.stored, 1);

@@ -5,14 +5,22 @@
 //! data pointer is still the registered SGL descriptor (or, on a drive
 //! without SGL support, PRP entries the driver builds from it), so the bytes
 //! moved are exactly those of the gio_uring path; only who does the work differs.
+//!
+//! A command that times out may still be executed by the drive later. After
+//! such a layer the queue pairs those commands went to are recovered
+//! (`IoQueuePair::recover`: §5.6, Delete I/O Submission Queue completes only
+//! after every command of the SQ was completed or aborted), which makes those
+//! failures definite, as on the gio_uring path. When a recovery is turned off
+//! or fails, they stay unknown.
 
 use super::{
-    layer_commands, note_failure, sorted_failures, Cmd, Direction, LayerIo, LayerOutcome, Pair, PairFailure,
+    layer_commands, note_failure, sorted_failures, Cmd, Direction, FailureKind, LayerIo, LayerOutcome, Pair,
+    PairFailure,
 };
 use crate::error::{ObjError, Result};
 use crate::registration::Registration;
 use crate::stripe::StripeMap;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 use tutti_driver::command::{Command, DataMode};
@@ -36,11 +44,12 @@ pub struct DirectIo {
     attached: Option<(Arc<Registration>, StripeMap)>,
     done: HashMap<u64, LayerOutcome>,
     next_token: u64,
+    recover: bool,
 }
 
 impl DirectIo {
     /// One queue pair of `depth` entries on each drive (pool order).
-    pub fn new(drives: &[(Arc<Controller>, u32)], depth: u32) -> Result<Self> {
+    pub fn new(drives: &[(Arc<Controller>, u32)], depth: u32, recover: bool) -> Result<Self> {
         let lanes = drives
             .iter()
             .map(|(ctrl, nsid)| {
@@ -54,7 +63,7 @@ impl DirectIo {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(DirectIo { lanes, attached: None, done: HashMap::new(), next_token: 1 })
+        Ok(DirectIo { lanes, attached: None, done: HashMap::new(), next_token: 1, recover })
     }
 
     fn run(&mut self, cmds: &[Cmd], dir: Direction) -> Result<LayerOutcome> {
@@ -73,6 +82,8 @@ impl DirectIo {
             lane.todo.push(i as u32);
         }
         let mut failed: HashMap<u32, PairFailure> = HashMap::new();
+        // Pair → lanes its unknown-outcome commands went to.
+        let mut unsettled: HashMap<u32, BTreeSet<usize>> = HashMap::new();
         let mut outstanding = 0usize;
         let mut reaped: Vec<Completion> = Vec::new();
         let mut spins = 0u32;
@@ -106,6 +117,10 @@ impl DirectIo {
                     out.host_calls += 1;
                 }
                 reaped.clear();
+                // Its submissions fail (definitely, never reaching the SQ); nothing is in flight.
+                if lane.qp.is_unusable() {
+                    continue;
+                }
                 lane.qp.reap(&mut reaped)?;
                 for comp in &reaped {
                     lane.inflight.remove(&comp.cid);
@@ -138,22 +153,79 @@ impl DirectIo {
                 .first()
                 .map_or(std::time::Duration::from_secs(10), |l| l.qp.controller().options().io_timeout);
             if last_progress.elapsed() >= timeout {
-                outstanding -= self.expire(cmds, &mut failed)?;
+                outstanding -= self.expire(cmds, &mut failed, &mut unsettled)?;
                 last_progress = Instant::now();
                 continue;
             }
             backoff(&mut spins);
         }
+        if self.recover && !unsettled.is_empty() {
+            self.recover_lanes(&mut failed, &unsettled, &mut out);
+        }
         out.failed = sorted_failures(failed);
         Ok(out)
+    }
+
+    /// Recovers the queue pairs that unknown-outcome commands went to, and
+    /// makes a pair's failure definite when every such lane recovered.
+    fn recover_lanes(
+        &mut self,
+        failed: &mut HashMap<u32, PairFailure>,
+        unsettled: &HashMap<u32, BTreeSet<usize>>,
+        out: &mut LayerOutcome,
+    ) {
+        let lanes: BTreeSet<usize> = unsettled.values().flatten().copied().collect();
+        let mut lost: HashMap<usize, String> = HashMap::new();
+        for &i in &lanes {
+            let Some(lane) = self.lanes.get_mut(i) else { continue };
+            match lane.qp.recover() {
+                Ok(r) => {
+                    tracing::info!(
+                        drive = i,
+                        abandoned = r.abandoned,
+                        outstanding = r.outstanding,
+                        "queue pair recovered after commands of unknown outcome; their outcome is now known"
+                    );
+                    lane.inflight.clear();
+                    out.recoveries += 1;
+                }
+                Err(e) => {
+                    tracing::error!(drive = i, error = %e,
+                        "queue pair recovery failed; outcomes of commands sent to it stay unknown");
+                    lost.insert(i, e.to_string());
+                    out.recovery_failures += 1;
+                }
+            }
+        }
+        for (p, ls) in unsettled {
+            let Some(f) = failed.get_mut(p) else { continue };
+            if f.kind != FailureKind::Unknown {
+                continue;
+            }
+            if let Some((d, e)) = ls.iter().find_map(|d| lost.get(d).map(|e| (d, e))) {
+                f.why = format!("{}; recovery of drive {d} failed: {e}", f.why);
+            } else {
+                f.kind = FailureKind::Definite;
+                f.why = format!(
+                    "{}; drive {} recovered: the command was completed or aborted before its queue was deleted",
+                    f.why,
+                    ls.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+                );
+            }
+        }
     }
 
     /// Gives up on commands that stopped completing: each one in flight is
     /// waited for once more (bounded by the I/O timeout) and its pair failed
     /// if it still does not complete. Returns how many commands were settled.
-    fn expire(&mut self, cmds: &[Cmd], failed: &mut HashMap<u32, PairFailure>) -> Result<usize> {
+    fn expire(
+        &mut self,
+        cmds: &[Cmd],
+        failed: &mut HashMap<u32, PairFailure>,
+        unsettled: &mut HashMap<u32, BTreeSet<usize>>,
+    ) -> Result<usize> {
         let mut settled = 0;
-        for lane in &mut self.lanes {
+        for (i, lane) in self.lanes.iter_mut().enumerate() {
             let stuck: Vec<(u16, u32)> = lane.inflight.drain().collect();
             for (cid, idx) in stuck {
                 settled += 1;
@@ -163,7 +235,11 @@ impl DirectIo {
                     Ok(comp) => note_failure(failed, pair, PairFailure::definite(comp.status.to_string())),
                     Err(e) => {
                         tracing::warn!(error = %e, "command timed out");
-                        note_failure(failed, pair, wait_failure(&e));
+                        let f = wait_failure(&e);
+                        if f.kind == FailureKind::Unknown {
+                            unsettled.entry(pair).or_default().insert(i);
+                        }
+                        note_failure(failed, pair, f);
                     }
                 }
             }

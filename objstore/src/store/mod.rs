@@ -46,7 +46,10 @@ pub enum Backend {
     /// gio_uring with its host executor (the main path).
     Gio(crate::io::gio::GioConfig),
     /// The CPU-driven baseline: the host submits every command.
-    Direct { queue_depth: u32 },
+    /// `recover_queues`: after commands end without a known outcome, delete
+    /// and recreate the queue pairs they went to, so that their outcome
+    /// becomes known and the files they wrote need no quarantine.
+    Direct { queue_depth: u32, recover_queues: bool },
 }
 
 /// How to open a store.
@@ -215,7 +218,9 @@ impl KvStore {
             drives.iter().map(|d| (d.ctrl.clone(), d.nsid)).collect();
         let pool = Pool::open(drives, &opts.pool)?;
         let io: Box<dyn LayerIo> = match &opts.backend {
-            Backend::Direct { queue_depth } => Box::new(DirectIo::new(&specs, *queue_depth)?),
+            Backend::Direct { queue_depth, recover_queues } => {
+                Box::new(DirectIo::new(&specs, *queue_depth, *recover_queues)?)
+            }
             Backend::Gio(g) => Box::new(crate::io::gio::GioIo::new(&specs, g)?),
         };
         let records = pool.live_records();

@@ -115,7 +115,10 @@ pub fn options(g: Geometry, mode: OpenMode) -> StoreOptions {
 
 /// The CPU-driven baseline.
 pub fn direct_options(g: Geometry, mode: OpenMode) -> StoreOptions {
-    StoreOptions { pool: PoolOptions::new(g, mode), backend: Backend::Direct { queue_depth: 64 } }
+    StoreOptions {
+        pool: PoolOptions::new(g, mode),
+        backend: Backend::Direct { queue_depth: 64, recover_queues: true },
+    }
 }
 
 pub fn open(drives: &Drives, g: Geometry, mode: OpenMode) -> KvStore {

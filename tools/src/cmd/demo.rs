@@ -350,7 +350,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             cfg.host.mode = args.executor.mode();
             Backend::Gio(cfg)
         }
-        BackendFlag::Direct => Backend::Direct { queue_depth: 256 },
+        BackendFlag::Direct => Backend::Direct { queue_depth: 256, recover_queues: true },
     };
     let mode = if args.reuse { OpenMode::OpenOrCreate } else { OpenMode::Create };
     let opts = StoreOptions { pool: PoolOptions::new(g, mode), backend };
