@@ -76,7 +76,10 @@
 // gio_uring with its host executor (the main path on machines without a GPU).
 #define TUTTI_EXECUTOR_GIO_HOST 1
 
-// The CPU-driven baseline: the host submits every NVMe command.
+// The CPU-driven baseline: the host submits every NVMe command. It does not
+// recover queues after a timeout, so timed-out commands keep an unknown outcome
+// (quarantined files, `unknown_bitmap`); the gio executor recovers the drive and
+// settles them.
 #define TUTTI_EXECUTOR_DIRECT 2
 
 // Format the drives as a new, empty pool.

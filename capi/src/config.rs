@@ -30,7 +30,10 @@ pub const TUTTI_DRIVES_VFIO: u32 = 2;
 
 /// gio_uring with its host executor (the main path on machines without a GPU).
 pub const TUTTI_EXECUTOR_GIO_HOST: u32 = 1;
-/// The CPU-driven baseline: the host submits every NVMe command.
+/// The CPU-driven baseline: the host submits every NVMe command. It does not
+/// recover queues after a timeout, so timed-out commands keep an unknown outcome
+/// (quarantined files, `unknown_bitmap`); the gio executor recovers the drive and
+/// settles them.
 pub const TUTTI_EXECUTOR_DIRECT: u32 = 2;
 
 /// Format the drives as a new, empty pool.
@@ -237,7 +240,9 @@ impl RuntimeConfig {
                 gio.sm_budget = lane_blocks;
                 Backend::Gio(gio)
             }
-            TUTTI_EXECUTOR_DIRECT => Backend::Direct { queue_depth: 64, recover_queues: true },
+            // The baseline stays minimal through the C ABI (and keeps the unknown-outcome
+            // path observable to bindings); the object store can recover it too.
+            TUTTI_EXECUTOR_DIRECT => Backend::Direct { queue_depth: 64, recover_queues: false },
             n => {
                 return Err(CapiError::invalid(
                     "executor",
