@@ -255,7 +255,7 @@ impl Job {
         self.rt.failed_blocks.fetch_add(new, Ordering::Relaxed);
     }
 
-    fn view(&self, st: Option<JobStatus>) -> Result<View> {
+    fn view(&self, st: Option<JobStatus>) -> View {
         let failed = self.failed_bitmap(st.as_ref());
         self.count_failures(&failed);
         // Only the object store's blocks can be unknown: the blocks not
@@ -275,20 +275,20 @@ impl Job {
         if let Some(s) = &st {
             self.rt.set_in_flight(self.key, if s.done { 0 } else { s.layers - s.layers_done });
         }
-        Ok(View { st, failed, unknown, first_error })
+        View { st, failed, unknown, first_error }
     }
 
     fn poll(&self) -> Result<View> {
-        self.view(self.id.map(|id| self.rt.store.poll(id)).transpose()?)
+        Ok(self.view(self.id.map(|id| self.rt.store.poll(id)).transpose()?))
     }
 
     fn wait(&self, timeout: Duration) -> Result<View> {
-        self.view(self.id.map(|id| self.rt.store.wait(id, timeout)).transpose()?)
+        Ok(self.view(self.id.map(|id| self.rt.store.wait(id, timeout)).transpose()?))
     }
 
     fn wait_layer(&self, layer: u32, timeout: Duration) -> Result<View> {
         self.check_layer(layer)?;
-        self.view(self.id.map(|id| self.rt.store.wait_layer(id, layer, timeout)).transpose()?)
+        Ok(self.view(self.id.map(|id| self.rt.store.wait_layer(id, layer, timeout)).transpose()?))
     }
 
     fn check_layer(&self, layer: u32) -> Result<()> {
@@ -342,56 +342,43 @@ impl Job {
     /// caller's buffers named in `out` (each nullable). A buffer too small is
     /// skipped and reported after the others are filled.
     fn fill_buffers(&self, v: &View, out: &tutti_job_status_t) -> Result<()> {
-        // SAFETY: the caller promises `failed_bitmap_words` writable words (struct docs).
-        let failed = unsafe {
-            bitmap_out(&v.failed, out.failed_bitmap, out.failed_bitmap_words, "failed_bitmap (words)")
-        };
-        // SAFETY: as above, `unknown_bitmap_words` words (only read from a 1.2 caller's struct).
-        let unknown = unsafe {
-            bitmap_out(&v.unknown, out.unknown_bitmap, out.unknown_bitmap_words, "unknown_bitmap (words)")
-        };
-        let layers = self.fill_layer_submit_ns(v, out);
-        failed.and(unknown).and(layers)
-    }
-
-    fn fill_layer_submit_ns(&self, v: &View, out: &tutti_job_status_t) -> Result<()> {
-        if out.layer_submit_ns.is_null() {
-            return Ok(());
-        }
-        let n = self.layers.len();
-        if (out.layer_submit_ns_len as usize) < n {
-            return Err(CapiError::BufferTooSmall {
-                what: "layer_submit_ns (entries)",
-                needed: n,
-                capacity: out.layer_submit_ns_len as usize,
-            });
-        }
-        // SAFETY: the caller promises `layer_submit_ns_len` writable entries (struct docs).
-        let dst = unsafe { ptr::slice_out(out.layer_submit_ns, n, "layer_submit_ns")? };
-        dst.fill(0);
+        // Entry i = layer first_layer + i; 0 for a layer not submitted yet.
+        let mut layer_ns = vec![0u64; self.layers.len()];
         if let Some(s) = &v.st {
-            for (d, &ns) in dst.iter_mut().zip(&s.layer_submit_ns) {
+            for (d, &ns) in layer_ns.iter_mut().zip(&s.layer_submit_ns) {
                 *d = ns;
             }
         }
-        Ok(())
+        // SAFETY: the caller promises `failed_bitmap_words` writable words (struct docs).
+        let failed = unsafe {
+            words_out(&v.failed, out.failed_bitmap, out.failed_bitmap_words, "failed_bitmap (words)")
+        };
+        // SAFETY: as above, `unknown_bitmap_words` words (only read from a 1.2 caller's struct).
+        let unknown = unsafe {
+            words_out(&v.unknown, out.unknown_bitmap, out.unknown_bitmap_words, "unknown_bitmap (words)")
+        };
+        // SAFETY: as above, `layer_submit_ns_len` entries (only read from a 1.1+ caller's struct).
+        let layers = unsafe {
+            words_out(&layer_ns, out.layer_submit_ns, out.layer_submit_ns_len, "layer_submit_ns (entries)")
+        };
+        failed.and(unknown).and(layers)
     }
 }
 
-/// Copies `bits` into an optional caller bitmap of `words` words.
+/// Copies `words` into an optional caller buffer of `capacity` `u64`s.
 ///
 /// # Safety
-/// `dst` is NULL or points to `words` writable `u64`s.
-unsafe fn bitmap_out(bits: &[u64], dst: *mut u64, words: u32, what: &'static str) -> Result<()> {
+/// `dst` is NULL or points to `capacity` writable `u64`s.
+unsafe fn words_out(words: &[u64], dst: *mut u64, capacity: u32, what: &'static str) -> Result<()> {
     if dst.is_null() {
         return Ok(());
     }
-    if (words as usize) < bits.len() {
-        return Err(CapiError::BufferTooSmall { what, needed: bits.len(), capacity: words as usize });
+    if (capacity as usize) < words.len() {
+        return Err(CapiError::BufferTooSmall { what, needed: words.len(), capacity: capacity as usize });
     }
-    // SAFETY: forwarded; `bits.len() <= words`.
-    let dst = unsafe { ptr::slice_out(dst, bits.len(), what)? };
-    dst.copy_from_slice(bits);
+    // SAFETY: forwarded; `words.len() <= capacity`.
+    let dst = unsafe { ptr::slice_out(dst, words.len(), what)? };
+    dst.copy_from_slice(words);
     Ok(())
 }
 

@@ -46,4 +46,4 @@ pub use iocb::{ioctx, DataRef, IocbId, IocbResult, IoctxFailure, Op, PairListId,
 pub use status::{Invalid, IoStatus, Translation};
 pub use table::{Kv, LayerGeometry, LayerTable, PoolDrive, TableKind};
 pub use tutti_kernels::abi::IoCtx;
-pub use uring::{ExecutorStats, GioOptions, GioUring, QueueStats, RecoveryReport, TableInfo};
+pub use uring::{pairs_per_iocb, ExecutorStats, GioOptions, GioUring, QueueStats, RecoveryReport, TableInfo};

@@ -28,5 +28,6 @@ pub use memory::HostKvMemory;
 pub use pool::{OpenMode, PoolOptions};
 pub use registration::TableSizes;
 pub use store::{
-    Backend, JobId, JobStatus, KvStore, Lookup, PoolInfo, StoreId, StoreOptions, StoreReport, StoreStats,
+    thread_cpu_ns, Backend, JobId, JobStatus, KvStore, Lookup, PoolInfo, StoreId, StoreOptions, StoreReport,
+    StoreStats,
 };

@@ -86,6 +86,13 @@ fn first_object(store: &KvStore, file: u32) -> std::ops::Range<u64> {
     at.lba..at.lba + 1
 }
 
+/// The drive executes its next `opcode` command on the first object of `file` only [`LATE`].
+fn delay_first_object(d: &Drives, store: &KvStore, opcode: u8, file: u32) {
+    let when =
+        FaultMatch { opcode: Some(opcode), lba: Some(first_object(store, file)), ..Default::default() };
+    d.emus[0].faults().delay_execution_next(when, LATE);
+}
+
 /// Waits (bounded) until the drive has executed `n` delayed commands.
 fn wait_late_executions(d: &Drives, n: u64) {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -116,10 +123,7 @@ fn late_write_quarantines_its_file(path: Path) {
     let (d, store, kv) = pool(path);
     // The next store goes to the lowest free file, 0; its first write executes late.
     let victim = 0;
-    d.emus[0].faults().delay_execution_next(
-        FaultMatch { opcode: Some(WRITE), lba: Some(first_object(&store, victim)), ..Default::default() },
-        LATE,
-    );
+    delay_first_object(&d, &store, WRITE, victim);
     kv.fill(0, 1);
     let rep = store.store_request(&[hash(1)], &[0], WAIT).expect("store");
     assert_eq!(rep.stored, 0, "{rep:?}");
@@ -208,10 +212,7 @@ fn late_read_is_reported_unknown(path: Path) {
     let rep = store.store_request(&[hash(5)], &[0], WAIT).expect("store");
     assert_eq!(rep.stored, 1);
     let l = store.lookup(&[hash(5)]).expect("lookup");
-    d.emus[0].faults().delay_execution_next(
-        FaultMatch { opcode: Some(READ), lba: Some(first_object(&store, l.files[0])), ..Default::default() },
-        LATE,
-    );
+    delay_first_object(&d, &store, READ, l.files[0]);
     kv.clear();
     let st = store.load_request(&l.files, &[3], WAIT).expect("load");
     assert!(st.block_failed(0) && st.block_outcome_unknown(0), "{st:?}");
@@ -254,10 +255,7 @@ fn direct_late_write_is_aborted_by_recovery_and_its_file_reused() {
 fn late_write_is_aborted_by_recovery_and_its_file_reused(path: Path) {
     let (d, store, kv) = pool(path);
     let victim = 0;
-    d.emus[0].faults().delay_execution_next(
-        FaultMatch { opcode: Some(WRITE), lba: Some(first_object(&store, victim)), ..Default::default() },
-        LATE,
-    );
+    delay_first_object(&d, &store, WRITE, victim);
     kv.fill(0, 1);
     let rep = store.store_request(&[hash(1)], &[0], WAIT).expect("store");
     assert_eq!(rep.stored, 0, "{rep:?}");
@@ -304,10 +302,7 @@ fn late_read_is_definite_after_recovery_and_never_lands(path: Path) {
     let rep = store.store_request(&[hash(5)], &[0], WAIT).expect("store");
     assert_eq!(rep.stored, 1);
     let l = store.lookup(&[hash(5)]).expect("lookup");
-    d.emus[0].faults().delay_execution_next(
-        FaultMatch { opcode: Some(READ), lba: Some(first_object(&store, l.files[0])), ..Default::default() },
-        LATE,
-    );
+    delay_first_object(&d, &store, READ, l.files[0]);
     kv.clear();
     let st = store.load_request(&l.files, &[3], WAIT).expect("load");
     assert!(st.block_failed(0), "{st:?}");

@@ -9,7 +9,7 @@ use super::{GioOptions, GioUring, Pool, Slot, SlotState};
 use crate::drive::{DriveInfo, DriveQueues};
 use crate::error::{GioError, Result};
 use crate::executor::Executor;
-use crate::mem::{HostRange, MemKind};
+use crate::mem::{ExecMemory, HostRange, MemKind};
 use crate::ring::RingView;
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU32;
@@ -35,6 +35,18 @@ pub(crate) struct QueueLayout {
     pub time: usize,
     pub ready: usize,
     pub turn: usize,
+}
+
+impl QueueLayout {
+    /// Puts the queue's `depth` slots in the state of a fresh queue: no owner
+    /// (`SLOT_FREE`), no submission time, not ready, turn 0. Only while no
+    /// executor lane can touch the queue (before it starts, or during a recovery).
+    pub(crate) fn reset_slots(&self, private: &dyn ExecMemory, depth: usize) -> Result<()> {
+        private.write_bytes(self.owner, &abi::SLOT_FREE.to_ne_bytes().repeat(depth))?;
+        private.write_bytes(self.time, &vec![0; 8 * depth])?;
+        private.write_bytes(self.ready, &vec![0; 8 * depth])?;
+        private.write_bytes(self.turn, &vec![0; 4 * depth])
+    }
 }
 
 pub(crate) struct Layout {
@@ -229,7 +241,7 @@ pub(super) fn build(
                 ..Default::default()
             };
             private.write_obj(ql.desc, &desc)?;
-            private.write_bytes(ql.owner, &vec![0xFF; 8 * depth as usize])?;
+            ql.reset_slots(&*private, depth as usize)?;
             maps.extend([sqm, cqm, sdb, cdb]);
             qi += 1;
         }

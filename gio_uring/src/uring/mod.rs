@@ -29,6 +29,7 @@ use std::time::Duration;
 use tutti_kernels::abi::{Control, Iocb, NvmeQueue, QueueGate};
 
 pub use recover::RecoveryReport;
+pub use submit::pairs_per_iocb;
 pub use tables::TableInfo;
 
 /// Tunables of a [`GioUring`].

@@ -14,7 +14,7 @@ use super::GioUring;
 use crate::error::{GioError, Result};
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
-use tutti_kernels::abi::{NvmeQueue, SLOT_FREE};
+use tutti_kernels::abi::NvmeQueue;
 
 /// Whether a drive's queues serve commands.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -149,10 +149,7 @@ impl GioUring {
             s.sq_head = 0;
             s.head_lock = 0;
             self.private.write_obj(ql.desc, &s)?;
-            self.private.write_bytes(ql.owner, &SLOT_FREE.to_ne_bytes().repeat(depth))?;
-            self.private.write_bytes(ql.time, &vec![0; 8 * depth])?;
-            self.private.write_bytes(ql.ready, &vec![0; 8 * depth])?;
-            self.private.write_bytes(ql.turn, &vec![0; 4 * depth])?;
+            ql.reset_slots(&*self.private, depth)?;
         }
         self.open(queues);
         report.elapsed = start.elapsed();

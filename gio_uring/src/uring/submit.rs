@@ -331,7 +331,8 @@ struct LayerHead {
     list: Option<u32>,
 }
 
-/// Pairs one layer IOCB carries: as many as fill its IOCTXs, at most `IOCB_MAX_PAIRS`.
-pub(crate) fn pairs_per_iocb(ioctx_per_pair: u32) -> u32 {
+/// Pairs one layer IOCB carries: as many as fill its IOCTXs, at most
+/// `IOCB_MAX_PAIRS`. IOCB k of a layer submission starts at pair `k` times this.
+pub fn pairs_per_iocb(ioctx_per_pair: u32) -> u32 {
     (abi::IOCB_MAX_IOCTX as u32 / ioctx_per_pair.max(1)).clamp(1, abi::IOCB_MAX_PAIRS as u32)
 }

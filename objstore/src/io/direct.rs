@@ -14,13 +14,13 @@
 //! or fails, they stay unknown.
 
 use super::{
-    layer_commands, note_failure, sorted_failures, Cmd, Direction, FailureKind, LayerIo, LayerOutcome, Pair,
-    PairFailure,
+    layer_commands, note_failure, settle_by_recovery, sorted_failures, Cmd, Direction, FailureKind, LayerIo,
+    LayerOutcome, Pair, PairFailure,
 };
 use crate::error::{ObjError, Result};
 use crate::registration::Registration;
 use crate::stripe::StripeMap;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 use tutti_driver::command::{Command, DataMode};
@@ -175,7 +175,8 @@ impl DirectIo {
         out: &mut LayerOutcome,
     ) {
         let lanes: BTreeSet<usize> = unsettled.values().flatten().copied().collect();
-        let mut lost: HashMap<usize, String> = HashMap::new();
+        let mut recovered = BTreeSet::new();
+        let mut lost = BTreeMap::new();
         for &i in &lanes {
             let Some(lane) = self.lanes.get_mut(i) else { continue };
             match lane.qp.recover() {
@@ -187,6 +188,7 @@ impl DirectIo {
                         "queue pair recovered after commands of unknown outcome; their outcome is now known"
                     );
                     lane.inflight.clear();
+                    recovered.insert(i);
                     out.recoveries += 1;
                 }
                 Err(e) => {
@@ -198,19 +200,8 @@ impl DirectIo {
             }
         }
         for (p, ls) in unsettled {
-            let Some(f) = failed.get_mut(p) else { continue };
-            if f.kind != FailureKind::Unknown {
-                continue;
-            }
-            if let Some((d, e)) = ls.iter().find_map(|d| lost.get(d).map(|e| (d, e))) {
-                f.why = format!("{}; recovery of drive {d} failed: {e}", f.why);
-            } else {
-                f.kind = FailureKind::Definite;
-                f.why = format!(
-                    "{}; drive {} recovered: the command was completed or aborted before its queue was deleted",
-                    f.why,
-                    ls.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
-                );
+            if let Some(f) = failed.get_mut(p) {
+                settle_by_recovery(f, ls, &recovered, &lost);
             }
         }
     }

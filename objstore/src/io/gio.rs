@@ -34,8 +34,8 @@
 //! a recovery cannot run or fails, the failures stay unknown.
 
 use super::{
-    layer_commands, note_failure, sorted_failures, Direction, FailureKind, LayerIo, LayerOutcome, Pair,
-    PairFailure,
+    layer_commands, note_failure, settle_by_recovery, sorted_failures, Direction, FailureKind, LayerIo,
+    LayerOutcome, Pair, PairFailure,
 };
 use crate::error::{ObjError, Result};
 use crate::registration::Registration;
@@ -407,19 +407,8 @@ impl GioIo {
         for (token, h) in self.held.drain() {
             let mut outcome = h.outcome;
             for (p, f) in &mut outcome.failed {
-                let Some(ds) = h.drives.get(p) else { continue };
-                if f.kind != FailureKind::Unknown {
-                    continue;
-                }
-                if ds.iter().all(|d| recovered.contains(d)) {
-                    f.kind = FailureKind::Definite;
-                    f.why = format!(
-                        "{}; drive {} recovered: the command was completed or aborted before its queue was deleted",
-                        f.why,
-                        ds.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
-                    );
-                } else if let Some((d, e)) = ds.iter().find_map(|d| lost.get(d).map(|e| (d, e))) {
-                    f.why = format!("{}; recovery of drive {d} failed: {e}", f.why);
+                if let Some(ds) = h.drives.get(p) {
+                    settle_by_recovery(f, ds, &recovered, &lost);
                 }
             }
             if let Some((r, x)) = counts.take() {
@@ -502,9 +491,10 @@ impl LayerIo for GioIo {
             None => {
                 let table = Self::build_table(reg, map)?;
                 let id = self.ring.register_table(&table).map_err(gio)?;
-                let per_pair = table.geometry().ioctx_per_pair() as usize;
-                let per_iocb = (IOCB_MAX_IOCTX / per_pair).min(tutti_kernels::abi::IOCB_MAX_PAIRS);
-                self.attached = Attached::Layer { table: id, per_iocb, per_pair: per_pair as u32 };
+                let per_pair = table.geometry().ioctx_per_pair();
+                // gio_uring's own split, so IOCB k's first pair is known here.
+                let per_iocb = tutti_gio_uring::pairs_per_iocb(per_pair) as usize;
+                self.attached = Attached::Layer { table: id, per_iocb, per_pair };
                 self.mode =
                     format!("gio_uring layer IOCBs on the {exec}: the executor expands (file, block) pairs");
             }

@@ -23,7 +23,7 @@ use crate::index::FileId;
 use crate::registration::Registration;
 use crate::stripe::StripeMap;
 use std::collections::hash_map::Entry;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use tutti_driver::spec::SglDescriptor;
 
@@ -93,6 +93,32 @@ pub(crate) fn note_failure(failed: &mut HashMap<u32, PairFailure>, pair: u32, f:
                 o.insert(f);
             }
         }
+    }
+}
+
+/// Applies drive recoveries to the failure of a pair whose unknown-outcome
+/// commands went to `drives`: once every one of them was recovered (its
+/// queues deleted, which completes or aborts every earlier command), the
+/// outcome is known and the failure definite; otherwise the reason names a
+/// recovery that failed, if one did, and the outcome stays unknown.
+pub(crate) fn settle_by_recovery<D: Copy + Ord + std::fmt::Display>(
+    f: &mut PairFailure,
+    drives: &BTreeSet<D>,
+    recovered: &BTreeSet<D>,
+    lost: &BTreeMap<D, String>,
+) {
+    if f.kind != FailureKind::Unknown {
+        return;
+    }
+    if drives.iter().all(|d| recovered.contains(d)) {
+        f.kind = FailureKind::Definite;
+        f.why = format!(
+            "{}; drive {} recovered: the command was completed or aborted before its queue was deleted",
+            f.why,
+            drives.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+        );
+    } else if let Some((d, e)) = drives.iter().find_map(|d| lost.get(d).map(|e| (d, e))) {
+        f.why = format!("{}; recovery of drive {d} failed: {e}", f.why);
     }
 }
 
@@ -204,6 +230,31 @@ pub(crate) fn layer_commands(map: &StripeMap, reg: &Registration, layer: u32, pa
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failure_is_settled_only_when_every_drive_it_went_to_was_recovered() {
+        let recovered = BTreeSet::from([0u16, 1]);
+        let lost = BTreeMap::from([(2u16, "Delete I/O SQ timed out".to_string())]);
+        let mut both = PairFailure::unknown("timed out");
+        settle_by_recovery(&mut both, &BTreeSet::from([0, 1]), &recovered, &lost);
+        assert_eq!(both.kind, FailureKind::Definite);
+        assert!(both.why.contains("drive 0, 1 recovered"), "{}", both.why);
+        let mut one_lost = PairFailure::unknown("timed out");
+        settle_by_recovery(&mut one_lost, &BTreeSet::from([1, 2]), &recovered, &lost);
+        assert_eq!(one_lost.kind, FailureKind::Unknown);
+        assert!(
+            one_lost.why.contains("recovery of drive 2 failed: Delete I/O SQ timed out"),
+            "{}",
+            one_lost.why
+        );
+        // A drive neither recovered nor reported lost settles nothing.
+        let mut unseen = PairFailure::unknown("timed out");
+        settle_by_recovery(&mut unseen, &BTreeSet::from([0, 3]), &recovered, &lost);
+        assert_eq!(unseen, PairFailure::unknown("timed out"));
+        let mut definite = PairFailure::definite("write fault");
+        settle_by_recovery(&mut definite, &BTreeSet::from([0]), &recovered, &lost);
+        assert_eq!(definite, PairFailure::definite("write fault"));
+    }
 
     #[test]
     fn an_unknown_outcome_wins_over_a_definite_failure_of_the_same_pair() {

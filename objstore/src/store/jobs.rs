@@ -636,8 +636,10 @@ impl KvStore {
     }
 }
 
-/// CPU time of the calling thread, ns (0 if the clock cannot be read).
-pub(crate) fn thread_cpu_ns() -> u64 {
+/// CPU time of the calling thread, ns (0 if the clock cannot be read): the
+/// clock of `JobStatus::setup_ns` and `submit_ns`, for callers that measure
+/// around the store with the same clock.
+pub fn thread_cpu_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: `ts` is a valid, writable timespec; Linux always provides this clock.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };

@@ -20,7 +20,7 @@
 mod jobs;
 mod session;
 
-pub use jobs::{JobId, JobStatus, LAYERS_IN_FLIGHT};
+pub use jobs::{thread_cpu_ns, JobId, JobStatus, LAYERS_IN_FLIGHT};
 pub use session::{StoreId, StoreReport};
 
 use crate::drives::{Drive, DriveSpec};

@@ -5,7 +5,7 @@
 //! other engine slots, every byte verified; then the pool is reopened and the
 //! cached prefix found and verified again.
 
-use crate::cmd::bench::retrieve::ExecFlag;
+use crate::cmd::ExecFlag;
 use crate::emu::EmulatedArgs;
 use crate::report::{byte_bar, bytes, print_json};
 use anyhow::{bail, Context};

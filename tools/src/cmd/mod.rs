@@ -7,3 +7,19 @@ pub mod identify;
 pub mod profile;
 pub mod selftest;
 pub mod simulate;
+
+/// `--executor`: how gio_uring's host executor runs the CUDA kernel source.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum ExecFlag {
+    Persistent,
+    Launch,
+}
+
+impl ExecFlag {
+    pub fn mode(self) -> tutti_gio_uring::ExecMode {
+        match self {
+            ExecFlag::Persistent => tutti_gio_uring::ExecMode::Persistent,
+            ExecFlag::Launch => tutti_gio_uring::ExecMode::Launch,
+        }
+    }
+}

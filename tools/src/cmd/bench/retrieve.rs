@@ -22,6 +22,7 @@ mod report;
 mod tutti;
 
 use super::Output;
+use crate::cmd::ExecFlag;
 use crate::report::bytes;
 use anyhow::{bail, Context};
 use data::Dataset;
@@ -97,21 +98,6 @@ pub struct Args {
 
 /// Time after which a method stops repeating a size.
 const REP_BUDGET: std::time::Duration = std::time::Duration::from_secs(1);
-
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-pub enum ExecFlag {
-    Persistent,
-    Launch,
-}
-
-impl ExecFlag {
-    pub(crate) fn mode(self) -> tutti_gio_uring::ExecMode {
-        match self {
-            ExecFlag::Persistent => tutti_gio_uring::ExecMode::Persistent,
-            ExecFlag::Launch => tutti_gio_uring::ExecMode::Launch,
-        }
-    }
-}
 
 fn geometry(a: &Args, layers: u32) -> anyhow::Result<Geometry> {
     let g = Geometry {
