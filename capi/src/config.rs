@@ -79,6 +79,10 @@ pub struct tutti_runtime_config_t {
     pub emulated_capacity_bytes: u64,
     /// EMULATED, nullable: NULL keeps media in RAM (gone at close); otherwise
     /// media are the files `<dir>/emu<i>.img` (created if absent) and survive.
+    /// A directory that does not exist is created (with its parents); a
+    /// relative path is taken from the process's current directory. The empty
+    /// string is refused (`TUTTI_E_INVALID_ARG`): it names no directory (pass
+    /// "." for the current one).
     pub emulated_dir: *const c_char,
     /// VFIO: `vfio_count` PCI addresses such as "0000:01:00.0", in pool order.
     pub vfio_bdfs: *const *const c_char,
@@ -182,7 +186,14 @@ impl RuntimeConfig {
                     None
                 } else {
                     // SAFETY: forwarded from the caller.
-                    Some(PathBuf::from(unsafe { ptr::str_in(c.emulated_dir, "emulated_dir", 4096)? }))
+                    let d = unsafe { ptr::str_in(c.emulated_dir, "emulated_dir", 4096)? };
+                    if d.is_empty() {
+                        return Err(CapiError::invalid(
+                            "emulated_dir",
+                            "the empty string names no directory (NULL keeps media in RAM; \".\" is the current directory)",
+                        ));
+                    }
+                    Some(PathBuf::from(d))
                 };
                 DriveSource::Emulated { count: c.emulated_count, lba_size, bytes, dir }
             }

@@ -405,6 +405,32 @@ impl Drop for Job {
     }
 }
 
+/// Checks a caller's status struct (its size and the alignment of the
+/// buffers it names) before the call does anything, so a bad one is refused
+/// without waiting or advancing the job. Capacities are checked when the
+/// buffers are filled (see `tutti_job_status_t`).
+///
+/// # Safety
+/// As `answer`.
+unsafe fn check_status(status: *mut tutti_job_status_t) -> Result<()> {
+    if status.is_null() {
+        return Ok(());
+    }
+    // SAFETY: forwarded from the caller; reading only (`commit` is never called).
+    let s = unsafe { ptr::sized_out_prefix(status)? };
+    let buffers = [
+        (s.val.failed_bitmap, "failed_bitmap"),
+        (s.val.unknown_bitmap, "unknown_bitmap"),
+        (s.val.layer_submit_ns, "layer_submit_ns"),
+    ];
+    for (p, what) in buffers {
+        if !p.is_null() && !p.is_aligned() {
+            return Err(CapiError::Misaligned(what, "uint64_t"));
+        }
+    }
+    Ok(())
+}
+
 /// Answers a job call: fills `status` (nullable; as many fields as its
 /// `struct_size` covers) even when the call then reports a timeout, so the
 /// caller sees how far the job got; then the caller's buffers.
@@ -524,6 +550,8 @@ fn job_of(handle: *const tutti_job_t) -> Result<Arc<Job>> {
 pub unsafe extern "C" fn tutti_job_poll(job: *mut tutti_job_t, status: *mut tutti_job_status_t) -> i32 {
     guard("tutti_job_poll", || {
         let j = job_of(job)?;
+        // SAFETY: forwarded from the caller.
+        unsafe { check_status(status)? };
         let v = j.poll()?;
         // SAFETY: forwarded from the caller.
         unsafe { answer(&j, &v, status)? };
@@ -544,6 +572,8 @@ pub unsafe extern "C" fn tutti_job_wait(
 ) -> i32 {
     guard("tutti_job_wait", || {
         let j = job_of(job)?;
+        // SAFETY: forwarded from the caller.
+        unsafe { check_status(status)? };
         let v = j.wait(ptr::timeout(timeout_ms)?)?;
         // SAFETY: forwarded from the caller.
         unsafe { answer(&j, &v, status)? };
@@ -589,6 +619,8 @@ pub unsafe extern "C" fn tutti_job_wait_layer(
 ) -> i32 {
     guard("tutti_job_wait_layer", || {
         let j = job_of(job)?;
+        // SAFETY: forwarded from the caller.
+        unsafe { check_status(status)? };
         let v = j.wait_layer(layer, ptr::timeout(timeout_ms)?)?;
         // SAFETY: forwarded from the caller.
         unsafe { answer(&j, &v, status)? };

@@ -177,16 +177,24 @@ pub unsafe extern "C" fn tutti_store_commit(
                 Some(ptr::sized_out(report)?)
             }
         };
+        // Every argument is checked before anything is committed: a rejected
+        // call leaves the session as it was, to be committed again.
         let words = (s.blocks as usize).div_ceil(64);
-        if let Some(r) = &report {
-            if !r.failed_bitmap.is_null() && (r.failed_bitmap_words as usize) < words {
-                return Err(CapiError::BufferTooSmall {
-                    what: "failed_bitmap (words)",
-                    needed: words,
-                    capacity: r.failed_bitmap_words as usize,
-                });
+        let bitmap = match &report {
+            Some(r) if !r.failed_bitmap.is_null() => {
+                if (r.failed_bitmap_words as usize) < words {
+                    return Err(CapiError::BufferTooSmall {
+                        what: "failed_bitmap (words)",
+                        needed: words,
+                        capacity: r.failed_bitmap_words as usize,
+                    });
+                }
+                // SAFETY: the caller promises `failed_bitmap_words` (>= `words`) writable words
+                // (struct docs); the pointer's alignment is checked here.
+                Some(unsafe { ptr::slice_out(r.failed_bitmap, words, "failed_bitmap")? })
             }
-        }
+            _ => None,
+        };
         let mut state = lock(&s.state, "store")?;
         if state.committed {
             return Err(CapiError::invalid("store", "the store was already committed"));
@@ -205,9 +213,7 @@ pub unsafe extern "C" fn tutti_store_commit(
             out.stored = r.stored;
             out.present = r.present;
             out.failed = r.failed.len() as u32;
-            if !out.failed_bitmap.is_null() {
-                // SAFETY: checked above to hold `words` words (struct docs).
-                let dst = unsafe { ptr::slice_out(out.failed_bitmap, words, "failed_bitmap")? };
+            if let Some(dst) = bitmap {
                 dst.fill(0);
                 for (i, _) in &r.failed {
                     dst[*i as usize / 64] |= 1 << (i % 64);

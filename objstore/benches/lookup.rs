@@ -78,7 +78,7 @@ struct Indexed {
 /// An index filled with 64 requests' chains (the measured one among them).
 fn indexed() -> Indexed {
     let identity = IdentityId(0x74_7574_7469);
-    let mut index = Index::new(FILES);
+    let mut index = Index::new(FILES).unwrap();
     let mut map = HashMap::new();
     let mut request = Vec::new();
     for r in 0..FILES / REQUEST {

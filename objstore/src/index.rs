@@ -94,17 +94,29 @@ pub struct Index {
 }
 
 impl Index {
-    pub fn new(files: u32) -> Self {
+    /// An index of `files` free files. The count comes from the drives'
+    /// capacity or a superblock, so its memory is allocated fallibly: a
+    /// count this process cannot hold is an error, not an abort.
+    pub fn new(files: u32) -> Result<Self> {
         let meta = FileMeta { state: State::Free, gen: 0, pins: 0, io: 0, tick: 0, claim: false };
-        Index {
-            files: vec![meta; files as usize],
+        let oom = |e: std::collections::TryReserveError| {
+            ObjError::invalid("files", format!("cannot allocate the index of {files} pool files: {e}"))
+        };
+        let mut metas = Vec::new();
+        metas.try_reserve_exact(files as usize).map_err(oom)?;
+        metas.resize(files as usize, meta);
+        let mut free = Vec::new();
+        free.try_reserve_exact(files as usize).map_err(oom)?;
+        free.extend((0..files).rev());
+        Ok(Index {
+            files: metas,
             map: HashMap::new(),
             pending: HashMap::new(),
             lru: BTreeMap::new(),
-            free: (0..files).rev().collect(),
+            free,
             tick: 0,
             evictions: 0,
-        }
+        })
     }
 
     fn meta(&self, file: FileId) -> Result<&FileMeta> {
@@ -356,7 +368,7 @@ mod tests {
 
     #[test]
     fn lookup_returns_the_contiguous_prefix() {
-        let mut ix = Index::new(8);
+        let mut ix = Index::new(8).unwrap();
         for i in [0, 1, 2, 4] {
             store(&mut ix, key(i));
         }
@@ -367,7 +379,7 @@ mod tests {
 
     #[test]
     fn eviction_follows_lru_and_skips_pins() {
-        let mut ix = Index::new(3);
+        let mut ix = Index::new(3).unwrap();
         let f: Vec<FileId> = (0..3).map(|i| store(&mut ix, key(i))).collect();
         // Use key 0 again: key 1 becomes the oldest.
         ix.lookup(IdentityId(1), &[BlockHash(0)], false);
@@ -395,7 +407,7 @@ mod tests {
 
     #[test]
     fn io_refs_block_eviction_and_reservations_dedupe() {
-        let mut ix = Index::new(1);
+        let mut ix = Index::new(1).unwrap();
         let f = store(&mut ix, key(1));
         ix.begin_io(f).unwrap();
         assert!(ix.reserve(key(2)).is_none());
@@ -417,7 +429,7 @@ mod tests {
 
     #[test]
     fn quarantined_files_are_never_reused_nor_evicted() {
-        let mut ix = Index::new(2);
+        let mut ix = Index::new(2).unwrap();
         let Some(Reserve::New { file: q, .. }) = ix.reserve(key(1)) else { panic!() };
         ix.quarantine(q).unwrap();
         assert!(ix.lookup(IdentityId(1), &[BlockHash(1)], false).is_empty(), "a quarantined key is a miss");
@@ -437,7 +449,7 @@ mod tests {
 
     #[test]
     fn restore_rebuilds_entries() {
-        let mut ix = Index::new(4);
+        let mut ix = Index::new(4).unwrap();
         ix.restore(2, key(7), 5).unwrap();
         ix.restore(3, key(7), 6).unwrap(); // duplicate key ignored
         assert_eq!(ix.lookup(IdentityId(1), &[BlockHash(7)], false), vec![2]);

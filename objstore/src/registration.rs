@@ -64,6 +64,30 @@ pub(crate) struct Registration {
     _memory: Option<Arc<HostKvMemory>>,
 }
 
+/// Most SGL descriptors one table may hold (16 bytes each: 2 GiB). A table
+/// has `num_blocks × layers × 2 × chunks` of them, built at registration; a
+/// larger registration is refused (naming `num_blocks`) before anything is
+/// mapped. gio_uring's layer table has as many entries, so this bounds it too.
+pub const MAX_TABLE_DESCRIPTORS: u64 = 1 << 27;
+
+/// Descriptors of one table for `layout` split into `chunks` chunks per object,
+/// or an error naming `num_blocks` when that is more than [`MAX_TABLE_DESCRIPTORS`].
+pub fn table_descriptors(layout: &KvLayout, chunks: u32) -> Result<u64> {
+    let n = layout.num_blocks() as u128 * layout.geometry().layers as u128 * 2 * chunks as u128;
+    if n > MAX_TABLE_DESCRIPTORS as u128 {
+        return Err(ObjError::invalid(
+            "num_blocks",
+            format!(
+                "{} blocks × {} layers × 2 × {chunks} chunks is {n} SGL descriptors per table, over the \
+                 {MAX_TABLE_DESCRIPTORS} a registration may build; register fewer blocks",
+                layout.num_blocks(),
+                layout.geometry().layers
+            ),
+        ));
+    }
+    Ok(n as u64)
+}
+
 const PAGE: u64 = 4096;
 /// PRP entries per list page (§4.3: the last entry of a full page chains).
 const PRP_PER_PAGE: u64 = PAGE / 8;
@@ -91,6 +115,8 @@ impl Registration {
         if map.object_bytes() != layout.geometry().object_bytes() {
             return Err(ObjError::invalid("layout", "its geometry differs from the pool's"));
         }
+        // Bounded before anything is mapped or allocated.
+        table_descriptors(&layout, map.chunks())?;
         // One mapping per distinct DMA space: drives sharing an IOMMU domain
         // (one VFIO container) share one `DmaSpace` and see one set of IOVAs.
         let mut mappings: Vec<Vec<DmaMapping>> = Vec::new();
@@ -163,8 +189,17 @@ fn build_table(layout: &KvLayout, mappings: &[DmaMapping], map: &StripeMap) -> R
     let g = layout.geometry();
     let obj = g.object_bytes();
     let chunks = map.chunks();
-    let n = layout.num_blocks() as usize * g.layers as usize * 2 * chunks as usize;
-    let mut descs = Vec::with_capacity(n);
+    let n = table_descriptors(layout, chunks)? as usize;
+    let mut descs = Vec::new();
+    descs.try_reserve_exact(n).map_err(|e| {
+        ObjError::invalid(
+            "num_blocks",
+            format!(
+                "cannot allocate the SGL table of {n} descriptors for {} blocks: {e}",
+                layout.num_blocks()
+            ),
+        )
+    })?;
     for b in 0..layout.num_blocks() {
         for layer in 0..g.layers {
             for kv in 0..2 {

@@ -224,7 +224,7 @@ impl KvStore {
             Backend::Gio(g) => Box::new(crate::io::gio::GioIo::new(&specs, g)?),
         };
         let records = pool.live_records();
-        let mut index = Index::new(pool.map.files());
+        let mut index = Index::new(pool.map.files())?;
         let mut stamp = 0;
         for r in &records {
             index.restore(r.file, r.key, r.gen)?;
