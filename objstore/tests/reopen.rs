@@ -97,3 +97,38 @@ fn a_corrupt_superblock_is_reported() {
     let e = err(&d, &[0, 1], g, OpenMode::Open);
     assert!(e.contains("emu1") && e.contains("checksum"), "{e}");
 }
+
+/// Rewrites drive `i`'s superblock after `edit` (with a valid checksum).
+fn rewrite_superblock(d: &Drives, i: usize, edit: impl Fn(&mut tutti_objstore::superblock::Superblock)) {
+    use tutti_objstore::superblock::{Found, Superblock};
+    let specs = d.specs();
+    let ctrl = &specs[i].ctrl;
+    let buf = ctrl.dma().alloc(4096).unwrap();
+    let mut qp = ctrl.create_io_queue_pair(4).unwrap();
+    qp.read_buf(1, 0, &buf, 0, 4096, Default::default()).unwrap();
+    let mut raw = vec![0u8; 4096];
+    buf.copy_out(0, &mut raw).unwrap();
+    let Found::Valid(mut sb) = Superblock::decode(&raw) else { panic!("no superblock") };
+    edit(&mut sb);
+    buf.copy_in(0, &sb.encode()).unwrap();
+    qp.write_buf(1, 0, &buf, 0, 4096, Default::default()).unwrap();
+}
+
+#[test]
+fn absurd_counts_in_a_superblock_are_errors() {
+    let g = geometry(2, 128);
+    type Edit = fn(&mut tutti_objstore::superblock::Superblock);
+    let cases: [(Edit, &str); 4] = [
+        (|sb| sb.files = u32::MAX - 1, "formatted for 4294967294 files"),
+        (|sb| sb.journal_pages = u32::MAX, "no room"),
+        (|sb| sb.lba_size = 1 << 31, "LBA"),
+        (|sb| sb.data_start_lba = u64::MAX, "data at LBA"),
+    ];
+    for (edit, needle) in cases {
+        let d = Drives::uniform(1, 4096, 4 << 20);
+        drop(open(&d, g, OpenMode::Create));
+        rewrite_superblock(&d, 0, edit);
+        let e = err(&d, &[0], g, OpenMode::Open);
+        assert!(e.contains(needle), "wanted {needle:?}: {e}");
+    }
+}
