@@ -188,6 +188,33 @@ mod tests {
     use crate::geometry::Dtype;
     use std::collections::HashSet;
 
+    /// The hash keys the on-disk index and journal, and the C ABI documents
+    /// it: a change would make every existing pool miss silently. These
+    /// values were computed from the documented scheme (`tutti_chain_hashes`
+    /// in capi/src/kv.rs) by an independent implementation, not by this code.
+    #[test]
+    fn the_hash_is_pinned_by_fixed_vectors() {
+        let h = |m: &[u8]| {
+            let mut x = Hasher128::new();
+            x.write(m);
+            x.finish()
+        };
+        assert_eq!(h(b""), 0x47e70d3c1821a5a04382fe3fd3ce3b0b);
+        assert_eq!(h(b"tutti"), 0xd863b13108b4a15a17d96cfa4288fe9a);
+        let bytes: Vec<u8> = (0..20).collect();
+        assert_eq!(h(&bytes), 0x844e9e5804494c162f2ba36a39104f91);
+        let tokens: Vec<u32> = (0..32).collect();
+        let chain = chain_hashes(&tokens, 16);
+        assert_eq!(chain[0].0, 0xe65fe94396461ba1e03a152679759615);
+        assert_eq!(chain[1].0, 0x230e2315f8f728890e65b747f0f31efa);
+        assert_eq!(BlockHash::chain(ROOT, &[]).0, 0x113e35db4d6c922634f1092e3cef9335);
+        let g = Geometry::llama3_8b();
+        let id = CacheIdentity::new("llama-3-8b", g, LayoutKind::VllmPerLayer, b"").id();
+        assert_eq!(id.0, 0x55d0977dcca47a1d6f9ba328e213743c);
+        let id = CacheIdentity::new("llama-3-8b", g, LayoutKind::Contiguous, b"tenant-a").id();
+        assert_eq!(id.0, 0x9bef8079009adee446b9fc82d1252a6c);
+    }
+
     #[test]
     fn chain_depends_on_every_earlier_chunk() {
         let a: Vec<u32> = (0..64).collect();

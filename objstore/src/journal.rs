@@ -34,21 +34,69 @@
 //! that was later overwritten by a shorter one, from being read as part of
 //! the log; the nonce makes two writes of the same records differ.
 
-use crate::codec::{crc_with_hole, Get, Put};
+use crate::codec::crc_with_hole;
 use crate::error::{ObjError, Result};
 use crate::hash::{BlockHash, Hasher128, IdentityId};
 use crate::index::{FileId, Key};
 use crate::stripe::META_BYTES;
 use std::collections::BTreeMap;
+use zerocopy::little_endian::{U128, U16, U32, U64};
+use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 pub const PAGE: usize = META_BYTES as usize;
 const MAGIC: [u8; 4] = *b"TJNL";
 const VERSION: u16 = 1;
-const HEADER: usize = 64;
-const RECORD: usize = 56;
+const HEADER: usize = std::mem::size_of::<RawHeader>();
+const RECORD: usize = std::mem::size_of::<RawRecord>();
 /// Records in one journal page.
 pub const RECORDS_PER_PAGE: usize = (PAGE - HEADER) / RECORD;
-const CRC_AT: usize = 36;
+const CRC_AT: usize = std::mem::offset_of!(RawHeader, crc);
+
+/// A page header's bytes: the one definition of its layout (module docs).
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct RawHeader {
+    magic: [u8; 4],
+    version: U16,
+    flags: U16,
+    pool_tag: U64,
+    epoch: U64,
+    seq: U32,
+    records: U16,
+    drive: U16,
+    run_pages: U32,
+    crc: U32,
+    prev: U64,
+    nonce: U64,
+    run_first: U32,
+    _zero: [u8; 4],
+}
+
+/// A record's bytes (module docs).
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct RawRecord {
+    kind: u8,
+    _zero: [u8; 3],
+    file: U32,
+    gen: U64,
+    identity: U128,
+    hash: U128,
+    stamp: U64,
+}
+
+/// A whole journal page.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct RawPage {
+    header: RawHeader,
+    records: [RawRecord; RECORDS_PER_PAGE],
+}
+
+const _: () = assert!(HEADER == 64 && RECORD == 56 && CRC_AT == 36);
+const _: () = assert!(std::mem::offset_of!(RawHeader, run_first) == 56);
+const _: () = assert!(std::mem::offset_of!(RawRecord, stamp) == 48);
+const _: () = assert!(std::mem::size_of::<RawPage>() == PAGE);
 const FLAG_SNAPSHOT: u16 = 1;
 /// Pages read per device call during replay.
 const READ_BATCH: u32 = 256;
@@ -71,26 +119,29 @@ pub struct Record {
 }
 
 impl Record {
-    fn encode(&self, out: &mut Put, at: usize) {
-        out.u8(at, if self.kind == RecordKind::Insert { 1 } else { 2 });
-        out.u32(at + 4, self.file);
-        out.u64(at + 8, self.gen);
-        out.u128(at + 16, self.key.identity.0);
-        out.u128(at + 32, self.key.hash.0);
-        out.u64(at + 48, self.stamp);
+    fn encode(&self) -> RawRecord {
+        RawRecord {
+            kind: if self.kind == RecordKind::Insert { 1 } else { 2 },
+            _zero: [0; 3],
+            file: self.file.into(),
+            gen: self.gen.into(),
+            identity: self.key.identity.0.into(),
+            hash: self.key.hash.0.into(),
+            stamp: self.stamp.into(),
+        }
     }
-    fn decode(g: &Get, at: usize) -> Option<Record> {
-        let kind = match g.u8(at)? {
+    fn decode(r: &RawRecord) -> Option<Record> {
+        let kind = match r.kind {
             1 => RecordKind::Insert,
             2 => RecordKind::Invalidate,
             _ => return None,
         };
         Some(Record {
             kind,
-            file: g.u32(at + 4)?,
-            gen: g.u64(at + 8)?,
-            key: Key { identity: IdentityId(g.u128(at + 16)?), hash: BlockHash(g.u128(at + 32)?) },
-            stamp: g.u64(at + 48)?,
+            file: r.file.get(),
+            gen: r.gen.get(),
+            key: Key { identity: IdentityId(r.identity.get()), hash: BlockHash(r.hash.get()) },
+            stamp: r.stamp.get(),
         })
     }
 }
@@ -165,6 +216,8 @@ struct PageHeader {
     run_pages: u32,
     run_first: u32,
     prev: u64,
+    /// Decoded pages only: the stored CRC matches the page.
+    crc_ok: bool,
 }
 
 impl DriveJournal {
@@ -202,44 +255,48 @@ impl DriveJournal {
     }
 
     fn encode_page(&mut self, h: &PageHeader, records: &[Record]) -> Vec<u8> {
-        let mut b = vec![0u8; PAGE];
         let nonce = self.next_nonce();
-        let mut p = Put::new(&mut b);
-        p.bytes(0, &MAGIC);
-        p.u16(4, VERSION);
-        p.u16(6, h.flags);
-        p.u64(8, h.pool_tag);
-        p.u64(16, h.epoch);
-        p.u32(24, h.seq);
-        p.u16(28, records.len() as u16);
-        p.u16(30, h.drive);
-        p.u32(32, h.run_pages);
-        p.u64(40, h.prev);
-        p.u64(48, nonce);
-        p.u32(56, h.run_first);
-        for (i, r) in records.iter().enumerate() {
-            r.encode(&mut p, HEADER + i * RECORD);
+        let mut page = RawPage::new_zeroed();
+        page.header = RawHeader {
+            magic: MAGIC,
+            version: VERSION.into(),
+            flags: h.flags.into(),
+            pool_tag: h.pool_tag.into(),
+            epoch: h.epoch.into(),
+            seq: h.seq.into(),
+            records: (records.len() as u16).into(),
+            drive: h.drive.into(),
+            run_pages: h.run_pages.into(),
+            crc: 0.into(),
+            prev: h.prev.into(),
+            nonce: nonce.into(),
+            run_first: h.run_first.into(),
+            _zero: [0; 4],
+        };
+        for (dst, r) in page.records.iter_mut().zip(records) {
+            *dst = r.encode();
         }
-        let crc = crc_with_hole(&b, CRC_AT);
-        Put::new(&mut b).u32(CRC_AT, crc);
-        b
+        page.header.crc = crc_with_hole(page.as_bytes(), CRC_AT).into();
+        page.as_bytes().to_vec()
     }
 
     fn decode_header(page: &[u8]) -> Option<PageHeader> {
-        let g = Get::new(page);
-        if g.bytes::<4>(0)? != MAGIC || g.u16(4)? != VERSION {
+        let (raw, _) = RawPage::ref_from_prefix(page).ok()?;
+        let h = &raw.header;
+        if h.magic != MAGIC || h.version.get() != VERSION {
             return None;
         }
         Some(PageHeader {
-            flags: g.u16(6)?,
-            pool_tag: g.u64(8)?,
-            epoch: g.u64(16)?,
-            seq: g.u32(24)?,
-            count: g.u16(28)?,
-            drive: g.u16(30)?,
-            run_pages: g.u32(32)?,
-            run_first: g.u32(56)?,
-            prev: g.u64(40)?,
+            flags: h.flags.get(),
+            pool_tag: h.pool_tag.get(),
+            epoch: h.epoch.get(),
+            seq: h.seq.get(),
+            count: h.records.get(),
+            drive: h.drive.get(),
+            run_pages: h.run_pages.get(),
+            run_first: h.run_first.get(),
+            prev: h.prev.get(),
+            crc_ok: h.crc.get() == crc_with_hole(raw.as_bytes(), CRC_AT),
         })
     }
 
@@ -267,6 +324,7 @@ impl DriveJournal {
                 run_pages,
                 run_first: first,
                 prev,
+                crc_ok: true,
             };
             let page = self.encode_page(&h, chunk);
             prev = digest(&page);
@@ -441,7 +499,7 @@ impl DriveJournal {
                         } else {
                             h.run_first == run_first && h.run_pages == run_pages
                         }
-                        && Get::new(page).u32(CRC_AT) == Some(crc_with_hole(page, CRC_AT))
+                        && h.crc_ok
                 });
                 let Some(h) = ok else {
                     // Pages of this pool and epoch that fail a check, and the valid
@@ -455,8 +513,10 @@ impl DriveJournal {
                     run.clear();
                     (run_first, run_pages) = (h.run_first, h.run_pages);
                 }
-                let g = Get::new(page);
-                run.extend((0..h.count as usize).filter_map(|i| Record::decode(&g, HEADER + i * RECORD)));
+                let (raw, _) = RawPage::ref_from_prefix(page).map_err(|_| {
+                    ObjError::drive(format!("pool drive {}", place.drive), "short journal page read")
+                })?;
+                run.extend(raw.records.iter().take(h.count as usize).filter_map(Record::decode));
                 run_prev = digest(page);
                 pos += 1;
                 if pos == run_first + run_pages {

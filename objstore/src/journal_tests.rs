@@ -194,3 +194,47 @@ proptest! {
         );
     }
 }
+
+/// The page layout is the on-disk format: every field where the module docs put it.
+#[test]
+fn page_fields_sit_at_their_documented_offsets() {
+    let place = JournalPlace { drive: 1, lba_size: 512, half_lba: [8, 16], half_pages: 1 };
+    let mut j = DriveJournal {
+        place,
+        pool_tag: 0x1122_3344_5566_7788,
+        half: 0,
+        epoch: 5,
+        next: 3,
+        prev_digest: 0,
+        live: BTreeMap::new(),
+        nonce: 1,
+        must_switch: false,
+    };
+    let r = Record {
+        kind: RecordKind::Invalidate,
+        file: 0xabcd,
+        gen: 9,
+        key: Key { identity: IdentityId(7), hash: BlockHash(u128::MAX - 1) },
+        stamp: 42,
+    };
+    let (b, _) = j.encode_run(&[r, r], 3, false, 0xfeed);
+    assert_eq!(b.len(), PAGE);
+    let le16 = |at: usize| u16::from_le_bytes(b[at..at + 2].try_into().unwrap());
+    let le32 = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+    let le64 = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+    assert_eq!(&b[0..4], b"TJNL");
+    assert_eq!((le16(4), le16(6)), (1, 0));
+    assert_eq!((le64(8), le64(16)), (0x1122_3344_5566_7788, 5));
+    assert_eq!((le32(24), le16(28), le16(30), le32(32)), (3, 2, 1, 1));
+    assert_eq!(le32(36), crate::codec::crc_with_hole(&b, 36));
+    assert_eq!(le64(40), 0xfeed);
+    assert_ne!(le64(48), 0, "the nonce");
+    assert_eq!((le32(56), le32(60)), (3, 0));
+    for at in [64, 120] {
+        assert_eq!((b[at], le32(at + 4), le64(at + 8)), (2, 0xabcd, 9));
+        assert_eq!(u128::from_le_bytes(b[at + 16..at + 32].try_into().unwrap()), 7);
+        assert_eq!(u128::from_le_bytes(b[at + 32..at + 48].try_into().unwrap()), u128::MAX - 1);
+        assert_eq!(le64(at + 48), 42);
+    }
+    assert!(b[176..].iter().all(|&x| x == 0), "unused records are zero");
+}

@@ -20,16 +20,53 @@
 //! 4092  CRC-32 of bytes 0..4096 with this field zero
 //! ```
 
-use crate::codec::{crc_with_hole, Get, Put};
+use crate::codec::crc_with_hole;
 use crate::geometry::{Dtype, Geometry};
 use crate::stripe::{MAX_DRIVES, META_BYTES};
+use zerocopy::little_endian::{U128, U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 pub const MAGIC: [u8; 8] = *b"TUTTIKV\0";
 pub const FORMAT_VERSION: u32 = 1;
-const SERIALS_AT: usize = 104;
 const SERIAL_BYTES: usize = 20;
-const CRC_AT: usize = META_BYTES as usize - 4;
-const _: () = assert!(SERIALS_AT + MAX_DRIVES * SERIAL_BYTES <= CRC_AT);
+
+/// The superblock's bytes: the one definition of its layout (the table in
+/// the module docs), little endian, no padding.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct RawSuperblock {
+    magic: [u8; 8],
+    version: U32,
+    size: U32,
+    pool_id: U128,
+    drive_count: U32,
+    drive_index: U32,
+    layers: U32,
+    kv_heads: U32,
+    head_dim: U32,
+    tokens_per_block: U32,
+    dtype: u8,
+    _zero0: [u8; 3],
+    object_bytes: U64,
+    journal_pages: U32,
+    lba_size: U32,
+    _zero1: [u8; 4],
+    files: U32,
+    slots_per_file: U32,
+    data_start_lba: U64,
+    created_unix: U64,
+    serials: [[u8; SERIAL_BYTES]; MAX_DRIVES],
+    _reserved: [u8; RESERVED],
+    crc: U32,
+}
+
+const SERIALS_AT: usize = 104;
+const RESERVED: usize = META_BYTES as usize - 4 - SERIALS_AT - MAX_DRIVES * SERIAL_BYTES;
+const CRC_AT: usize = std::mem::offset_of!(RawSuperblock, crc);
+const _: () = assert!(std::mem::size_of::<RawSuperblock>() == META_BYTES as usize);
+const _: () = assert!(std::mem::offset_of!(RawSuperblock, object_bytes) == 60);
+const _: () = assert!(std::mem::offset_of!(RawSuperblock, serials) == SERIALS_AT);
+const _: () = assert!(CRC_AT == META_BYTES as usize - 4);
 
 /// One drive's superblock.
 #[derive(Clone, PartialEq, Eq, Debug, serde::Serialize)]
@@ -60,97 +97,96 @@ pub enum Found {
 
 impl Superblock {
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = vec![0u8; META_BYTES as usize];
-        let mut p = Put::new(&mut b);
-        p.bytes(0, &MAGIC);
-        p.u32(8, FORMAT_VERSION);
-        p.u32(12, META_BYTES as u32);
-        p.u128(16, self.pool_id);
-        p.u32(32, self.drive_count);
-        p.u32(36, self.drive_index);
         let g = &self.geometry;
-        p.u32(40, g.layers);
-        p.u32(44, g.kv_heads);
-        p.u32(48, g.head_dim);
-        p.u32(52, g.tokens_per_block);
-        p.u8(56, g.dtype.code());
-        p.u64(60, g.object_bytes());
-        p.u32(68, self.journal_pages);
-        p.u32(72, self.lba_size);
-        p.u32(80, self.files);
-        p.u32(84, self.slots_per_file);
-        p.u64(88, self.data_start_lba);
-        p.u64(96, self.created_unix);
-        for (i, s) in self.serials.iter().take(MAX_DRIVES).enumerate() {
-            let mut field = [b' '; SERIAL_BYTES];
+        let mut serials = [[0; SERIAL_BYTES]; MAX_DRIVES];
+        for (field, s) in serials.iter_mut().zip(&self.serials) {
+            *field = [b' '; SERIAL_BYTES];
             let src = s.as_bytes();
             let n = src.len().min(SERIAL_BYTES);
             field[..n].copy_from_slice(&src[..n]);
-            p.bytes(SERIALS_AT + i * SERIAL_BYTES, &field);
         }
-        let crc = crc_with_hole(&b, CRC_AT);
-        Put::new(&mut b).u32(CRC_AT, crc);
-        b
+        let mut raw = RawSuperblock {
+            magic: MAGIC,
+            version: FORMAT_VERSION.into(),
+            size: (META_BYTES as u32).into(),
+            pool_id: self.pool_id.into(),
+            drive_count: self.drive_count.into(),
+            drive_index: self.drive_index.into(),
+            layers: g.layers.into(),
+            kv_heads: g.kv_heads.into(),
+            head_dim: g.head_dim.into(),
+            tokens_per_block: g.tokens_per_block.into(),
+            dtype: g.dtype.code(),
+            _zero0: [0; 3],
+            object_bytes: g.object_bytes().into(),
+            journal_pages: self.journal_pages.into(),
+            lba_size: self.lba_size.into(),
+            _zero1: [0; 4],
+            files: self.files.into(),
+            slots_per_file: self.slots_per_file.into(),
+            data_start_lba: self.data_start_lba.into(),
+            created_unix: self.created_unix.into(),
+            serials,
+            _reserved: [0; RESERVED],
+            crc: 0.into(),
+        };
+        raw.crc = crc_with_hole(raw.as_bytes(), CRC_AT).into();
+        raw.as_bytes().to_vec()
     }
 
     pub fn decode(b: &[u8]) -> Found {
-        let g = Get::new(b);
-        if b.len() < META_BYTES as usize || g.bytes::<8>(0) != Some(MAGIC) {
+        let Ok((raw, _)) = RawSuperblock::ref_from_prefix(b) else {
+            return Found::Blank;
+        };
+        if raw.magic != MAGIC {
             return Found::Blank;
         }
-        let b = &b[..META_BYTES as usize];
-        let stored = g.u32(CRC_AT).unwrap_or(0);
-        if crc_with_hole(b, CRC_AT) != stored {
+        if crc_with_hole(raw.as_bytes(), CRC_AT) != raw.crc.get() {
             return Found::Corrupt("superblock checksum mismatch".into());
         }
-        match Self::fields(&g) {
+        match Self::fields(raw) {
             Ok(sb) => Found::Valid(sb),
             Err(what) => Found::Corrupt(what),
         }
     }
 
-    fn fields(g: &Get) -> Result<Superblock, String> {
-        let short = || "superblock is truncated".to_string();
-        let version = g.u32(8).ok_or_else(short)?;
+    fn fields(raw: &RawSuperblock) -> Result<Superblock, String> {
+        let version = raw.version.get();
         if version != FORMAT_VERSION {
             return Err(format!("format version {version}; this build reads version {FORMAT_VERSION}"));
         }
-        let dtype_code = g.u8(56).ok_or_else(short)?;
-        let dtype = Dtype::from_code(dtype_code).ok_or_else(|| format!("unknown dtype code {dtype_code}"))?;
+        let dtype = Dtype::from_code(raw.dtype).ok_or_else(|| format!("unknown dtype code {}", raw.dtype))?;
         let geometry = Geometry {
-            layers: g.u32(40).ok_or_else(short)?,
-            kv_heads: g.u32(44).ok_or_else(short)?,
-            head_dim: g.u32(48).ok_or_else(short)?,
-            tokens_per_block: g.u32(52).ok_or_else(short)?,
+            layers: raw.layers.get(),
+            kv_heads: raw.kv_heads.get(),
+            head_dim: raw.head_dim.get(),
+            tokens_per_block: raw.tokens_per_block.get(),
             dtype,
         };
         geometry.validate().map_err(|e| format!("recorded geometry is invalid: {e}"))?;
-        if g.u64(60) != Some(geometry.object_bytes()) {
+        if raw.object_bytes.get() != geometry.object_bytes() {
             return Err("recorded object size disagrees with the recorded geometry".into());
         }
-        let drive_count = g.u32(32).ok_or_else(short)?;
-        let drive_index = g.u32(36).ok_or_else(short)?;
+        let drive_count = raw.drive_count.get();
+        let drive_index = raw.drive_index.get();
         if drive_count == 0 || drive_count as usize > MAX_DRIVES || drive_index >= drive_count {
             return Err(format!("drive {drive_index} of {drive_count} is impossible"));
         }
-        let serials = (0..drive_count as usize)
-            .map(|i| {
-                let raw =
-                    g.bytes::<SERIAL_BYTES>(SERIALS_AT + i * SERIAL_BYTES).unwrap_or([b' '; SERIAL_BYTES]);
-                String::from_utf8_lossy(&raw).trim_end().to_string()
-            })
+        let serials = raw.serials[..drive_count as usize]
+            .iter()
+            .map(|f| String::from_utf8_lossy(f).trim_end().to_string())
             .collect();
         Ok(Superblock {
-            pool_id: g.u128(16).ok_or_else(short)?,
+            pool_id: raw.pool_id.get(),
             drive_count,
             drive_index,
             geometry,
-            journal_pages: g.u32(68).ok_or_else(short)?,
-            lba_size: g.u32(72).ok_or_else(short)?,
-            files: g.u32(80).ok_or_else(short)?,
-            slots_per_file: g.u32(84).ok_or_else(short)?,
-            data_start_lba: g.u64(88).ok_or_else(short)?,
-            created_unix: g.u64(96).ok_or_else(short)?,
+            journal_pages: raw.journal_pages.get(),
+            lba_size: raw.lba_size.get(),
+            files: raw.files.get(),
+            slots_per_file: raw.slots_per_file.get(),
+            data_start_lba: raw.data_start_lba.get(),
+            created_unix: raw.created_unix.get(),
             serials,
         })
     }
@@ -195,6 +231,29 @@ mod tests {
         assert_eq!(Superblock { serials: sb.serials.clone(), ..back }, sb);
     }
 
+    /// The byte layout is the on-disk format: every field where the module docs put it.
+    #[test]
+    fn fields_sit_at_their_documented_offsets() {
+        let b = sample().encode();
+        let le32 = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+        let le64 = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+        assert_eq!(&b[0..8], b"TUTTIKV\0");
+        assert_eq!((le32(8), le32(12)), (FORMAT_VERSION, 4096));
+        assert_eq!(u128::from_le_bytes(b[16..32].try_into().unwrap()), sample().pool_id);
+        assert_eq!((le32(32), le32(36)), (3, 1));
+        let g = Geometry::llama3_8b();
+        assert_eq!(
+            (le32(40), le32(44), le32(48), le32(52)),
+            (g.layers, g.kv_heads, g.head_dim, g.tokens_per_block)
+        );
+        assert_eq!(b[56], g.dtype.code());
+        assert_eq!(le64(60), g.object_bytes());
+        assert_eq!((le32(68), le32(72), le32(80), le32(84)), (100, 512, 4000, 22));
+        assert_eq!((le64(88), le64(96)), (1608, 1_700_000_000));
+        assert_eq!(&b[104 + 20..104 + 28], b"SERIAL-B");
+        assert_eq!(le32(4092), crc_with_hole(&b, 4092));
+    }
+
     #[test]
     fn damage_is_detected() {
         let b = sample().encode();
@@ -205,9 +264,9 @@ mod tests {
             assert!(matches!(Superblock::decode(&d), Found::Corrupt(_)), "flip at {at} went unnoticed");
         }
         let mut newer = sample().encode();
-        Put::new(&mut newer).u32(8, FORMAT_VERSION + 1);
+        newer[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
         let crc = crc_with_hole(&newer, CRC_AT);
-        Put::new(&mut newer).u32(CRC_AT, crc);
+        newer[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
         let Found::Corrupt(why) = Superblock::decode(&newer) else { panic!() };
         assert!(why.contains("version"), "{why}");
     }
