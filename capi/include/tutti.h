@@ -9,6 +9,11 @@
  * destroying NULL is a no-op and a stale handle is refused with TUTTI_E_BAD_HANDLE. All calls are
  * thread-safe. Link with -ltutti.
  *
+ * Fault injection: tutti_emulated_* (failures and delays on emulated drives, for tests) exist only in a
+ * library built with the fault-injection cargo feature (cargo build -p tutti-capi --features
+ * fault-injection); they are declared below only when TUTTI_FAULT_INJECTION is defined. A default
+ * (production) build does not export them.
+ *
  * Typical use (capi/examples/kv_roundtrip.c is a complete, tested program):
  *   tutti_runtime_open(&config, &rt);                       drives + pool + I/O path
  *   tutti_register_kv(rt, &layout, NULL);                   the engine's KV memory, once
@@ -91,8 +96,10 @@
 // Open the pool the drives hold, or format them if every one is blank.
 #define TUTTI_OPEN_OR_CREATE 3
 
+#if defined(TUTTI_FAULT_INJECTION)
 // Longest deferral `tutti_emulated_delay_next` accepts, in ms.
 #define TUTTI_MAX_EMULATED_DELAY_MS 60000
+#endif
 
 // The profiler keeps every sample until the table is built; a profiling
 // run needs far fewer, so an engine that leaves profiling on is stopped
@@ -122,6 +129,11 @@
 
 // CUDA device memory (needs the CUDA executor; not in this build).
 #define TUTTI_MEMORY_CUDA 2
+
+// Most SGL descriptors one registration's table may hold:
+// `num_blocks × layers × 2 × chunks` (`tutti_runtime_info_t::chunks`) must
+// not exceed it, or `tutti_register_kv` refuses `num_blocks`.
+#define TUTTI_MAX_TABLE_DESCRIPTORS (1 << 27)
 
 // `tutti_lookup` flag: pin the hit prefix against eviction until `tutti_unpin`.
 #define TUTTI_LOOKUP_PIN 1
@@ -294,7 +306,8 @@ typedef struct tutti_kv_layout_t {
     uint32_t struct_size;
     // `TUTTI_LAYOUT_*`.
     uint32_t kind;
-    // Engine blocks, at least 1.
+    // Engine blocks, at least 1, and few enough that the registration's SGL
+    // table fits `TUTTI_MAX_TABLE_DESCRIPTORS`.
     uint32_t num_blocks;
     // Entries of `k_bases` (and `v_bases`): the geometry's layer count (0 for CONTIGUOUS).
     uint32_t num_layers;
@@ -353,6 +366,10 @@ typedef struct tutti_runtime_config_t {
     uint64_t emulated_capacity_bytes;
     // EMULATED, nullable: NULL keeps media in RAM (gone at close); otherwise
     // media are the files `<dir>/emu<i>.img` (created if absent) and survive.
+    // A directory that does not exist is created (with its parents); a
+    // relative path is taken from the process's current directory. The empty
+    // string is refused (`TUTTI_E_INVALID_ARG`): it names no directory (pass
+    // "." for the current one).
     const char *emulated_dir;
     // VFIO: `vfio_count` PCI addresses such as "0000:01:00.0", in pool order.
     const char *const *vfio_bdfs;
@@ -516,6 +533,7 @@ const char *tutti_last_error(void);
 // `buf` points to `capacity` writable bytes (NULL if 0); `needed` is NULL or writable.
 int32_t tutti_last_error_copy(char *buf, size_t capacity, size_t *needed);
 
+#if defined(TUTTI_FAULT_INJECTION)
 // Makes the next `count` NVMe Read (`TUTTI_DIR_LOAD`) or Write
 // (`TUTTI_DIR_STORE`) commands that emulated drive `drive` (pool order)
 // executes fail with a media error (Unrecovered Read Error / Write Fault).
@@ -529,7 +547,9 @@ int32_t tutti_emulated_fail_next(struct tutti_runtime_t *rt,
                                  uint32_t drive,
                                  uint32_t direction,
                                  uint32_t count);
+#endif
 
+#if defined(TUTTI_FAULT_INJECTION)
 // Makes the next NVMe Read (`TUTTI_DIR_LOAD`) or Write (`TUTTI_DIR_STORE`)
 // command that emulated drive `drive` (pool order) fetches execute only
 // `delay_ms` (1..=`TUTTI_MAX_EMULATED_DELAY_MS`) later, as a drive that is
@@ -552,6 +572,7 @@ int32_t tutti_emulated_delay_next(struct tutti_runtime_t *rt,
                                   uint32_t drive,
                                   uint32_t direction,
                                   uint32_t delay_ms);
+#endif
 
 // Nanoseconds on the monotonic clock the `tutti_profile_layer_start/end`
 // hooks use (its zero is the first use in the process).

@@ -1,5 +1,11 @@
 //! Fault injection on emulated drives, so engines and bindings can test how
 //! they handle per-block device failures without real broken hardware.
+//!
+//! Built only with the `fault-injection` cargo feature (the crate's tests
+//! enable it; `cargo build -p tutti-capi --features fault-injection`): a
+//! production `libtutti.so` does not export these calls. The header declares
+//! them under `#if defined(TUTTI_FAULT_INJECTION)`; define it when building
+//! against a library with the feature.
 
 use crate::error::{guard, CapiError, Result};
 use crate::jobs::{TUTTI_DIR_LOAD, TUTTI_DIR_STORE};

@@ -20,6 +20,12 @@ pub const TUTTI_MEMORY_HOST: u32 = 1;
 /// CUDA device memory (needs the CUDA executor; not in this build).
 pub const TUTTI_MEMORY_CUDA: u32 = 2;
 
+/// Most SGL descriptors one registration's table may hold:
+/// `num_blocks × layers × 2 × chunks` (`tutti_runtime_info_t::chunks`) must
+/// not exceed it, or `tutti_register_kv` refuses `num_blocks`.
+pub const TUTTI_MAX_TABLE_DESCRIPTORS: u64 = 1 << 27;
+const _: () = assert!(TUTTI_MAX_TABLE_DESCRIPTORS == tutti_objstore::registration::MAX_TABLE_DESCRIPTORS);
+
 /// `tutti_lookup` flag: pin the hit prefix against eviction until `tutti_unpin`.
 pub const TUTTI_LOOKUP_PIN: u32 = 1;
 
@@ -47,7 +53,8 @@ pub struct tutti_kv_layout_t {
     pub struct_size: u32,
     /// `TUTTI_LAYOUT_*`.
     pub kind: u32,
-    /// Engine blocks, at least 1.
+    /// Engine blocks, at least 1, and few enough that the registration's SGL
+    /// table fits `TUTTI_MAX_TABLE_DESCRIPTORS`.
     pub num_blocks: u32,
     /// Entries of `k_bases` (and `v_bases`): the geometry's layer count (0 for CONTIGUOUS).
     pub num_layers: u32,

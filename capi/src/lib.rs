@@ -19,6 +19,7 @@
 
 mod config;
 mod error;
+#[cfg(feature = "fault-injection")]
 mod faults;
 mod handles;
 mod hooks;
@@ -32,6 +33,7 @@ mod store;
 
 pub use config::*;
 pub use error::CapiError;
+#[cfg(feature = "fault-injection")]
 pub use faults::*;
 pub use hooks::*;
 pub use jobs::*;

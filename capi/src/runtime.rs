@@ -20,6 +20,8 @@ pub struct tutti_runtime_t {
 pub(crate) struct Runtime {
     /// Declared before the rig: the store goes before the controllers it drives.
     pub store: KvStore,
+    /// Held to keep the controllers running; read only by fault injection.
+    #[cfg_attr(not(feature = "fault-injection"), allow(dead_code))]
     pub rig: Rig,
     pub executor: u32,
     pub geometry: Geometry,

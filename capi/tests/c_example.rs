@@ -23,7 +23,9 @@ fn lib_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let deps = exe.parent().expect("deps dir").to_path_buf();
     let candidates = [deps.clone(), deps.parent().expect("profile dir").to_path_buf()];
-    if let Some(d) = candidates.iter().find(|d| d.join("libtutti.so").is_file()) {
+    // `cargo build -p tutti-capi` without the feature writes a library of the
+    // same name: take only one that has the fault-injection calls the example uses.
+    if let Some(d) = candidates.iter().find(|d| has_fault_injection(&d.join("libtutti.so"))) {
         return d.clone();
     }
     // Not built (an unusual cargo invocation): build it into a target dir of
@@ -31,13 +33,20 @@ fn lib_dir() -> PathBuf {
     let target = deps.parent().and_then(Path::parent).expect("target dir").join("capi-cdylib");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let st = Command::new(cargo)
-        .args(["build", "-p", "tutti-capi", "--lib", "--target-dir"])
+        .args(["build", "-p", "tutti-capi", "--lib", "--features", "fault-injection", "--target-dir"])
         .arg(&target)
         .current_dir(manifest())
         .status()
         .expect("run cargo build");
     assert!(st.success(), "building libtutti.so failed");
     target.join("debug")
+}
+
+/// Whether `lib` exists and exports the fault-injection calls (their names
+/// are in its dynamic symbol table only when the feature built them).
+fn has_fault_injection(lib: &Path) -> bool {
+    let name = b"tutti_emulated_fail_next";
+    std::fs::read(lib).is_ok_and(|b| b.windows(name.len()).any(|w| w == name))
 }
 
 /// Compiles the example with `extra` flags into a fresh directory.
@@ -48,6 +57,8 @@ fn compile(name: &str, extra: &[&str]) -> Option<PathBuf> {
     let lib = lib_dir();
     let out = Command::new("cc")
         .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-g"])
+        // The tests' library has the fault-injection calls (the crate's dev-dependency on itself).
+        .arg("-DTUTTI_FAULT_INJECTION")
         .args(extra)
         .arg("-I")
         .arg(manifest().join("include"))
@@ -56,6 +67,8 @@ fn compile(name: &str, extra: &[&str]) -> Option<PathBuf> {
         .arg(&lib)
         .arg("-ltutti")
         .arg(format!("-Wl,-rpath,{}", lib.display()))
+        // DT_RPATH, searched before LD_LIBRARY_PATH (which cargo points at its own directories).
+        .arg("-Wl,--disable-new-dtags")
         .arg("-o")
         .arg(&exe)
         .output()

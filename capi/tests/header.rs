@@ -35,4 +35,20 @@ fn committed_header_matches_cbindgen_output() {
     for name in ["tutti_runtime_open", "tutti_job_wait_layer", "TUTTI_E_PANIC", "# Safety"] {
         assert!(committed.contains(name), "the header lacks {name}");
     }
+    // The fault-injection calls are declared only for a library built with them.
+    let mut guarded = false;
+    for line in committed.lines() {
+        match line.trim() {
+            "#if defined(TUTTI_FAULT_INJECTION)" => guarded = true,
+            "#endif" => guarded = false,
+            l if (l.contains("tutti_emulated_") || l.contains("TUTTI_MAX_EMULATED"))
+                && !l.starts_with("//")
+                && !l.starts_with('*') =>
+            {
+                assert!(guarded, "{l:?} is declared outside #if defined(TUTTI_FAULT_INJECTION)")
+            }
+            _ => {}
+        }
+    }
+    assert!(committed.contains("tutti_emulated_fail_next"), "the header lacks the fault-injection calls");
 }

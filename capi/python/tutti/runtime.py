@@ -392,7 +392,10 @@ class Runtime(_Handle):
         """Makes the next ``count`` reads or writes on emulated drive ``drive`` fail (tests)."""
         L = lib()
         if not L.has("tutti_emulated_fail_next"):
-            raise NotImplementedError(f"{L.path} has no tutti_emulated_fail_next")
+            raise NotImplementedError(
+                f"{L.path} has no tutti_emulated_fail_next: fault injection is built only with the fault-injection "
+                "cargo feature (cargo build -p tutti-capi --features fault-injection)"
+            )
         d = _lib.DIR_LOAD if direction == "load" else _lib.DIR_STORE
         L.call("tutti_emulated_fail_next", self._p(), drive, d, count)
 
@@ -404,7 +407,10 @@ class Runtime(_Handle):
         """
         L = lib()
         if not L.has("tutti_emulated_delay_next"):
-            raise NotImplementedError(f"{L.path} has no tutti_emulated_delay_next")
+            raise NotImplementedError(
+                f"{L.path} has no tutti_emulated_delay_next: fault injection is built only with the fault-injection "
+                "cargo feature (cargo build -p tutti-capi --features fault-injection)"
+            )
         d = _lib.DIR_LOAD if direction == "load" else _lib.DIR_STORE
         L.call("tutti_emulated_delay_next", self._p(), drive, d, delay_ms)
 
