@@ -101,14 +101,6 @@
 #define TUTTI_MAX_EMULATED_DELAY_MS 60000
 #endif
 
-// The profiler keeps every sample until the table is built; a profiling
-// run needs far fewer, so an engine that leaves profiling on is stopped
-// with an error instead of growing without bound.
-#define TUTTI_MAX_PROFILED_REQUESTS (1 << 16)
-
-// Decode steps the profiler keeps (see `TUTTI_MAX_PROFILED_REQUESTS`).
-#define TUTTI_MAX_PROFILED_DECODE_STEPS (1 << 20)
-
 // A load: drive → engine memory.
 #define TUTTI_DIR_LOAD 1
 
@@ -137,6 +129,14 @@
 
 // `tutti_lookup` flag: pin the hit prefix against eviction until `tutti_unpin`.
 #define TUTTI_LOOKUP_PIN 1
+
+// The profiler keeps every sample until the table is built; a profiling
+// run needs far fewer, so an engine that leaves profiling on is stopped
+// with an error instead of growing without bound.
+#define TUTTI_MAX_PROFILED_REQUESTS (1 << 16)
+
+// Decode steps the profiler keeps (see `TUTTI_MAX_PROFILED_REQUESTS`).
+#define TUTTI_MAX_PROFILED_DECODE_STEPS (1 << 20)
 
 // Largest number of blocks (hashes, block ids) one call accepts.
 #define TUTTI_MAX_BLOCKS_PER_CALL (1 << 20)
@@ -574,74 +574,6 @@ int32_t tutti_emulated_delay_next(struct tutti_runtime_t *rt,
                                   uint32_t delay_ms);
 #endif
 
-// Nanoseconds on the monotonic clock the `tutti_profile_layer_start/end`
-// hooks use (its zero is the first use in the process).
-//
-// # Safety
-// None: callable at any time from any thread.
-uint64_t tutti_clock_ns(void);
-
-// A prefill starts: `input_tokens` computed, `prefix_tokens` loaded from the
-// cache. Its layers follow as `tutti_profile_layer_start/end` or `tutti_profile_layer`.
-//
-// # Safety
-// `rt` is a runtime handle (checked).
-int32_t tutti_profile_request_begin(struct tutti_runtime_t *rt,
-                                    uint64_t request_id,
-                                    uint32_t input_tokens,
-                                    uint32_t prefix_tokens);
-
-// Layer `layer` of request `request_id` starts computing now.
-//
-// # Safety
-// `rt` is a runtime handle (checked).
-int32_t tutti_profile_layer_start(struct tutti_runtime_t *rt, uint64_t request_id, uint32_t layer);
-
-// Layer `layer` of request `request_id` finished computing now; records the
-// interval since its `tutti_profile_layer_start`.
-//
-// # Safety
-// `rt` is a runtime handle (checked).
-int32_t tutti_profile_layer_end(struct tutti_runtime_t *rt, uint64_t request_id, uint32_t layer);
-
-// Records layer `layer` of request `request_id` as computed from `start_ns`
-// to `end_ns` (any one monotonic clock, e.g. CUDA event times).
-//
-// # Safety
-// `rt` is a runtime handle (checked).
-int32_t tutti_profile_layer(struct tutti_runtime_t *rt,
-                            uint64_t request_id,
-                            uint32_t layer,
-                            uint64_t start_ns,
-                            uint64_t end_ns);
-
-// Records one decode step of request `request_id` over `context_tokens` of KV.
-//
-// # Safety
-// `rt` is a runtime handle (checked).
-int32_t tutti_profile_decode_step(struct tutti_runtime_t *rt,
-                                  uint64_t request_id,
-                                  uint32_t context_tokens,
-                                  uint64_t start_ns,
-                                  uint64_t end_ns);
-
-// Fits the recorded timings and saves the slack table at `path` (the
-// format `tutti simulate`/`tutti profile` read), identified by `model`
-// (NULL = the registered model), `gpu` and the layer count. `io_sms` SMs at
-// `iocbs_per_sm_per_us` IOCBs per SM per µs turn slack into IOCB budgets.
-// Needs layer timings of several request shapes and some decode steps
-// (`TUTTI_E_PROFILE` says what is missing).
-//
-// # Safety
-// `rt` is a runtime handle (checked); `path`, `gpu` and (unless NULL)
-// `model` are NUL-terminated strings.
-int32_t tutti_profile_save_slack_table(struct tutti_runtime_t *rt,
-                                       const char *path,
-                                       const char *model,
-                                       const char *gpu,
-                                       uint32_t io_sms,
-                                       double iocbs_per_sm_per_us);
-
 // Loads chunk `hashes[i]` into engine block `block_ids[i]` for layers
 // `first_layer .. first_layer + num_layers`. The hashes are looked up (and
 // pinned for the job's life); from the first one not stored on, blocks are
@@ -802,6 +734,74 @@ int32_t tutti_lookup(struct tutti_runtime_t *rt,
 // # Safety
 // `rt` is a runtime handle (checked).
 int32_t tutti_unpin(struct tutti_runtime_t *rt, uint64_t pin);
+
+// Nanoseconds on the monotonic clock the `tutti_profile_layer_start/end`
+// hooks use (its zero is the first use in the process).
+//
+// # Safety
+// None: callable at any time from any thread.
+uint64_t tutti_clock_ns(void);
+
+// A prefill starts: `input_tokens` computed, `prefix_tokens` loaded from the
+// cache. Its layers follow as `tutti_profile_layer_start/end` or `tutti_profile_layer`.
+//
+// # Safety
+// `rt` is a runtime handle (checked).
+int32_t tutti_profile_request_begin(struct tutti_runtime_t *rt,
+                                    uint64_t request_id,
+                                    uint32_t input_tokens,
+                                    uint32_t prefix_tokens);
+
+// Layer `layer` of request `request_id` starts computing now.
+//
+// # Safety
+// `rt` is a runtime handle (checked).
+int32_t tutti_profile_layer_start(struct tutti_runtime_t *rt, uint64_t request_id, uint32_t layer);
+
+// Layer `layer` of request `request_id` finished computing now; records the
+// interval since its `tutti_profile_layer_start`.
+//
+// # Safety
+// `rt` is a runtime handle (checked).
+int32_t tutti_profile_layer_end(struct tutti_runtime_t *rt, uint64_t request_id, uint32_t layer);
+
+// Records layer `layer` of request `request_id` as computed from `start_ns`
+// to `end_ns` (any one monotonic clock, e.g. CUDA event times).
+//
+// # Safety
+// `rt` is a runtime handle (checked).
+int32_t tutti_profile_layer(struct tutti_runtime_t *rt,
+                            uint64_t request_id,
+                            uint32_t layer,
+                            uint64_t start_ns,
+                            uint64_t end_ns);
+
+// Records one decode step of request `request_id` over `context_tokens` of KV.
+//
+// # Safety
+// `rt` is a runtime handle (checked).
+int32_t tutti_profile_decode_step(struct tutti_runtime_t *rt,
+                                  uint64_t request_id,
+                                  uint32_t context_tokens,
+                                  uint64_t start_ns,
+                                  uint64_t end_ns);
+
+// Fits the recorded timings and saves the slack table at `path` (the
+// format `tutti simulate`/`tutti profile` read), identified by `model`
+// (NULL = the registered model), `gpu` and the layer count. `io_sms` SMs at
+// `iocbs_per_sm_per_us` IOCBs per SM per µs turn slack into IOCB budgets.
+// Needs layer timings of several request shapes and some decode steps
+// (`TUTTI_E_PROFILE` says what is missing).
+//
+// # Safety
+// `rt` is a runtime handle (checked); `path`, `gpu` and (unless NULL)
+// `model` are NUL-terminated strings.
+int32_t tutti_profile_save_slack_table(struct tutti_runtime_t *rt,
+                                       const char *path,
+                                       const char *model,
+                                       const char *gpu,
+                                       uint32_t io_sms,
+                                       double iocbs_per_sm_per_us);
 
 // Opens a runtime: starts or opens the drives, opens (or formats) the pool on
 // them per `open_mode`, and starts the I/O path. On success `*out` is a new

@@ -22,11 +22,13 @@ mod error;
 #[cfg(feature = "fault-injection")]
 mod faults;
 mod handles;
-mod hooks;
 mod jobs;
 mod kv;
+mod profile_state;
+mod profiler;
 mod ptr;
 mod runtime;
+mod session;
 mod stats;
 mod status;
 mod store;
@@ -35,9 +37,9 @@ pub use config::*;
 pub use error::CapiError;
 #[cfg(feature = "fault-injection")]
 pub use faults::*;
-pub use hooks::*;
 pub use jobs::*;
 pub use kv::*;
+pub use profiler::*;
 pub use ptr::{TUTTI_MAX_BLOCKS_PER_CALL, TUTTI_MAX_TIMEOUT_MS, TUTTI_MAX_TOKENS_PER_CALL};
 pub use runtime::{
     tutti_runtime_close, tutti_runtime_info, tutti_runtime_info_t, tutti_runtime_open, tutti_runtime_t,

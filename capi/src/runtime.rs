@@ -4,7 +4,7 @@
 use crate::config::{tutti_geometry_t, tutti_runtime_config_t, Rig, RuntimeConfig};
 use crate::error::{guard, CapiError, Result};
 use crate::handles::Registry;
-use crate::hooks::Hooks;
+use crate::profile_state::ProfileState;
 use crate::ptr::{self, SizePrefixed};
 use crate::status::TUTTI_OK;
 use std::collections::HashMap;
@@ -27,7 +27,7 @@ pub(crate) struct Runtime {
     pub geometry: Geometry,
     /// What the current registration is.
     pub registered: Mutex<Option<Registered>>,
-    pub hooks: Mutex<Hooks>,
+    pub profile: Mutex<ProfileState>,
     /// Queue depth: per live unfinished job, its layers not yet finished.
     pub in_flight: Mutex<HashMap<u64, u32>>,
     pub stores_open: AtomicU64,
@@ -125,7 +125,7 @@ pub unsafe extern "C" fn tutti_runtime_open(
             executor: cfg.executor,
             geometry,
             registered: Mutex::new(None),
-            hooks: Mutex::new(Hooks::new(geometry.layers)?),
+            profile: Mutex::new(ProfileState::new(geometry.layers)?),
             in_flight: Mutex::new(HashMap::new()),
             stores_open: AtomicU64::new(0),
             failed_blocks: AtomicU64::new(0),

@@ -8,10 +8,11 @@ use crate::jobs::{layer_range, tutti_job_t, Job, Submitted, JOBS};
 use crate::kv::{hashes_in, tutti_hash_t};
 use crate::ptr::{self, SizePrefixed, TUTTI_MAX_BLOCKS_PER_CALL};
 use crate::runtime::{lock, tutti_runtime_t, Runtime};
+use crate::session::{State, StoreSession};
 use crate::status::TUTTI_OK;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use tutti_objstore::{Direction, JobId, ObjError, StoreId};
+use tutti_objstore::{Direction, ObjError};
 
 /// A store session (opaque).
 pub struct tutti_store_t {
@@ -41,33 +42,7 @@ unsafe impl SizePrefixed for tutti_store_report_t {
     const NAME: &'static str = "tutti_store_report_t";
 }
 
-struct State {
-    committed: bool,
-    jobs: Vec<JobId>,
-}
-
-pub(crate) struct StoreSession {
-    rt: Arc<Runtime>,
-    id: StoreId,
-    blocks: u32,
-    state: Mutex<State>,
-}
-
 static STORES: Registry<StoreSession> = Registry::new("tutti_store_t", 3);
-
-impl Drop for StoreSession {
-    /// The last reference (the handle or one of its jobs) gives an
-    /// uncommitted reservation up; its files go back to the pool.
-    fn drop(&mut self) {
-        let committed = self.state.get_mut().map(|s| s.committed).unwrap_or(false);
-        if !committed {
-            self.rt.stores_open.fetch_sub(1, Ordering::Relaxed);
-            if let Err(e) = self.rt.store.abort_store(self.id) {
-                tracing::warn!(store = self.id, error = %e, "an abandoned store could not be aborted");
-            }
-        }
-    }
-}
 
 /// Starts storing chunk `hashes[i]` from engine block `block_ids[i]`:
 /// reserves a pool file for each chunk not yet stored (evicting

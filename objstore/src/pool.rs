@@ -45,6 +45,11 @@ pub(crate) struct Pool {
     pub formatted: bool,
 }
 
+/// 64 random bits from the operating system (pool ids and journal nonces).
+fn random_u64() -> Result<u64> {
+    getrandom::u64().map_err(|e| ObjError::invalid("random", format!("the OS random source failed: {e}")))
+}
+
 /// Appended pages a journal half keeps free beyond two full snapshots.
 const JOURNAL_SLACK_PAGES: u32 = 64;
 
@@ -167,7 +172,7 @@ impl Pool {
                 )));
             }
         }
-        let nonce: u64 = rand::random();
+        let nonce = random_u64()?;
         let mut journals = Vec::new();
         let mut replay = Vec::new();
         let mut dev = DriveMeta(&drives);
@@ -202,8 +207,8 @@ impl Pool {
             }
         };
         let map = StripeMap::new(&opts.geometry, &shapes, journal_pages)?;
-        let id: u128 = rand::random::<u128>() | 1;
-        let nonce: u64 = rand::random();
+        let id: u128 = (random_u64()? as u128) << 64 | random_u64()? as u128 | 1;
+        let nonce = random_u64()?;
         let mut journals = Vec::new();
         {
             let mut dev = DriveMeta(&drives);

@@ -1,17 +1,18 @@
-//! The scheduler's timing hooks: engines report each prefill's shape and the
-//! compute interval of every layer; the runtime's profiler fits them into a
-//! slack table (tutti-scheduler `Profiler`), which can be saved for `tutti`.
+//! The profiler's C calls: engines report each prefill's shape and the
+//! compute interval of every layer; the runtime's profiler (its state in
+//! `profile_state`) fits them into a slack table (tutti-scheduler
+//! `Profiler`), which can be saved for `tutti`.
 
 use crate::error::{guard, CapiError, Result};
+use crate::profile_state::ProfileState;
 use crate::ptr;
 use crate::runtime::{lock, tutti_runtime_t, Runtime};
 use crate::status::TUTTI_OK;
-use std::collections::HashMap;
 use std::ffi::c_char;
 use std::path::Path;
 use std::sync::OnceLock;
 use std::time::Instant;
-use tutti_scheduler::{Identity, IoPartition, Profiler, RequestShape, TableGrid};
+use tutti_scheduler::{Identity, IoPartition, RequestShape, TableGrid};
 
 /// Layer starts waiting for their end; bounded so a forgotten end cannot grow it forever.
 const MAX_OPEN_LAYERS: usize = 1 << 16;
@@ -21,26 +22,6 @@ const MAX_OPEN_LAYERS: usize = 1 << 16;
 pub const TUTTI_MAX_PROFILED_REQUESTS: u64 = 1 << 16;
 /// Decode steps the profiler keeps (see `TUTTI_MAX_PROFILED_REQUESTS`).
 pub const TUTTI_MAX_PROFILED_DECODE_STEPS: u64 = 1 << 20;
-
-pub(crate) struct Hooks {
-    profiler: Profiler,
-    open: HashMap<(u64, u32), u64>,
-    layers: u32,
-    requests: u64,
-    decode_steps: u64,
-}
-
-impl Hooks {
-    pub(crate) fn new(layers: u32) -> Result<Self> {
-        Ok(Hooks {
-            profiler: Profiler::new(layers)?,
-            open: HashMap::new(),
-            layers,
-            requests: 0,
-            decode_steps: 0,
-        })
-    }
-}
 
 fn full(what: &str, max: u64) -> CapiError {
     CapiError::Sched(tutti_scheduler::SchedError::Profile(format!(
@@ -64,9 +45,9 @@ pub extern "C" fn tutti_clock_ns() -> u64 {
     crate::error::guard_value(0, now_ns)
 }
 
-fn with_hooks(rt: *const tutti_runtime_t, f: impl FnOnce(&mut Hooks) -> Result<()>) -> Result<i32> {
+fn with_hooks(rt: *const tutti_runtime_t, f: impl FnOnce(&mut ProfileState) -> Result<()>) -> Result<i32> {
     let rt = Runtime::get(rt)?;
-    let mut h = lock(&rt.hooks, "profiler")?;
+    let mut h = lock(&rt.profile, "profiler")?;
     f(&mut h)?;
     Ok(TUTTI_OK)
 }
@@ -234,7 +215,7 @@ pub unsafe extern "C" fn tutti_profile_save_slack_table(
         };
         let io = IoPartition { io_sms, iocbs_per_sm_per_us };
         let identity = Identity { model, gpu: gpu.to_string(), layers: rt.geometry.layers };
-        let (table, report) = lock(&rt.hooks, "profiler")?.profiler.build(
+        let (table, report) = lock(&rt.profile, "profiler")?.profiler.build(
             identity,
             TableGrid::standard()?,
             io,
