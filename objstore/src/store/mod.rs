@@ -17,10 +17,11 @@
 //! Every call takes `&self`; the store is `Send + Sync`. Lock order: jobs,
 //! then I/O, then index; the journal lock is taken alone.
 
+mod job;
 mod jobs;
 mod session;
 
-pub use jobs::{thread_cpu_ns, JobId, JobStatus, LAYERS_IN_FLIGHT};
+pub use job::{thread_cpu_ns, JobId, JobStatus, LAYERS_IN_FLIGHT};
 pub use session::{StoreId, StoreReport};
 
 use crate::drives::{Drive, DriveSpec};
@@ -196,7 +197,7 @@ pub struct KvStore {
     /// before the memory mappings its tables point into.
     io: Mutex<Box<dyn LayerIo>>,
     reg: RwLock<Option<Arc<Registration>>>,
-    jobs: Mutex<jobs::Jobs>,
+    jobs: Mutex<job::Jobs>,
     sessions: Mutex<HashMap<u64, session::Session>>,
     /// Session pair lists whose release the I/O path refused (an IOCB still
     /// referenced them); retried whenever a session ends or registers.
@@ -245,7 +246,7 @@ impl KvStore {
             index: Mutex::new(index),
             io: Mutex::new(io),
             reg: RwLock::new(None),
-            jobs: Mutex::new(jobs::Jobs::default()),
+            jobs: Mutex::new(job::Jobs::default()),
             sessions: Mutex::new(HashMap::new()),
             retired_lists: Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),
