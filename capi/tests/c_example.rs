@@ -3,6 +3,10 @@
 //! media, on file media, under valgrind and with AddressSanitizer (each
 //! skipped with a printed reason when the tool is missing).
 
+// Test code: a panic is how a test fails, in helpers as in #[test] functions
+// (clippy.toml's allow-*-in-tests covers only the latter).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "../../tests/support/skip.rs"]
 mod skip;
 

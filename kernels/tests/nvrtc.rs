@@ -4,6 +4,10 @@
 //! Skips (with the reason; under CI=true fails) when libnvrtc cannot be found; `scripts/nvrtc-check`
 //! installs the pip wheel and runs this test.
 
+// Test code: a panic is how a test fails, in helpers as in #[test] functions
+// (clippy.toml's allow-*-in-tests covers only the latter).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "../../tests/support/skip.rs"]
 mod skip;
 

@@ -2,6 +2,10 @@
 //! bytes into the right block slots and moves the same data, and the report
 //! carries what a reader needs. Never speed.
 
+// Test code: a panic is how a test fails, in helpers as in #[test] functions
+// (clippy.toml's allow-*-in-tests covers only the latter).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "../../tests/support/skip.rs"]
 mod skip;
 
