@@ -8,9 +8,12 @@ use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-fn main() {
-    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
-    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let env = |name: &str| {
+        std::env::var(name).map_err(|e| format!("{name}: {e} (cargo sets it for build scripts)"))
+    };
+    let root = PathBuf::from(env("CARGO_MANIFEST_DIR")?);
+    let out = PathBuf::from(env("OUT_DIR")?);
     for dir in ["cuda", "include", "host"] {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }
@@ -19,7 +22,8 @@ fn main() {
     let mut seen = HashSet::new();
     let mut bundle = String::new();
     inline(&root.join("cuda/gio.cu"), &search, &mut seen, &mut bundle);
-    std::fs::write(out.join("gio_bundle.cu"), bundle).expect("writing gio_bundle.cu");
+    let bundle_path = out.join("gio_bundle.cu");
+    std::fs::write(&bundle_path, bundle).map_err(|e| format!("writing {}: {e}", bundle_path.display()))?;
 
     cc::Build::new()
         .cpp(true)
@@ -33,6 +37,7 @@ fn main() {
         .extra_warnings(true)
         .warnings_into_errors(true)
         .compile("tutti_gio_host");
+    Ok(())
 }
 
 /// Appends `file` to `out`, replacing each `#include "x"` that resolves to one of

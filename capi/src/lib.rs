@@ -15,6 +15,8 @@
 //!
 //! Thread safety: every call may be made from any thread, concurrently.
 
+// Libraries report through return values and `tracing`, never by printing.
+#![warn(clippy::print_stdout, clippy::print_stderr)]
 #![allow(non_camel_case_types)]
 
 mod config;

@@ -3,6 +3,13 @@
 //! media, on file media, under valgrind and with AddressSanitizer (each
 //! skipped with a printed reason when the tool is missing).
 
+// Test code: a panic is how a test fails, in helpers as in #[test] functions
+// (clippy.toml's allow-*-in-tests covers only the latter).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../../tests/support/skip.rs"]
+mod skip;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -93,8 +100,7 @@ fn check(what: &str, out: &Output) {
 #[test]
 fn c_example_round_trips_on_ram_and_file_media() {
     if !have("cc") {
-        eprintln!("skipping: no system C compiler (cc)");
-        return;
+        return skip::skip("no system C compiler (cc)");
     }
     let exe = compile("kv_roundtrip", &[]).expect("cc runs");
     check("kv_roundtrip (RAM media)", &Command::new(&exe).output().unwrap());
@@ -118,8 +124,7 @@ fn remove(exe: &Path) {
 #[test]
 fn c_example_is_clean_under_valgrind() {
     if !have("cc") || !have("valgrind") {
-        eprintln!("skipping: valgrind or cc is not installed (scripts/test installs valgrind)");
-        return;
+        return skip::skip("valgrind or cc is not installed (scripts/test installs valgrind)");
     }
     let exe = compile("kv_roundtrip_vg", &[]).expect("cc runs");
     // No suppressions: every handle is destroyed, and the library frees its
@@ -138,13 +143,11 @@ fn c_example_is_clean_under_valgrind() {
 #[test]
 fn c_example_is_clean_under_address_sanitizer() {
     if !have("cc") {
-        eprintln!("skipping: no system C compiler (cc)");
-        return;
+        return skip::skip("no system C compiler (cc)");
     }
     let probe = compile("asan_probe", &["-fsanitize=address,undefined", "-fno-omit-frame-pointer"]);
     let Some(exe) = probe else {
-        eprintln!("skipping: cc could not be run with -fsanitize=address");
-        return;
+        return skip::skip("cc could not be run with -fsanitize=address");
     };
     let out = Command::new(&exe)
         .env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0:exitcode=23")
@@ -159,8 +162,7 @@ fn c_example_is_clean_under_address_sanitizer() {
 #[test]
 fn c_and_rust_agree_on_struct_layouts() {
     if !have("cc") {
-        eprintln!("skipping: no system C compiler (cc)");
-        return;
+        return skip::skip("no system C compiler (cc)");
     }
     use std::mem::{offset_of, size_of};
     use tutti::*;

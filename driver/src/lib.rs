@@ -8,6 +8,9 @@
 //! - [`command`]: command builders and PRP/SGL data pointers.
 //! - [`emulated`]: a software NVMe controller for machines without a drive.
 
+// Libraries report through return values and `tracing`, never by printing.
+#![warn(clippy::print_stdout, clippy::print_stderr)]
+
 pub mod command;
 pub mod controller;
 pub mod emulated;

@@ -1,5 +1,9 @@
 //! Bring-up, identify, queue behaviour and error paths against the emulated controller.
 
+// Test code: a panic is how a test fails, in helpers as in #[test] functions
+// (clippy.toml's allow-*-in-tests covers only the latter).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::Arc;
 use std::time::Duration;
 use tutti_driver::command::{Command, DataMode, DataPtr};

@@ -6,6 +6,9 @@
 //!
 //! Ratios (ring time / baseline time) are printed at the end.
 
+// A benchmark is a test harness: a broken setup aborts it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};

@@ -28,6 +28,9 @@
 //! # Ok(()) }
 //! ```
 
+// Libraries report through return values and `tracing`, never by printing.
+#![warn(clippy::print_stdout, clippy::print_stderr)]
+
 pub mod drive;
 mod error;
 pub mod executor;

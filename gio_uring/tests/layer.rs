@@ -5,6 +5,10 @@
 //! one IOVA for whichever drive the file puts an object on, so all pool drives
 //! must share one DMA address space (as devices in one VFIO container do).
 
+// Test code: a panic is how a test fails, in helpers as in #[test] functions
+// (clippy.toml's allow-*-in-tests covers only the latter).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::*;

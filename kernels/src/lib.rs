@@ -11,6 +11,9 @@
 //! Kernels: `tt_gio_issue` (launch mode), `tt_gio_persistent` (SQPOLL mode),
 //! `tt_gio_wait` (waits for IOCB completions on a stream).
 
+// Libraries report through return values and `tracing`, never by printing.
+#![warn(clippy::print_stdout, clippy::print_stderr)]
+
 pub mod abi;
 mod error;
 pub mod host;

@@ -11,6 +11,9 @@
 //!
 //! Alone in its own test binary so no other test's threads are counted.
 
+#[path = "../../tests/support/skip.rs"]
+mod skip;
+
 use tutti_kernels::host::{HostArgs, HostKernel, HostLaunch};
 
 fn context_switches() -> u64 {
@@ -38,8 +41,7 @@ fn pin_to_one_cpu() -> bool {
 #[test]
 fn starting_a_launch_does_not_make_lanes_fight_its_creator() {
     if !pin_to_one_cpu() {
-        eprintln!("skipping: cannot pin the test to one CPU (sched_setaffinity refused)");
-        return;
+        return skip::skip("cannot pin the test to one CPU (sched_setaffinity refused)");
     }
     // The largest launch (4096 lanes), so creating it outlasts the creator's time slices.
     let (grid, block) = (64u32, 64u32);

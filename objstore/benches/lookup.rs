@@ -7,6 +7,9 @@
 //!
 //! Ratios (lookup time / baseline) are printed at the end.
 
+// A benchmark is a test harness: a broken setup aborts it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::collections::HashMap;
 use std::hint::black_box;

@@ -1,5 +1,8 @@
 //! tutti's KV object store: a GPU file pool with tensor stripes across NVMe drives.
 
+// Libraries report through return values and `tracing`, never by printing.
+#![warn(clippy::print_stdout, clippy::print_stderr)]
+
 mod codec;
 mod drives;
 pub mod error;

@@ -1,6 +1,10 @@
 //! Pins block eviction, eviction frees files in LRU order, and KV stored
 //! under one cache identity never answers another.
 
+// Test code: a panic is how a test fails, in helpers as in #[test] functions
+// (clippy.toml's allow-*-in-tests covers only the latter).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::*;

@@ -10,6 +10,10 @@
 //! recovery turned off it quarantines. The direct path does the same with
 //! its queue pairs (`IoQueuePair::recover`), and can turn recovery off too.
 
+// Test code: a panic is how a test fails, in helpers as in #[test] functions
+// (clippy.toml's allow-*-in-tests covers only the latter).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::*;

@@ -2,6 +2,10 @@
 //! every per-layer job of the session submits by that list, and the list is
 //! freed when the session is committed or aborted — never under a running job.
 
+// Test code: a panic is how a test fails, in helpers as in #[test] functions
+// (clippy.toml's allow-*-in-tests covers only the latter).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::*;

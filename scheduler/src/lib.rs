@@ -14,6 +14,9 @@
 //! - [`online`]: *beyond the paper* — EWMA correction of the profiled slack from observed compute.
 //! - [`sim`]: a discrete-event model of prefill/decode over an SSD array that compares policies.
 
+// Libraries report through return values and `tracing`, never by printing.
+#![warn(clippy::print_stdout, clippy::print_stderr)]
+
 pub mod buckets;
 pub mod compute;
 pub mod error;

@@ -6,7 +6,11 @@
 //! verdict is pass (QEMU's exit code), and no IOMMU fault was logged before
 //! the deliberate unmapped-IOVA test (QEMU's controller completes a blocked
 //! DMA with success status, so the log is the only witness). Skips with a
-//! reason when qemu-system-x86_64 or a guest kernel cannot be had.
+//! reason when qemu-system-x86_64 or a guest kernel cannot be had, and
+//! fails instead under CI=true (tests/support/skip.rs).
+
+#[path = "../support/skip.rs"]
+mod skip;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -62,22 +66,21 @@ fn summary(log: &str) -> Vec<&str> {
 #[test]
 fn driver_runs_on_qemu_nvme_through_vfio() {
     if std::env::var_os("TUTTI_SKIP_QEMU").is_some() {
-        eprintln!("skipping the QEMU/VFIO harness: TUTTI_SKIP_QEMU is set");
-        return;
+        return skip::skip("the QEMU/VFIO harness: TUTTI_SKIP_QEMU is set");
     }
     if !on_path("qemu-system-x86_64") {
-        eprintln!("skipping the QEMU/VFIO harness: qemu-system-x86_64 is not installed (scripts/qemu/setup installs it)");
-        return;
+        return skip::skip(
+            "the QEMU/VFIO harness: qemu-system-x86_64 is not installed (scripts/qemu/setup installs it)",
+        );
     }
     let root = repo_root();
     let scripts = root.join("scripts/qemu");
     let kernel = Command::new(scripts.join("fetch-kernel")).output().expect("running fetch-kernel");
     if !kernel.status.success() {
-        eprintln!(
-            "skipping the QEMU/VFIO harness: no guest kernel could be had: {}",
+        return skip::skip(format!(
+            "the QEMU/VFIO harness: no guest kernel could be had: {}",
             String::from_utf8_lossy(&kernel.stderr).trim()
-        );
-        return;
+        ));
     }
     let kernel_root = String::from_utf8_lossy(&kernel.stdout).trim().to_string();
     let cache = std::env::var_os("TUTTI_QEMU_CACHE").map(PathBuf::from).unwrap_or(root.join(".build/qemu"));

@@ -3,6 +3,10 @@
 //! bytes stored, every mode moved the same data, command counts follow the
 //! sizes and the transfer limit). Speed is never checked.
 
+// Test code: a panic is how a test fails, in helpers as in #[test] functions
+// (clippy.toml's allow-*-in-tests covers only the latter).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use serde_json::Value;
 use std::process::{Command, Output};
 

@@ -2,6 +2,10 @@
 //! request's KV, retrieves it into other slots, verifies every byte, reopens
 //! the pool; with `--dir` the cache survives into a second process.
 
+// Test code: a panic is how a test fails, in helpers as in #[test] functions
+// (clippy.toml's allow-*-in-tests covers only the latter).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::process::{Command, Output};
 
 fn tutti(args: &[&str]) -> Output {

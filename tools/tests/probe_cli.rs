@@ -3,6 +3,10 @@
 //! requires. The same probes run against QEMU's controller in the VFIO harness
 //! (tests/tests/qemu_vfio.rs), which is how differences between the two show up.
 
+// Test code: a panic is how a test fails, in helpers as in #[test] functions
+// (clippy.toml's allow-*-in-tests covers only the latter).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::process::Command;
 
 fn probe(extra: &[&str]) -> Vec<serde_json::Value> {

@@ -1,6 +1,10 @@
 //! `tutti selftest --emulated --gio`: the gio_uring host-executor round trip the
 //! QEMU guest runs on vfio-bound drives, here on two emulated controllers.
 
+// Test code: a panic is how a test fails, in helpers as in #[test] functions
+// (clippy.toml's allow-*-in-tests covers only the latter).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::process::Command;
 
 fn tutti(args: &[&str]) -> std::process::Output {

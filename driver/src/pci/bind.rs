@@ -18,7 +18,7 @@ const VIABLE_DRIVERS: [&str; 2] = [VFIO_PCI, "pcieport"];
 
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BindOptions {
-    /// Bind even when a filesystem on the drive is mounted, it is swap, or it holds root.
+    /// Bind even when the drive is in use (see [`super::Use`]), or whether it is cannot be told.
     pub force: bool,
 }
 
@@ -443,6 +443,45 @@ mod tests {
         let forced = fake.system().bind(&[bdf("0000:00:04.0")], BindOptions { force: true });
         assert!(forced[0].1.is_ok());
         assert_eq!(fake.driver("0000:00:04.0").as_deref(), Some("vfio-pci"));
+    }
+
+    #[test]
+    fn refuses_raid_lvm_zfs_busy_and_unverifiable_drives_unless_forced() {
+        type Setup = fn(&FakeSys);
+        let cases: [(&str, Setup, &str); 7] = [
+            (
+                "md member",
+                |f| f.add_md(&["nvme0n1/nvme0n1p1"], "md5", "9:5"),
+                "member of the md RAID array md5",
+            ),
+            (
+                "LVM",
+                |f| f.add_holder("nvme0n1", "dm-2", "253:2", "vg0-lv", "LVM-q"),
+                "nvme0n1 is under an LVM logical volume dm-2",
+            ),
+            (
+                "ZFS",
+                |f| {
+                    let mut head = vec![0u8; 512 << 10];
+                    head[128 << 10..(128 << 10) + 8].copy_from_slice(&0x00ba_b10c_u64.to_le_bytes());
+                    f.write_bytes("dev/nvme0n1p1", &head);
+                },
+                "nvme0n1p1 carries ZFS labels",
+            ),
+            ("O_EXCL", |f| f.hold_exclusively("nvme0n1"), "refused an exclusive open with EBUSY"),
+            ("open", |f| f.add_open_file(99, "fio", "/dev/nvme0n1p1"), "nvme0n1p1 is open by pid 99 (fio)"),
+            ("no /proc/swaps", |f| f.remove("proc/swaps"), "proc/swaps could not be read"),
+            ("no mountinfo", |f| f.remove("proc/self/mountinfo"), "proc/self/mountinfo could not be read"),
+        ];
+        for (what, setup, want) in cases {
+            let fake = machine();
+            setup(&fake);
+            let e = err_of(fake.system().bind(&[bdf("0000:00:04.0")], BindOptions::default()));
+            assert!(e.contains("refusing to bind 0000:00:04.0") && e.contains(want), "{what}: {e}");
+            assert_eq!(fake.driver("0000:00:04.0").as_deref(), Some("nvme"), "{what}: left alone");
+            let forced = fake.system().bind(&[bdf("0000:00:04.0")], BindOptions { force: true });
+            assert!(forced[0].1.is_ok(), "{what}: {:?}", forced[0].1);
+        }
     }
 
     #[test]

@@ -50,6 +50,9 @@ impl FakeSys {
             mkdir(&root.join(d));
         }
         put(&root.join("sys/bus/pci/drivers_probe"), "");
+        // A machine with nothing mounted and no swap.
+        put(&root.join("proc/self/mountinfo"), "");
+        put(&root.join("proc/swaps"), "Filename\tType\tSize\tUsed\tPriority\n");
         let fake = FakeSys(Tree { root });
         fake.add_driver("nvme");
         fake
@@ -60,6 +63,11 @@ impl FakeSys {
         let root = self.root.clone();
         let mut sys = PciSystem::with_root(&self.root);
         sys.on_write = Some(Arc::new(move |path: &Path, value: &str| kernel(&root, path, value)));
+        let held = self.p("dev/.held");
+        sys.on_open_exclusive = Some(Arc::new(move |node: &Path| match node.file_name() {
+            Some(n) if held.join(n).exists() => Err(std::io::Error::from_raw_os_error(libc::EBUSY)),
+            _ => Ok(()),
+        }));
         sys
     }
 }
@@ -71,6 +79,20 @@ impl Tree {
 
     pub fn write(&self, rel: &str, text: &str) {
         put(&self.p(rel), text);
+    }
+
+    pub fn write_bytes(&self, rel: &str, bytes: &[u8]) {
+        mkdir(self.p(rel).parent().unwrap());
+        std::fs::write(self.p(rel), bytes).unwrap();
+    }
+
+    pub fn remove(&self, rel: &str) {
+        std::fs::remove_file(self.p(rel)).unwrap();
+    }
+
+    /// Makes the kernel refuse exclusive opens of `/dev/<name>` (EBUSY).
+    pub fn hold_exclusively(&self, name: &str) {
+        put(&self.p("dev/.held").join(name), "");
     }
 
     pub fn add_driver(&self, name: &str) {
@@ -141,10 +163,12 @@ impl Tree {
         put(&dir.join("size"), &format!("{sectors}\n"));
         put(&dir.join("dev"), &format!("{dev}\n"));
         mkdir(&dir.join("holders"));
+        put(&self.p("dev").join(disk), "");
         for (p, pdev) in parts {
             put(&dir.join(p).join("partition"), "1\n");
             put(&dir.join(p).join("dev"), &format!("{pdev}\n"));
             mkdir(&dir.join(p).join("holders"));
+            put(&self.p("dev").join(p), "");
         }
         symlink(&dir, self.p("sys/block").join(disk)).unwrap();
     }
@@ -163,31 +187,58 @@ impl Tree {
         let dir = sdir.join(disk);
         put(&dir.join("size"), &format!("{sectors}\n"));
         put(&dir.join("dev"), &format!("{dev}\n"));
+        put(&self.p("dev").join(disk), "");
         symlink(self.dev_dir(bdf).join("nvme").join(ctrl), sdir.join(ctrl)).unwrap();
         symlink(&dir, self.p("sys/block").join(disk)).unwrap();
     }
 
-    /// A device-mapper device stacked on `under` (`disk` or `disk/partition`).
-    pub fn add_holder(&self, under: &str, dm: &str, dev: &str, mapper_name: &str) {
-        let dir = self.p("sys/devices/virtual/block").join(dm);
-        put(&dir.join("dev"), &format!("{dev}\n"));
+    /// A device-mapper device stacked on `under` (`disk` or `disk/partition`),
+    /// with its dm UUID (`LVM-…`, `CRYPT-…`).
+    pub fn add_holder(&self, under: &str, dm: &str, dev: &str, mapper_name: &str, uuid: &str) {
+        let dir = self.stacked(&[under], dm, dev);
         put(&dir.join("dm/name"), &format!("{mapper_name}\n"));
-        let base = std::fs::canonicalize(self.p("sys/block").join(under.split('/').next().unwrap())).unwrap();
-        let node = match under.split_once('/') {
-            Some((_, part)) => base.join(part),
-            None => base,
-        };
-        mkdir(&node.join("holders"));
-        symlink(&dir, node.join("holders").join(dm)).unwrap();
-        symlink(&dir, self.p("sys/block").join(dm)).unwrap();
+        put(&dir.join("dm/uuid"), &format!("{uuid}\n"));
+    }
+
+    /// An assembled md array over `members` (`disk` or `disk/partition`).
+    pub fn add_md(&self, members: &[&str], md: &str, dev: &str) {
+        let dir = self.stacked(members, md, dev);
+        put(&dir.join("md/level"), "raid1\n");
+    }
+
+    /// A virtual block device stacked on `under`: `holders/` links below them,
+    /// `slaves/` links below it, its /sys/block entry and its device node.
+    fn stacked(&self, under: &[&str], name: &str, dev: &str) -> PathBuf {
+        let dir = self.p("sys/devices/virtual/block").join(name);
+        put(&dir.join("dev"), &format!("{dev}\n"));
+        for u in under {
+            let base = std::fs::canonicalize(self.p("sys/block").join(u.split('/').next().unwrap())).unwrap();
+            let node = match u.split_once('/') {
+                Some((_, part)) => base.join(part),
+                None => base,
+            };
+            mkdir(&node.join("holders"));
+            symlink(&dir, node.join("holders").join(name)).unwrap();
+            mkdir(&dir.join("slaves"));
+            symlink(&node, dir.join("slaves").join(node.file_name().unwrap())).unwrap();
+        }
+        symlink(&dir, self.p("sys/block").join(name)).unwrap();
+        put(&self.p("dev").join(name), "");
+        dir
     }
 
     /// A process holding the VFIO group file `/dev/vfio/<group>` open.
     pub fn add_group_user(&self, pid: u32, comm: &str, group: u32) {
+        self.add_open_file(pid, comm, &format!("/dev/vfio/{group}"));
+    }
+
+    /// A process holding `target` (e.g. `/dev/nvme0n1`) open.
+    pub fn add_open_file(&self, pid: u32, comm: &str, target: &str) {
         let dir = self.p("proc").join(pid.to_string());
         put(&dir.join("comm"), &format!("{comm}\n"));
         mkdir(&dir.join("fd"));
-        symlink(format!("/dev/vfio/{group}"), dir.join("fd/7")).unwrap();
+        let fd = std::fs::read_dir(dir.join("fd")).unwrap().count() + 3;
+        symlink(target, dir.join("fd").join(fd.to_string())).unwrap();
     }
 }
 

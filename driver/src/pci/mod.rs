@@ -5,7 +5,8 @@
 //! Everything goes through a [`PciSystem`] rooted at `/` on a real machine, or
 //! at a directory holding a fake `sys/`, `proc/` and `dev/` tree in tests.
 //!
-//! - [`usage`]: block devices of a drive and whether they are mounted, swap, or root.
+//! - [`usage`]: block devices of a drive and every way one is in use (mounted, swap,
+//!   root, md RAID, device-mapper/LVM, ZFS, held open by a process).
 //! - [`bind`]: `bind`/`unbind` with the checks that make them safe, and the
 //!   VFIO prerequisites (module, IOMMU, group viability) with errors saying what to do.
 
@@ -139,6 +140,8 @@ pub fn class_name(class: u32) -> &'static str {
 
 #[cfg(test)]
 pub(crate) type WriteHook = std::sync::Arc<dyn Fn(&Path, &str) + Send + Sync>;
+#[cfg(test)]
+pub(crate) type OpenHook = std::sync::Arc<dyn Fn(&Path) -> std::io::Result<()> + Send + Sync>;
 
 /// The machine's PCI view, rooted at `/` or at a test tree.
 #[derive(Clone)]
@@ -147,6 +150,9 @@ pub struct PciSystem {
     /// Stands in for the kernel in tests: called after every sysfs write.
     #[cfg(test)]
     pub(crate) on_write: Option<WriteHook>,
+    /// Stands in for the kernel's answer to an exclusive open of a block device in tests.
+    #[cfg(test)]
+    pub(crate) on_open_exclusive: Option<OpenHook>,
 }
 
 impl fmt::Debug for PciSystem {
@@ -167,6 +173,8 @@ impl PciSystem {
             root: root.into(),
             #[cfg(test)]
             on_write: None,
+            #[cfg(test)]
+            on_open_exclusive: None,
         }
     }
 

@@ -25,7 +25,8 @@ pub enum AdminCommand {
         /// PCI addresses (0000:00:04.0 or 00:04.0).
         #[arg(required = true)]
         bdfs: Vec<String>,
-        /// Bind even if a filesystem on the drive is mounted, it is swap, or it holds root.
+        /// Bind even if the drive is in use (mounted, swap, root, md RAID, LVM/device-mapper, ZFS,
+        /// open by a process) or its use cannot be checked.
         #[arg(long)]
         force: bool,
     },
@@ -121,6 +122,14 @@ fn describe_use(u: &tutti_driver::pci::Use) -> String {
         Use::Mounted { device, mountpoint, .. } if mountpoint == "/" => format!("{device}: ROOT FILESYSTEM"),
         Use::Mounted { device, mountpoint, .. } => format!("{device} mounted at {mountpoint}"),
         Use::Swap { device } => format!("{device}: swap"),
+        Use::RaidMember { device, array } => format!("{device}: in md array {array}"),
+        Use::Holder { device, holder, name, .. } => {
+            format!("{device}: under {}", name.as_deref().map_or(holder.clone(), |n| format!("{holder}/{n}")))
+        }
+        Use::ZfsMember { device } => format!("{device}: ZFS pool member"),
+        Use::Busy { device } => format!("{device}: held exclusively"),
+        Use::OpenBy { device, pid, comm } => format!("{device}: open by pid {pid} ({comm})"),
+        Use::Unverified { source, .. } => format!("in use? {source} unreadable"),
     }
 }
 
@@ -249,6 +258,30 @@ mod tests {
         let a = Cli::try_parse_from(["t", "identify", "00:04.0", "--noiommu"]).unwrap().admin;
         assert!(matches!(a.command, AdminCommand::Identify { noiommu: true, .. }));
         assert!(Cli::try_parse_from(["t", "bind"]).is_err(), "bind needs an address");
+    }
+
+    #[test]
+    fn every_use_has_a_short_description() {
+        use tutti_driver::pci::Use;
+        let d = |u: Use| describe_use(&u);
+        assert_eq!(
+            d(Use::RaidMember { device: "nvme0n1p1".into(), array: "md0".into() }),
+            "nvme0n1p1: in md array md0"
+        );
+        let lv = Use::Holder {
+            device: "nvme0n1".into(),
+            holder: "dm-0".into(),
+            name: Some("vg-a".into()),
+            subsystem: None,
+        };
+        assert_eq!(d(lv), "nvme0n1: under dm-0/vg-a");
+        assert_eq!(d(Use::ZfsMember { device: "nvme0n1".into() }), "nvme0n1: ZFS pool member");
+        assert_eq!(
+            d(Use::OpenBy { device: "nvme0n1".into(), pid: 7, comm: "dd".into() }),
+            "nvme0n1: open by pid 7 (dd)"
+        );
+        let u = Use::Unverified { source: "/proc/swaps".into(), error: "gone".into() };
+        assert_eq!(d(u), "in use? /proc/swaps unreadable");
     }
 
     #[test]
