@@ -7,11 +7,13 @@
 //! - [`queue`]: submission/completion rings with phase tags and CID matching.
 //! - [`command`]: command builders and PRP/SGL data pointers.
 //! - [`emulated`]: a software NVMe controller for machines without a drive.
+//! - [`owner`]: one owner per media file or VFIO group, and naming the holder of a busy one.
 
 pub mod command;
 pub mod controller;
 pub mod emulated;
 pub mod error;
+pub mod owner;
 pub mod pci;
 pub mod queue;
 pub mod selftest;
