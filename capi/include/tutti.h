@@ -353,6 +353,11 @@ typedef struct tutti_runtime_config_t {
     uint64_t emulated_capacity_bytes;
     // EMULATED, nullable: NULL keeps media in RAM (gone at close); otherwise
     // media are the files `<dir>/emu<i>.img` (created if absent) and survive.
+    // A runtime owns its media files until it is closed: each is locked
+    // (`flock`) and `<dir>/emu<i>.img.owner` names the owner (pid, command
+    // line). A second runtime on the same files, in this process or another,
+    // in any open mode, gets `TUTTI_E_BUSY` naming the holder, before anything
+    // is written; a record left by a dead owner blocks nothing.
     const char *emulated_dir;
     // VFIO: `vfio_count` PCI addresses such as "0000:01:00.0", in pool order.
     const char *const *vfio_bdfs;

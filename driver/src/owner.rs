@@ -89,8 +89,8 @@ pub(crate) fn lock_media(name: &str, path: &Path, file: &File) -> Result<MediaOw
         Ok(false) => {
             let holder = describe_holder(Path::new("/proc"), path);
             return Err(DriverError::InUse(format!(
-                "{name}: media file {} is owned by {holder}; one runtime (in one process) owns a media \
-                 file at a time: close the other one first, or give this one another directory",
+                "{name}: media file {} is owned by {holder}; a media file has one owner at a time: \
+                 close the runtime that owns it first, or give this one another directory",
                 path.display()
             )));
         }
