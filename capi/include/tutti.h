@@ -370,6 +370,11 @@ typedef struct tutti_runtime_config_t {
     // relative path is taken from the process's current directory. The empty
     // string is refused (`TUTTI_E_INVALID_ARG`): it names no directory (pass
     // "." for the current one).
+    // A runtime owns its media files until it is closed: each is locked
+    // (`flock`) and `<dir>/emu<i>.img.owner` names the owner (pid, command
+    // line). A second runtime on the same files, in this process or another,
+    // in any open mode, gets `TUTTI_E_BUSY` naming the holder, before anything
+    // is written; a record left by a dead owner blocks nothing.
     const char *emulated_dir;
     // VFIO: `vfio_count` PCI addresses such as "0000:01:00.0", in pool order.
     const char *const *vfio_bdfs;
@@ -805,7 +810,9 @@ int32_t tutti_profile_save_slack_table(struct tutti_runtime_t *rt,
 
 // Opens a runtime: starts or opens the drives, opens (or formats) the pool on
 // them per `open_mode`, and starts the I/O path. On success `*out` is a new
-// handle; close it with `tutti_runtime_close`.
+// handle; close it with `tutti_runtime_close`. Drives or media that another
+// runtime (in this process or another) owns give `TUTTI_E_BUSY`, naming the
+// holder, before anything is written.
 //
 // # Safety
 // `config` is NULL or points to a `tutti_runtime_config_t` whose pointer

@@ -8,7 +8,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 use tutti_driver::controller::{Controller, ControllerOptions};
 use tutti_driver::emulated::{EmulatedConfig, EmulatedController, MediaConfig, NamespaceConfig};
-use tutti_objstore::{Backend, DriveSpec, Dtype, Geometry, GioConfig, OpenMode, PoolOptions, StoreOptions};
+use tutti_driver::DriverError;
+use tutti_objstore::{
+    Backend, DriveSpec, Dtype, Geometry, GioConfig, ObjError, OpenMode, PoolOptions, StoreOptions,
+};
 
 /// 32-bit float KV.
 pub const TUTTI_DTYPE_F32: u32 = 1;
@@ -83,6 +86,11 @@ pub struct tutti_runtime_config_t {
     /// relative path is taken from the process's current directory. The empty
     /// string is refused (`TUTTI_E_INVALID_ARG`): it names no directory (pass
     /// "." for the current one).
+    /// A runtime owns its media files until it is closed: each is locked
+    /// (`flock`) and `<dir>/emu<i>.img.owner` names the owner (pid, command
+    /// line). A second runtime on the same files, in this process or another,
+    /// in any open mode, gets `TUTTI_E_BUSY` naming the holder, before anything
+    /// is written; a record left by a dead owner blocks nothing.
     pub emulated_dir: *const c_char,
     /// VFIO: `vfio_count` PCI addresses such as "0000:01:00.0", in pool order.
     pub vfio_bdfs: *const *const c_char,
@@ -303,7 +311,11 @@ impl RuntimeConfig {
                         media,
                         ..EmulatedConfig::default()
                     })
-                    .map_err(|e| CapiError::Io(format!("starting emulated drive {i}: {e}")))?;
+                    .map_err(|e| match e {
+                        // Another runtime (here or in another process) owns the media file.
+                        DriverError::InUse(m) => CapiError::Busy(format!("emulated drive {i}: {m}")),
+                        e => CapiError::Io(format!("starting emulated drive {i}: {e}")),
+                    })?;
                     let opts = ControllerOptions { io_timeout: self.io_timeout, ..Default::default() };
                     let ctrl = Controller::new(emu.registers(), emu.dma_space(), opts)
                         .map_err(|e| CapiError::Io(format!("bringing up emulated drive {i}: {e}")))?;
@@ -315,7 +327,12 @@ impl RuntimeConfig {
             DriveSource::Vfio { bdfs, noiommu } => {
                 let specs = bdfs
                     .iter()
-                    .map(|b| DriveSpec::open_vfio(b, *noiommu).map_err(CapiError::from))
+                    .map(|b| {
+                        DriveSpec::open_vfio(b, *noiommu).map_err(|e| match e {
+                            ObjError::Driver(DriverError::InUse(m)) => CapiError::Busy(m),
+                            e => CapiError::from(e),
+                        })
+                    })
                     .collect::<Result<Vec<_>>>()?;
                 Ok((Rig { emulated: Vec::new() }, specs))
             }

@@ -100,7 +100,9 @@ unsafe impl SizePrefixed for tutti_runtime_info_t {
 
 /// Opens a runtime: starts or opens the drives, opens (or formats) the pool on
 /// them per `open_mode`, and starts the I/O path. On success `*out` is a new
-/// handle; close it with `tutti_runtime_close`.
+/// handle; close it with `tutti_runtime_close`. Drives or media that another
+/// runtime (in this process or another) owns give `TUTTI_E_BUSY`, naming the
+/// holder, before anything is written.
 ///
 /// # Safety
 /// `config` is NULL or points to a `tutti_runtime_config_t` whose pointer

@@ -56,6 +56,11 @@ pub enum DriverError {
 
     #[error("emulated controller: {0}")]
     Emulated(String),
+
+    /// Media or a device another owner holds (another process, or another
+    /// runtime in this one); the message names it and, where known, the holder.
+    #[error("already in use: {0}")]
+    InUse(String),
 }
 
 impl DriverError {

@@ -7,6 +7,7 @@
 //! - [`queue`]: submission/completion rings with phase tags and CID matching.
 //! - [`command`]: command builders and PRP/SGL data pointers.
 //! - [`emulated`]: a software NVMe controller for machines without a drive.
+//! - [`owner`]: one owner per media file or VFIO group, and naming the holder of a busy one.
 
 // Libraries report through return values and `tracing`, never by printing.
 #![warn(clippy::print_stdout, clippy::print_stderr)]
@@ -15,6 +16,7 @@ pub mod command;
 pub mod controller;
 pub mod emulated;
 pub mod error;
+pub mod owner;
 pub mod pci;
 pub mod queue;
 pub mod selftest;

@@ -29,7 +29,9 @@ pub struct EmulatedArgs {
     /// SGL support the emulated controller reports.
     #[arg(long, value_enum, default_value_t = SglFlag::On)]
     pub sgl: SglFlag,
-    /// Keep emulated media in files under this directory instead of RAM.
+    /// Keep emulated media in files under this directory instead of RAM
+    /// (`emu<i>.img`). One process owns them at a time: they are locked while in
+    /// use and `emu<i>.img.owner` names the owner; a second user is refused.
     #[arg(long)]
     pub dir: Option<PathBuf>,
 }

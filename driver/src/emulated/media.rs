@@ -9,6 +9,7 @@ use super::config::{EmulatedConfig, MediaConfig};
 use super::iommu::{EmuIommu, IommuFault};
 use super::walk::SglPiece;
 use crate::error::{DriverError, Result};
+use crate::owner::{lock_media, MediaOwner};
 use memmap2::{MmapMut, MmapOptions, UncheckedAdvice};
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
@@ -51,7 +52,13 @@ struct Extent {
 
 enum Store {
     Ram(MmapMut),
-    File { file: File, path: PathBuf },
+    /// `_owner` is declared before `file`: it is dropped first, so the owner record
+    /// goes before closing the file releases the lock.
+    File {
+        _owner: MediaOwner,
+        file: File,
+        path: PathBuf,
+    },
 }
 
 pub(super) struct Media {
@@ -125,7 +132,8 @@ impl Media {
                 Store::Ram(map)
             }
             MediaConfig::File(path) => {
-                Store::File { file: open_file(&cfg.name, path, total)?, path: path.clone() }
+                let (owner, file) = open_file(&cfg.name, path, total)?;
+                Store::File { _owner: owner, file, path: path.clone() }
             }
         };
         Ok(Media { extents, store, scratch: Vec::new() })
@@ -229,7 +237,7 @@ impl Media {
         let at = self.locate(ns, offset, len)?;
         match &mut self.store {
             Store::Ram(map) => zero_ram(map, at as usize, len as usize),
-            Store::File { file, path } => zero_file(file, path, at, len, &mut self.scratch)?,
+            Store::File { file, path, .. } => zero_file(file, path, at, len, &mut self.scratch)?,
         }
         Ok(())
     }
@@ -249,7 +257,9 @@ impl Media {
     }
 }
 
-fn open_file(name: &str, path: &std::path::Path, needed: u64) -> Result<File> {
+/// Opens (creating if absent) and locks a media file, then sizes it. A file
+/// another owner holds is refused before anything is written to it.
+fn open_file(name: &str, path: &std::path::Path, needed: u64) -> Result<(MediaOwner, File)> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -263,6 +273,7 @@ fn open_file(name: &str, path: &std::path::Path, needed: u64) -> Result<File> {
     if !meta.is_file() {
         return Err(DriverError::Emulated(format!("{name}: media {} is not a regular file", path.display())));
     }
+    let owner = lock_media(name, path, &file)?;
     if meta.len() < needed {
         // Extending leaves a hole: no disk space is used until blocks are written.
         file.set_len(needed).map_err(|e| {
@@ -273,7 +284,7 @@ fn open_file(name: &str, path: &std::path::Path, needed: u64) -> Result<File> {
             ))
         })?;
     }
-    Ok(file)
+    Ok((owner, file))
 }
 
 fn zero_ram(map: &mut MmapMut, at: usize, len: usize) {
@@ -439,6 +450,47 @@ mod tests {
         std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(8 << 20).unwrap();
         Media::open(&cfg(MediaConfig::File(path.clone()))).unwrap();
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 8 << 20);
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn second_owner_of_a_media_file_is_refused_until_the_first_goes() {
+        let path = temp_path("own");
+        let c = cfg(MediaConfig::File(path.clone()));
+        let mut first = Media::open(&c).unwrap();
+        let sidecar = crate::owner::sidecar_path(&path);
+        let record = std::fs::read_to_string(&sidecar).unwrap();
+        assert!(record.contains(&format!("pid={}", std::process::id())), "{record}");
+        // Write through the first owner, then try a second open.
+        let mmu = EmuIommu::new("t");
+        let src = mmu.alloc(4096).unwrap();
+        src.copy_in(0, &pattern(4096, 3)).unwrap();
+        first.write(1, 0, &[data(src.iova(), 4096)], &mmu).unwrap();
+        let err = match Media::open(&c) {
+            Err(e) => e,
+            Ok(_) => panic!("a second owner of {} was accepted", path.display()),
+        };
+        assert!(matches!(err, DriverError::InUse(_)), "{err:?}");
+        let msg = err.to_string();
+        let pid = format!("pid {}", std::process::id());
+        assert!(
+            msg.contains(path.to_str().unwrap()) && msg.contains(&pid) && msg.contains("this process"),
+            "{msg}"
+        );
+        // The first owner is unaffected.
+        let dst = mmu.alloc(4096).unwrap();
+        first.read(1, 0, &[data(dst.iova(), 4096)], &mmu).unwrap();
+        let mut out = vec![0u8; 4096];
+        dst.copy_out(0, &mut out).unwrap();
+        assert_eq!(out, pattern(4096, 3));
+        drop(first);
+        assert!(!sidecar.exists(), "the owner record outlived its owner");
+        // Closed, it opens again; a stale record naming a dead process blocks nothing.
+        std::fs::write(&sidecar, "pid=999999999\ncommand=gone\n").unwrap();
+        let again = Media::open(&c).unwrap();
+        let record = std::fs::read_to_string(&sidecar).unwrap();
+        assert!(record.contains(&format!("pid={}", std::process::id())), "{record}");
+        drop(again);
         std::fs::remove_file(&path).unwrap();
     }
 

@@ -19,7 +19,13 @@ pub struct Container {
 
 /// Opens a device node read-write, turning the usual failures into advice.
 pub fn open_node(path: &Path, what: &str) -> Result<OwnedFd> {
-    let file = File::options().read(true).write(true).open(path).map_err(|e| {
+    let file = File::options().read(true).write(true).open(path).map_err(|e| node_error(path, what, e))?;
+    Ok(file.into())
+}
+
+/// The error for a failed open of a device node, with advice for the usual causes.
+pub fn node_error(path: &Path, what: &str, e: std::io::Error) -> DriverError {
+    {
         let advice = match e.raw_os_error() {
             Some(libc::ENOENT) => "it does not exist: load the modules with `modprobe vfio-pci`",
             Some(libc::EACCES) | Some(libc::EPERM) => {
@@ -36,8 +42,7 @@ pub fn open_node(path: &Path, what: &str) -> Result<OwnedFd> {
             path.display(),
             if advice.is_empty() { "" } else { "; " }
         ))
-    })?;
-    Ok(file.into())
+    }
 }
 
 impl Container {

@@ -2,11 +2,12 @@
 //! (every device in it bound to vfio-pci or to nothing) before it can join a
 //! container, and the device's fd comes from it.
 
-use super::container::{open_node, Container};
+use super::container::{node_error, Container};
 use super::ioctl;
 use crate::error::{DriverError, Result};
 use crate::pci::{Bdf, PciSystem};
 use std::ffi::CString;
+use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use vfio_bindings::bindings::vfio::{vfio_group_status, VFIO_GROUP_FLAGS_VIABLE};
@@ -19,7 +20,14 @@ pub struct Group {
 impl Group {
     /// Opens the group file and checks viability, naming the devices that break it.
     pub fn open(path: &Path, number: u32, sys: &PciSystem, bdf: &Bdf) -> Result<Group> {
-        let fd = open_node(path, &format!("VFIO group {number} of {bdf}"))?;
+        let what = format!("VFIO group {number} of {bdf}");
+        let fd: OwnedFd = match File::options().read(true).write(true).open(path) {
+            Ok(f) => f.into(),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                return Err(DriverError::InUse(busy_group_message(Path::new("/proc"), path, number, bdf)))
+            }
+            Err(e) => return Err(node_error(path, &what, e)),
+        };
         let group = Group { fd, number };
         let mut status = vfio_group_status { argsz: size_of::<vfio_group_status>() as u32, flags: 0 };
         // SAFETY: a complete vfio_group_status with argsz set; the kernel fills `flags`.
@@ -79,5 +87,59 @@ impl Group {
         })?;
         // SAFETY: on success the ioctl returns a new fd that nothing else owns.
         Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+}
+
+/// The message for a group node that is already open elsewhere (EBUSY): it names
+/// the group, the device and the processes found holding the node under
+/// `proc_root` (normally `/proc`).
+pub(crate) fn busy_group_message(proc_root: &Path, node: &Path, number: u32, bdf: &Bdf) -> String {
+    let holders = crate::owner::holders_of(proc_root, node);
+    let by = if holders.is_empty() {
+        format!(
+            "another process (none visible in {} has {} open: it may run as another user or in \
+             another PID namespace, or hold the group through a container)",
+            proc_root.display(),
+            node.display()
+        )
+    } else {
+        holders.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+    };
+    format!(
+        "{bdf}: VFIO group {number} ({}) is busy: it is already open in {by}; a VFIO group has one \
+         owner, so stop that process or let it serve the drive",
+        node.display()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    #[test]
+    fn busy_group_names_group_device_and_holder() {
+        let root = std::env::temp_dir().join(format!("tutti-vfio-busy-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let fd = root.join("4242/fd");
+        std::fs::create_dir_all(&fd).unwrap();
+        std::fs::write(root.join("4242/cmdline"), b"tutti\0serve\0").unwrap();
+        symlink("/dev/vfio/vfio", fd.join("3")).unwrap();
+        symlink("/dev/vfio/12", fd.join("4")).unwrap();
+        let bdf: Bdf = "0000:01:00.0".parse().unwrap();
+        let msg = busy_group_message(&root, Path::new("/dev/vfio/12"), 12, &bdf);
+        assert!(
+            msg.contains("0000:01:00.0")
+                && msg.contains("VFIO group 12 (/dev/vfio/12)")
+                && msg.contains("pid 4242 (tutti serve)"),
+            "{msg}"
+        );
+        // Nobody visible holds group 13: the message says where it looked.
+        let msg = busy_group_message(&root, Path::new("/dev/vfio/13"), 13, &bdf);
+        assert!(
+            msg.contains("group 13") && msg.contains("another process") && !msg.contains("4242"),
+            "{msg}"
+        );
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }
