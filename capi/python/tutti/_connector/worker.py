@@ -160,7 +160,16 @@ def describe_vllm_layer(name: str, t: Any, g: Geometry, backend: str | None = No
         raise LayoutError(f"{where}: one block's K (or V) is not contiguous")
     hnd = g.kv_heads > 1 and g.tokens_per_block > 1 and strides[3] > strides[2]
     tag = "" if not hnd else "vllm-split-HND"  # NHD (the first layout tutti stored) keeps the plain identity
-    # flash-attn: K/V outermost, blocks next; FlashInfer: blocks outermost, K/V next.
+    # flash-attn: K/V outermost, blocks next; FlashInfer: blocks outermost, K/V next. With two
+    # blocks the two are the same shape and strides over different bytes: the backend decides.
+    if shape[0] == 2 and shape[1] == 2:
+        if not backend:
+            raise LayoutError(
+                f"{where}: [2, 2, ...] is flash-attn's [K/V, blocks] or FlashInfer's [blocks, K/V] alike, "
+                f"and the attention backend is unknown; refusing to guess"
+            )
+        if "FLASHINFER" in backend.upper():
+            return LayerLayout("strided", 2, v.addr, v.addr + obj * es, 2 * obj * es, tag)
     if shape[0] == 2 and strides[0] == obj * shape[1] and strides[1] == obj:
         return LayerLayout("vllm_per_layer", shape[1], v.addr, v.addr + strides[0] * es, 0, tag)
     if shape[1] == 2 and strides[1] == obj and strides[0] == 2 * obj:
