@@ -214,39 +214,6 @@ def test_failed_loads_end_the_request_under_the_fail_policy(main_run, restart_ru
         assert "error" in b
 
 
-# ---- preemptions, with and without deferred saves ----------------------------------------------------
-
-@pytest.fixture(scope="module")
-def preempt_run(vllm_python, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("real-vllm-preempt")
-    # Four 200-token prompts decoding 80 tokens each (9 blocks apiece at the end) in a cache of
-    # 16 blocks: two run at once and outgrow it, so vLLM must preempt.
-    prompts = [[7 + i] + list(range(1000 + 50 * i, 1199 + 50 * i)) for i in range(4)]
-    later = [p[:160] + [3, 4, 5] for p in prompts]
-    small = {"num_gpu_blocks_override": 16, "max_num_seqs": 4}
-    kw = dict(max_tokens=80, llm=small)
-    engines = [
-        engine("base", [prompts, later], **kw),
-        engine("eager", [prompts, later], pool(tmp / "p1"), prefix_cache=False, **kw),
-        engine("deferred", [prompts, later], pool(tmp / "p2", deferred_saves=True), prefix_cache=False, **kw),
-    ]
-    res = run(vllm_python, tmp, "preempt", engines)
-    return {e["name"]: e for e in res["engines"]}
-
-
-@pytest.mark.parametrize("mode", ["eager", "deferred"])
-def test_forced_preemptions_keep_outputs_and_stored_kv_right(preempt_run, mode):
-    base, t = preempt_run["base"], preempt_run[mode]
-    assert t["preemptions"] > 0, "the small cache did not force a preemption"
-    for batch in range(2):
-        for a, b in zip(results(base, batch), results(t, batch)):
-            assert same_output(a, b), (batch, a["tokens"], b["tokens"])
-    # The later requests' prefixes came from tutti (vLLM's prefix cache is off): what was stored
-    # around the preemptions was the right KV, not zeroed or reused blocks.
-    assert all(o["cached"] > 0 for o in results(t, 1))
-    assert t["tutti"]["bytes_loaded"] > 0
-
-
 # ---- the multiprocess executor is refused --------------------------------------------------------------
 
 def test_the_multiprocess_executor_is_refused_at_start_up(vllm_python, tmp_path):
