@@ -214,6 +214,67 @@ def test_failed_loads_end_the_request_under_the_fail_policy(main_run, restart_ru
         assert "error" in b
 
 
+# ---- forced preemptions, with and without deferred saves ----------------------------------------------
+
+# A cache of 10 usable 32-token blocks (vLLM's num_gpu_blocks_override, which the CPU worker
+# honours; max_model_len must fit in it or vLLM refuses to start), 64 tokens per step (chunked
+# prefill). PA (60 tokens, 2 blocks) is prefilled in step 1 and decodes; PB (256 tokens, 8 blocks,
+# admitted because it fits whole) is prefilled in chunks until step 5 fills the cache. In step 6
+# PA needs a third block: vLLM preempts PB right after its last chunk, frees its blocks and hands
+# PB's last one (full, and being saved) to PA. PB resumes when PA finishes, its prefix from tutti;
+# a later request extending PB loads all 8 of PB's blocks from tutti.
+PA = [11] + [(5 * k) % 480 + 20 for k in range(59)]
+PB = [12] + [(7 * k + 3) % 480 + 20 for k in range(255)]
+PB_LATER = PB + [3, 4, 5]
+
+
+@pytest.fixture(scope="module")
+def preempt_run(vllm_python, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("real-vllm-preempt")
+    small = {"num_gpu_blocks_override": 11, "max_num_seqs": 2, "enable_chunked_prefill": True,
+             "max_num_batched_tokens": 64}
+    # force_zeroing: vLLM zeroes newly allocated blocks (it does for Mamba and mixed-precision
+    # models) right after handle_preemptions; a deferred save still reading PB's last block then
+    # would store zeroes.
+    kw = dict(max_tokens=40, ignore_eos=True, max_model_len=320, prefix_cache=False, llm=small)
+    engines = [
+        engine("base", [[PA, PB], [PB_LATER]], **kw),
+        engine("eager", [[PA, PB], [PB_LATER]], pool(tmp / "p1"), force_zeroing=True, **kw),
+        engine("deferred", [[PA, PB], [PB_LATER]], pool(tmp / "p2", deferred_saves=True), force_zeroing=True, **kw),
+    ]
+    res = run(vllm_python, tmp, "preempt", engines)
+    return {e["name"]: e for e in res["engines"]}
+
+
+@pytest.mark.parametrize("mode", ["eager", "deferred"])
+def test_forced_preemptions_keep_outputs_and_stored_kv_right(preempt_run, mode):
+    base, t = preempt_run["base"], preempt_run[mode]
+    # vLLM's scheduler preempted (counted in its own Scheduler._preempt_request), with and
+    # without the connector.
+    assert base["preemptions"] >= 1 and t["preemptions"] >= 1, (base["preemptions"], t["preemptions"])
+    for batch in range(2):
+        for a, b in zip(results(base, batch), results(t, batch), strict=True):
+            assert same_output(a, b), (batch, a["tokens"], b["tokens"])
+    # PB resumed with its prefix from tutti (vLLM's prefix cache is off), and the later request
+    # loaded every one of PB's blocks: the KV stored around the preemption was right.
+    assert results(t, 1)[0]["cached"] == len(PB)
+    assert t["tutti"]["bytes_loaded"] > 8 * 2 * t["tutti"]["layers"] * t["tutti"]["object_bytes"]
+    assert t["tutti"]["failed_blocks"] == 0
+    # vLLM zeroed reallocated blocks, never one a save was still reading.
+    assert t["zeroed_blocks"] > 0
+    assert t["zeroed_under_pending_save"] == 0
+
+
+def test_a_preemption_right_after_a_deferred_save_completes_it_before_vllm_zeroes(preempt_run):
+    """The hazard happened: the victim still had deferred saves in flight when vLLM preempted
+    it, and its block went to another request in the same step. handle_preemptions must have
+    completed those saves before vLLM zeroed the block (checked above and here)."""
+    d = preempt_run["deferred"]
+    assert d["preempted_with_pending_saves"] >= 1
+    assert d["zeroed_under_pending_save"] == 0
+    assert preempt_run["eager"]["preempted_with_pending_saves"] == 0  # nothing deferred there
+
+
 # ---- the multiprocess executor is refused --------------------------------------------------------------
 
 def test_the_multiprocess_executor_is_refused_at_start_up(vllm_python, tmp_path):

@@ -7,7 +7,13 @@ the Python of the venv scripts/setup-vllm made. One process may run several engi
 SPEC: {"engines": [ENGINE, ...]}; ENGINE: {"name", "model", "connector": {extra config} | null,
 "prefix_cache": bool, "policy": "fail"|"recompute", "batches": [[prompt, ...], ...],
 "max_tokens", "llm": {more LLM(...) kwargs}, "fail_loads": n (fail the next n emulated reads
-before batch 1), "tamper": bool (perturb every loaded block after it lands), "executor": str}.
+before batch 1), "tamper": bool (perturb every loaded block after it lands), "executor": str,
+"max_model_len", "kv_bytes", "ignore_eos": bool, "force_zeroing": bool (vLLM zeroes every
+newly allocated block, as for Mamba or mixed-precision models)}.
+Per engine it reports "preemptions" (vLLM's scheduler preempted a request) and
+"preempted_with_pending_saves" (the victim still had deferred saves in flight), and with
+force_zeroing "zeroed_blocks" and "zeroed_under_pending_save" (blocks vLLM zeroed while a
+deferred save was still reading them).
 """
 
 from __future__ import annotations
@@ -28,15 +34,22 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # capi/python: the t
 
 BLOCK = 32
 TAMPER = {"on": False}  # the engine running now tampers with loaded blocks
+ZEROING = {"on": False}  # the engine running now has vLLM zero newly allocated blocks
 
 
 def _patch_counters(counters: dict) -> None:
+    """Counts vLLM's preemptions as its scheduler makes them, and those whose victim still had
+    deferred saves in flight (its blocks are freed while tutti may still be reading them)."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
     orig = Scheduler._preempt_request
 
     def counting(self, request, *a, **kw):
         counters["preemptions"] += 1
+        conn = _connector()
+        worker = getattr(conn, "_worker", None) if conn is not None else None
+        if worker is not None and any(sv.spec.req_id == request.request_id for sv in worker._pending):
+            counters["preempted_with_pending_saves"] += 1
         return orig(self, request, *a, **kw)
 
     Scheduler._preempt_request = counting
@@ -59,6 +72,36 @@ def _patch_tamper() -> None:
                 t[b] += 0.25
 
     WorkerSide.wait_layer = tampered
+
+
+def _patch_zeroing() -> None:
+    """Makes vLLM zero every newly allocated KV block at the start of the step that uses it, as
+    it does for models with Mamba layers or mixed KV precisions (the tiny Llama has neither).
+    vLLM does it after handle_preemptions and before the forward pass."""
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+    orig = KVCacheConfig.needs_kv_cache_zeroing
+
+    KVCacheConfig.needs_kv_cache_zeroing = property(lambda self: ZEROING["on"] or orig.fget(self))
+
+
+def _patch_zeroing_check(counters: dict) -> None:
+    """Counts blocks vLLM zeroes while a deferred save of the connector still reads them: that
+    save would store zeroes. vLLM zeroes them right after handle_preemptions."""
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    orig = CPUModelRunner._zero_block_ids
+
+    def checked(self, block_ids):
+        conn = _connector()
+        worker = getattr(conn, "_worker", None) if conn is not None else None
+        if worker is not None:
+            pending = {b for sv in worker._pending for b in sv.spec.block_ids}
+            counters["zeroed_under_pending_save"] += len(pending & set(block_ids))
+        counters["zeroed_blocks"] += len(block_ids)
+        return orig(self, block_ids)
+
+    CPUModelRunner._zero_block_ids = checked
 
 
 def _connector():
@@ -84,7 +127,8 @@ def run_engine(spec: dict) -> dict:
             kv_connector_extra_config=spec["connector"], kv_load_failure_policy=spec.get("policy", "recompute"),
         )
     llm = LLM(**kw)
-    sp = SamplingParams(max_tokens=spec.get("max_tokens", 6), temperature=0.0, logprobs=3, detokenize=False)
+    sp = SamplingParams(max_tokens=spec.get("max_tokens", 6), temperature=0.0, logprobs=3, detokenize=False,
+                        ignore_eos=bool(spec.get("ignore_eos")))
     out = {"batches": []}
     conn = _connector()
     for i, batch in enumerate(spec["batches"]):
@@ -128,19 +172,25 @@ def run_engine(spec: dict) -> dict:
 
 def main() -> None:
     spec = json.load(open(sys.argv[1]))
-    counters = {"preemptions": 0}
+    counters = {"preemptions": 0, "preempted_with_pending_saves": 0, "zeroed_blocks": 0,
+                "zeroed_under_pending_save": 0}
     _patch_counters(counters)
+    if any(e.get("force_zeroing") for e in spec["engines"]):
+        _patch_zeroing()
+        _patch_zeroing_check(counters)
     if any(e.get("tamper") for e in spec["engines"]):
         _patch_tamper()
     res = {"engines": []}
     for e in spec["engines"]:
-        before = counters["preemptions"]
+        before = dict(counters)
         TAMPER["on"] = bool(e.get("tamper"))
+        ZEROING["on"] = bool(e.get("force_zeroing"))
         try:
             r = run_engine(e)
         except Exception as ex:  # noqa: BLE001 - reported to the test
             r = {"start_error": f"{type(ex).__name__}: {ex}", "trace": traceback.format_exc()[-3000:]}
-        r["preemptions"] = counters["preemptions"] - before
+        for k in counters:
+            r[k] = counters[k] - before[k]
         r["name"] = e.get("name")
         res["engines"].append(r)
     print("\nRESULT " + json.dumps(res))
