@@ -1,8 +1,9 @@
 """tutti.vllm.TuttiConnector driven like vLLM drives it, against the real libtutti on emulated drives.
 
-vLLM is not installable here; the connector runs on its stand-in base class
-(see tutti/vllm.py) with request, block and scheduler-output stand-ins shaped
-like vLLM 0.10/0.11's (tests/vllm_standins.py).
+Where vLLM is not importable the connector runs on its stand-in base class
+(see tutti/vllm.py); where it is, on vLLM's own base. Either way it is driven
+with request, block and scheduler-output stand-ins shaped like vLLM's
+(tests/vllm_standins.py). Real vLLM runs it in tests/test_real_vllm.py.
 """
 
 from __future__ import annotations
@@ -18,8 +19,26 @@ from tutti.vllm import KVConnectorRole, TuttiConnector, TuttiConnectorMetadata, 
 from vllm_standins import EXTRA, Request, assert_blocks_hold, layer_name, prompt, vllm_config
 
 
-def test_connector_class_is_standalone_here(library, geometry):
-    assert VLLM_AVAILABLE is False  # this machine has no vLLM; the stand-in base is in use
+def _vllm_importable() -> bool:
+    try:
+        import vllm.distributed.kv_transfer.kv_connector.v1.base  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_connector_class_derives_from_the_base_in_use(library, geometry):
+    """vLLM's own base where vLLM imports, the stand-in base where it does not; never a mix."""
+    import tutti.vllm as tv
+
+    assert VLLM_AVAILABLE is _vllm_importable()
+    if VLLM_AVAILABLE:
+        from vllm.distributed.kv_transfer.kv_connector.v1 import base, metrics
+
+        assert tv.KVConnectorBase_V1 is base.KVConnectorBase_V1 and tv.KVConnectorRole is base.KVConnectorRole
+        assert issubclass(tv.TuttiConnectorStats, metrics.KVConnectorStats)
+    else:
+        assert tv.KVConnectorBase_V1.__module__ == "tutti.vllm"
     c = TuttiConnector(vllm_config(geometry, dict(EXTRA)), KVConnectorRole.WORKER)
     assert c.role is KVConnectorRole.WORKER
     for m in ("register_kv_caches", "start_load_kv", "wait_for_layer_load", "save_kv_layer", "wait_for_save",
@@ -276,3 +295,100 @@ def test_worker_methods_refused_on_the_scheduler_instance(library, geometry):
             c.register_kv_caches({})
     finally:
         c.shutdown()
+
+
+@pytest.mark.parametrize("backend", ["mp", "ray"])
+def test_executors_in_other_processes_are_refused_naming_what_to_set(library, geometry, backend):
+    """The scheduler-side connector would see none of the worker's KV: refused before any pool opens."""
+    cfg = vllm_config(geometry, dict(EXTRA))
+    cfg.parallel_config.distributed_executor_backend = backend
+    for role in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):
+        with pytest.raises(ConfigError) as e:
+            TuttiConnector(cfg, role)
+        msg = str(e.value)
+        assert repr(backend) in msg
+        assert "VLLM_ENABLE_V1_MULTIPROCESSING=0" in msg and 'distributed_executor_backend="uni"' in msg
+
+
+@pytest.mark.parametrize("backend", ["uni", "external_launcher", None])
+def test_single_process_executors_are_accepted(library, geometry, backend):
+    cfg = vllm_config(geometry, dict(EXTRA))
+    cfg.parallel_config.distributed_executor_backend = backend
+    TuttiConnector(cfg, KVConnectorRole.WORKER).shutdown()
+
+
+def test_connector_refuses_sleep_mode():
+    assert TuttiConnector.supports_sleep_mode(None) is False
+
+
+class _View:
+    """A strided view over a HostTensor's memory, with the torch tensor surface tutti reads."""
+
+    def __init__(self, base, shape, strides):
+        self.base, self.shape, self._strides = base, tuple(shape), tuple(strides)
+        self.device = "cpu"
+
+    def data_ptr(self):
+        return self.base.data_ptr()
+
+    def stride(self):
+        return self._strides
+
+    def element_size(self):
+        return self.base.element_size()
+
+
+def _strides(shape_logical, order):
+    """Element strides of a logical shape laid out in physical ``order`` (outermost first)."""
+    out, acc = [0] * len(shape_logical), 1
+    for d in reversed(order):
+        out[d] = acc
+        acc *= shape_logical[d]
+    return out
+
+
+def test_packed_kv_views_are_read_from_strides_not_guessed(library):
+    """vLLM >= 0.32's [num_blocks, H, N, 2*D] views: HND and NHD inside a block are both dense runs
+    (tagged differently); a head-major layer (LHBNC) is refused naming layer, shape and strides."""
+    from tutti._connector.worker import describe_vllm_layer
+
+    g = tutti.Geometry(layers=1, kv_heads=2, head_dim=32, tokens_per_block=4, dtype="f16")
+    shape = (2, g.kv_heads, g.tokens_per_block, 2 * g.head_dim)  # 2 blocks and 2 heads: no dim-2 guessing
+    mem = tutti.HostTensor((2 * g.kv_heads * g.tokens_per_block * 2 * g.head_dim,), 2)
+    hnc = describe_vllm_layer("l0", _View(mem, shape, _strides(shape, (0, 1, 2, 3))), g)
+    nhc = describe_vllm_layer("l0", _View(mem, shape, _strides(shape, (0, 2, 1, 3))), g)
+    obj = g.object_bytes
+    assert (hnc.kind, hnc.blocks, hnc.block_stride, hnc.tag) == ("strided", 2, 2 * obj, "vllm-packed-HNC")
+    assert hnc.v_base - hnc.k_base == obj
+    assert nhc.tag == "vllm-packed-NHC" and nhc.block_stride == 2 * obj
+    bad = _View(mem, shape, _strides(shape, (1, 0, 2, 3)))  # heads outermost: a block is two runs
+    with pytest.raises(LayoutError, match=r"'l0' \(shape \(2, 2, 4, 64\), strides \(256, 512, 64, 1\), backend FA"):
+        describe_vllm_layer("l0", bad, g, backend="FA")
+    wrong = _View(mem, (2, 4, 2, 64), _strides((2, 4, 2, 64), (0, 1, 2, 3)))  # H and N swapped
+    with pytest.raises(LayoutError, match="kv_heads, block_size"):
+        describe_vllm_layer("l0", wrong, g)
+
+
+def test_legacy_five_dim_layouts_with_two_blocks_and_two_heads(library):
+    """[2, num_blocks, N, H, D] vs [num_blocks, 2, N, H, D] when num_blocks == 2 == kv_heads: the
+    same shape and strides over differently ordered bytes, so the backend decides, and without
+    one the tensor is refused rather than guessed."""
+    from tutti._connector.worker import describe_vllm_layer
+
+    g = tutti.Geometry(layers=1, kv_heads=2, head_dim=32, tokens_per_block=4, dtype="f16")
+    shape = (2, 2, g.tokens_per_block, g.kv_heads, g.head_dim)
+    mem = tutti.HostTensor((2 * 2 * g.tokens_per_block * g.kv_heads * g.head_dim,), 2)
+    packed = _View(mem, shape, _strides(shape, (0, 1, 2, 3, 4)))
+    with pytest.raises(LayoutError, match="refusing to guess"):
+        describe_vllm_layer("l0", packed, g)
+    fa = describe_vllm_layer("l0", packed, g, backend="FLASH_ATTN")
+    assert fa.kind == "vllm_per_layer" and fa.v_base - fa.k_base == 2 * g.object_bytes and fa.tag == ""
+    fi = describe_vllm_layer("l0", packed, g, backend="FLASHINFER")
+    assert fi.kind == "strided" and fi.block_stride == 2 * g.object_bytes and fi.v_base - fi.k_base == g.object_bytes
+    # Three blocks: no ambiguity, the strides say which dim is K/V.
+    shape3 = (3, 2, g.tokens_per_block, g.kv_heads, g.head_dim)
+    mem3 = tutti.HostTensor((3 * 2 * g.tokens_per_block * g.kv_heads * g.head_dim,), 2)
+    fi3 = describe_vllm_layer("l0", _View(mem3, shape3, _strides(shape3, (0, 1, 2, 3, 4))), g)
+    assert fi3.kind == "strided" and fi3.blocks == 3
+    hnd = describe_vllm_layer("l0", _View(mem, shape, _strides(shape, (0, 1, 3, 2, 4))), g, backend="FLASH_ATTN")
+    assert hnd.tag == "vllm-split-HND"

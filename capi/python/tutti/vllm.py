@@ -19,6 +19,12 @@ against stand-in request, block and scheduler-output objects.
 vLLM builds one instance with ``role=SCHEDULER`` (in the scheduler) and one
 with ``role=WORKER`` (next to the GPU); the scheduler's plan reaches the
 worker as ``TuttiConnectorMetadata`` inside the scheduler output.
+
+Both must live in one process (they share one pool, see ``_connector/shared.py``)
+until the tutti daemon lands: run vLLM with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
+and ``distributed_executor_backend="uni"``. Any other executor is refused at
+start-up with a message saying so (:func:`check_single_process`), and so is a
+scheduler-side connector that finds no worker's KV registered in its process.
 """
 
 from __future__ import annotations
@@ -26,11 +32,14 @@ from __future__ import annotations
 import enum
 import inspect
 import logging
+import os
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._connector import shared
 from .errors import TuttiError
-from ._connector.config import ConnectorConfig, from_vllm
+from ._connector.config import ConfigError, ConnectorConfig, from_vllm
 from ._connector.metadata import LoadSpec, SaveSpec, StepPlan
 from ._connector.profile import StepProfiler
 from ._connector.scheduler import SchedulerSide
@@ -88,6 +97,89 @@ except ImportError:
             return self._connector_metadata is not None
 
 
+try:  # pragma: no cover - exercised only where vLLM is installed
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+except ImportError:
+
+    @dataclass
+    class KVConnectorStats:  # type: ignore[no-redef]
+        """Stand-in for vLLM's stats container (a ``data`` dict)."""
+
+        data: dict = field(default_factory=dict)
+
+        def to_dict(self) -> dict:
+            return self.data
+
+
+STAT_KEYS = (
+    "bytes_loaded", "bytes_stored", "hit_tokens", "load_s", "save_s", "failed_blocks", "loads", "saves",
+)
+
+
+@dataclass
+class TuttiConnectorStats(KVConnectorStats):
+    """tutti's counters for one stats interval, through vLLM's connector-stats hooks.
+
+    ``bytes_loaded``/``bytes_stored``: KV bytes moved by the drives; ``hit_tokens``: tokens
+    the scheduler-side connector reported as loadable; ``load_s``/``save_s``: wall time the
+    worker spent waiting for loads and completing saves; ``failed_blocks``: engine blocks
+    whose load failed (handed to vLLM); ``loads``/``saves``: requests loaded / stored.
+    """
+
+    def __post_init__(self):
+        for k in STAT_KEYS:
+            self.data.setdefault(k, 0)
+
+    def reset(self):
+        self.data = {k: 0 for k in STAT_KEYS}
+
+    def aggregate(self, other: "KVConnectorStats") -> "TuttiConnectorStats":
+        for k, v in (other.data or {}).items():
+            self.data[k] = self.data.get(k, 0) + v
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return {k: self.data.get(k, 0) for k in STAT_KEYS}
+
+    def is_empty(self) -> bool:
+        return not any(self.data.get(k, 0) for k in STAT_KEYS)
+
+
+SINGLE_PROCESS_HINT = (
+    "tutti's pool lives in one process until the tutti daemon (tuttid) lands, so vLLM's scheduler and "
+    "its worker must share that process: set VLLM_ENABLE_V1_MULTIPROCESSING=0 in the environment "
+    "(vLLM's CPU build otherwise switches to the 'mp' executor) and distributed_executor_backend=\"uni\" "
+    "(LLM(..., distributed_executor_backend=\"uni\") or --distributed-executor-backend uni), with "
+    "tensor_parallel_size=1 and pipeline_parallel_size=1"
+)
+
+
+def _is_real_vllm_config(vllm_config: Any) -> bool:
+    return VLLM_AVAILABLE and type(vllm_config).__module__.startswith("vllm.")
+
+
+def check_single_process(vllm_config: Any) -> None:
+    """Refuses, at start-up, executors that put the scheduler and the worker in different processes.
+
+    With them the scheduler-side connector would never see the KV the worker registers and
+    would report no cached prefix forever: silent misses, never an error. vLLM resolves
+    ``distributed_executor_backend`` before any connector is built: ``"uni"`` (and
+    ``"external_launcher"``, one engine per process) keep both halves in one process;
+    ``"mp"``, ``"ray"`` or an executor class do not.
+    """
+    parallel = getattr(vllm_config, "parallel_config", None)
+    backend = getattr(parallel, "distributed_executor_backend", None)
+    if backend is None or backend in ("uni", "external_launcher"):
+        return
+    name = backend if isinstance(backend, str) else getattr(backend, "__name__", repr(backend))
+    env = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    raise ConfigError(
+        f"TuttiConnector: vLLM's executor is distributed_executor_backend={name!r} "
+        f"(VLLM_ENABLE_V1_MULTIPROCESSING={env if env is not None else 'unset (1)'}), which runs the scheduler "
+        f"and the workers in different processes; {SINGLE_PROCESS_HINT}"
+    )
+
+
 class TuttiConnectorMetadata(KVConnectorMetadata, StepPlan):
     """One step's plan: loads (hit chunks → new blocks) and saves (computed blocks → chunks)."""
 
@@ -104,6 +196,22 @@ def _base_init(self, vllm_config, role, kv_cache_config) -> None:
         KVConnectorBase_V1.__init__(self, vllm_config, role)
 
 
+def _vllm_layout_facts(vllm_config: Any, kv_caches: dict[str, Any]) -> tuple[dict[str, str], str | None]:
+    """(layer name -> attention backend name, vLLM's resolved KV cache layout name), where vLLM has them."""
+    backends: dict[str, str] = {}
+    ctx = getattr(getattr(vllm_config, "compilation_config", None), "static_forward_context", None) or {}
+    for name in kv_caches:
+        layer = ctx.get(name)
+        backend = getattr(layer, "attn_backend", None)
+        try:
+            backends[name] = backend.get_name() if backend is not None else type(layer).__name__
+        except Exception:  # a backend without get_name(): the class name will do for messages
+            backends[name] = getattr(backend, "__name__", type(backend).__name__)
+    layout = getattr(getattr(vllm_config, "cache_config", None), "kv_cache_layout", None)
+    layout = getattr(layout, "name", layout)
+    return backends, (str(layout) if layout else None)
+
+
 def _is_scheduler(role: Any) -> bool:
     return getattr(role, "name", str(role)) == "SCHEDULER"
 
@@ -114,12 +222,26 @@ class TuttiConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None):
         _base_init(self, vllm_config, role, kv_cache_config)
         self.config: ConnectorConfig = from_vllm(vllm_config)
+        check_single_process(vllm_config)
         self.runtime = shared.acquire(self.config)
+        self._stats = TuttiConnectorStats()
+        self.reported = TuttiConnectorStats()  # everything handed to vLLM's stats hook so far
+        self._last_rt = self.runtime.stats()
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         self._profiler: StepProfiler | None = None
         if _is_scheduler(role):
             c = self.config
+            if _is_real_vllm_config(vllm_config) and self.runtime._registered is None:
+                # vLLM builds the workers (which register their KV) before the scheduler; in one
+                # process the pool has KV by now. It has none when the worker is elsewhere.
+                shared.release(self.config, self.runtime)
+                self.runtime = None
+                raise ConfigError(
+                    f"TuttiConnector: the scheduler-side connector (pid {os.getpid()}) finds no KV memory "
+                    f"registered by a worker in its process, so the worker runs in another process; "
+                    f"{SINGLE_PROCESS_HINT}"
+                )
             self._scheduler = SchedulerSide(self.runtime, c.geometry.tokens_per_block, c.deferred_saves)
         else:
             c = self.config
@@ -148,12 +270,34 @@ class TuttiConnector(KVConnectorBase_V1):
     # ==============================
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
-        """Registers vLLM's per-layer KV tensors (their memory is what the drives read and write)."""
-        self._w().register(kv_caches)
+        """Registers vLLM's per-layer KV tensors (their memory is what the drives read and write).
+
+        The layout is recognised from the tensors' shapes and strides, cross-checked with the
+        layout vLLM resolved (``cache_config.kv_cache_layout``); the attention backend's name
+        goes into any error.
+        """
+        backends, resolved = _vllm_layout_facts(self._vllm_config, kv_caches)
+        self._w().register(kv_caches, backends, resolved)
         if self._profiler is not None and self._w().on_gpu:
             import torch  # GPU tensors come from torch
 
             self._profiler.use_cuda(torch)
+
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: Any = None) -> bool:
+        """False: tutti's tables hold the raw addresses of the registered KV memory, which sleep
+        mode frees and remaps (vLLM >= 0.33 asks this before sleeping)."""
+        return False
+
+    def handle_preemptions(self, kv_connector_metadata: Any) -> None:
+        """vLLM calls this at the start of every step, before it zeroes or rewrites blocks it
+        reallocated (a preempted request's, among others): deferred saves still reading such
+        blocks are completed here, so they store the KV the blocks held, never zeroes."""
+        if self._worker is None:
+            return
+        t0 = time.monotonic()
+        self._worker.drain()
+        self._stats.data["save_s"] += time.monotonic() - t0
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         """Submits this step's loads for every layer; attention layers then wait for their own."""
@@ -162,13 +306,19 @@ class TuttiConnector(KVConnectorBase_V1):
             return
         if self._profiler is not None:
             self._profiler.begin_step(plan.prefill_tokens, plan.prefix_tokens, plan.decode_context_tokens)
+        t0 = time.monotonic()
         self._w().begin_step(plan)
+        self._stats.data["save_s"] += time.monotonic() - t0
         self._w().start_loads(plan)
+        self._stats.data["loads"] += sum(1 for ld in plan.loads if ld.hashes)
+        self._stats.data["saves"] += sum(1 for sv in plan.saves if sv.hashes)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Blocks until layer ``layer_name`` of every load of this step has landed (or failed)."""
         w = self._w()
+        t0 = time.monotonic()
         w.wait_layer(layer_name)
+        self._stats.data["load_s"] += time.monotonic() - t0
         layer = w.layer_of(layer_name)
         if self._profiler is not None and layer is not None:
             self._profiler.layer_begins(layer)
@@ -188,8 +338,12 @@ class TuttiConnector(KVConnectorBase_V1):
         w = self._w()
         if self._profiler is not None:
             self._profiler.end_step()
+        t0 = time.monotonic()
         w.finish_loads()
+        t1 = time.monotonic()
         w.finish_saves(self._plan())
+        self._stats.data["load_s"] += t1 - t0
+        self._stats.data["save_s"] += time.monotonic() - t1
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         """(finished requests whose deferred saves are done, None): loads always finish in their step.
@@ -200,13 +354,41 @@ class TuttiConnector(KVConnectorBase_V1):
         return (done or None), None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        """Blocks whose load failed since the last call; vLLM recomputes them.
+        """Blocks whose load failed since the last call. What vLLM does with them depends on
+        ``kv_load_failure_policy`` (see the package README): ``"recompute"`` recomputes them,
+        ``"fail"`` (vLLM's default) ends the affected requests with an error.
 
         Blocks whose load failed with an unknown outcome (a timed-out read the drive may
         still execute) are among them; a warning names those, since the drive may write
         them until the pool is reopened.
         """
-        return self._w().take_load_errors()
+        errors = self._w().take_load_errors()
+        self._stats.data["failed_blocks"] += len(errors)
+        return errors
+
+    def _collect_stats(self) -> TuttiConnectorStats | None:
+        if self.runtime is None:
+            return None
+        now = self.runtime.stats()
+        if self._worker is not None:
+            self._stats.data["bytes_loaded"] += now.bytes_loaded - self._last_rt.bytes_loaded
+            self._stats.data["bytes_stored"] += now.bytes_stored - self._last_rt.bytes_stored
+        self._last_rt = now
+        if self._stats.is_empty():
+            return None
+        out, self._stats = self._stats, TuttiConnectorStats()
+        self.reported.aggregate(out)
+        return out
+
+    def get_kv_connector_stats(self) -> TuttiConnectorStats | None:
+        """This interval's counters (then reset); vLLM aggregates them into its stats loggers.
+        The worker side reports bytes, times, loads, saves and failed blocks; the scheduler
+        side the hit tokens."""
+        return self._collect_stats()
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> TuttiConnectorStats:
+        return TuttiConnectorStats(data=dict(data or {}))
 
     # ==============================
     # Scheduler side
@@ -219,6 +401,8 @@ class TuttiConnector(KVConnectorBase_V1):
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         """vLLM found blocks for the request: plan loading the hit chunks into them."""
         self._s().allocated(request, blocks, num_external_tokens)
+        if num_external_tokens > 0:
+            self._stats.data["hit_tokens"] += num_external_tokens
 
     def build_connector_meta(self, scheduler_output: Any) -> TuttiConnectorMetadata:
         """This step's loads and the prompt blocks it completes (to be stored)."""
@@ -262,4 +446,6 @@ __all__ = [
     "KVConnectorRole",
     "KVConnectorBase_V1",
     "VLLM_AVAILABLE",
+    "TuttiConnectorStats",
+    "check_single_process",
 ]

@@ -66,39 +66,118 @@ def layer_index_map(names: list[str]) -> dict[str, int]:
     return {n: i for i, n in enumerate(names)}
 
 
-def describe_vllm_layer(name: str, t: Any, g: Geometry) -> tuple[str, int, int, int]:
-    """(kind, num_blocks, K base, V base) of one layer's KV tensor.
+@dataclass(frozen=True)
+class LayerLayout:
+    """Where one layer's blocks live, as tutti registers them.
 
-    Accepted: flash-attn's ``[2, num_blocks, block_size, kv_heads, head_size]``
-    (K and V as two halves) and FlashInfer's ``[num_blocks, 2, block_size,
-    kv_heads, head_size]`` (K and V interleaved per block); the three inner
-    dims may be permuted (HND) as long as one block's K is contiguous.
+    ``kind`` is the C ABI's layout kind; for ``strided`` block ``b``'s "K" object is at
+    ``k_base + b * block_stride`` and its "V" object at ``v_base + b * block_stride``.
+    ``tag`` names the byte order inside a block; it is mixed into the cache identity,
+    so chunks stored under one order are never loaded into another.
+    """
+
+    kind: str
+    blocks: int
+    k_base: int
+    v_base: int
+    block_stride: int  # bytes; 0 for vllm_per_layer
+    tag: str
+
+
+def _where(name: str, shape, strides, backend: str | None) -> str:
+    return f"layer {name!r} (shape {tuple(shape)}, strides {tuple(strides)}, backend {backend or 'unknown'})"
+
+
+def describe_vllm_layer(name: str, t: Any, g: Geometry, backend: str | None = None,
+                        vllm_layout: str | None = None) -> LayerLayout:
+    """How tutti addresses one layer's KV tensor, recognised from the shapes vLLM builds; never guessed.
+
+    vLLM >= 0.32 (CPU attention, FlashAttention and FlashInfer alike) hands each layer a
+    4-D view ``[num_blocks, kv_heads, block_size, 2 * head_size]``: K and V of a token are
+    packed in the last dimension, and the physical order of the first three dims is one of
+    vLLM's ``KVCacheLayout`` stride orders (``LBHNC`` = HND, ``LBNHC`` = NHD, and the
+    cross-layer ``BLHNC``/``BLNHC``). tutti needs one layer's block to be one dense run
+    (``[H, N, C]`` or ``[N, H, C]``); it stores the run's first half as the block's "K"
+    object and its second half as "V" (a byte-exact split, tagged with the order).
+    ``LHBNC`` and ``BHLNC`` (a head's blocks, or a block's layers, interleaved) are refused.
+
+    vLLM <= 0.31 handed 5-D tensors: flash-attn's ``[2, num_blocks, B, H, D]`` (K and V as
+    two halves) and FlashInfer's ``[num_blocks, 2, B, H, D]``, the three inner dims possibly
+    permuted (HND). Which dim is K/V is read from the strides, not from a dim being 2 (a
+    model may have 2 KV heads, or a cache 2 blocks).
     """
     v = view(t)
-    if len(v.shape) != 5:
-        raise LayoutError(f"{name}: KV tensor of shape {v.shape}; expected 5 dims [2, blocks, B, H, D]")
+    shape, strides = tuple(v.shape), tuple(v.strides)
+    where = _where(name, shape, strides, backend)
     if v.element_size != g.element_size:
-        raise LayoutError(f"{name}: {v.element_size}-byte elements; the pool stores {g.dtype}")
-    inner = (g.tokens_per_block, g.kv_heads, g.head_dim)
-    if tuple(v.shape[2:]) != inner:
+        raise LayoutError(f"{where}: {v.element_size}-byte elements; the pool stores {g.dtype}")
+    obj = g.tokens_per_block * g.kv_heads * g.head_dim  # elements of one K (or V) object
+    es = v.element_size
+    if len(shape) == 4:
+        blocks, heads, tokens, content = shape
+        want = (g.kv_heads, g.tokens_per_block, 2 * g.head_dim)
+        if (heads, tokens, content) != want:
+            raise LayoutError(
+                f"{where}: [kv_heads, block_size, 2*head_size] = {(heads, tokens, content)}; the pool's "
+                f"geometry needs {want} (vLLM's packed-K|V layer view [num_blocks, H, N, 2*D])"
+            )
+        s_b, s_h, s_n, s_c = strides
+        if s_c != 1:
+            raise LayoutError(f"{where}: the K|V dimension is not innermost (stride {s_c}); not a vLLM layout")
+        if heads == 1 or s_h == s_n * tokens:
+            order = "HNC"  # LBHNC / BLHNC (with one head both orders are the same bytes)
+            dense = tokens == 1 or s_n == content
+        elif tokens == 1 or s_n == s_h * heads:
+            order = "NHC"  # LBNHC / BLNHC
+            dense = s_h == content
+        else:
+            order, dense = "?", False
+        run = heads * tokens * content
+        if not dense:
+            raise LayoutError(
+                f"{where}: one block's [kv_heads, block_size, 2*head_size] is not one dense run of memory "
+                f"(vLLM layouts LHBNC and BHLNC interleave blocks or layers inside it); tutti can store "
+                f"vLLM's LBHNC, LBNHC, BLHNC and BLNHC layouts (resolved layout here: {vllm_layout or 'unknown'})"
+            )
+        if blocks > 1 and s_b < run:
+            raise LayoutError(f"{where}: blocks overlap (block stride {s_b} < {run} elements per block)")
+        if vllm_layout and vllm_layout[2:] in ("HNC", "NHC") and heads > 1 and tokens > 1 and vllm_layout[2:] != order:
+            raise LayoutError(
+                f"{where}: the strides say {order} inside a block but vLLM resolved layout {vllm_layout}"
+            )
+        return LayerLayout("strided", blocks, v.addr, v.addr + obj * es, s_b * es, f"vllm-packed-{order}")
+    if len(shape) != 5:
         raise LayoutError(
-            f"{name}: shape {v.shape} has [block_size, kv_heads, head_size] = {tuple(v.shape[2:])}; "
-            f"the pool's geometry is {inner}"
+            f"{where}: {len(shape)} dims; tutti knows vLLM's 4-D packed-K|V layer view "
+            f"[num_blocks, H, N, 2*D] and the 5-D [2, num_blocks, N, H, D] / [num_blocks, 2, N, H, D]"
         )
-    if not _dense(v.shape[2:], v.strides[2:]):
-        raise LayoutError(f"{name}: one block's K (or V) is not contiguous (strides {v.strides})")
-    obj = g.tokens_per_block * g.kv_heads * g.head_dim
-    if v.shape[0] == 2:
-        kind, blocks, kv_stride, block_stride = "vllm_per_layer", v.shape[1], v.strides[0], v.strides[1]
-        ok = block_stride == obj and kv_stride == obj * blocks
-    elif v.shape[1] == 2:
-        kind, blocks, kv_stride, block_stride = "strided", v.shape[0], v.strides[1], v.strides[0]
-        ok = kv_stride == obj and block_stride == 2 * obj
-    else:
-        raise LayoutError(f"{name}: shape {v.shape} has no K/V dimension of 2 in front")
-    if not ok:
-        raise LayoutError(f"{name}: strides {v.strides} leave gaps between blocks; register a packed KV cache")
-    return kind, blocks, v.addr, v.addr + kv_stride * v.element_size
+    inner = (g.tokens_per_block, g.kv_heads, g.head_dim)
+    if tuple(shape[2:]) != inner:
+        raise LayoutError(
+            f"{where}: [block_size, kv_heads, head_size] = {tuple(shape[2:])}; the pool's geometry is {inner}"
+        )
+    if not _dense(shape[2:], strides[2:]):
+        raise LayoutError(f"{where}: one block's K (or V) is not contiguous")
+    hnd = g.kv_heads > 1 and g.tokens_per_block > 1 and strides[3] > strides[2]
+    tag = "" if not hnd else "vllm-split-HND"  # NHD (the first layout tutti stored) keeps the plain identity
+    # flash-attn: K/V outermost, blocks next; FlashInfer: blocks outermost, K/V next. With two
+    # blocks the two are the same shape and strides over different bytes: the backend decides.
+    if shape[0] == 2 and shape[1] == 2:
+        if not backend:
+            raise LayoutError(
+                f"{where}: [2, 2, ...] is flash-attn's [K/V, blocks] or FlashInfer's [blocks, K/V] alike, "
+                f"and the attention backend is unknown; refusing to guess"
+            )
+        if "FLASHINFER" in backend.upper():
+            return LayerLayout("strided", 2, v.addr, v.addr + obj * es, 2 * obj * es, tag)
+    if shape[0] == 2 and strides[0] == obj * shape[1] and strides[1] == obj:
+        return LayerLayout("vllm_per_layer", shape[1], v.addr, v.addr + strides[0] * es, 0, tag)
+    if shape[1] == 2 and strides[1] == obj and strides[0] == 2 * obj:
+        return LayerLayout("strided", shape[0], v.addr, v.addr + obj * es, 2 * obj * es, tag)
+    raise LayoutError(
+        f"{where}: neither [2, num_blocks, ...] with K and V as packed halves nor [num_blocks, 2, ...] "
+        f"with packed blocks; register a packed KV cache"
+    )
 
 
 def _runs(layers: list[int]) -> list[range]:
@@ -158,40 +237,48 @@ class WorkerSide:
         self._load_errors: set[int] = set()
         # Engine blocks a drive may still write (loads of unknown outcome), until the pool is reopened.
         self.unknown_load_blocks: set[int] = set()
+        self.layout_tag = ""
+        self.kv_caches: dict[str, Any] = {}
 
     # --- register_kv_caches --------------------------------------------------------------
 
-    def register(self, kv_caches: dict[str, Any]) -> None:
+    def register(self, kv_caches: dict[str, Any], backends: dict[str, str] | None = None,
+                 vllm_layout: str | None = None) -> None:
         names = list(kv_caches)
         if len(names) != self.g.layers:
             raise LayoutError(f"vLLM registered {len(names)} KV layers; the pool's geometry has {self.g.layers}")
         index = layer_index_map(names)
-        by_layer: list[tuple[str, int, int, int] | None] = [None] * self.g.layers
+        by_layer: list[LayerLayout | None] = [None] * self.g.layers
         on_gpu = False
         for name in names:
-            by_layer[index[name]] = describe_vllm_layer(name, kv_caches[name], self.g)
+            by_layer[index[name]] = describe_vllm_layer(
+                name, kv_caches[name], self.g, (backends or {}).get(name), vllm_layout
+            )
             on_gpu |= view(kv_caches[name]).on_gpu
-        kinds = {d[0] for d in by_layer}
-        blocks = {d[1] for d in by_layer}
-        if len(kinds) != 1 or len(blocks) != 1:
-            raise LayoutError(f"layers disagree on layout ({kinds}) or block count ({blocks})")
-        kind, num_blocks = kinds.pop(), blocks.pop()
+        shapes = {(d.kind, d.blocks, d.block_stride, d.tag) for d in by_layer}
+        if len(shapes) != 1:
+            raise LayoutError(f"layers disagree on layout (kind, blocks, block stride, order): {sorted(shapes)}")
+        kind, num_blocks, block_stride, tag = shapes.pop()
         memory = "cuda" if on_gpu else "host"
-        k = [d[2] for d in by_layer]
+        salt = self.salt + (b"\0tutti-kv-order:" + tag.encode() if tag else b"")
+        k = [d.k_base for d in by_layer]
         if kind == "vllm_per_layer":
             self.rt.register_kv(
-                kind, num_blocks, model=self.model, k_bases=k, memory=memory, tenant_salt=self.salt,
+                kind, num_blocks, model=self.model, k_bases=k, memory=memory, tenant_salt=salt,
                 keepalive=kv_caches,
             )
         else:
             self.rt.register_kv(
-                kind, num_blocks, model=self.model, k_bases=k, v_bases=[d[3] for d in by_layer],
-                block_stride=2 * self.g.object_bytes, memory=memory, tenant_salt=self.salt, keepalive=kv_caches,
+                kind, num_blocks, model=self.model, k_bases=k, v_bases=[d.v_base for d in by_layer],
+                block_stride=block_stride, memory=memory, tenant_salt=salt, keepalive=kv_caches,
             )
         self.layers = index
         self.num_blocks = num_blocks
         self.on_gpu = on_gpu
-        log.info("tutti: registered %d layers × %d blocks (%s, %s memory)", len(names), num_blocks, kind, memory)
+        self.layout_tag = tag
+        self.kv_caches = kv_caches
+        log.info("tutti: registered %d layers × %d blocks (%s %s, %s memory)", len(names), num_blocks, kind,
+                 tag or "NHD", memory)
 
     def layer_of(self, layer_name: str) -> int | None:
         return self.layers.get(layer_name)

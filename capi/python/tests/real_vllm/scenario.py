@@ -1,0 +1,200 @@
+"""Runs real vLLM (CPU build) on a tiny model, with or without the tutti connector, and prints
+what happened as JSON on the last line of stdout. Driven by tests/test_real_vllm.py, run with
+the Python of the venv scripts/setup-vllm made. One process may run several engines in turn.
+
+    python scenario.py SPEC.json
+
+SPEC: {"engines": [ENGINE, ...]}; ENGINE: {"name", "model", "connector": {extra config} | null,
+"prefix_cache": bool, "policy": "fail"|"recompute", "batches": [[prompt, ...], ...],
+"max_tokens", "llm": {more LLM(...) kwargs}, "fail_loads": n (fail the next n emulated reads
+before batch 1), "tamper": bool (perturb every loaded block after it lands), "executor": str,
+"max_model_len", "kv_bytes", "ignore_eos": bool, "force_zeroing": bool (vLLM zeroes every
+newly allocated block, as for Mamba or mixed-precision models)}.
+Per engine it reports "preemptions" (vLLM's scheduler preempted a request) and
+"preempted_with_pending_saves" (the victim still had deferred saves in flight), and with
+force_zeroing "zeroed_blocks" and "zeroed_under_pending_save" (blocks vLLM zeroed while a
+deferred save was still reading them).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import traceback
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # 2 shared cores: no pinning
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # capi/python: the tutti package
+
+BLOCK = 32
+TAMPER = {"on": False}  # the engine running now tampers with loaded blocks
+ZEROING = {"on": False}  # the engine running now has vLLM zero newly allocated blocks
+
+
+def _patch_counters(counters: dict) -> None:
+    """Counts vLLM's preemptions as its scheduler makes them, and those whose victim still had
+    deferred saves in flight (its blocks are freed while tutti may still be reading them)."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    orig = Scheduler._preempt_request
+
+    def counting(self, request, *a, **kw):
+        counters["preemptions"] += 1
+        conn = _connector()
+        worker = getattr(conn, "_worker", None) if conn is not None else None
+        if worker is not None and any(sv.spec.req_id == request.request_id for sv in worker._pending):
+            counters["preempted_with_pending_saves"] += 1
+        return orig(self, request, *a, **kw)
+
+    Scheduler._preempt_request = counting
+
+
+def _patch_tamper() -> None:
+    """Every block a tutti load lands in gets its KV perturbed right after it lands: the
+    negative control that proves the output comparison notices wrong KV."""
+    from tutti._connector.worker import WorkerSide
+
+    orig = WorkerSide.wait_layer
+
+    def tampered(self, layer_name):
+        orig(self, layer_name)
+        if not TAMPER["on"]:
+            return
+        t = self.kv_caches.get(layer_name)
+        for ld in self._loads:
+            for b in ld.spec.block_ids:
+                t[b] += 0.25
+
+    WorkerSide.wait_layer = tampered
+
+
+def _patch_zeroing() -> None:
+    """Makes vLLM zero every newly allocated KV block at the start of the step that uses it, as
+    it does for models with Mamba layers or mixed KV precisions (the tiny Llama has neither).
+    vLLM does it after handle_preemptions and before the forward pass."""
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+    orig = KVCacheConfig.needs_kv_cache_zeroing
+
+    KVCacheConfig.needs_kv_cache_zeroing = property(lambda self: ZEROING["on"] or orig.fget(self))
+
+
+def _patch_zeroing_check(counters: dict) -> None:
+    """Counts blocks vLLM zeroes while a deferred save of the connector still reads them: that
+    save would store zeroes. vLLM zeroes them right after handle_preemptions."""
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    orig = CPUModelRunner._zero_block_ids
+
+    def checked(self, block_ids):
+        conn = _connector()
+        worker = getattr(conn, "_worker", None) if conn is not None else None
+        if worker is not None:
+            pending = {b for sv in worker._pending for b in sv.spec.block_ids}
+            counters["zeroed_under_pending_save"] += len(pending & set(block_ids))
+        counters["zeroed_blocks"] += len(block_ids)
+        return orig(self, block_ids)
+
+    CPUModelRunner._zero_block_ids = checked
+
+
+def _connector():
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    return get_kv_transfer_group() if has_kv_transfer_group() else None
+
+
+def run_engine(spec: dict) -> dict:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    kw = dict(
+        model=spec["model"], skip_tokenizer_init=True, block_size=BLOCK, dtype="float32", enforce_eager=True,
+        max_model_len=spec.get("max_model_len", 2048), seed=0, kv_cache_memory_bytes=spec.get("kv_bytes", 32 << 20),
+        enable_prefix_caching=spec.get("prefix_cache", True),
+        distributed_executor_backend=spec.get("executor", "uni"),
+    )
+    kw.update(spec.get("llm", {}))
+    if spec.get("connector") is not None:
+        kw["kv_transfer_config"] = dict(
+            kv_connector="TuttiConnector", kv_connector_module_path="tutti.vllm", kv_role="kv_both",
+            kv_connector_extra_config=spec["connector"], kv_load_failure_policy=spec.get("policy", "recompute"),
+        )
+    llm = LLM(**kw)
+    sp = SamplingParams(max_tokens=spec.get("max_tokens", 6), temperature=0.0, logprobs=3, detokenize=False,
+                        ignore_eos=bool(spec.get("ignore_eos")))
+    out = {"batches": []}
+    conn = _connector()
+    for i, batch in enumerate(spec["batches"]):
+        if i == 1 and spec.get("fail_loads"):
+            conn.runtime.emulated_fail_next(0, "load", spec["fail_loads"])
+            conn.runtime.emulated_fail_next(1, "load", spec["fail_loads"])
+        results = []
+        try:
+            outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch], sp, use_tqdm=False)
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            out["batches"].append({"error": f"{type(e).__name__}: {e}"})
+            continue
+        for o in outs:
+            c = o.outputs[0]
+            results.append({
+                "tokens": list(c.token_ids),
+                "logprobs": [{str(k): v.logprob for k, v in d.items()} for d in (c.logprobs or [])],
+                "cached": o.num_cached_tokens,
+                "finish": c.finish_reason,
+            })
+        out["batches"].append({"results": results})
+    if conn is not None:
+        st = conn.runtime.stats()
+        out["tutti"] = {"bytes_loaded": st.bytes_loaded, "bytes_stored": st.bytes_stored,
+                        "lookup_hits": st.lookup_hits, "failed_blocks": st.failed_blocks,
+                        "object_bytes": conn.config.geometry.object_bytes, "layers": conn.config.geometry.layers,
+                        "layout_tag": conn._worker.layout_tag}
+        conn._collect_stats()
+        out["reported_worker"] = dict(conn.reported.data)
+        try:
+            sched = llm.llm_engine.engine_core.engine_core.scheduler.connector
+            sched._collect_stats()
+            out["reported_scheduler"] = dict(sched.reported.data)
+        except AttributeError as e:
+            out["reported_scheduler"] = {"error": str(e)}
+    llm.llm_engine.engine_core.shutdown() if hasattr(llm.llm_engine, "engine_core") else None
+    del llm
+    gc.collect()
+    return out
+
+
+def main() -> None:
+    spec = json.load(open(sys.argv[1]))
+    counters = {"preemptions": 0, "preempted_with_pending_saves": 0, "zeroed_blocks": 0,
+                "zeroed_under_pending_save": 0}
+    _patch_counters(counters)
+    if any(e.get("force_zeroing") for e in spec["engines"]):
+        _patch_zeroing()
+        _patch_zeroing_check(counters)
+    if any(e.get("tamper") for e in spec["engines"]):
+        _patch_tamper()
+    res = {"engines": []}
+    for e in spec["engines"]:
+        before = dict(counters)
+        TAMPER["on"] = bool(e.get("tamper"))
+        ZEROING["on"] = bool(e.get("force_zeroing"))
+        try:
+            r = run_engine(e)
+        except Exception as ex:  # noqa: BLE001 - reported to the test
+            r = {"start_error": f"{type(ex).__name__}: {ex}", "trace": traceback.format_exc()[-3000:]}
+        for k in counters:
+            r[k] = counters[k] - before[k]
+        r["name"] = e.get("name")
+        res["engines"].append(r)
+    print("\nRESULT " + json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()

