@@ -1,6 +1,10 @@
 //! The committed include/tutti.h is exactly what the cbindgen CLI makes of
 //! the current sources (regenerate with scripts/gen-header).
 
+// Test code: a panic is how a test fails, in helpers as in #[test] functions
+// (clippy.toml's allow-*-in-tests covers only the latter).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "../../tests/support/skip.rs"]
 mod skip;
 

@@ -2,6 +2,10 @@
 //! calls, per-layer waits, cancellation, failure bitmaps, every layout kind,
 //! eviction, reopening file media, concurrent callers, and the profiler hooks.
 
+// Test code: a panic is how a test fails, in helpers as in #[test] functions
+// (clippy.toml's allow-*-in-tests covers only the latter).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::*;

@@ -10,6 +10,10 @@
 //!   again, which aborts the late command), so the block fails with a known
 //!   outcome, the file stays in service and nothing lands later.
 
+// Test code: a panic is how a test fails, in helpers as in #[test] functions
+// (clippy.toml's allow-*-in-tests covers only the latter).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::*;

@@ -2,6 +2,10 @@
 //! pins, the CPU-driven executor, concurrent callers, closing with jobs
 //! alive, and the profiler hooks producing a slack table.
 
+// Test code: a panic is how a test fails, in helpers as in #[test] functions
+// (clippy.toml's allow-*-in-tests covers only the latter).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::*;

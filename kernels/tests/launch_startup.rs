@@ -11,6 +11,10 @@
 //!
 //! Alone in its own test binary so no other test's threads are counted.
 
+// Test code: a panic is how a test fails, in helpers as in #[test] functions
+// (clippy.toml's allow-*-in-tests covers only the latter).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "../../tests/support/skip.rs"]
 mod skip;
 

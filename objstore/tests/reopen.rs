@@ -1,6 +1,10 @@
 //! Persistence: the index survives a reopen; wrong drive order, a missing or
 //! foreign drive, a corrupt superblock or another geometry are clear errors.
 
+// Test code: a panic is how a test fails, in helpers as in #[test] functions
+// (clippy.toml's allow-*-in-tests covers only the latter).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::*;

@@ -9,6 +9,10 @@
 //! reason when qemu-system-x86_64 or a guest kernel cannot be had, and
 //! fails instead under CI=true (tests/support/skip.rs).
 
+// Test code: a panic is how a test fails, in helpers as in #[test] functions
+// (clippy.toml's allow-*-in-tests covers only the latter).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "../support/skip.rs"]
 mod skip;
 
