@@ -10,7 +10,7 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tutti_gio_uring::ring::OwnedRing;
+use tutti_gio_uring::shared_ring::OwnedRing;
 use tutti_kernels::host::executor_ring_push;
 
 const BATCH: u64 = 512;
