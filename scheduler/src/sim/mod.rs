@@ -18,7 +18,6 @@ mod engine;
 mod io;
 mod policies;
 pub mod ssd;
-pub mod svg;
 mod sweep;
 
 pub use ssd::SsdConfig;
