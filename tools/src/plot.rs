@@ -171,7 +171,9 @@ fn dash(s: &Series) -> &'static str {
 fn draw_panel(out: &mut String, p: &Panel, series: &[Series], left: f64, right: f64, top: f64, bottom: f64) {
     let in_x = |x: f64| p.x.range.is_none_or(|(lo, hi)| x >= lo - 1e-9 && x <= hi + 1e-9);
     let usable = |&(x, y): &(f64, f64)| {
-        x.is_finite() && y.is_finite() && (!p.x.log || x > 0.0) && (!p.y.log || y > 0.0) && in_x(x)
+        // A log y axis with a given range draws what is below it (zero included) on its floor.
+        let y_ok = !p.y.log || y > 0.0 || p.y.range.is_some();
+        x.is_finite() && y.is_finite() && (!p.x.log || x > 0.0) && y_ok && in_x(x)
     };
     let points = || series.iter().flat_map(|s| s.points.iter().copied()).filter(usable);
     let fx = |x: f64| if p.x.log { x.log10() } else { x };
@@ -457,6 +459,40 @@ mod tests {
         assert_eq!(lines[0].len(), 1, "x = 0 on a log axis and a NaN y are not drawn");
         let empty = line_chart("t", "x", "y", false, &[]);
         assert!(empty.contains("</svg>"));
+    }
+
+    #[test]
+    fn panels_show_their_x_range_and_a_log_y_axis_keeps_small_values_on_its_floor() {
+        let mut s = Series::new("c:slack", vec![(0.0, 0.0), (0.5, 0.01), (0.9, 2.0), (0.95, 40.0)]);
+        s.dashed = true;
+        s.marks = vec![(0.92, 5.0)];
+        let y = Axis { log: true, range: Some((0.1, 100.0)), ..Axis::new("bubble %") };
+        let panel = |lo: f64| Panel {
+            title: format!("from {lo}"),
+            x: Axis { range: Some((lo, 1.0)), step: Some(0.05), ..Axis::new("hit rate") },
+            y: y.clone(),
+            hline: Some(5.0),
+        };
+        let svg = render(&Chart {
+            title: "t",
+            subtitle: Some("sub"),
+            panels: &[panel(0.0), panel(0.85)],
+            series: &[s],
+        });
+        let lines = polyline_points(&svg);
+        assert_eq!(lines.len(), 2, "one curve per panel");
+        // The zoom shows only the points at 0.85 and above.
+        assert_eq!(lines[0].len(), 4);
+        assert_eq!(lines[1].len(), 2);
+        // 0 and 0.01 lie below the 0.1 floor: drawn on it, the bottom of the frame.
+        assert!((lines[0][0].1 - WIDE_BOTTOM).abs() < 0.05, "{:?}", lines[0]);
+        assert!((lines[0][1].1 - WIDE_BOTTOM).abs() < 0.05, "{:?}", lines[0]);
+        // Decades 0.1 .. 100 span the frame: 2 is log 2 - log 0.1 = 1.301 of 3 decades above the floor.
+        let expect = WIDE_BOTTOM - 1.301 / 3.0 * (WIDE_BOTTOM - WIDE_TOP);
+        assert!((lines[0][2].1 - expect).abs() < 0.2, "{} vs {expect}", lines[0][2].1);
+        assert_eq!(svg.matches("stroke-dasharray=\"2 3\"").count(), 2, "the threshold in each panel");
+        assert_eq!(svg.matches(r#"r="5""#).count(), 2, "the mark in each panel");
+        assert!(svg.contains(">c:slack<") && svg.contains("6 4"), "dashed legend entry");
     }
 
     #[test]
