@@ -2,7 +2,8 @@
 //! - enqueue + dequeue from one producer (baseline: a Mutex<VecDeque>);
 //! - enqueue from two producers into one consumer (baseline: std's sync_channel);
 //! - completion reaping: the executor's push (the code `tt_gio_issue` runs,
-//!   compiled for the host) then the host draining the completion ring.
+//!   compiled for the host) then the host draining the completion ring
+//!   (baseline: the same through std's `sync_channel`, send then `try_recv`).
 //!
 //! Ratios (ring time / baseline time) are printed at the end.
 
@@ -13,7 +14,7 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tutti_gio_uring::ring::OwnedRing;
+use tutti_gio_uring::shared_ring::OwnedRing;
 use tutti_kernels::host::executor_ring_push;
 
 const BATCH: u64 = 512;
@@ -102,6 +103,17 @@ fn reap(r: &OwnedRing) {
     assert_eq!(n, BATCH);
 }
 
+fn reap_channel(tx: &std::sync::mpsc::SyncSender<u64>, rx: &std::sync::mpsc::Receiver<u64>) {
+    for i in 0..BATCH {
+        tx.send(i).unwrap();
+    }
+    let mut n = 0;
+    while rx.try_recv().is_ok() {
+        n += 1;
+    }
+    assert_eq!(n, BATCH);
+}
+
 fn time(f: impl Fn(), rounds: u32) -> Duration {
     let t = Instant::now();
     for _ in 0..rounds {
@@ -131,13 +143,17 @@ fn benches(c: &mut Criterion) {
     let mut g = c.benchmark_group("completion_reaping");
     g.throughput(Throughput::Elements(BATCH));
     g.bench_function("executor push + host drain", |b| b.iter(|| reap(&ring)));
+    let (tx, rx) = std::sync::mpsc::sync_channel::<u64>(1024);
+    g.bench_function("baseline std sync_channel send + try_recv", |b| b.iter(|| reap_channel(&tx, &rx)));
     g.finish();
 
     let sp = time(|| spsc_ring(&ring), 2000).as_secs_f64() / time(|| spsc_mutex(&mutex), 2000).as_secs_f64();
     let mp = (0..5).map(|_| mpsc_ring(&shared)).sum::<Duration>().as_secs_f64()
         / (0..5).map(|_| mpsc_channel()).sum::<Duration>().as_secs_f64();
+    let rp = time(|| reap(&ring), 2000).as_secs_f64() / time(|| reap_channel(&tx, &rx), 2000).as_secs_f64();
     println!("ratio single producer, gio_ring / Mutex<VecDeque>: {sp:.2}");
     println!("ratio two producers, gio_ring / sync_channel: {mp:.2}");
+    println!("ratio completion reaping, gio_ring / sync_channel: {rp:.2}");
 }
 
 criterion_group! {

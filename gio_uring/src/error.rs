@@ -1,6 +1,6 @@
 //! gio_uring's error type.
 
-use crate::iocb::IocbId;
+use crate::handle::IocbId;
 use std::time::Duration;
 
 /// Everything gio_uring can report.

@@ -34,19 +34,23 @@
 pub mod drive;
 mod error;
 pub mod executor;
+mod gio_uring;
+mod handle;
 mod iocb;
+pub mod layer_table;
 pub mod mem;
-pub mod ring;
 pub mod selftest;
+pub mod shared_ring;
 mod status;
-pub mod table;
-mod uring;
 
 pub use drive::{DriveInfo, DriveQueues};
 pub use error::{GioError, Result};
 pub use executor::{CudaExecutor, CudaExecutorConfig, ExecMode, Executor, HostExecutor, HostExecutorConfig};
-pub use iocb::{ioctx, DataRef, IocbId, IocbResult, IoctxFailure, Op, PairListId, TableId};
+pub use gio_uring::{
+    pairs_per_iocb, ExecutorStats, GioOptions, GioUring, QueueStats, RecoveryReport, TableInfo,
+};
+pub use handle::{IocbId, PairListId, TableId};
+pub use iocb::{ioctx, DataRef, IocbResult, IoctxFailure, Op};
+pub use layer_table::{Kv, LayerGeometry, LayerTable, PoolDrive, TableKind};
 pub use status::{Invalid, IoStatus, Translation};
-pub use table::{Kv, LayerGeometry, LayerTable, PoolDrive, TableKind};
 pub use tutti_kernels::abi::IoCtx;
-pub use uring::{pairs_per_iocb, ExecutorStats, GioOptions, GioUring, QueueStats, RecoveryReport, TableInfo};

@@ -7,8 +7,8 @@
 use crate::drive::DriveQueues;
 use crate::error::{GioError, Result};
 use crate::executor::{ExecMode, HostExecutor, HostExecutorConfig};
+use crate::gio_uring::{GioOptions, GioUring};
 use crate::iocb::{ioctx, DataRef, Op};
-use crate::uring::{GioOptions, GioUring};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tutti_driver::controller::Controller;

@@ -1,7 +1,7 @@
 /*
  * gio_ring.cuh — the executor's side of the host/executor rings (tt_ring):
  * it consumes the submission ring (IOCB parts) and produces the completion
- * ring (finished IOCB indices). The host side is gio_uring/src/ring.rs; both
+ * ring (finished IOCB indices). The host side is gio_uring/src/shared_ring.rs; both
  * implement the same sequence-numbered cells described in tutti_gio.h.
  */
 #ifndef TUTTI_GIO_RING_CUH

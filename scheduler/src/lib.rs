@@ -4,7 +4,12 @@
 //! long as the reads fit into the compute "slack" and are not slowed down by concurrent writes
 //! (NVMe bandwidth collapses under mixed read/write traffic). This crate decides, per layer and per
 //! decode step, how many read and write IOCBs go to each drive and how many SMs the I/O kernel may
-//! use. It knows nothing about NVMe: it hands out budgets that gio_uring executes.
+//! use. It knows nothing about NVMe: it hands out budgets for an I/O path to execute.
+//!
+//! **Where it runs today: only in the simulator** ([`sim`], `tutti simulate`). The object
+//! store, gio_uring and the C ABI do not consult the [`Scheduler`]; they submit I/O as soon as
+//! they are asked. The C ABI's profiler hooks use [`Profiler`] to build slack tables from an
+//! engine's timings, which the simulator reads.
 //!
 //! - [`table`]: the slack table (input-length bucket, prefix-length bucket, layer) → slack,
 //!   serialised as a versioned, checksummed JSON file tied to a model and GPU identity.

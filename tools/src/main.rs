@@ -2,6 +2,9 @@
 
 mod cmd;
 mod emu;
+mod pattern;
+mod plot;
+mod progress;
 mod report;
 
 use clap::{Parser, Subcommand};

@@ -64,6 +64,8 @@ fn check_runs(s: &Value, blocks: u64, layers: u64) {
             "setup_cpu_us_per_request",
             "host_cpu_us_per_layer_with_setup",
             "process_cpu_s",
+            "process_cpu_us_per_layer",
+            "process_cpu_ns_per_block",
         ] {
             let v = r[field].as_f64().unwrap_or_else(|| panic!("{m}: no {field}"));
             assert!(v.is_finite() && v >= 0.0, "{m}: {field} = {v}");
@@ -76,8 +78,16 @@ fn check_runs(s: &Value, blocks: u64, layers: u64) {
         );
         let with = r["host_cpu_us_per_layer_with_setup"].as_f64().unwrap();
         assert!((with - (per_layer + setup / layers as f64)).abs() <= 1e-6 * with.max(1.0), "{m}: {r}");
+        // Process CPU (every thread) is reported per layer beside the calling thread's.
+        let process = r["process_cpu_us_per_layer"].as_f64().unwrap();
+        let total = r["process_cpu_s"].as_f64().unwrap();
+        assert!((process - total * 1e6 / layers as f64).abs() <= 1e-6 * process.max(1.0), "{m}: {r}");
+        let per_block = r["process_cpu_ns_per_block"].as_f64().unwrap();
+        assert!((per_block - process * 1e3 / blocks as f64).abs() <= 1e-6 * per_block.max(1.0), "{m}: {r}");
         if m == "tutti" {
             assert!(setup > 0.0, "tutti's submit_load costs something: {r}");
+            // The emulated drives copy every byte on their own threads: the process pays for it.
+            assert!(process > 0.0, "tutti's process CPU misses its lanes and drives: {r}");
         } else {
             assert_eq!(setup, 0.0, "{m} has no per-request setup");
         }
@@ -86,7 +96,7 @@ fn check_runs(s: &Value, blocks: u64, layers: u64) {
     let baselines: Vec<&str> = ratios.iter().map(|r| r["baseline"].as_str().unwrap()).collect();
     assert_eq!(baselines, METHODS[1..]);
     for r in ratios {
-        for f in ["bandwidth", "host_cpu"] {
+        for f in ["bandwidth", "host_cpu", "process_cpu"] {
             let v = r[f].as_f64().unwrap();
             assert!(v.is_finite() && v > 0.0, "{f} ratio {v}");
         }
@@ -196,6 +206,10 @@ fn the_table_names_each_method_with_its_ratio() {
         assert!(text.lines().any(|l| l.starts_with(m)), "no row for {m}:\n{text}");
     }
     assert!(text.contains("tutti÷this") && text.contains("host CPU µs/layer"), "{text}");
+    assert!(
+        text.contains("process CPU µs/layer") && text.contains("this÷tutti process CPU"),
+        "process CPU is not beside host CPU:\n{text}"
+    );
     assert!(
         text.contains("setup µs/request") && text.contains("pairs registered once per request"),
         "{text}"

@@ -1,20 +1,13 @@
 //! The simulated GPU: runs requests layer by layer and lets the SSD model move in between.
 
-use crate::policy::Issue;
+use crate::sim::io::{Io, RequestIo};
 use crate::sim::policies::{self, SimPolicy};
-use crate::sim::ssd::{Completion, SsdArray, Tag};
+use crate::sim::ssd::SsdArray;
 use crate::sim::{PolicyKind, RunMetrics, SimConfig};
 use crate::table::SlackTable;
-use crate::{IoKind, RequestShape, SchedError};
+use crate::{RequestShape, SchedError};
 
 const MIB: f64 = 1024.0 * 1024.0;
-
-/// The I/O one request needs, per layer and drive.
-pub(crate) struct RequestIo {
-    pub shape: RequestShape,
-    pub reads: Vec<Vec<u32>>,
-    pub writes: Vec<Vec<u32>>,
-}
 
 /// Split `total` IOCBs over drives; the remainder rotates with `rotate` (round-robin placement).
 fn split(total: u64, drives: usize, rotate: usize) -> Vec<u32> {
@@ -26,60 +19,6 @@ fn split(total: u64, drives: usize, rotate: usize) -> Vec<u32> {
             u32::try_from(base + extra).unwrap_or(u32::MAX)
         })
         .collect()
-}
-
-/// Submission side of the SSD model plus the bookkeeping the engine waits on.
-pub(crate) struct Io {
-    now: f64,
-    array: SsdArray,
-    iocb_bytes: f64,
-    /// Read IOCBs of the current request not yet completed, per layer.
-    reads_left: Vec<u64>,
-    writes_in_device: u64,
-}
-
-impl Io {
-    pub fn now_ns(&self) -> u64 {
-        self.now.round() as u64
-    }
-
-    pub fn writes_in_device(&self) -> u64 {
-        self.writes_in_device
-    }
-
-    pub fn issue(&mut self, i: Issue) -> Result<(), SchedError> {
-        if i.iocbs == 0 {
-            return Ok(());
-        }
-        if i.drive >= self.array.drives() {
-            return Err(SchedError::Sim(format!("issue to drive {} of {}", i.drive, self.array.drives())));
-        }
-        let tag = match (i.kind, i.layer) {
-            (IoKind::Read, Some(layer)) => Tag::Read { layer },
-            (IoKind::Read, None) => return Err(SchedError::Sim("read issued without a layer".into())),
-            (IoKind::Write, _) => {
-                self.writes_in_device += u64::from(i.iocbs);
-                Tag::Write
-            }
-        };
-        self.array.submit(self.now, i.drive, tag, i.iocbs, f64::from(i.iocbs) * self.iocb_bytes);
-        Ok(())
-    }
-
-    pub fn issue_all(&mut self, issues: &[Issue]) -> Result<(), SchedError> {
-        issues.iter().try_for_each(|&i| self.issue(i))
-    }
-
-    fn account(&mut self, c: &Completion) {
-        match c.tag {
-            Tag::Read { layer } => {
-                if let Some(left) = self.reads_left.get_mut(layer as usize) {
-                    *left = left.saturating_sub(u64::from(c.iocbs));
-                }
-            }
-            Tag::Write => self.writes_in_device = self.writes_in_device.saturating_sub(u64::from(c.iocbs)),
-        }
-    }
 }
 
 #[derive(Default)]
@@ -221,13 +160,7 @@ pub(crate) fn run(
     let iocb_bytes = geometry.iocb_bytes() as f64;
     let mut engine = Engine {
         cfg,
-        io: Io {
-            now: 0.0,
-            array: SsdArray::new(cfg.ssd),
-            iocb_bytes,
-            reads_left: Vec::new(),
-            writes_in_device: 0,
-        },
+        io: Io::new(SsdArray::new(cfg.ssd), iocb_bytes),
         policy: policies::make(kind, cfg, table)?,
         totals: Totals::default(),
     };

@@ -15,9 +15,9 @@
 //! batching of several requests, PCIe limits other than the drives, HBM traffic of the DMA.
 
 mod engine;
+mod io;
 mod policies;
 pub mod ssd;
-pub mod svg;
 mod sweep;
 
 pub use ssd::SsdConfig;

@@ -1,7 +1,7 @@
 //! The four policies as the simulated engine sees them.
 
 use crate::policy::{Issue, Scheduler};
-use crate::sim::engine::{Io, RequestIo};
+use crate::sim::io::{Io, RequestIo};
 use crate::sim::ssd::Completion;
 use crate::sim::{PolicyKind, SimConfig};
 use crate::table::SlackTable;

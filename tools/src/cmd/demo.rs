@@ -7,7 +7,9 @@
 
 use crate::cmd::ExecFlag;
 use crate::emu::EmulatedArgs;
-use crate::report::{byte_bar, bytes, print_json};
+use crate::pattern::kv_object;
+use crate::progress::byte_bar;
+use crate::report::{bytes, print_json};
 use anyhow::{bail, Context};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -239,20 +241,6 @@ fn geometry(args: &Args) -> anyhow::Result<Geometry> {
     Ok(g)
 }
 
-/// Deterministic contents of object (chunk, layer, kv).
-fn pattern(seed: u64, chunk: u32, layer: u32, kv: u32, out: &mut [u8]) {
-    let mut x =
-        seed ^ (chunk as u64) << 20 ^ (layer as u64) << 44 ^ (kv as u64) << 62 ^ 0x9e37_79b9_7f4a_7c15;
-    for w in out.chunks_mut(8) {
-        // xorshift64*: fast enough to write gigabytes, and no two objects alike.
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        let v = x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes();
-        w.copy_from_slice(&v[..w.len()]);
-    }
-}
-
 /// Runs `f(block)` for every block on two threads.
 fn for_blocks(n: u32, f: impl Fn(u32) -> anyhow::Result<()> + Sync) -> anyhow::Result<()> {
     std::thread::scope(|s| {
@@ -300,7 +288,7 @@ impl Kv {
         let mut buf = vec![0u8; self.g.object_bytes() as usize];
         for layer in 0..self.g.layers {
             for kv in 0..2 {
-                pattern(seed, chunk, layer, kv, &mut buf);
+                kv_object(seed, chunk, layer, kv, &mut buf);
                 self.mem.copy_in(self.offset(block, layer, kv), &buf)?;
             }
         }
@@ -313,7 +301,7 @@ impl Kv {
         let (mut want, mut got) = (vec![0u8; n], vec![0u8; n]);
         for layer in 0..self.g.layers {
             for kv in 0..2 {
-                pattern(seed, chunk, layer, kv, &mut want);
+                kv_object(seed, chunk, layer, kv, &mut want);
                 self.mem.copy_out(self.offset(block, layer, kv), &mut got)?;
                 if want != got {
                     let at = want.iter().zip(&got).position(|(a, b)| a != b).unwrap_or(0);

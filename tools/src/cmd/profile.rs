@@ -104,7 +104,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             let file =
                 std::fs::File::open(path).with_context(|| format!("opening trace {}", path.display()))?;
             let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-            let bar = crate::report::byte_bar(len, "trace", args.json);
+            let bar = crate::progress::byte_bar(len, "trace", args.json);
             let mut profiler = Profiler::new(model.geometry.layers)?;
             let records = profiler
                 .ingest_jsonl(BufReader::new(bar.wrap_read(file)))

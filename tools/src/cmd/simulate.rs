@@ -1,10 +1,8 @@
 //! `tutti simulate`: the layer-wise prefill/decode pipeline model, sweeping the cache hit rate.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tutti_scheduler::sim::{self, PolicyKind, SimConfig, SsdConfig, SweepReport, Workload};
 use tutti_scheduler::{ComputeModel, GpuModel, ModelGeometry, OnlineConfig, Profiler, SlackTable, TableGrid};
 
@@ -190,20 +188,6 @@ impl Args {
     }
 }
 
-fn progress_bar(quiet: bool) -> ProgressBar {
-    let bar = ProgressBar::new(0);
-    if quiet || !std::io::stderr().is_terminal() {
-        bar.set_draw_target(ProgressDrawTarget::hidden());
-    }
-    bar.set_style(
-        ProgressStyle::with_template("{msg:>10} [{bar:40}] {pos}/{len} runs ({eta})")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
-    bar.set_message("simulate");
-    bar
-}
-
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let cfg = args.config()?;
     let policies = policies(&args.policies)?;
@@ -212,15 +196,14 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         Some(path) => SlackTable::load(path, &cfg.model.identity())?,
         None => Profiler::from_model(&cfg.model, TableGrid::standard()?)?,
     };
-    let bar = progress_bar(args.json);
+    let bar = crate::progress::count_bar(0, "simulate", args.json);
     let report = sim::sweep(&cfg, &policies, &hit_rates, &table, &mut |done, total| {
         bar.set_length(total);
         bar.set_position(done);
     })?;
     bar.finish_and_clear();
     if let Some(path) = &args.svg {
-        std::fs::write(path, sim::svg::render(&report))
-            .with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(path, bubble_chart(&report)).with_context(|| format!("writing {}", path.display()))?;
     }
     if args.json {
         return crate::report::print_json(&report);
@@ -230,6 +213,70 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         println!("plot written to {}", path.display());
     }
     Ok(())
+}
+
+/// Bubble time against hit rate, one curve per policy, log-scale bubble: all hit rates next to a
+/// zoom on the high ones where the policies part ways; dots where each crosses the threshold.
+fn bubble_chart(r: &SweepReport) -> String {
+    use crate::plot::{render, Axis, Chart, Panel, Series};
+    let c = &r.config;
+    let threshold = c.crossover_threshold_pct;
+    let max_pct = r.runs.iter().map(|x| x.bubble_pct).fold(threshold, f64::max);
+    let y = Axis {
+        log: true,
+        range: Some((0.1, 10f64.powf(max_pct.log10().ceil()).max(10.0))),
+        ..Axis::new("GPU bubble, % of prefill compute")
+    };
+    let panel = |title: &str, lo: f64, step: f64| Panel {
+        title: title.into(),
+        x: Axis { range: Some((lo, 1.0)), step: Some(step), ..Axis::new("cache hit rate") },
+        y: y.clone(),
+        hline: Some(threshold),
+    };
+    let panels = [panel("all hit rates", 0.0, 0.1), panel("zoom: 0.85 – 1.0", 0.85, 0.05)];
+    let series: Vec<Series> = r
+        .policies
+        .iter()
+        .map(|&p| {
+            let crossover = r.crossover(p);
+            let label = match crossover.map(|x| (x.hit_rate, x.beyond_sweep)) {
+                Some((Some(h), false)) => format!("{:.1}%", h * 100.0),
+                Some((Some(h), true)) => format!("> {:.0}%", h * 100.0),
+                Some((None, _)) => "none".into(),
+                None => "n/a".into(),
+            };
+            Series {
+                dashed: p == PolicyKind::SlackOnline,
+                marks: crossover.and_then(|x| x.hit_rate).map(|h| (h, threshold)).into_iter().collect(),
+                ..Series::new(
+                    format!("{} (crossover {label})", p.label()),
+                    r.series(p).iter().map(|m| (m.hit_rate, m.bubble_pct)).collect(),
+                )
+            }
+        })
+        .collect();
+    let optimism = if c.profile_optimism != 0.0 {
+        format!(", profile {:+.0}% slack", c.profile_optimism * 100.0)
+    } else {
+        String::new()
+    };
+    let subtitle = format!(
+        "{} on {}, {}K-token requests, {} SSDs at {}/{}/{} GB/s read/write/mixed{optimism}; dotted line: {}% threshold, dots: crossover",
+        c.model.geometry.name,
+        c.model.gpu.name,
+        c.workload.context_tokens / 1024,
+        c.ssd.drives,
+        c.ssd.read_gbps,
+        c.ssd.write_gbps,
+        c.ssd.mixed_gbps,
+        threshold
+    );
+    render(&Chart {
+        title: "GPU bubble (% of prefill compute) vs cache hit rate",
+        subtitle: Some(&subtitle),
+        panels: &panels,
+        series: &series,
+    })
 }
 
 fn print_table(r: &SweepReport) {

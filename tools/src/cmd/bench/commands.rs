@@ -4,9 +4,10 @@
 //! I/O queue pair, and gio_uring with the host executor in launch and
 //! persistent modes, at several batch sizes.
 
-use super::plot::table;
 use super::rig::{DriveArgs, Rig};
-use super::{count_bar, parse_size, size_label, Output};
+use super::{parse_size, size_label, Output};
+use crate::plot::table;
+use crate::progress::count_bar;
 use anyhow::{bail, Context};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,7 +1,6 @@
 //! `tutti bench`: microbenchmarks, each reported next to a baseline measured in the same run.
 
 pub mod commands;
-pub mod plot;
 pub mod retrieve;
 pub mod rig;
 pub mod sgl_vs_prp;
@@ -70,22 +69,6 @@ pub fn size_label(n: u64) -> String {
         }
     }
     n.to_string()
-}
-
-/// A count progress bar on stderr (steps of work), hidden like `report::byte_bar`.
-pub fn count_bar(total: u64, what: &str, quiet: bool) -> indicatif::ProgressBar {
-    use std::io::IsTerminal;
-    let bar = indicatif::ProgressBar::new(total);
-    if quiet || !std::io::stderr().is_terminal() {
-        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    }
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{msg:>16} [{bar:40}] {pos}/{len} ({elapsed})")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
-    bar.set_message(what.to_string());
-    bar
 }
 
 /// The machine a run measured: figures from a loaded host are not comparable to a quiet one's.

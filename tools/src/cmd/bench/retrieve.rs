@@ -141,7 +141,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let sweep_bytes: u64 =
         if args.no_sweep { 0 } else { sweep_blocks.iter().map(|&n| n as u64 * gs.file_bytes()).sum() };
     let total = 4 * (args.request_blocks as u64 * g.file_bytes() + sweep_bytes);
-    let bar = crate::report::byte_bar(total, "retrieve", quiet);
+    let bar = crate::progress::byte_bar(total, "retrieve", quiet);
 
     let (mut request, methods, io_mode) = {
         let ds = Dataset::create(g, args.request_blocks, args.seed, &dir)?;
@@ -272,6 +272,7 @@ fn measure_points(
                     baseline: b.method.clone(),
                     bandwidth: t.gb_per_s / b.gb_per_s.max(1e-12),
                     host_cpu: b.host_cpu_us_per_layer_call / t.host_cpu_us_per_layer_call.max(1e-9),
+                    process_cpu: b.process_cpu_us_per_layer / t.process_cpu_us_per_layer.max(1e-9),
                 })
                 .collect();
             Scenario {

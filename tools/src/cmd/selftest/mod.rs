@@ -7,7 +7,8 @@
 mod gio;
 mod probe;
 
-use crate::report::{byte_bar, bytes, print_json};
+use crate::progress::byte_bar;
+use crate::report::{bytes, print_json};
 use anyhow::{bail, Context};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -13,6 +13,7 @@
 //! block slot `dst[i]`: a seeded shuffle, so consecutive objects of the
 //! request go to scattered places, as in a paged KV cache.
 
+use crate::pattern::kv_object;
 use anyhow::{bail, Context};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -59,7 +60,7 @@ impl Dataset {
                     for (k, o) in part.chunks_mut(obj).enumerate() {
                         let k = k as u32;
                         let (chunk, layer, kv) = (first + k / (2 * g.layers), k / 2 % g.layers, k % 2);
-                        pattern(seed, chunk, layer, kv, o);
+                        kv_object(seed, chunk, layer, kv, o);
                     }
                 });
             }
@@ -174,20 +175,6 @@ impl Drop for Dataset {
         if let Err(e) = std::fs::remove_file(&self.path) {
             tracing::warn!(path = %self.path.display(), error = %e, "could not remove the baseline file");
         }
-    }
-}
-
-/// Deterministic contents of object `(chunk, layer, kv)`.
-fn pattern(seed: u64, chunk: u32, layer: u32, kv: u32, out: &mut [u8]) {
-    let mut x =
-        seed ^ (chunk as u64) << 20 ^ (layer as u64) << 44 ^ (kv as u64) << 62 ^ 0x9e37_79b9_7f4a_7c15;
-    for w in out.chunks_mut(8) {
-        // xorshift64*: cheap enough for gigabytes, and no two objects alike.
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        let v = x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes();
-        w.copy_from_slice(&v[..w.len()]);
     }
 }
 

@@ -36,15 +36,17 @@ pub trait Method {
 /// for its own setup and submission CPU, so the figures compare.
 pub use tutti_objstore::thread_cpu_ns;
 
-/// CPU time of the whole process (every thread), in nanoseconds.
-pub fn process_cpu_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec; Linux always provides this clock.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
-        return 0;
+/// CPU time of the whole process, user and system, in nanoseconds (`getrusage(RUSAGE_SELF)`):
+/// every thread, live or exited, so tutti's executor lanes and emulated controllers count.
+pub fn process_cpu_ns() -> anyhow::Result<u64> {
+    // SAFETY: an all-zero `rusage` is a valid value of this plain C struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        bail!("getrusage(RUSAGE_SELF): {}", std::io::Error::last_os_error());
     }
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1_000;
+    Ok(ns(ru.ru_utime) + ns(ru.ru_stime))
 }
 
 /// One method's run over one scenario, verified.
@@ -75,6 +77,12 @@ pub struct Run {
     /// CPU of every thread of the process during the run (executor lanes and
     /// emulated controllers included), seconds.
     pub process_cpu_s: f64,
+    /// `process_cpu_s` per layer call, µs: beside the host-thread column, the CPU the whole
+    /// method cost (for tutti the lanes' polling and the emulated drives' copies; for the
+    /// baselines about their host CPU, which already does the copy).
+    pub process_cpu_us_per_layer: f64,
+    /// The same, per block of the call, ns.
+    pub process_cpu_ns_per_block: f64,
 }
 
 /// Clears the slots, runs `m` over `layers` of chunks `0..n`, and checks every byte.
@@ -90,11 +98,11 @@ pub fn run(m: &mut dyn Method, ds: &Dataset, n: u32, layers: Range<u32>) -> anyh
         );
     }
     ds.clear(n, layers.clone())?;
-    let proc0 = process_cpu_ns();
+    let proc0 = process_cpu_ns()?;
     let t = Instant::now();
     let calls = m.retrieve(ds, n, layers.clone())?;
     let seconds = t.elapsed().as_secs_f64();
-    let process_cpu_s = process_cpu_ns().saturating_sub(proc0) as f64 / 1e9;
+    let process_ns = process_cpu_ns()?.saturating_sub(proc0) as f64;
     let verified_bytes = ds.verify(n, layers.clone()).map_err(|e| anyhow::anyhow!("{}: {e}", m.name()))?;
     let bytes = n as u64 * layers.len() as u64 * 2 * ds.g.object_bytes();
     let count = calls.cpu_ns.len().max(1) as f64;
@@ -113,7 +121,9 @@ pub fn run(m: &mut dyn Method, ds: &Dataset, n: u32, layers: Range<u32>) -> anyh
         setup_cpu_us_per_request: calls.setup_cpu_ns as f64 / 1e3,
         host_cpu_us_per_layer_with_setup: (mean_ns + calls.setup_cpu_ns as f64 / count) / 1e3,
         wait_cpu_us_per_layer: calls.wait_cpu_ns as f64 / layers.len() as f64 / 1e3,
-        process_cpu_s,
+        process_cpu_s: process_ns / 1e9,
+        process_cpu_us_per_layer: process_ns / layers.len() as f64 / 1e3,
+        process_cpu_ns_per_block: process_ns / layers.len() as f64 / n as f64,
     })
 }
 
@@ -131,6 +141,73 @@ mod tests {
         std::hint::black_box(x);
         let b = thread_cpu_ns();
         assert!(a > 0 && b > a, "thread CPU clock did not advance: {a} -> {b}");
-        assert!(process_cpu_ns() >= b - a);
+        assert!(process_cpu_ns().unwrap() >= b - a);
+    }
+
+    /// Copies like the memcpy baseline, but on another thread, and burns some more CPU there:
+    /// the calling thread only waits.
+    struct OffThread {
+        worker_cpu_ns: u64,
+    }
+
+    impl Method for OffThread {
+        fn name(&self) -> &'static str {
+            "off-thread"
+        }
+        fn describe(&self) -> String {
+            "memcpy on a worker thread".into()
+        }
+        fn retrieve(&mut self, ds: &Dataset, n: u32, layers: Range<u32>) -> anyhow::Result<Calls> {
+            let t0 = thread_cpu_ns();
+            let worker = std::thread::scope(|s| {
+                s.spawn(|| -> anyhow::Result<u64> {
+                    let w0 = thread_cpu_ns();
+                    super::super::baselines::Memcpy.retrieve(ds, n, layers.clone())?;
+                    let mut x = 1u64;
+                    while thread_cpu_ns() - w0 < 20_000_000 {
+                        for i in 0..10_000u64 {
+                            x = x.wrapping_mul(6364136223846793005).wrapping_add(i);
+                        }
+                    }
+                    std::hint::black_box(x);
+                    Ok(thread_cpu_ns() - w0)
+                })
+                .join()
+                .map_err(|_| anyhow::anyhow!("worker panicked"))
+            })??;
+            self.worker_cpu_ns += worker;
+            let per_layer = thread_cpu_ns().saturating_sub(t0) / layers.len() as u64;
+            Ok(Calls { cpu_ns: vec![per_layer; layers.len()], ..Default::default() })
+        }
+    }
+
+    #[test]
+    fn process_cpu_counts_work_done_on_other_threads() {
+        let g = tutti_objstore::Geometry {
+            layers: 2,
+            kv_heads: 2,
+            head_dim: 64,
+            tokens_per_block: 16,
+            dtype: tutti_objstore::Dtype::Bf16,
+        };
+        let dir = std::env::temp_dir();
+        let ds = Dataset::create(g, 8, 1, &dir).unwrap();
+        let mut m = OffThread { worker_cpu_ns: 0 };
+        let r = run(&mut m, &ds, 8, 0..2).unwrap();
+        assert!(r.verified, "the worker's copy was not verified");
+        let process_ns = r.process_cpu_us_per_layer * 2.0 * 1e3;
+        // getrusage reports microseconds: allow one per thread for rounding.
+        assert!(
+            process_ns + 10_000.0 >= m.worker_cpu_ns as f64,
+            "process CPU {process_ns} ns misses the worker's {} ns",
+            m.worker_cpu_ns
+        );
+        assert!(
+            r.process_cpu_us_per_layer > r.host_cpu_us_per_layer_call,
+            "process CPU per layer {} µs should exceed the waiting thread's {} µs",
+            r.process_cpu_us_per_layer,
+            r.host_cpu_us_per_layer_call
+        );
+        assert!((r.process_cpu_ns_per_block - r.process_cpu_us_per_layer * 1e3 / 8.0).abs() < 1e-6);
     }
 }

@@ -2,7 +2,7 @@
 
 use super::measure::Run;
 use super::tutti::PerLayer;
-use crate::cmd::bench::plot;
+use crate::plot;
 use crate::report::bytes;
 use tutti_objstore::Geometry;
 
@@ -18,8 +18,11 @@ pub struct Ratio {
     pub baseline: String,
     /// tutti GB/s ÷ baseline GB/s.
     pub bandwidth: f64,
-    /// Baseline host CPU per layer call ÷ tutti's.
+    /// Baseline host CPU per layer call ÷ tutti's (the calling thread only).
     pub host_cpu: f64,
+    /// Baseline process CPU per layer ÷ tutti's (every thread: tutti's executor lanes and
+    /// emulated controllers included).
+    pub process_cpu: f64,
 }
 
 #[derive(serde::Serialize)]
@@ -63,8 +66,10 @@ pub const NOTES: [&str; 4] = [
      gio_uring's host executor (CPU threads standing in for GPU warps). Its bandwidth here is that of \
      emulator threads copying RAM, not of SSDs or PCIe.",
     "The emulated controllers, the executor lanes, and the benchmark thread share this machine's cores; \
-     'process CPU s' counts all of them. On a GPU system the lanes are GPU threads and the copies are the \
-     drives' DMA, so only the host CPU column is host work there.",
+     the process CPU columns (getrusage RUSAGE_SELF: user + system time of every thread) count all of them. \
+     Against the baselines, whose calling thread does the whole copy, process CPU is the like-for-like \
+     figure on this machine. On a GPU system the lanes are GPU threads and the copies are the drives' DMA, \
+     so there only the host CPU column is host work.",
     "Host CPU per layer is the calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID) of the per-layer \
      control path: for tutti, the store's submission of one layer (IOCB headers naming the request's \
      registered (file, block) pairs; the data moves afterwards, off this thread); for the baselines, the \
@@ -108,6 +113,8 @@ pub fn text(r: &Report) -> String {
                 format!("{:.1}", run.setup_cpu_us_per_request),
                 ratio.map_or("-".into(), |x| format!("{:.0}", x.host_cpu)),
                 format!("{:.0}", run.wait_cpu_us_per_layer),
+                format!("{:.1}", run.process_cpu_us_per_layer),
+                ratio.map_or("-".into(), |x| format!("{:.2}", x.process_cpu)),
                 format!("{:.2}", run.process_cpu_s),
                 if run.verified { "yes".into() } else { "NO".into() },
             ]
@@ -123,6 +130,8 @@ pub fn text(r: &Report) -> String {
             "setup µs/request",
             "this÷tutti CPU",
             "wait µs/layer",
+            "process CPU µs/layer",
+            "this÷tutti process CPU",
             "process CPU s",
             "verified",
         ],
@@ -132,7 +141,8 @@ pub fn text(r: &Report) -> String {
     let _ = writeln!(
         out,
         "host CPU: the calling thread's CPU in the per-layer call (tutti: the store's submission of the \
-         layer); setup: tutti's one submit_load per request; wait: its CPU while polling for the layer afterwards; process CPU: every thread, executor lanes and emulated controllers included"
+         layer); setup: tutti's one submit_load per request; wait: its CPU while polling for the layer afterwards; \
+         process CPU: every thread (getrusage), executor lanes and emulated controllers included"
     );
     let _ = writeln!(
         out,
@@ -158,13 +168,14 @@ pub fn text(r: &Report) -> String {
         let _ = writeln!(
             out,
             "\nhost CPU µs per layer as the request grows (tutti: per-layer submission, plus its setup once per \
-             request; {} layers per block, same objects: {})",
+             request; process: every thread's CPU per layer; {} layers per block, same objects: {})",
             s.layers, s.why_fewer_layers
         );
         let names: Vec<String> = s.points[0].runs.iter().map(|x| x.method.clone()).collect();
         let mut headers: Vec<String> = vec!["blocks".into()];
         headers.extend(names.iter().map(|n| format!("{n} µs")));
         headers.push(format!("{} setup µs", names.first().map_or("", String::as_str)));
+        headers.extend(names.iter().map(|n| format!("{n} process µs")));
         headers.extend(names.iter().map(|n| format!("{n} GB/s")));
         let rows: Vec<Vec<String>> = s
             .points
@@ -173,6 +184,7 @@ pub fn text(r: &Report) -> String {
                 let mut row = vec![p.blocks.to_string()];
                 row.extend(p.runs.iter().map(|x| format!("{:.1}", x.host_cpu_us_per_layer_call)));
                 row.push(p.runs.first().map_or("-".into(), |x| format!("{:.1}", x.setup_cpu_us_per_request)));
+                row.extend(p.runs.iter().map(|x| format!("{:.0}", x.process_cpu_us_per_layer)));
                 row.extend(p.runs.iter().map(|x| format!("{:.2}", x.gb_per_s)));
                 row
             })
@@ -203,9 +215,11 @@ fn chart(r: &Report, title: &str, y_label: &str, y: impl Fn(&Run) -> f64) -> Str
         .methods
         .iter()
         .enumerate()
-        .map(|(i, m)| plot::Series {
-            name: m.method.clone(),
-            points: points.iter().filter_map(|p| p.runs.get(i).map(|x| (p.blocks as f64, y(x)))).collect(),
+        .map(|(i, m)| {
+            plot::Series::new(
+                m.method.clone(),
+                points.iter().filter_map(|p| p.runs.get(i).map(|x| (p.blocks as f64, y(x)))).collect(),
+            )
         })
         .collect();
     plot::line_chart(title, "blocks in the request", y_label, false, &series)

@@ -15,7 +15,7 @@
 use super::data::Dataset;
 use super::measure::{thread_cpu_ns, Calls, Method};
 use crate::emu::{EmulatedArgs, SglFlag};
-use crate::report::byte_bar;
+use crate::progress::byte_bar;
 use anyhow::{bail, Context};
 use rand::{Rng, SeedableRng};
 use std::ops::Range;

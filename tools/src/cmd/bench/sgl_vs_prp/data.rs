@@ -9,19 +9,6 @@ use tutti_driver::command::DataMode;
 use tutti_driver::controller::Controller;
 use tutti_driver::transport::{DmaBuffer, IovaSegment};
 
-/// The bytes of `len` from `offset` of drive `drive`'s object area (`offset` and `len` multiples of 8).
-pub fn pattern(seed: u64, drive: usize, offset: u64, len: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(len);
-    for w in 0..(len / 8) as u64 {
-        // splitmix64 of (seed, drive, word): no two words of the run alike in practice.
-        let mut x = seed ^ (drive as u64) << 56 ^ (offset / 8 + w).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        out.extend_from_slice(&(x ^ (x >> 31)).to_le_bytes());
-    }
-    out
-}
-
 /// A 64-bit FNV-1a style hash over 8-byte words, to show two reads produced the same bytes.
 #[derive(Clone, Copy, Debug)]
 pub struct Checksum(u64);
@@ -108,6 +95,7 @@ pub fn source_checksum(sources: &[Vec<u8>], object_bytes: u64) -> Checksum {
 mod tests {
     use super::*;
     use crate::cmd::bench::sgl_vs_prp::scatter::Shape;
+    use crate::pattern::drive_words;
     use tutti_driver::emulated::EmuIommu;
     use tutti_driver::transport::DmaSpace;
 
@@ -116,7 +104,7 @@ mod tests {
         let dma = EmuIommu::new("test");
         let mut out = (Vec::new(), Vec::new(), Vec::new());
         for (d, n) in objects.into_iter().enumerate() {
-            let src = pattern(9, d, 0, n * shape.object_bytes as usize);
+            let src = drive_words(9, d, 0, n * shape.object_bytes as usize);
             let sc = Scatter::new(shape, n, d as u64).unwrap();
             let dst = dma.alloc(n * shape.object_bytes as usize).unwrap();
             for j in 0..n {
@@ -142,8 +130,12 @@ mod tests {
         let (n, sum) = verify(&drives).unwrap();
         assert_eq!(n, 5 * 16384);
         assert_eq!(sum.hex(), source_checksum(&src, 16384).hex());
-        assert_ne!(pattern(9, 0, 0, 64), pattern(9, 1, 0, 64), "drives hold different bytes");
-        assert_eq!(pattern(9, 0, 8, 8), pattern(9, 0, 0, 16)[8..], "the pattern depends on the offset only");
+        assert_ne!(drive_words(9, 0, 0, 64), drive_words(9, 1, 0, 64), "drives hold different bytes");
+        assert_eq!(
+            drive_words(9, 0, 8, 8),
+            drive_words(9, 0, 0, 16)[8..],
+            "the pattern depends on the offset only"
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ mod scatter;
 
 use super::rig::{DriveArgs, Rig};
 use super::{parse_size, size_label, Output};
-use crate::report::byte_bar;
+use crate::progress::byte_bar;
 use anyhow::{bail, Context};
 use data::DriveData;
 use report::{plot, text, Report, Row};
@@ -209,7 +209,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                     shapes[d].lba
                 );
             }
-            let src = data::pattern(args.seed ^ size, d, 0, len as usize);
+            let src = crate::pattern::drive_words(args.seed ^ size, d, 0, len as usize);
             data::write_objects(c, &src)?;
             sources.push(src);
         }

@@ -1,8 +1,8 @@
 //! What `tutti bench sgl-vs-prp` reports: the JSON rows, the text table and the plot.
 
 use super::scatter::Mode;
-use crate::cmd::bench::plot::{line_chart, table, Series};
 use crate::cmd::bench::size_label;
+use crate::plot::{line_chart, table, Series};
 
 /// One (object size, piece size, mode) configuration.
 #[derive(serde::Serialize)]
@@ -135,7 +135,7 @@ pub fn plot(r: &Report) -> String {
         );
         match series.iter_mut().find(|s| s.name == name) {
             Some(s) => s.points.push((x.object_bytes as f64, x.gb_per_sec)),
-            None => series.push(Series { name, points: vec![(x.object_bytes as f64, x.gb_per_sec)] }),
+            None => series.push(Series::new(name, vec![(x.object_bytes as f64, x.gb_per_sec)])),
         }
     }
     line_chart(

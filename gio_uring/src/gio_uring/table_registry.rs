@@ -2,9 +2,9 @@
 
 use super::{GioUring, SlotState};
 use crate::error::{GioError, Result};
-use crate::iocb::TableId;
+use crate::handle::TableId;
+use crate::layer_table::{LayerTable, TableKind};
 use crate::mem::{ExecMemory, MemKind};
-use crate::table::{LayerTable, TableKind};
 use tutti_driver::spec::SglSupport;
 use tutti_kernels::abi::{LayerTableDesc, TABLE_UNUSED};
 use zerocopy::IntoBytes;

@@ -13,14 +13,15 @@ mod layout;
 mod pairs;
 mod recover;
 mod submit;
-mod tables;
+mod table_registry;
 
 use crate::drive::{DriveInfo, DriveQueues};
 use crate::error::{GioError, Result};
 use crate::executor::{ExecBinding, Executor};
-use crate::iocb::{IocbId, IocbResult};
+use crate::handle::IocbId;
+use crate::iocb::IocbResult;
 use crate::mem::{ExecMemory, HostMapping};
-use crate::ring::RingView;
+use crate::shared_ring::RingView;
 use layout::Layout;
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU32;
@@ -30,7 +31,7 @@ use tutti_kernels::abi::{Control, Iocb, NvmeQueue, QueueGate};
 
 pub use recover::RecoveryReport;
 pub use submit::pairs_per_iocb;
-pub use tables::TableInfo;
+pub use table_registry::TableInfo;
 
 /// Tunables of a [`GioUring`].
 #[derive(Clone, Debug)]
@@ -156,7 +157,7 @@ pub struct GioUring {
     gates: NonNull<QueueGate>,
     iocbs: NonNull<Iocb>,
     pool: Mutex<Pool>,
-    tables: Mutex<Vec<Option<tables::TableSlot>>>,
+    tables: Mutex<Vec<Option<table_registry::TableSlot>>>,
     /// Lock order: `pair_lists`, then `pool`.
     pair_lists: Mutex<Vec<pairs::PairListSlot>>,
     seq: AtomicU32,

@@ -2,7 +2,8 @@
 
 use super::{GioUring, Pool, SlotState};
 use crate::error::{GioError, Result};
-use crate::iocb::{IocbId, IocbResult, IoctxFailure};
+use crate::handle::IocbId;
+use crate::iocb::{IocbResult, IoctxFailure};
 use crate::status::IoStatus;
 use std::time::{Duration, Instant};
 use tutti_kernels::abi::{self, IoCtx, IocbHeader};

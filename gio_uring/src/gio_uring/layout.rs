@@ -10,7 +10,7 @@ use crate::drive::{DriveInfo, DriveQueues};
 use crate::error::{GioError, Result};
 use crate::executor::Executor;
 use crate::mem::{ExecMemory, HostRange, MemKind};
-use crate::ring::RingView;
+use crate::shared_ring::RingView;
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex};

@@ -3,7 +3,8 @@
 use super::layout::MAX_PARTS;
 use super::{GioUring, Pool, SlotState};
 use crate::error::{GioError, Result};
-use crate::iocb::{IocbId, Op, PairListId, TableId};
+use crate::handle::{IocbId, PairListId, TableId};
+use crate::iocb::Op;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 use tutti_kernels::abi::{self, IoCtx, IocbHeader, LayerPair};

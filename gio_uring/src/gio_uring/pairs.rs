@@ -14,7 +14,7 @@
 
 use super::{GioUring, SlotState};
 use crate::error::{GioError, Result};
-use crate::iocb::PairListId;
+use crate::handle::PairListId;
 use crate::mem::{ExecMemory, MemKind};
 use tutti_kernels::abi::{LayerPair, PairListDesc};
 use zerocopy::IntoBytes;
