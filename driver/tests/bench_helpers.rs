@@ -2,6 +2,10 @@
 //! error: a rejected submission, a failed completion and a completion that never comes (bounded
 //! by the deadline, not a hang).
 
+// Test code: a panic is how a test fails, in helpers as in #[test] functions
+// (clippy.toml's allow-*-in-tests covers only the latter).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "../benches/common/mod.rs"]
 #[allow(dead_code)]
 mod common;
