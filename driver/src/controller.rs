@@ -17,7 +17,7 @@ use crate::spec::{
 };
 use crate::transport::{DmaBuffer, DmaSpace, Doorbell, Registers};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use zerocopy::FromBytes;
 
@@ -115,8 +115,15 @@ pub struct Controller {
     admin_page: DmaBuffer,
     info: ControllerInfo,
     qids: Mutex<Vec<bool>>,
+    /// The pair handed out by [`shared_io_queue_pair`](Self::shared_io_queue_pair), while anyone holds it.
+    shared: Mutex<Weak<SharedQueuePair>>,
     shut_down: AtomicBool,
 }
+
+/// An I/O queue pair several users of one controller take turns on: each
+/// holds the lock for a whole operation (every command it submitted has
+/// completed, or was abandoned, when it lets go).
+pub type SharedQueuePair = Mutex<crate::queue::IoQueuePair>;
 
 impl std::fmt::Debug for Controller {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -214,6 +221,7 @@ impl Controller {
                 namespaces: Vec::new(),
             },
             qids: Mutex::new(Vec::new()),
+            shared: Mutex::new(Weak::new()),
             shut_down: AtomicBool::new(false),
         };
         ctrl.identify()?;
@@ -351,15 +359,38 @@ impl Controller {
             .map_err(|_| self.bad(format!("{} returned a short payload", cmd.name())))
     }
 
-    /// Claims a free I/O queue id.
-    pub(crate) fn claim_qid(&self) -> Result<u16> {
+    /// Claims a free I/O queue id for `purpose` (named in the error when none is left).
+    pub(crate) fn claim_qid(&self, purpose: &str) -> Result<u16> {
         let mut qids = self.qids.lock().map_err(|_| self.poisoned())?;
-        let qid = (1..qids.len()).find(|&q| !qids[q]).ok_or_else(|| DriverError::Unsupported {
+        let qid = (1..qids.len()).find(|&q| !qids[q]).ok_or_else(|| DriverError::NoQueuePair {
             device: self.name.clone(),
-            what: format!("all {} granted I/O queue pairs are in use", self.info.io_queue_pairs),
+            purpose: purpose.to_string(),
+            granted: self.info.io_queue_pairs,
+            requested: self.opts.io_queue_pairs.max(1),
         })?;
         qids[qid] = true;
         Ok(qid as u16)
+    }
+
+    /// I/O queue pairs granted and not held by anyone now.
+    pub fn free_io_queue_pairs(&self) -> u16 {
+        self.qids.lock().map_or(0, |q| q.iter().skip(1).filter(|&&used| !used).count() as u16)
+    }
+
+    /// The controller's shared I/O queue pair: created with `depth` entries
+    /// (clamped to 2..=CAP.MQES+1) by the first caller, and the same pair for
+    /// every caller while any of them holds it. Users that need few commands
+    /// (metadata), or that cannot get a pair of their own on a controller
+    /// that grants few, take turns on it.
+    pub fn shared_io_queue_pair(self: &Arc<Self>, depth: u32) -> Result<Arc<SharedQueuePair>> {
+        let mut slot = self.shared.lock().map_err(|_| self.poisoned())?;
+        if let Some(pair) = slot.upgrade() {
+            return Ok(pair);
+        }
+        let depth = depth.clamp(2, self.info.max_queue_entries.max(2));
+        let pair = Arc::new(Mutex::new(crate::queue::IoQueuePair::create(self, depth, "the shared queue pair")?));
+        *slot = Arc::downgrade(&pair);
+        Ok(pair)
     }
 
     pub(crate) fn release_qid(&self, qid: u16) {

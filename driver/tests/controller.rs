@@ -71,11 +71,40 @@ fn queue_pairs_are_limited_by_the_grant_and_depth_by_mqes() {
     assert!(matches!(ctrl.create_io_queue_pair(65), Err(DriverError::InvalidArgument(_))));
     let a = ctrl.create_io_queue_pair(64).expect("first pair");
     let b = ctrl.create_io_queue_pair(8).expect("second pair");
-    assert!(matches!(ctrl.create_io_queue_pair(8), Err(DriverError::Unsupported { .. })));
+    assert!(matches!(ctrl.create_io_queue_pair(8), Err(DriverError::NoQueuePair { granted: 2, .. })));
+    assert_eq!(ctrl.free_io_queue_pairs(), 0);
     drop(a);
+    assert_eq!(ctrl.free_io_queue_pairs(), 1);
     // The freed qid (and the controller's queue) can be used again.
     let c = ctrl.create_io_queue_pair(8).expect("pair after delete");
     assert_ne!(b.qid(), c.qid());
+}
+
+#[test]
+fn a_one_pair_controller_shares_its_pair_and_says_so_when_out() {
+    let (_emu, ctrl) = start(EmulatedConfig { max_io_queue_pairs: 1, ..small("emu-1p") });
+    assert_eq!(ctrl.info().io_queue_pairs, 1);
+    let shared = ctrl.shared_io_queue_pair(32).expect("the one pair, shared");
+    // Every caller gets the same pair while anyone holds it: no second qid needed.
+    let again = ctrl.shared_io_queue_pair(8).expect("shared again");
+    assert!(Arc::ptr_eq(&shared, &again));
+    let buf = ctrl.dma().alloc(4096).unwrap();
+    buf.fill(0x5a);
+    shared.lock().unwrap().write_buf(1, 3, &buf, 0, 4096, DataMode::Auto).expect("write on the shared pair");
+    buf.fill(0);
+    again.lock().unwrap().read_buf(1, 3, &buf, 0, 4096, DataMode::Auto).expect("read on the shared pair");
+    let mut back = vec![0u8; 4096];
+    buf.copy_out(0, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 0x5a));
+    // A second, private pair: a clear error with the drive and the numbers.
+    let e = ctrl.create_raw_queue_pair(16).err().expect("no second pair");
+    let msg = e.to_string();
+    assert!(matches!(e, DriverError::NoQueuePair { granted: 1, requested: 16, .. }), "{msg}");
+    assert!(msg.contains("emu-1p") && msg.contains("granted 1 of the 16") && msg.contains("raw queue pair"), "{msg}");
+    drop((shared, again));
+    // Released with its last holder.
+    assert_eq!(ctrl.free_io_queue_pairs(), 1);
+    ctrl.create_raw_queue_pair(16).expect("the pair is free again");
 }
 
 #[test]
