@@ -13,7 +13,7 @@ use crate::error::{DriverError, Result};
 use crate::queue::{backoff, Completion, QueueCore};
 use crate::spec::registers::{cq_head_doorbell, offset, sq_tail_doorbell, ShutdownNotification};
 use crate::spec::{
-    Aqa, Cap, Cc, Csts, IdentifyController, IdentifyNamespace, SglSupport, ShutdownStatus, Version,
+    Aqa, Cap, Cc, CommandSet, Csts, IdentifyController, IdentifyNamespace, SglSupport, ShutdownStatus, Version,
 };
 use crate::transport::{DmaBuffer, DmaSpace, Doorbell, Registers};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -51,19 +51,94 @@ impl Default for ControllerOptions {
     }
 }
 
+/// The LBA format a namespace is formatted with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct NamespaceFormat {
+    /// Index of the LBA format in use (FLBAS).
+    pub index: u8,
+    /// Data bytes per logical block.
+    pub data_size: u32,
+    /// Metadata bytes per logical block (LBAF MS); 0 = none.
+    pub metadata_size: u16,
+    /// Metadata at the end of each block's data (FLBAS bit 4) rather than in a separate buffer.
+    pub extended: bool,
+    /// End-to-end protection information type (DPS bits 2:0); 0 = none.
+    pub pi_type: u8,
+    /// Protection information in the first bytes of metadata (DPS bit 3).
+    pub pi_first: bool,
+}
+
+impl std::fmt::Display for NamespaceFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LBA format {}: {} B data", self.index, self.data_size)?;
+        if self.metadata_size > 0 {
+            let how = if self.extended { "extended LBA" } else { "separate buffer" };
+            write!(f, " + {} B metadata ({how})", self.metadata_size)?;
+        } else {
+            f.write_str(", no metadata")?;
+        }
+        if self.pi_type > 0 {
+            let at = if self.pi_first { "first" } else { "last" };
+            write!(f, ", protection information type {} ({at} bytes of metadata)", self.pi_type)?;
+        }
+        Ok(())
+    }
+}
+
 /// One active namespace.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct NamespaceInfo {
     pub nsid: u32,
     /// Size in logical blocks (NSZE).
     pub blocks: u64,
-    /// Logical block size in bytes.
+    /// Logical block size in bytes (data only).
     pub lba_size: u32,
+    pub format: NamespaceFormat,
+    /// I/O Command Set (from the Namespace Identification Descriptor list; NVM when the controller has none).
+    pub command_set: crate::spec::CommandSet,
 }
 
 impl NamespaceInfo {
     pub fn bytes(&self) -> u64 {
-        self.blocks * self.lba_size as u64
+        self.blocks.saturating_mul(self.lba_size as u64)
+    }
+
+    /// A namespace of `blocks` plain `lba_size`-byte blocks (NVM command set, no metadata).
+    pub fn plain(nsid: u32, blocks: u64, lba_size: u32) -> Self {
+        NamespaceInfo {
+            nsid,
+            blocks,
+            lba_size,
+            format: NamespaceFormat {
+                index: 0,
+                data_size: lba_size,
+                metadata_size: 0,
+                extended: false,
+                pi_type: 0,
+                pi_first: false,
+            },
+            command_set: crate::spec::CommandSet::Nvm,
+        }
+    }
+
+    /// Why the driver cannot read and write this namespace as plain blocks
+    /// of data, and what to do about it; `None` if it can.
+    pub fn unusable(&self) -> Option<(String, String)> {
+        use crate::spec::CommandSet;
+        if self.command_set != CommandSet::Nvm {
+            let remedy = match self.command_set {
+                CommandSet::Zoned => "zoned namespaces accept only sequential writes within zones; use a namespace of the NVM command set (create one with `nvme create-ns --csi=0`, or a QEMU nvme-ns without zoned=true)",
+                _ => "use a namespace of the NVM command set (CSI 0)",
+            };
+            return Some((format!("uses the {} command set, not NVM", self.command_set), remedy.into()));
+        }
+        if self.format.metadata_size > 0 || self.format.pi_type > 0 {
+            return Some((
+                format!("is formatted with {}", self.format),
+                "the driver moves plain data blocks only; reformat the namespace to an LBA format without metadata or protection information (`nvme format --lbaf=N --pi=0`, N a format whose metadata size is 0; `nvme id-ns -H` lists them)".into(),
+            ));
+        }
+        None
     }
 }
 
@@ -274,11 +349,62 @@ impl Controller {
                 tracing::warn!(device = %self.name, nsid, lbads = ns.active_format().lbads(), "namespace LBA size unusable; skipped");
                 continue;
             };
-            namespaces.push(NamespaceInfo { nsid, blocks: ns.nsze, lba_size });
+            if ns.format_index() > ns.nlbaf {
+                return Err(self.bad(format!(
+                    "namespace {nsid} uses LBA format {} of the {} it has (NLBAF {})",
+                    ns.format_index(),
+                    ns.nlbaf as u32 + 1,
+                    ns.nlbaf
+                )));
+            }
+            let command_set = self.command_set(nsid)?;
+            let format = NamespaceFormat {
+                index: ns.format_index(),
+                data_size: lba_size,
+                metadata_size: ns.active_format().metadata_size(),
+                extended: ns.metadata_extended(),
+                pi_type: ns.pi_type(),
+                pi_first: ns.pi_first(),
+            };
+            namespaces.push(NamespaceInfo { nsid, blocks: ns.nsze, lba_size, format, command_set });
         }
         self.info.namespaces = namespaces;
         tracing::info!(device = %self.name, model = %self.info.model, namespaces = self.info.namespaces.len(), io_queue_pairs = granted, "controller ready");
         Ok(())
+    }
+
+    /// The namespace's I/O command set from its Namespace Identification
+    /// Descriptor list (CNS 03h). A controller that does not implement the
+    /// list (before NVMe 1.3) has only the NVM command set.
+    fn command_set(&self, nsid: u32) -> Result<CommandSet> {
+        let page: [u8; 4096] = match self.admin_read(Command::identify_namespace_descriptors(nsid)) {
+            Ok(p) => p,
+            Err(DriverError::CommandFailed { status, .. }) => {
+                tracing::debug!(device = %self.name, nsid, %status, "no namespace descriptor list; NVM command set assumed");
+                return Ok(CommandSet::Nvm);
+            }
+            Err(e) => return Err(e),
+        };
+        match crate::spec::identify::descriptor_csi(&page) {
+            Ok(csi) => Ok(csi.map_or(CommandSet::Nvm, CommandSet::from_csi)),
+            Err(what) => Err(self.bad(format!("namespace {nsid} descriptor list: {what}"))),
+        }
+    }
+
+    /// Namespace `nsid`, if it exists and the driver can use it as plain
+    /// blocks of data; otherwise an error that names the controller, the
+    /// namespace, its format or command set, and what to do.
+    pub fn data_namespace(&self, nsid: u32) -> Result<&NamespaceInfo> {
+        let ns = self.info.namespace(nsid).ok_or_else(|| {
+            let have: Vec<u32> = self.info.namespaces.iter().map(|n| n.nsid).collect();
+            DriverError::invalid(format!("{}: no active namespace {nsid} (active: {have:?})", self.name))
+        })?;
+        match ns.unusable() {
+            None => Ok(ns),
+            Some((what, remedy)) => {
+                Err(DriverError::UnusableNamespace { device: self.name.clone(), nsid, what, remedy })
+            }
+        }
     }
 
     fn bad(&self, what: String) -> DriverError {

@@ -553,3 +553,51 @@ fn bring_up_waits_for_a_slow_ready_and_can_be_repeated() {
     back.copy_out(0, &mut got).expect("copy");
     assert!(got.iter().all(|&b| b == 7));
 }
+
+#[test]
+fn namespaces_with_metadata_protection_or_zones_are_refused_with_their_format() {
+    let ns = |ms: u16, extended: bool, pi: u8, csi: u8| NamespaceConfig {
+        metadata_size: ms,
+        extended_metadata: extended,
+        pi_type: pi,
+        command_set: csi,
+        ..NamespaceConfig::with_bytes(4 << 20, 512)
+    };
+    let cfg = EmulatedConfig {
+        namespaces: vec![ns(0, false, 0, 0), ns(8, true, 0, 0), ns(8, false, 1, 0), ns(0, false, 0, 2)],
+        ..small("emu-fmt")
+    };
+    let (_emu, ctrl) = start(cfg);
+    let info = ctrl.info();
+    assert_eq!(info.namespaces.len(), 4, "every namespace is listed, usable or not");
+    let f = |i: usize| info.namespaces[i].format;
+    assert_eq!((f(0).data_size, f(0).metadata_size, f(0).pi_type), (512, 0, 0));
+    assert_eq!((f(1).metadata_size, f(1).extended), (8, true));
+    assert_eq!((f(2).metadata_size, f(2).extended, f(2).pi_type), (8, false, 1));
+    assert_eq!(info.namespaces[3].command_set, tutti_driver::spec::CommandSet::Zoned);
+    assert_eq!(info.namespaces[0].command_set, tutti_driver::spec::CommandSet::Nvm);
+
+    ctrl.data_namespace(1).expect("a plain namespace is usable");
+    let refused = |nsid: u32| {
+        let e = ctrl.data_namespace(nsid).err().expect("refused");
+        assert!(matches!(e, DriverError::UnusableNamespace { .. }), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains("emu-fmt") && msg.contains(&format!("namespace {nsid}")), "{msg}");
+        msg
+    };
+    let m = refused(2);
+    assert!(m.contains("8 B metadata (extended LBA)") && m.contains("reformat"), "{m}");
+    let m = refused(3);
+    assert!(m.contains("separate buffer") && m.contains("protection information type 1"), "{m}");
+    let m = refused(4);
+    assert!(m.contains("Zoned Namespace command set") && m.contains("NVM command set"), "{m}");
+
+    // The synchronous I/O helpers refuse them before anything reaches the drive.
+    let mut qp = ctrl.create_io_queue_pair(8).expect("queue pair");
+    let buf = ctrl.dma().alloc(4096).unwrap();
+    for nsid in 2..=4 {
+        let e = qp.write_buf(nsid, 0, &buf, 0, 512, DataMode::Auto).err().expect("refused");
+        assert!(matches!(e, DriverError::UnusableNamespace { .. }), "{e}");
+    }
+    qp.write_buf(1, 0, &buf, 0, 512, DataMode::Auto).expect("plain namespace works");
+}

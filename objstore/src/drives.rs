@@ -79,9 +79,9 @@ pub(crate) struct Drive {
 impl Drive {
     pub fn open(spec: DriveSpec) -> Result<Self> {
         let info = spec.ctrl.info();
-        let ns = info.namespace(spec.nsid).ok_or_else(|| {
-            ObjError::drive(spec.ctrl.name(), format!("namespace {} does not exist", spec.nsid))
-        })?;
+        // Refuses namespaces with metadata, protection information or
+        // another command set, naming the format and what to do.
+        let ns = spec.ctrl.data_namespace(spec.nsid)?;
         let shape = DriveShape { lba_size: ns.lba_size, blocks: ns.blocks, max_transfer: info.max_transfer };
         let depth = META_QUEUE_DEPTH.min(info.max_queue_entries);
         let qp = spec.ctrl.shared_io_queue_pair(depth)?;

@@ -83,3 +83,21 @@ fn every_namespace_of_a_controller_is_a_pool_drive() {
         }
     }
 }
+
+#[test]
+fn a_pool_refuses_a_namespace_with_metadata_at_open() {
+    let emu = EmulatedController::start(EmulatedConfig {
+        name: "meta-ns".into(),
+        namespaces: vec![NamespaceConfig { metadata_size: 8, ..NamespaceConfig::with_bytes(8 << 20, 512) }],
+        ..EmulatedConfig::default()
+    })
+    .expect("emulated controller starts");
+    for gio in [true, false] {
+        let g = geometry(2, 128);
+        let opts = if gio { options(g, OpenMode::Create) } else { direct_options(g, OpenMode::Create) };
+        let e = KvStore::open(all_namespaces(&emu), opts).err().expect("refused");
+        let msg = e.to_string();
+        assert!(msg.contains("meta-ns namespace 1") && msg.contains("8 B metadata") && msg.contains("reformat"), "{msg}");
+    }
+    assert_eq!(emu.stats().bytes_written, 0, "nothing was written to it");
+}

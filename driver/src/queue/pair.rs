@@ -232,9 +232,7 @@ impl IoQueuePair {
     }
 
     fn namespace(&self, nsid: u32, lba: u64, blocks: u64) -> Result<NamespaceInfo> {
-        let ns = self.ctrl.info().namespace(nsid).cloned().ok_or_else(|| {
-            DriverError::invalid(format!("{}: namespace {nsid} does not exist", self.ctrl.name()))
-        })?;
+        let ns = self.ctrl.data_namespace(nsid)?.clone();
         if lba.checked_add(blocks).is_none_or(|end| end > ns.blocks) {
             return Err(DriverError::invalid(format!(
                 "{}: LBAs {lba}..{} are past the end of namespace {nsid} ({} blocks)",
