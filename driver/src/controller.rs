@@ -13,7 +13,8 @@ use crate::error::{DriverError, Result};
 use crate::queue::{backoff, Completion, QueueCore};
 use crate::spec::registers::{cq_head_doorbell, offset, sq_tail_doorbell, ShutdownNotification};
 use crate::spec::{
-    Aqa, Cap, Cc, CommandSet, Csts, IdentifyController, IdentifyNamespace, SglSupport, ShutdownStatus, Version,
+    Aqa, Cap, Cc, CommandSet, Csts, IdentifyController, IdentifyNamespace, SglSupport, ShutdownStatus,
+    Version,
 };
 use crate::transport::{DmaBuffer, DmaSpace, Doorbell, Registers};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -514,7 +515,8 @@ impl Controller {
             return Ok(pair);
         }
         let depth = depth.clamp(2, self.info.max_queue_entries.max(2));
-        let pair = Arc::new(Mutex::new(crate::queue::IoQueuePair::create(self, depth, "the shared queue pair")?));
+        let pair =
+            Arc::new(Mutex::new(crate::queue::IoQueuePair::create(self, depth, "the shared queue pair")?));
         *slot = Arc::downgrade(&pair);
         Ok(pair)
     }

@@ -100,7 +100,10 @@ fn a_one_pair_controller_shares_its_pair_and_says_so_when_out() {
     let e = ctrl.create_raw_queue_pair(16).err().expect("no second pair");
     let msg = e.to_string();
     assert!(matches!(e, DriverError::NoQueuePair { granted: 1, requested: 16, .. }), "{msg}");
-    assert!(msg.contains("emu-1p") && msg.contains("granted 1 of the 16") && msg.contains("raw queue pair"), "{msg}");
+    assert!(
+        msg.contains("emu-1p") && msg.contains("granted 1 of the 16") && msg.contains("raw queue pair"),
+        "{msg}"
+    );
     drop((shared, again));
     // Released with its last holder.
     assert_eq!(ctrl.free_io_queue_pairs(), 1);

@@ -97,7 +97,10 @@ fn a_pool_refuses_a_namespace_with_metadata_at_open() {
         let opts = if gio { options(g, OpenMode::Create) } else { direct_options(g, OpenMode::Create) };
         let e = KvStore::open(all_namespaces(&emu), opts).err().expect("refused");
         let msg = e.to_string();
-        assert!(msg.contains("meta-ns namespace 1") && msg.contains("8 B metadata") && msg.contains("reformat"), "{msg}");
+        assert!(
+            msg.contains("meta-ns namespace 1") && msg.contains("8 B metadata") && msg.contains("reformat"),
+            "{msg}"
+        );
     }
     assert_eq!(emu.stats().bytes_written, 0, "nothing was written to it");
 }

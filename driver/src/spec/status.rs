@@ -323,7 +323,10 @@ mod tests {
             for sc in scs.clone() {
                 let s = Status::new(*sct, sc);
                 let text = s.to_string();
-                assert!(s.name().is_some() && !text.contains("Unknown"), "{sct}/{sc:#04x} prints bare: {text}");
+                assert!(
+                    s.name().is_some() && !text.contains("Unknown"),
+                    "{sct}/{sc:#04x} prints bare: {text}"
+                );
                 assert!(text.ends_with(&format!("({:#06x})", (*sct as u16) << 8 | sc as u16)), "{text}");
                 n += 1;
             }

@@ -26,9 +26,9 @@ use crate::registration::Registration;
 use crate::stripe::StripeMap;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
+use std::sync::MutexGuard;
 use std::time::Instant;
 use tutti_driver::command::{Command, DataMode};
-use std::sync::MutexGuard;
 use tutti_driver::controller::{Controller, SharedQueuePair};
 use tutti_driver::queue::{backoff, Completion, IoQueuePair};
 use tutti_driver::transport::IovaSegment;
@@ -82,7 +82,12 @@ impl DirectIo {
         Ok(DirectIo { lanes, pairs, attached: None, done: HashMap::new(), next_token: 1, recover })
     }
 
-    fn run(&mut self, cmds: &[Cmd], dir: Direction, qps: &mut [MutexGuard<'_, IoQueuePair>]) -> Result<LayerOutcome> {
+    fn run(
+        &mut self,
+        cmds: &[Cmd],
+        dir: Direction,
+        qps: &mut [MutexGuard<'_, IoQueuePair>],
+    ) -> Result<LayerOutcome> {
         let mut out =
             LayerOutcome { commands: cmds.len() as u64, host_built: cmds.len() as u64, ..Default::default() };
         for l in &mut self.lanes {
@@ -170,8 +175,9 @@ impl DirectIo {
                 spins = 0;
                 continue;
             }
-            let timeout =
-                qps.first().map_or(std::time::Duration::from_secs(10), |q| q.controller().options().io_timeout);
+            let timeout = qps
+                .first()
+                .map_or(std::time::Duration::from_secs(10), |q| q.controller().options().io_timeout);
             if last_progress.elapsed() >= timeout {
                 outstanding -= self.expire(cmds, &mut failed, &mut unsettled, qps)?;
                 last_progress = Instant::now();
@@ -315,8 +321,10 @@ impl LayerIo for DirectIo {
         // Every pair the layer uses is held until its last command settled:
         // a shared pair's other user (metadata) finds nothing of ours in flight.
         let held = self.pairs.clone();
-        let mut qps =
-            held.iter().map(|p| p.lock().map_err(|_| ObjError::Poisoned("queue pair"))).collect::<Result<Vec<_>>>()?;
+        let mut qps = held
+            .iter()
+            .map(|p| p.lock().map_err(|_| ObjError::Poisoned("queue pair")))
+            .collect::<Result<Vec<_>>>()?;
         let mut outcome = match self.run(&cmds, dir, &mut qps) {
             Ok(o) => o,
             // Commands may be in flight on a queue that stopped making sense
