@@ -40,7 +40,7 @@ pub enum DriverError {
     NoQueuePair { device: String, purpose: String, granted: u16, requested: u16 },
 
     /// A namespace the driver cannot use as plain blocks of data.
-    #[error("nvme {device} namespace {nsid}: {what}; {remedy}")]
+    #[error("nvme {device} namespace {nsid} {what}; {remedy}")]
     UnusableNamespace { device: String, nsid: u32, what: String, remedy: String },
 
     #[error("nvme {device}: the controller returned malformed data: {what}")]

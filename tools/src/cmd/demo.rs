@@ -557,8 +557,9 @@ fn print(r: &Report) {
     );
     for d in &p.drives {
         println!(
-            "  {:<14} {:>5}-byte LBAs, {:>10}, max transfer {}",
+            "  {:<14} {:<6} {:>5}-byte LBAs, {:>10}, max transfer {}",
             d.device,
+            format!("ns {}", d.nsid),
             d.lba_size,
             bytes(d.blocks * d.lba_size as u64),
             bytes(d.max_transfer)
