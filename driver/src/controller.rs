@@ -235,6 +235,17 @@ impl Controller {
                 ),
             });
         }
+        if cap.max_queue_entries() < 2 {
+            // §3.1.1: MQES is 0-based and 0 is invalid; a 1-entry queue holds nothing.
+            return Err(DriverError::BadDeviceResponse {
+                device: name,
+                what: format!(
+                    "CAP.MQES = {} (queues of {} entry); at least 2 are needed",
+                    cap.0 & 0xffff,
+                    cap.max_queue_entries()
+                ),
+            });
+        }
         let ready_wait = opts.ready_timeout.unwrap_or(Duration::from_millis(cap.timeout_ms().max(500)));
 
         // §7.6.1 step 1: disable and wait for RDY=0.
@@ -338,26 +349,23 @@ impl Controller {
         // Active namespaces (CNS 02h), then each one's geometry.
         let list: [u32; 1024] = self.admin_read(Command::identify_active_namespaces(0))?;
         let mut namespaces = Vec::new();
+        let mut last = 0u32;
         for &nsid in list.iter().take_while(|&&n| n != 0) {
-            if nsid > id.nn {
-                return Err(self.bad(format!("active namespace list names nsid {nsid} above NN={}", id.nn)));
+            // §5.15.4: the list is in increasing order of NSID, each at most NN.
+            if nsid > id.nn || nsid <= last || nsid == u32::MAX {
+                return Err(self
+                    .bad(format!("active namespace list names nsid {nsid} (after {last}; NN = {})", id.nn)));
             }
+            last = nsid;
             let ns: IdentifyNamespace = self.admin_read(Command::identify_namespace(nsid))?;
-            if ns.nsze == 0 {
-                continue;
-            }
-            let Some(lba_size) = ns.lba_size() else {
-                tracing::warn!(device = %self.name, nsid, lbads = ns.active_format().lbads(), "namespace LBA size unusable; skipped");
-                continue;
+            let lba_size = match namespace_geometry(&ns) {
+                Ok(Some(l)) => l,
+                Ok(None) => {
+                    tracing::warn!(device = %self.name, nsid, nsze = ns.nsze, lbads = ns.active_format().lbads(), "namespace empty or its LBA size unusable; skipped");
+                    continue;
+                }
+                Err(what) => return Err(self.bad(format!("namespace {nsid}: {what}"))),
             };
-            if ns.format_index() > ns.nlbaf {
-                return Err(self.bad(format!(
-                    "namespace {nsid} uses LBA format {} of the {} it has (NLBAF {})",
-                    ns.format_index(),
-                    ns.nlbaf as u32 + 1,
-                    ns.nlbaf
-                )));
-            }
             let command_set = self.command_set(nsid)?;
             let format = NamespaceFormat {
                 index: ns.format_index(),
@@ -634,6 +642,30 @@ impl Drop for Controller {
     }
 }
 
+/// Checks the sizes Identify Namespace reports: `Ok(Some(lba_size))` for a
+/// namespace the driver can address, `Ok(None)` for one to skip (no blocks,
+/// or blocks below 512 B or above 64 KiB), an error for values no
+/// controller may report (a format index past NLBAF, a size in bytes past
+/// 2^64).
+pub fn namespace_geometry(ns: &IdentifyNamespace) -> std::result::Result<Option<u32>, String> {
+    if ns.format_index() > ns.nlbaf {
+        return Err(format!(
+            "FLBAS selects LBA format {} of the {} it has (NLBAF {})",
+            ns.format_index(),
+            ns.nlbaf as u32 + 1,
+            ns.nlbaf
+        ));
+    }
+    if ns.nsze == 0 {
+        return Ok(None);
+    }
+    let Some(lba_size) = ns.lba_size() else { return Ok(None) };
+    if ns.nsze.checked_mul(lba_size as u64).is_none() {
+        return Err(format!("NSZE {} blocks of {lba_size} bytes is more than 2^64 bytes", ns.nsze));
+    }
+    Ok(Some(lba_size))
+}
+
 /// Polls CSTS until `done` holds, CFS appears, or `timeout` passes.
 fn wait_csts(
     regs: &dyn Registers,
@@ -670,5 +702,29 @@ fn wait_csts(
             });
         }
         backoff(&mut spins);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::namespace_geometry;
+    use crate::spec::{IdentifyNamespace, LbaFormat};
+
+    #[test]
+    fn namespace_sizes_from_the_device_are_bounded() {
+        let mut ns = IdentifyNamespace::new_zeroed();
+        ns.lbaf[0] = LbaFormat::new(12, 0).0;
+        ns.nsze = 1 << 20;
+        assert_eq!(namespace_geometry(&ns), Ok(Some(4096)));
+        ns.nsze = 0;
+        assert_eq!(namespace_geometry(&ns), Ok(None));
+        ns.nsze = u64::MAX / 1024;
+        assert!(namespace_geometry(&ns).unwrap_err().contains("2^64"));
+        ns.nsze = 8;
+        ns.flbas = 3; // format 3 of 1
+        assert!(namespace_geometry(&ns).unwrap_err().contains("NLBAF 0"));
+        ns.flbas = 0;
+        ns.lbaf[0] = LbaFormat::new(40, 0).0;
+        assert_eq!(namespace_geometry(&ns), Ok(None), "a 2^40-byte block is skipped, not shifted");
     }
 }

@@ -604,3 +604,37 @@ fn namespaces_with_metadata_protection_or_zones_are_refused_with_their_format() 
     }
     qp.write_buf(1, 0, &buf, 0, 512, DataMode::Auto).expect("plain namespace works");
 }
+
+/// BAR0 of an emulated controller whose CAP reads with MQES = 0 (a 1-entry queue).
+struct ZeroMqes(Arc<dyn tutti_driver::transport::Registers>);
+
+impl tutti_driver::transport::Registers for ZeroMqes {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn read32(&self, offset: usize) -> tutti_driver::Result<u32> {
+        let v = self.0.read32(offset)?;
+        Ok(if offset == 0 { v & !0xffff } else { v })
+    }
+    fn write32(&self, offset: usize, value: u32) -> tutti_driver::Result<()> {
+        self.0.write32(offset, value)
+    }
+    fn doorbell_ptr(
+        &self,
+        offset: usize,
+    ) -> tutti_driver::Result<(std::ptr::NonNull<u32>, tutti_driver::transport::DoorbellKind)> {
+        self.0.doorbell_ptr(offset)
+    }
+}
+
+#[test]
+fn a_cap_with_one_entry_queues_is_an_error_not_a_panic() {
+    let emu = EmulatedController::start(small("emu-mqes")).expect("starts");
+    let regs: Arc<dyn tutti_driver::transport::Registers> = Arc::new(ZeroMqes(emu.registers()));
+    let e = Controller::new(regs, emu.dma_space(), ControllerOptions::default()).err().expect("refused");
+    assert!(matches!(e, DriverError::BadDeviceResponse { .. }), "{e}");
+    assert!(e.to_string().contains("CAP.MQES = 0"), "{e}");
+}
