@@ -97,7 +97,7 @@ fn a_one_pair_controller_shares_its_pair_and_says_so_when_out() {
     buf.copy_out(0, &mut back).unwrap();
     assert!(back.iter().all(|&b| b == 0x5a));
     // A second, private pair: a clear error with the drive and the numbers.
-    let e = ctrl.create_raw_queue_pair(16).err().expect("no second pair");
+    let Err(e) = ctrl.create_raw_queue_pair(16) else { panic!("a second pair was granted") };
     let msg = e.to_string();
     assert!(matches!(e, DriverError::NoQueuePair { granted: 1, requested: 16, .. }), "{msg}");
     assert!(
@@ -582,7 +582,7 @@ fn namespaces_with_metadata_protection_or_zones_are_refused_with_their_format() 
 
     ctrl.data_namespace(1).expect("a plain namespace is usable");
     let refused = |nsid: u32| {
-        let e = ctrl.data_namespace(nsid).err().expect("refused");
+        let e = ctrl.data_namespace(nsid).expect_err("refused");
         assert!(matches!(e, DriverError::UnusableNamespace { .. }), "{e}");
         let msg = e.to_string();
         assert!(msg.contains("emu-fmt") && msg.contains(&format!("namespace {nsid}")), "{msg}");
@@ -599,7 +599,7 @@ fn namespaces_with_metadata_protection_or_zones_are_refused_with_their_format() 
     let mut qp = ctrl.create_io_queue_pair(8).expect("queue pair");
     let buf = ctrl.dma().alloc(4096).unwrap();
     for nsid in 2..=4 {
-        let e = qp.write_buf(nsid, 0, &buf, 0, 512, DataMode::Auto).err().expect("refused");
+        let e = qp.write_buf(nsid, 0, &buf, 0, 512, DataMode::Auto).expect_err("refused");
         assert!(matches!(e, DriverError::UnusableNamespace { .. }), "{e}");
     }
     qp.write_buf(1, 0, &buf, 0, 512, DataMode::Auto).expect("plain namespace works");
@@ -634,7 +634,7 @@ impl tutti_driver::transport::Registers for ZeroMqes {
 fn a_cap_with_one_entry_queues_is_an_error_not_a_panic() {
     let emu = EmulatedController::start(small("emu-mqes")).expect("starts");
     let regs: Arc<dyn tutti_driver::transport::Registers> = Arc::new(ZeroMqes(emu.registers()));
-    let e = Controller::new(regs, emu.dma_space(), ControllerOptions::default()).err().expect("refused");
+    let e = Controller::new(regs, emu.dma_space(), ControllerOptions::default()).expect_err("refused");
     assert!(matches!(e, DriverError::BadDeviceResponse { .. }), "{e}");
     assert!(e.to_string().contains("CAP.MQES = 0"), "{e}");
 }
