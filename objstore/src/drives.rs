@@ -31,15 +31,20 @@ impl DriveSpec {
     pub fn new(ctrl: Arc<Controller>, nsid: u32) -> Self {
         DriveSpec { ctrl, nsid }
     }
-    /// The controller's first active namespace.
+    /// The controller's first active namespace the driver can use as plain
+    /// blocks (no metadata, no protection information, NVM command set).
     pub fn first_namespace(ctrl: Arc<Controller>) -> Result<Self> {
-        let nsid = ctrl
-            .info()
-            .namespaces
-            .first()
-            .map(|n| n.nsid)
-            .ok_or_else(|| ObjError::drive(ctrl.name(), "has no active namespace"))?;
-        Ok(DriveSpec { ctrl, nsid })
+        let mut why = Vec::new();
+        for ns in &ctrl.info().namespaces {
+            match ctrl.data_namespace(ns.nsid) {
+                Ok(_) => return Ok(DriveSpec { ctrl: ctrl.clone(), nsid: ns.nsid }),
+                Err(e) => why.push(e.to_string()),
+            }
+        }
+        if why.is_empty() {
+            return Err(ObjError::drive(ctrl.name(), "has no active namespace"));
+        }
+        Err(ObjError::drive(ctrl.name(), format!("has no namespace the pool can use: {}", why.join("; "))))
     }
 }
 

@@ -104,3 +104,18 @@ fn a_pool_refuses_a_namespace_with_metadata_at_open() {
     }
     assert_eq!(emu.stats().bytes_written, 0, "nothing was written to it");
 }
+
+#[test]
+fn the_first_usable_namespace_is_taken_past_one_with_metadata() {
+    let emu = EmulatedController::start(EmulatedConfig {
+        name: "first-usable".into(),
+        namespaces: vec![
+            NamespaceConfig { metadata_size: 8, ..NamespaceConfig::with_bytes(8 << 20, 512) },
+            NamespaceConfig::with_bytes(8 << 20, 512),
+        ],
+        ..EmulatedConfig::default()
+    })
+    .expect("emulated controller starts");
+    let ctrl = Controller::new(emu.registers(), emu.dma_space(), Default::default()).expect("bring-up");
+    assert_eq!(DriveSpec::first_namespace(ctrl).expect("namespace 2").nsid, 2);
+}
