@@ -80,7 +80,7 @@ pub fn render_info(info: &ControllerInfo) -> String {
         );
         let _ = write!(s, "\n             {} command set; {}", ns.command_set, ns.format);
         if let Some((what, _)) = ns.unusable() {
-            let _ = write!(s, "\n             not usable by tutti: {what}");
+            let _ = write!(s, "\n             not usable by tutti: namespace {} {what}", ns.nsid);
         }
     }
     s
