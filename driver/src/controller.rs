@@ -13,11 +13,12 @@ use crate::error::{DriverError, Result};
 use crate::queue::{backoff, Completion, QueueCore};
 use crate::spec::registers::{cq_head_doorbell, offset, sq_tail_doorbell, ShutdownNotification};
 use crate::spec::{
-    Aqa, Cap, Cc, Csts, IdentifyController, IdentifyNamespace, SglSupport, ShutdownStatus, Version,
+    Aqa, Cap, Cc, CommandSet, Csts, IdentifyController, IdentifyNamespace, SglSupport, ShutdownStatus,
+    Version,
 };
 use crate::transport::{DmaBuffer, DmaSpace, Doorbell, Registers};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use zerocopy::FromBytes;
 
@@ -51,19 +52,94 @@ impl Default for ControllerOptions {
     }
 }
 
+/// The LBA format a namespace is formatted with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct NamespaceFormat {
+    /// Index of the LBA format in use (FLBAS).
+    pub index: u8,
+    /// Data bytes per logical block.
+    pub data_size: u32,
+    /// Metadata bytes per logical block (LBAF MS); 0 = none.
+    pub metadata_size: u16,
+    /// Metadata at the end of each block's data (FLBAS bit 4) rather than in a separate buffer.
+    pub extended: bool,
+    /// End-to-end protection information type (DPS bits 2:0); 0 = none.
+    pub pi_type: u8,
+    /// Protection information in the first bytes of metadata (DPS bit 3).
+    pub pi_first: bool,
+}
+
+impl std::fmt::Display for NamespaceFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LBA format {}: {} B data", self.index, self.data_size)?;
+        if self.metadata_size > 0 {
+            let how = if self.extended { "extended LBA" } else { "separate buffer" };
+            write!(f, " + {} B metadata ({how})", self.metadata_size)?;
+        } else {
+            f.write_str(", no metadata")?;
+        }
+        if self.pi_type > 0 {
+            let at = if self.pi_first { "first" } else { "last" };
+            write!(f, ", protection information type {} ({at} bytes of metadata)", self.pi_type)?;
+        }
+        Ok(())
+    }
+}
+
 /// One active namespace.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct NamespaceInfo {
     pub nsid: u32,
     /// Size in logical blocks (NSZE).
     pub blocks: u64,
-    /// Logical block size in bytes.
+    /// Logical block size in bytes (data only).
     pub lba_size: u32,
+    pub format: NamespaceFormat,
+    /// I/O Command Set (from the Namespace Identification Descriptor list; NVM when the controller has none).
+    pub command_set: crate::spec::CommandSet,
 }
 
 impl NamespaceInfo {
     pub fn bytes(&self) -> u64 {
-        self.blocks * self.lba_size as u64
+        self.blocks.saturating_mul(self.lba_size as u64)
+    }
+
+    /// A namespace of `blocks` plain `lba_size`-byte blocks (NVM command set, no metadata).
+    pub fn plain(nsid: u32, blocks: u64, lba_size: u32) -> Self {
+        NamespaceInfo {
+            nsid,
+            blocks,
+            lba_size,
+            format: NamespaceFormat {
+                index: 0,
+                data_size: lba_size,
+                metadata_size: 0,
+                extended: false,
+                pi_type: 0,
+                pi_first: false,
+            },
+            command_set: crate::spec::CommandSet::Nvm,
+        }
+    }
+
+    /// Why the driver cannot read and write this namespace as plain blocks
+    /// of data, and what to do about it; `None` if it can.
+    pub fn unusable(&self) -> Option<(String, String)> {
+        use crate::spec::CommandSet;
+        if self.command_set != CommandSet::Nvm {
+            let remedy = match self.command_set {
+                CommandSet::Zoned => "zoned namespaces accept only sequential writes within zones; use a namespace of the NVM command set (create one with `nvme create-ns --csi=0`, or a QEMU nvme-ns without zoned=true)",
+                _ => "use a namespace of the NVM command set (CSI 0)",
+            };
+            return Some((format!("uses the {} command set, not NVM", self.command_set), remedy.into()));
+        }
+        if self.format.metadata_size > 0 || self.format.pi_type > 0 {
+            return Some((
+                format!("is formatted with {}", self.format),
+                "the driver moves plain data blocks only; reformat the namespace to an LBA format without metadata or protection information (`nvme format --lbaf=N --pi=0`, N a format whose metadata size is 0; `nvme id-ns -H` lists them)".into(),
+            ));
+        }
+        None
     }
 }
 
@@ -115,8 +191,15 @@ pub struct Controller {
     admin_page: DmaBuffer,
     info: ControllerInfo,
     qids: Mutex<Vec<bool>>,
+    /// The pair handed out by [`shared_io_queue_pair`](Self::shared_io_queue_pair), while anyone holds it.
+    shared: Mutex<Weak<SharedQueuePair>>,
     shut_down: AtomicBool,
 }
+
+/// An I/O queue pair several users of one controller take turns on: each
+/// holds the lock for a whole operation (every command it submitted has
+/// completed, or was abandoned, when it lets go).
+pub type SharedQueuePair = Mutex<crate::queue::IoQueuePair>;
 
 impl std::fmt::Debug for Controller {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -149,6 +232,17 @@ impl Controller {
                     "memory page sizes {}..={} bytes exclude the host's 4096",
                     1u64 << cap.mps_min_shift(),
                     1u64 << cap.mps_max_shift()
+                ),
+            });
+        }
+        if cap.max_queue_entries() < 2 {
+            // §3.1.1: MQES is 0-based and 0 is invalid; a 1-entry queue holds nothing.
+            return Err(DriverError::BadDeviceResponse {
+                device: name,
+                what: format!(
+                    "CAP.MQES = {} (queues of {} entry); at least 2 are needed",
+                    cap.0 & 0xffff,
+                    cap.max_queue_entries()
                 ),
             });
         }
@@ -214,6 +308,7 @@ impl Controller {
                 namespaces: Vec::new(),
             },
             qids: Mutex::new(Vec::new()),
+            shared: Mutex::new(Weak::new()),
             shut_down: AtomicBool::new(false),
         };
         ctrl.identify()?;
@@ -254,23 +349,71 @@ impl Controller {
         // Active namespaces (CNS 02h), then each one's geometry.
         let list: [u32; 1024] = self.admin_read(Command::identify_active_namespaces(0))?;
         let mut namespaces = Vec::new();
+        let mut last = 0u32;
         for &nsid in list.iter().take_while(|&&n| n != 0) {
-            if nsid > id.nn {
-                return Err(self.bad(format!("active namespace list names nsid {nsid} above NN={}", id.nn)));
+            // §5.15.4: the list is in increasing order of NSID, each at most NN.
+            if nsid > id.nn || nsid <= last || nsid == u32::MAX {
+                return Err(self
+                    .bad(format!("active namespace list names nsid {nsid} (after {last}; NN = {})", id.nn)));
             }
+            last = nsid;
             let ns: IdentifyNamespace = self.admin_read(Command::identify_namespace(nsid))?;
-            if ns.nsze == 0 {
-                continue;
-            }
-            let Some(lba_size) = ns.lba_size() else {
-                tracing::warn!(device = %self.name, nsid, lbads = ns.active_format().lbads(), "namespace LBA size unusable; skipped");
-                continue;
+            let lba_size = match namespace_geometry(&ns) {
+                Ok(Some(l)) => l,
+                Ok(None) => {
+                    tracing::warn!(device = %self.name, nsid, nsze = ns.nsze, lbads = ns.active_format().lbads(), "namespace empty or its LBA size unusable; skipped");
+                    continue;
+                }
+                Err(what) => return Err(self.bad(format!("namespace {nsid}: {what}"))),
             };
-            namespaces.push(NamespaceInfo { nsid, blocks: ns.nsze, lba_size });
+            let command_set = self.command_set(nsid)?;
+            let format = NamespaceFormat {
+                index: ns.format_index(),
+                data_size: lba_size,
+                metadata_size: ns.active_format().metadata_size(),
+                extended: ns.metadata_extended(),
+                pi_type: ns.pi_type(),
+                pi_first: ns.pi_first(),
+            };
+            namespaces.push(NamespaceInfo { nsid, blocks: ns.nsze, lba_size, format, command_set });
         }
         self.info.namespaces = namespaces;
         tracing::info!(device = %self.name, model = %self.info.model, namespaces = self.info.namespaces.len(), io_queue_pairs = granted, "controller ready");
         Ok(())
+    }
+
+    /// The namespace's I/O command set from its Namespace Identification
+    /// Descriptor list (CNS 03h). A controller that does not implement the
+    /// list (before NVMe 1.3) has only the NVM command set.
+    fn command_set(&self, nsid: u32) -> Result<CommandSet> {
+        let page: [u8; 4096] = match self.admin_read(Command::identify_namespace_descriptors(nsid)) {
+            Ok(p) => p,
+            Err(DriverError::CommandFailed { status, .. }) => {
+                tracing::debug!(device = %self.name, nsid, %status, "no namespace descriptor list; NVM command set assumed");
+                return Ok(CommandSet::Nvm);
+            }
+            Err(e) => return Err(e),
+        };
+        match crate::spec::identify::descriptor_csi(&page) {
+            Ok(csi) => Ok(csi.map_or(CommandSet::Nvm, CommandSet::from_csi)),
+            Err(what) => Err(self.bad(format!("namespace {nsid} descriptor list: {what}"))),
+        }
+    }
+
+    /// Namespace `nsid`, if it exists and the driver can use it as plain
+    /// blocks of data; otherwise an error that names the controller, the
+    /// namespace, its format or command set, and what to do.
+    pub fn data_namespace(&self, nsid: u32) -> Result<&NamespaceInfo> {
+        let ns = self.info.namespace(nsid).ok_or_else(|| {
+            let have: Vec<u32> = self.info.namespaces.iter().map(|n| n.nsid).collect();
+            DriverError::invalid(format!("{}: no active namespace {nsid} (active: {have:?})", self.name))
+        })?;
+        match ns.unusable() {
+            None => Ok(ns),
+            Some((what, remedy)) => {
+                Err(DriverError::UnusableNamespace { device: self.name.clone(), nsid, what, remedy })
+            }
+        }
     }
 
     fn bad(&self, what: String) -> DriverError {
@@ -351,15 +494,39 @@ impl Controller {
             .map_err(|_| self.bad(format!("{} returned a short payload", cmd.name())))
     }
 
-    /// Claims a free I/O queue id.
-    pub(crate) fn claim_qid(&self) -> Result<u16> {
+    /// Claims a free I/O queue id for `purpose` (named in the error when none is left).
+    pub(crate) fn claim_qid(&self, purpose: &str) -> Result<u16> {
         let mut qids = self.qids.lock().map_err(|_| self.poisoned())?;
-        let qid = (1..qids.len()).find(|&q| !qids[q]).ok_or_else(|| DriverError::Unsupported {
+        let qid = (1..qids.len()).find(|&q| !qids[q]).ok_or_else(|| DriverError::NoQueuePair {
             device: self.name.clone(),
-            what: format!("all {} granted I/O queue pairs are in use", self.info.io_queue_pairs),
+            purpose: purpose.to_string(),
+            granted: self.info.io_queue_pairs,
+            requested: self.opts.io_queue_pairs.max(1),
         })?;
         qids[qid] = true;
         Ok(qid as u16)
+    }
+
+    /// I/O queue pairs granted and not held by anyone now.
+    pub fn free_io_queue_pairs(&self) -> u16 {
+        self.qids.lock().map_or(0, |q| q.iter().skip(1).filter(|&&used| !used).count() as u16)
+    }
+
+    /// The controller's shared I/O queue pair: created with `depth` entries
+    /// (clamped to 2..=CAP.MQES+1) by the first caller, and the same pair for
+    /// every caller while any of them holds it. Users that need few commands
+    /// (metadata), or that cannot get a pair of their own on a controller
+    /// that grants few, take turns on it.
+    pub fn shared_io_queue_pair(self: &Arc<Self>, depth: u32) -> Result<Arc<SharedQueuePair>> {
+        let mut slot = self.shared.lock().map_err(|_| self.poisoned())?;
+        if let Some(pair) = slot.upgrade() {
+            return Ok(pair);
+        }
+        let depth = depth.clamp(2, self.info.max_queue_entries.max(2));
+        let pair =
+            Arc::new(Mutex::new(crate::queue::IoQueuePair::create(self, depth, "the shared queue pair")?));
+        *slot = Arc::downgrade(&pair);
+        Ok(pair)
     }
 
     pub(crate) fn release_qid(&self, qid: u16) {
@@ -475,6 +642,30 @@ impl Drop for Controller {
     }
 }
 
+/// Checks the sizes Identify Namespace reports: `Ok(Some(lba_size))` for a
+/// namespace the driver can address, `Ok(None)` for one to skip (no blocks,
+/// or blocks below 512 B or above 64 KiB), an error for values no
+/// controller may report (a format index past NLBAF, a size in bytes past
+/// 2^64).
+pub fn namespace_geometry(ns: &IdentifyNamespace) -> std::result::Result<Option<u32>, String> {
+    if ns.format_index() > ns.nlbaf {
+        return Err(format!(
+            "FLBAS selects LBA format {} of the {} it has (NLBAF {})",
+            ns.format_index(),
+            ns.nlbaf as u32 + 1,
+            ns.nlbaf
+        ));
+    }
+    if ns.nsze == 0 {
+        return Ok(None);
+    }
+    let Some(lba_size) = ns.lba_size() else { return Ok(None) };
+    if ns.nsze.checked_mul(lba_size as u64).is_none() {
+        return Err(format!("NSZE {} blocks of {lba_size} bytes is more than 2^64 bytes", ns.nsze));
+    }
+    Ok(Some(lba_size))
+}
+
 /// Polls CSTS until `done` holds, CFS appears, or `timeout` passes.
 fn wait_csts(
     regs: &dyn Registers,
@@ -511,5 +702,29 @@ fn wait_csts(
             });
         }
         backoff(&mut spins);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::namespace_geometry;
+    use crate::spec::{IdentifyNamespace, LbaFormat};
+
+    #[test]
+    fn namespace_sizes_from_the_device_are_bounded() {
+        let mut ns = IdentifyNamespace::new_zeroed();
+        ns.lbaf[0] = LbaFormat::new(12, 0).0;
+        ns.nsze = 1 << 20;
+        assert_eq!(namespace_geometry(&ns), Ok(Some(4096)));
+        ns.nsze = 0;
+        assert_eq!(namespace_geometry(&ns), Ok(None));
+        ns.nsze = u64::MAX / 1024;
+        assert!(namespace_geometry(&ns).unwrap_err().contains("2^64"));
+        ns.nsze = 8;
+        ns.flbas = 3; // format 3 of 1
+        assert!(namespace_geometry(&ns).unwrap_err().contains("NLBAF 0"));
+        ns.flbas = 0;
+        ns.lbaf[0] = LbaFormat::new(40, 0).0;
+        assert_eq!(namespace_geometry(&ns), Ok(None), "a 2^40-byte block is skipped, not shifted");
     }
 }

@@ -35,6 +35,14 @@ pub enum DriverError {
     #[error("nvme {device}: {what}")]
     Unsupported { device: String, what: String },
 
+    /// Every I/O queue pair the controller granted is taken.
+    #[error("nvme {device}: no I/O queue pair left for {purpose}: the controller granted {granted} of the {requested} asked for with Set Features (Number of Queues), and all {granted} are in use")]
+    NoQueuePair { device: String, purpose: String, granted: u16, requested: u16 },
+
+    /// A namespace the driver cannot use as plain blocks of data.
+    #[error("nvme {device} namespace {nsid} {what}; {remedy}")]
+    UnusableNamespace { device: String, nsid: u32, what: String, remedy: String },
+
     #[error("nvme {device}: the controller returned malformed data: {what}")]
     BadDeviceResponse { device: String, what: String },
 

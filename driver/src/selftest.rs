@@ -118,9 +118,7 @@ pub fn round_trip(
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<SelftestReport> {
     let info = ctrl.info();
-    let ns = info.namespace(opts.nsid).cloned().ok_or_else(|| {
-        DriverError::invalid(format!("{}: namespace {} does not exist", ctrl.name(), opts.nsid))
-    })?;
+    let ns = ctrl.data_namespace(opts.nsid)?.clone();
     if opts.queue_pairs == 0 || opts.modes.is_empty() || opts.max_blocks == 0 {
         return Err(DriverError::invalid("self-test needs ≥1 queue pair, ≥1 mode and max_blocks ≥ 1"));
     }

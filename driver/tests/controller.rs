@@ -75,11 +75,43 @@ fn queue_pairs_are_limited_by_the_grant_and_depth_by_mqes() {
     assert!(matches!(ctrl.create_io_queue_pair(65), Err(DriverError::InvalidArgument(_))));
     let a = ctrl.create_io_queue_pair(64).expect("first pair");
     let b = ctrl.create_io_queue_pair(8).expect("second pair");
-    assert!(matches!(ctrl.create_io_queue_pair(8), Err(DriverError::Unsupported { .. })));
+    assert!(matches!(ctrl.create_io_queue_pair(8), Err(DriverError::NoQueuePair { granted: 2, .. })));
+    assert_eq!(ctrl.free_io_queue_pairs(), 0);
     drop(a);
+    assert_eq!(ctrl.free_io_queue_pairs(), 1);
     // The freed qid (and the controller's queue) can be used again.
     let c = ctrl.create_io_queue_pair(8).expect("pair after delete");
     assert_ne!(b.qid(), c.qid());
+}
+
+#[test]
+fn a_one_pair_controller_shares_its_pair_and_says_so_when_out() {
+    let (_emu, ctrl) = start(EmulatedConfig { max_io_queue_pairs: 1, ..small("emu-1p") });
+    assert_eq!(ctrl.info().io_queue_pairs, 1);
+    let shared = ctrl.shared_io_queue_pair(32).expect("the one pair, shared");
+    // Every caller gets the same pair while anyone holds it: no second qid needed.
+    let again = ctrl.shared_io_queue_pair(8).expect("shared again");
+    assert!(Arc::ptr_eq(&shared, &again));
+    let buf = ctrl.dma().alloc(4096).unwrap();
+    buf.fill(0x5a);
+    shared.lock().unwrap().write_buf(1, 3, &buf, 0, 4096, DataMode::Auto).expect("write on the shared pair");
+    buf.fill(0);
+    again.lock().unwrap().read_buf(1, 3, &buf, 0, 4096, DataMode::Auto).expect("read on the shared pair");
+    let mut back = vec![0u8; 4096];
+    buf.copy_out(0, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 0x5a));
+    // A second, private pair: a clear error with the drive and the numbers.
+    let Err(e) = ctrl.create_raw_queue_pair(16) else { panic!("a second pair was granted") };
+    let msg = e.to_string();
+    assert!(matches!(e, DriverError::NoQueuePair { granted: 1, requested: 16, .. }), "{msg}");
+    assert!(
+        msg.contains("emu-1p") && msg.contains("granted 1 of the 16") && msg.contains("raw queue pair"),
+        "{msg}"
+    );
+    drop((shared, again));
+    // Released with its last holder.
+    assert_eq!(ctrl.free_io_queue_pairs(), 1);
+    ctrl.create_raw_queue_pair(16).expect("the pair is free again");
 }
 
 #[test]
@@ -527,4 +559,86 @@ fn bring_up_waits_for_a_slow_ready_and_can_be_repeated() {
     let mut got = vec![0u8; 4096];
     back.copy_out(0, &mut got).expect("copy");
     assert!(got.iter().all(|&b| b == 7));
+}
+
+#[test]
+fn namespaces_with_metadata_protection_or_zones_are_refused_with_their_format() {
+    let ns = |ms: u16, extended: bool, pi: u8, csi: u8| NamespaceConfig {
+        metadata_size: ms,
+        extended_metadata: extended,
+        pi_type: pi,
+        command_set: csi,
+        ..NamespaceConfig::with_bytes(4 << 20, 512)
+    };
+    let cfg = EmulatedConfig {
+        namespaces: vec![ns(0, false, 0, 0), ns(8, true, 0, 0), ns(8, false, 1, 0), ns(0, false, 0, 2)],
+        ..small("emu-fmt")
+    };
+    let (_emu, ctrl) = start(cfg);
+    let info = ctrl.info();
+    assert_eq!(info.namespaces.len(), 4, "every namespace is listed, usable or not");
+    let f = |i: usize| info.namespaces[i].format;
+    assert_eq!((f(0).data_size, f(0).metadata_size, f(0).pi_type), (512, 0, 0));
+    assert_eq!((f(1).metadata_size, f(1).extended), (8, true));
+    assert_eq!((f(2).metadata_size, f(2).extended, f(2).pi_type), (8, false, 1));
+    assert_eq!(info.namespaces[3].command_set, tutti_driver::spec::CommandSet::Zoned);
+    assert_eq!(info.namespaces[0].command_set, tutti_driver::spec::CommandSet::Nvm);
+
+    ctrl.data_namespace(1).expect("a plain namespace is usable");
+    let refused = |nsid: u32| {
+        let e = ctrl.data_namespace(nsid).expect_err("refused");
+        assert!(matches!(e, DriverError::UnusableNamespace { .. }), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains("emu-fmt") && msg.contains(&format!("namespace {nsid}")), "{msg}");
+        msg
+    };
+    let m = refused(2);
+    assert!(m.contains("8 B metadata (extended LBA)") && m.contains("reformat"), "{m}");
+    let m = refused(3);
+    assert!(m.contains("separate buffer") && m.contains("protection information type 1"), "{m}");
+    let m = refused(4);
+    assert!(m.contains("Zoned Namespace command set") && m.contains("NVM command set"), "{m}");
+
+    // The synchronous I/O helpers refuse them before anything reaches the drive.
+    let mut qp = ctrl.create_io_queue_pair(8).expect("queue pair");
+    let buf = ctrl.dma().alloc(4096).unwrap();
+    for nsid in 2..=4 {
+        let e = qp.write_buf(nsid, 0, &buf, 0, 512, DataMode::Auto).expect_err("refused");
+        assert!(matches!(e, DriverError::UnusableNamespace { .. }), "{e}");
+    }
+    qp.write_buf(1, 0, &buf, 0, 512, DataMode::Auto).expect("plain namespace works");
+}
+
+/// BAR0 of an emulated controller whose CAP reads with MQES = 0 (a 1-entry queue).
+struct ZeroMqes(Arc<dyn tutti_driver::transport::Registers>);
+
+impl tutti_driver::transport::Registers for ZeroMqes {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn read32(&self, offset: usize) -> tutti_driver::Result<u32> {
+        let v = self.0.read32(offset)?;
+        Ok(if offset == 0 { v & !0xffff } else { v })
+    }
+    fn write32(&self, offset: usize, value: u32) -> tutti_driver::Result<()> {
+        self.0.write32(offset, value)
+    }
+    fn doorbell_ptr(
+        &self,
+        offset: usize,
+    ) -> tutti_driver::Result<(std::ptr::NonNull<u32>, tutti_driver::transport::DoorbellKind)> {
+        self.0.doorbell_ptr(offset)
+    }
+}
+
+#[test]
+fn a_cap_with_one_entry_queues_is_an_error_not_a_panic() {
+    let emu = EmulatedController::start(small("emu-mqes")).expect("starts");
+    let regs: Arc<dyn tutti_driver::transport::Registers> = Arc::new(ZeroMqes(emu.registers()));
+    let e = Controller::new(regs, emu.dma_space(), ControllerOptions::default()).expect_err("refused");
+    assert!(matches!(e, DriverError::BadDeviceResponse { .. }), "{e}");
+    assert!(e.to_string().contains("CAP.MQES = 0"), "{e}");
 }

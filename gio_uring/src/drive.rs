@@ -24,9 +24,8 @@ impl DriveQueues {
     /// Creates `pairs` raw queue pairs of `depth` entries on `ctrl` for namespace `nsid`.
     pub fn create(ctrl: &Arc<Controller>, nsid: u32, pairs: u32, depth: u32) -> Result<Self> {
         let info = ctrl.info();
-        let ns = info.namespace(nsid).ok_or_else(|| {
-            GioError::invalid(format!("{}: no namespace {nsid} (has {:?})", ctrl.name(), info.namespaces))
-        })?;
+        // Refuses namespaces with metadata, protection information or another command set.
+        let ns = ctrl.data_namespace(nsid)?;
         if pairs == 0 {
             return Err(GioError::invalid(format!("{}: at least one queue pair is needed", ctrl.name())));
         }

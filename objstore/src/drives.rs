@@ -1,15 +1,18 @@
 //! The pool's drives: controller handles, their shapes, and metadata I/O.
 //!
-//! Superblocks and journal pages move through one small queue pair per drive
-//! and a staging buffer, on the CPU and off the data path. KV objects never
-//! pass through here.
+//! Superblocks and journal pages move through the controller's shared queue
+//! pair (`Controller::shared_io_queue_pair`: one per controller, whatever
+//! number of its namespaces the pool uses) and a staging buffer per drive,
+//! on the CPU and off the data path. KV objects never pass through here,
+//! except that on a controller with no pair left for the data path the
+//! direct backend takes turns on the same pair (see `io::direct`).
 
 use crate::error::{ObjError, Result};
 use crate::journal::MetaDev;
 use crate::stripe::DriveShape;
 use std::sync::{Arc, Mutex};
 use tutti_driver::command::DataMode;
-use tutti_driver::controller::Controller;
+use tutti_driver::controller::{Controller, SharedQueuePair};
 use tutti_driver::queue::IoQueuePair;
 use tutti_driver::transport::DmaBuffer;
 
@@ -28,15 +31,20 @@ impl DriveSpec {
     pub fn new(ctrl: Arc<Controller>, nsid: u32) -> Self {
         DriveSpec { ctrl, nsid }
     }
-    /// The controller's first active namespace.
+    /// The controller's first active namespace the driver can use as plain
+    /// blocks (no metadata, no protection information, NVM command set).
     pub fn first_namespace(ctrl: Arc<Controller>) -> Result<Self> {
-        let nsid = ctrl
-            .info()
-            .namespaces
-            .first()
-            .map(|n| n.nsid)
-            .ok_or_else(|| ObjError::drive(ctrl.name(), "has no active namespace"))?;
-        Ok(DriveSpec { ctrl, nsid })
+        let mut why = Vec::new();
+        for ns in &ctrl.info().namespaces {
+            match ctrl.data_namespace(ns.nsid) {
+                Ok(_) => return Ok(DriveSpec { ctrl: ctrl.clone(), nsid: ns.nsid }),
+                Err(e) => why.push(e.to_string()),
+            }
+        }
+        if why.is_empty() {
+            return Err(ObjError::drive(ctrl.name(), "has no active namespace"));
+        }
+        Err(ObjError::drive(ctrl.name(), format!("has no namespace the pool can use: {}", why.join("; "))))
     }
 }
 
@@ -62,7 +70,7 @@ impl std::fmt::Debug for DriveSpec {
 }
 
 struct MetaQueue {
-    qp: IoQueuePair,
+    qp: Arc<SharedQueuePair>,
     staging: DmaBuffer,
 }
 
@@ -76,12 +84,12 @@ pub(crate) struct Drive {
 impl Drive {
     pub fn open(spec: DriveSpec) -> Result<Self> {
         let info = spec.ctrl.info();
-        let ns = info.namespace(spec.nsid).ok_or_else(|| {
-            ObjError::drive(spec.ctrl.name(), format!("namespace {} does not exist", spec.nsid))
-        })?;
+        // Refuses namespaces with metadata, protection information or
+        // another command set, naming the format and what to do.
+        let ns = spec.ctrl.data_namespace(spec.nsid)?;
         let shape = DriveShape { lba_size: ns.lba_size, blocks: ns.blocks, max_transfer: info.max_transfer };
         let depth = META_QUEUE_DEPTH.min(info.max_queue_entries);
-        let qp = spec.ctrl.create_io_queue_pair(depth)?;
+        let qp = spec.ctrl.shared_io_queue_pair(depth)?;
         let staging = spec.ctrl.dma().alloc(STAGING)?;
         Ok(Drive { spec, shape, meta: Mutex::new(MetaQueue { qp, staging }) })
     }
@@ -94,7 +102,12 @@ impl Drive {
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, MetaQueue>> {
-        self.meta.lock().map_err(|_| ObjError::Poisoned("metadata queue"))
+        self.meta.lock().map_err(|_| ObjError::Poisoned("metadata staging"))
+    }
+
+    /// The shared queue pair of the drive's controller, while the staging lock is held.
+    fn pair(q: &MetaQueue) -> Result<std::sync::MutexGuard<'_, IoQueuePair>> {
+        q.qp.lock().map_err(|_| ObjError::Poisoned("metadata queue"))
     }
 
     fn check(&self, bytes: usize) -> Result<()> {
@@ -111,8 +124,9 @@ impl Drive {
     pub fn read(&self, lba: u64, bytes: usize) -> Result<Vec<u8>> {
         self.check(bytes)?;
         let lba_size = self.shape.lba_size as u64;
-        let mut q = self.lock()?;
-        let MetaQueue { qp, staging } = &mut *q;
+        let q = self.lock()?;
+        let mut qp = Self::pair(&q)?;
+        let staging = &q.staging;
         let mut out = vec![0u8; bytes];
         for (i, dst) in out.chunks_mut(STAGING).enumerate() {
             let at = lba + (i * STAGING) as u64 / lba_size;
@@ -125,8 +139,9 @@ impl Drive {
     pub fn write(&self, lba: u64, data: &[u8]) -> Result<()> {
         self.check(data.len())?;
         let lba_size = self.shape.lba_size as u64;
-        let mut q = self.lock()?;
-        let MetaQueue { qp, staging } = &mut *q;
+        let q = self.lock()?;
+        let mut qp = Self::pair(&q)?;
+        let staging = &q.staging;
         for (i, src) in data.chunks(STAGING).enumerate() {
             let at = lba + (i * STAGING) as u64 / lba_size;
             staging.copy_in(0, src)?;
@@ -137,7 +152,9 @@ impl Drive {
 
     /// Flush (§6.8): everything completed before is on non-volatile media.
     pub fn flush(&self) -> Result<()> {
-        Ok(self.lock()?.qp.flush(self.spec.nsid)?)
+        let q = self.lock()?;
+        let mut qp = Self::pair(&q)?;
+        Ok(qp.flush(self.spec.nsid)?)
     }
 }
 

@@ -4,10 +4,14 @@
 #   0000:00:04.0  NVMe, 4096-byte LBAs, MDTS 3, own IOMMU group
 #   0000:00:05.0  NVMe, 512-byte LBAs, MDTS 3, own IOMMU group
 #   0000:01:01.0  NVMe behind a PCI bridge, sharing its group with a virtio device
+#   0000:00:07.0  NVMe granting one I/O queue pair (max_ioqpairs=1)
+#   0000:00:08.0  NVMe with namespaces 1 and 2 (plain) and 3 (8 bytes of metadata per block)
 #   0000:00:00.0  the q35 host bridge (not NVMe)
 set -u
 NVME0=0000:00:04.0
 NVME1=0000:00:05.0
+ONEPAIR=0000:00:07.0
+MULTINS=0000:00:08.0
 SHARED=0000:01:01.0
 VIRTIO=0000:01:02.0
 HOSTBRIDGE=0000:00:00.0
@@ -110,6 +114,44 @@ step "conformance probes (edge-case commands; DIFF = differs from the spec, repo
 tutti selftest --drives $NVME0,$NVME1 --no-verify --probe 2>/tmp/err || { cat /tmp/err; fail "probes"; }
 cat /tmp/err
 no_iommu_faults "during the probes"
+
+# Before the negative test: the IOMMU fault check greps the whole kernel log.
+step "a controller that grants one I/O queue pair"
+tutti admin bind $ONEPAIR $MULTINS || fail "admin bind $ONEPAIR $MULTINS"
+tutti admin identify $ONEPAIR --json >/tmp/id.json || fail "admin identify $ONEPAIR"
+grep -q '"io_queue_pairs": 1,' /tmp/id.json || { cat /tmp/id.json; fail "$ONEPAIR does not grant exactly one pair"; }
+tutti selftest --drives $ONEPAIR 2>/tmp/err >/tmp/one.txt || { cat /tmp/err /tmp/one.txt; fail "selftest on one pair"; }
+cat /tmp/one.txt
+grep -q "on 1 queue pairs" /tmp/one.txt || fail "selftest on one pair: not verified on its one pair"
+for backend in gio direct; do
+    timeout 150 tutti demo --drives $ONEPAIR --tokens 128 --backend $backend 2>/tmp/err >/tmp/demo.txt \
+        || { cat /tmp/err /tmp/demo.txt; fail "demo --backend $backend on one queue pair"; }
+    grep -q "every byte verified" /tmp/demo.txt || { cat /tmp/demo.txt; fail "demo on one pair: not verified"; }
+    sed "s/^/demo: one pair ($backend): /" /tmp/demo.txt
+done
+no_iommu_faults "on the one-pair controller"
+
+step "a controller with several namespaces, one of them formatted with metadata"
+tutti admin identify $MULTINS | tee /tmp/id.txt || fail "admin identify $MULTINS"
+grep -q "512 B data + 8 B metadata" /tmp/id.txt || fail "identify does not show namespace 3's metadata"
+grep -q "not usable by tutti" /tmp/id.txt || fail "identify does not say namespace 3 is unusable"
+tutti admin identify $MULTINS --json >/tmp/id.json || fail "admin identify --json $MULTINS"
+grep -q '"metadata_size": 8' /tmp/id.json || fail "identify --json does not show 8 bytes of metadata"
+grep -q '"command_set": "nvm"' /tmp/id.json || fail "identify --json does not show the command set"
+expect_refusal "namespace with metadata" "reformat" tutti demo --drives $MULTINS/3 --tokens 128
+grep -q "namespace 3" /tmp/out && grep -q "8 B metadata" /tmp/out || fail "the refusal does not name namespace 3 and its format"
+tutti selftest --drives $MULTINS 2>/tmp/err >/tmp/multi.txt || { cat /tmp/err /tmp/multi.txt; fail "selftest on $MULTINS"; }
+cat /tmp/multi.txt
+grep -q "nsid 1 .* verified" /tmp/multi.txt && grep -q "nsid 2 .* verified" /tmp/multi.txt \
+    || fail "selftest did not verify both plain namespaces of $MULTINS"
+timeout 150 tutti demo --drives $MULTINS --tokens 128 2>/tmp/err >/tmp/demo.txt \
+    || { cat /tmp/err /tmp/demo.txt; fail "demo on every namespace of $MULTINS"; }
+grep -q "on 2 drives" /tmp/demo.txt || { cat /tmp/demo.txt; fail "demo did not use namespaces 1 and 2 of $MULTINS"; }
+grep -q "every byte verified" /tmp/demo.txt || { cat /tmp/demo.txt; fail "demo on two namespaces: not verified"; }
+grep -q "namespace skipped" /tmp/err || { cat /tmp/err; fail "demo did not say it skipped namespace 3"; }
+sed 's/^/demo: two namespaces: /' /tmp/demo.txt
+no_iommu_faults "on the multi-namespace controller"
+tutti admin unbind $ONEPAIR $MULTINS || fail "admin unbind $ONEPAIR $MULTINS"
 
 step "unmapped IOVA"
 echo "TUTTI-NEGATIVE-TEST-BEGIN" >/dev/kmsg

@@ -49,6 +49,13 @@ fn check_console(log: &str) -> Result<(), String> {
     if !log.contains("GUEST-PASS") {
         return Err("the guest script did not reach its end".into());
     }
+    // The unusual controllers: one granting a single I/O queue pair (both
+    // backends), and every plain namespace of a multi-namespace controller.
+    for section in ["demo: one pair (gio): ", "demo: one pair (direct): ", "demo: two namespaces: "] {
+        if !log.lines().any(|l| l.starts_with(section) && l.contains("every byte verified")) {
+            return Err(format!("the guest log has no verified run of `{}`", section.trim_end_matches(": ")));
+        }
+    }
     Ok(())
 }
 
@@ -157,7 +164,11 @@ fn console_check_requires_a_clean_log_before_the_negative_test() {
                 TUTTI-NEGATIVE-TEST-BEGIN\n\
                 DMAR: [DMA Write NO_PASID] Request device [00:05.0] fault addr 0x7f00000000\n\
                 0000:00:05.0 qid 1 cid 0: Read completed ... counted as FAILED\n\
-                TUTTI-NEGATIVE-TEST-END\nGUEST-PASS\n";
+                TUTTI-NEGATIVE-TEST-END\n\
+                demo: one pair (gio): every byte verified\n\
+                demo: one pair (direct): every byte verified\n\
+                demo: two namespaces: every byte verified\n\
+                GUEST-PASS\n";
     assert_eq!(check_console(good), Ok(()));
     let fault_first = format!("DMAR: [DMA Read NO_PASID] Request device [00:04.0] fault addr 0x1000\n{good}");
     assert!(check_console(&fault_first).unwrap_err().contains("before the negative test"));
@@ -166,7 +177,11 @@ fn console_check_requires_a_clean_log_before_the_negative_test() {
     assert!(check_console("GUEST-PASS\n").is_err(), "a log without the negative test fails");
     let unfinished = good.replace("GUEST-PASS", "");
     assert!(check_console(&unfinished).is_err());
-    assert_eq!(summary(good).len(), 2);
+    let no_two_ns = good.replace("demo: two namespaces: every byte verified\n", "");
+    assert!(check_console(&no_two_ns).unwrap_err().contains("two namespaces"));
+    let one_pair_failed = good.replace("one pair (direct): every byte verified", "one pair (direct): error");
+    assert!(check_console(&one_pair_failed).unwrap_err().contains("one pair (direct)"));
+    assert_eq!(summary(good).len(), 5);
     let probes = "probe 0000:00:04.0: 29 probes, 1 differ from the spec\n\
                   probe 0000:00:04.0: read one block (PRP)   ok   got Generic/Successful Completion (0x0000)\n\
                   probe 0000:00:04.0: PRP1 offset not dword aligned   DIFF got ...\n";

@@ -34,6 +34,36 @@ pub struct EmulatedArgs {
     /// use and `emu<i>.img.owner` names the owner; a second user is refused.
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Namespaces of each emulated controller, each of --capacity-mib.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
+    pub emu_namespaces: u32,
+    /// I/O queue pairs each emulated controller grants (real controllers grant 1 to 128 or more).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub emu_queue_pairs: u16,
+    /// Metadata bytes per block in the LBA format of the emulated namespaces
+    /// (0 = none; a namespace with metadata is refused, as on a real drive).
+    #[arg(long, default_value_t = 0)]
+    pub emu_metadata: u16,
+    /// Report the emulated namespaces as zoned (ZNS command set; refused, as on a real drive).
+    #[arg(long)]
+    pub emu_zoned: bool,
+}
+
+impl Default for EmulatedArgs {
+    /// The flags' defaults.
+    fn default() -> Self {
+        EmulatedArgs {
+            lba_size: 512,
+            capacity_mib: 256,
+            mdts: 5,
+            sgl: SglFlag::On,
+            dir: None,
+            emu_namespaces: 1,
+            emu_queue_pairs: 16,
+            emu_metadata: 0,
+            emu_zoned: false,
+        }
+    }
 }
 
 fn parse_lba_size(s: &str) -> Result<u32, String> {
@@ -46,8 +76,8 @@ fn parse_lba_size(s: &str) -> Result<u32, String> {
 impl EmulatedArgs {
     /// Configuration of emulated drive number `index`.
     pub fn config(&self, index: usize) -> anyhow::Result<EmulatedConfig> {
-        if self.capacity_mib == 0 {
-            anyhow::bail!("--capacity-mib must be at least 1");
+        if self.capacity_mib == 0 || self.capacity_mib > 1 << 30 {
+            anyhow::bail!("--capacity-mib {} is not 1..=2^30", self.capacity_mib);
         }
         let media = match &self.dir {
             Some(d) => {
@@ -60,7 +90,15 @@ impl EmulatedArgs {
         Ok(EmulatedConfig {
             name: format!("emu{index}"),
             serial: format!("TUTTI-EMU-{index}"),
-            namespaces: vec![NamespaceConfig::with_bytes(self.capacity_mib << 20, self.lba_size)],
+            namespaces: vec![
+                NamespaceConfig {
+                    metadata_size: self.emu_metadata,
+                    command_set: if self.emu_zoned { 2 } else { 0 },
+                    ..NamespaceConfig::with_bytes(self.capacity_mib << 20, self.lba_size)
+                };
+                self.emu_namespaces as usize
+            ],
+            max_io_queue_pairs: self.emu_queue_pairs,
             mdts: self.mdts,
             sgl: match self.sgl {
                 SglFlag::On => SglSupport::Supported,

@@ -142,3 +142,40 @@ fn bad_flags_are_clear_errors() {
         assert!(err.contains(want), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn a_controller_granting_one_queue_pair_runs_on_both_backends() {
+    for backend in ["gio", "direct"] {
+        let mut args = SMALL.to_vec();
+        args.extend_from_slice(&["--emulated", "2", "--emu-queue-pairs", "1", "--backend", backend]);
+        let r = json(&args);
+        assert_eq!(r["retrieve"]["verified_bytes"], r["retrieve"]["bytes"], "{backend}");
+        assert_eq!(r["reopen"]["hits"], 40, "{backend}");
+        // The executor cannot have a pair of its own; the host drives the shared one.
+        assert_eq!(r["pool"]["backend"], "direct", "{backend}: {}", r["pool"]);
+    }
+}
+
+#[test]
+fn every_namespace_of_each_controller_is_a_pool_drive() {
+    let mut args = SMALL.to_vec();
+    args.extend_from_slice(&["--emulated", "2", "--emu-namespaces", "2"]);
+    let r = json(&args);
+    assert_eq!(r["pool"]["drives"].as_array().map(Vec::len), Some(4), "{}", r["pool"]);
+    assert_eq!(r["retrieve"]["verified_bytes"], r["retrieve"]["bytes"]);
+    assert_eq!(r["reopen"]["hits"], 40);
+}
+
+#[test]
+fn namespaces_with_metadata_or_zones_are_refused_by_name() {
+    for (flag, want) in [(["--emu-metadata", "8"], "8 B metadata"), (["--emu-zoned", ""], "Zoned Namespace")]
+    {
+        let mut args = SMALL.to_vec();
+        args.extend(flag.iter().filter(|a| !a.is_empty()));
+        let out = tutti(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag:?}");
+        assert!(err.contains("emu0") && err.contains("namespace 1") && err.contains(want), "{flag:?}: {err}");
+        assert!(err.contains("reformat") || err.contains("NVM command set"), "{flag:?}: a remedy: {err}");
+    }
+}

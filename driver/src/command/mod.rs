@@ -104,6 +104,9 @@ impl Command {
     pub fn identify_active_namespaces(after: u32) -> Self {
         Self::identify(cns::ACTIVE_NAMESPACES, after)
     }
+    pub fn identify_namespace_descriptors(nsid: u32) -> Self {
+        Self::identify(cns::NAMESPACE_DESCRIPTORS, nsid)
+    }
     /// Create I/O Completion Queue (§5.3), polled (interrupts disabled).
     pub fn create_io_cq(qid: u16, entries: u32, iova: u64, contiguous: bool) -> Self {
         let mut c = Command::new(AdminOpcode::CreateIoCq as u8, 0, "Create I/O CQ");

@@ -5,19 +5,39 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// One namespace of an emulated controller.
+///
+/// `metadata_size`, `extended_metadata`, `pi_type` and `command_set` only
+/// change what Identify reports (so that the driver's refusal of such
+/// namespaces can be tested); I/O to the namespace moves data blocks as if
+/// it had none.
 #[derive(Clone, Debug)]
 pub struct NamespaceConfig {
     /// Size in logical blocks.
     pub blocks: u64,
     /// log2 of the logical block size: 9 (512 B) or 12 (4096 B).
     pub lba_shift: u8,
+    /// Metadata bytes per block in the LBA format in use (0 = none).
+    pub metadata_size: u16,
+    /// Metadata at the end of each block's data (FLBAS bit 4).
+    pub extended_metadata: bool,
+    /// Protection information type (DPS bits 2:0), 0..=3.
+    pub pi_type: u8,
+    /// Command Set Identifier reported in the descriptor list: 0 NVM, 2 zoned.
+    pub command_set: u8,
 }
 
 impl NamespaceConfig {
     /// A namespace of `bytes` (rounded down to whole blocks) with `lba_size`-byte blocks.
     pub fn with_bytes(bytes: u64, lba_size: u32) -> Self {
         let lba_shift = lba_size.trailing_zeros() as u8;
-        NamespaceConfig { blocks: bytes >> lba_shift, lba_shift }
+        NamespaceConfig {
+            blocks: bytes >> lba_shift,
+            lba_shift,
+            metadata_size: 0,
+            extended_metadata: false,
+            pi_type: 0,
+            command_set: 0,
+        }
     }
     pub fn bytes(&self) -> u64 {
         self.blocks << self.lba_shift
@@ -116,6 +136,13 @@ impl EmulatedConfig {
             }
             if ns.blocks == 0 {
                 return Err(format!("namespace {}: size is zero blocks", i + 1));
+            }
+            if ns.pi_type > 3 || (ns.pi_type > 0 && ns.metadata_size < 8) {
+                return Err(format!(
+                    "namespace {}: protection information type {} needs type 1..=3 and 8+ bytes of metadata",
+                    i + 1,
+                    ns.pi_type
+                ));
             }
         }
         if !(2..=65536).contains(&self.max_queue_entries) {

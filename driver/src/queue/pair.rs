@@ -45,14 +45,21 @@ pub struct IoQueuePair {
 }
 
 impl IoQueuePair {
-    pub(crate) fn create(ctrl: &Arc<Controller>, depth: u32) -> Result<Self> {
+    pub(crate) fn create(ctrl: &Arc<Controller>, depth: u32, purpose: &str) -> Result<Self> {
         let info = ctrl.info();
+        if depth < 2 || depth > info.max_queue_entries {
+            return Err(DriverError::invalid(format!(
+                "{}: queue depth {depth} is outside 2..={} (CAP.MQES)",
+                ctrl.name(),
+                info.max_queue_entries
+            )));
+        }
         let page = info.page_size as u64;
         // Enough list pages for the largest transfer, starting at any offset.
         let entries = (info.max_transfer / page) as usize + 1;
         let scratch_per_cid = prp::list_pages(entries, page).max(1) * page as usize;
         let scratch = ctrl.dma().alloc(scratch_per_cid * depth as usize)?;
-        let qid = ctrl.claim_qid()?;
+        let qid = ctrl.claim_qid(purpose)?;
         let created = ctrl.create_queues(qid, depth).and_then(|(sq, cq, sq_db, cq_db)| {
             QueueCore::new(ctrl.name(), qid, depth, sq, cq, sq_db, cq_db).inspect_err(|_| {
                 let _ = ctrl.delete_queues(qid);
@@ -225,9 +232,7 @@ impl IoQueuePair {
     }
 
     fn namespace(&self, nsid: u32, lba: u64, blocks: u64) -> Result<NamespaceInfo> {
-        let ns = self.ctrl.info().namespace(nsid).cloned().ok_or_else(|| {
-            DriverError::invalid(format!("{}: namespace {nsid} does not exist", self.ctrl.name()))
-        })?;
+        let ns = self.ctrl.data_namespace(nsid)?.clone();
         if lba.checked_add(blocks).is_none_or(|end| end > ns.blocks) {
             return Err(DriverError::invalid(format!(
                 "{}: LBAs {lba}..{} are past the end of namespace {nsid} ({} blocks)",
@@ -443,11 +448,11 @@ impl Drop for IoQueuePair {
 impl Controller {
     /// Creates an I/O queue pair of `depth` entries (≤ CAP.MQES + 1).
     pub fn create_io_queue_pair(self: &Arc<Self>, depth: u32) -> Result<IoQueuePair> {
-        IoQueuePair::create(self, depth)
+        IoQueuePair::create(self, depth, "an I/O queue pair")
     }
     /// Creates a queue pair for an executor that builds commands itself.
     pub fn create_raw_queue_pair(self: &Arc<Self>, depth: u32) -> Result<super::RawQueuePair> {
-        super::RawQueuePair::create(self, depth)
+        super::RawQueuePair::create(self, depth, "a raw queue pair")
     }
 }
 

@@ -21,8 +21,8 @@ pub struct RawQueuePair {
 }
 
 impl RawQueuePair {
-    pub(crate) fn create(ctrl: &Arc<Controller>, depth: u32) -> Result<Self> {
-        let qid = ctrl.claim_qid()?;
+    pub(crate) fn create(ctrl: &Arc<Controller>, depth: u32, purpose: &str) -> Result<Self> {
+        let qid = ctrl.claim_qid(purpose)?;
         match ctrl.create_queues(qid, depth) {
             Ok((sq, cq, sq_doorbell, cq_doorbell)) => {
                 Ok(RawQueuePair { ctrl: ctrl.clone(), qid, depth, sq, cq, sq_doorbell, cq_doorbell })

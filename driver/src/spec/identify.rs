@@ -208,9 +208,44 @@ impl IdentifyNamespace {
     pub fn new_zeroed() -> Self {
         <Self as zerocopy::FromZeros>::new_zeroed()
     }
-    /// The LBA format in use (FLBAS bits 3:0).
+    /// Index of the LBA format in use: FLBAS bits 3:0, and bits 6:5 as the
+    /// upper bits when the namespace has more than 16 formats (NLBAF > 15).
+    pub fn format_index(&self) -> u8 {
+        let low = self.flbas & 0xf;
+        if self.nlbaf > 15 {
+            low | ((self.flbas >> 5) & 0x3) << 4
+        } else {
+            low
+        }
+    }
+    /// LBA format descriptor `i` (0..64: LBAF0..15 here, LBAF16..63 right after).
+    pub fn lba_format(&self, i: u8) -> LbaFormat {
+        match i {
+            0..=15 => LbaFormat(self.lbaf[i as usize]),
+            16..=63 => {
+                let at = (i as usize - 16) * 4;
+                let b = &self.rsvd192[at..at + 4];
+                LbaFormat(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            }
+            _ => LbaFormat(0),
+        }
+    }
+    /// The LBA format in use.
     pub fn active_format(&self) -> LbaFormat {
-        LbaFormat(self.lbaf[(self.flbas & 0xf) as usize])
+        self.lba_format(self.format_index())
+    }
+    /// FLBAS bit 4: metadata travels at the end of each block's data
+    /// (extended LBA) rather than in a separate buffer.
+    pub fn metadata_extended(&self) -> bool {
+        self.flbas & 0x10 != 0
+    }
+    /// DPS bits 2:0: end-to-end protection information type (0 = none, 1..=3).
+    pub fn pi_type(&self) -> u8 {
+        self.dps & 0x7
+    }
+    /// DPS bit 3: protection information is the first (not the last) bytes of metadata.
+    pub fn pi_first(&self) -> bool {
+        self.dps & 0x8 != 0
     }
     /// Logical block size in bytes; `None` if the format is outside what a
     /// driver can use (below 512 B or above 64 KiB).
@@ -218,6 +253,94 @@ impl IdentifyNamespace {
         let lbads = self.active_format().lbads();
         (9..=16).contains(&lbads).then(|| 1u32 << lbads)
     }
+}
+
+/// I/O Command Set of a namespace (Command Set Identifier, CSI).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CommandSet {
+    /// NVM Command Set (CSI 00h): plain logical blocks.
+    Nvm,
+    /// Key Value Command Set (CSI 01h).
+    KeyValue,
+    /// Zoned Namespace Command Set (CSI 02h).
+    Zoned,
+    /// Any other identifier.
+    Other(u8),
+}
+
+impl CommandSet {
+    pub fn from_csi(csi: u8) -> Self {
+        match csi {
+            0 => CommandSet::Nvm,
+            1 => CommandSet::KeyValue,
+            2 => CommandSet::Zoned,
+            v => CommandSet::Other(v),
+        }
+    }
+    pub fn csi(self) -> u8 {
+        match self {
+            CommandSet::Nvm => 0,
+            CommandSet::KeyValue => 1,
+            CommandSet::Zoned => 2,
+            CommandSet::Other(v) => v,
+        }
+    }
+}
+
+impl std::fmt::Display for CommandSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CommandSet::Nvm => f.write_str("NVM"),
+            CommandSet::KeyValue => f.write_str("Key Value"),
+            CommandSet::Zoned => f.write_str("Zoned Namespace"),
+            CommandSet::Other(v) => write!(f, "command set {v:#04x}"),
+        }
+    }
+}
+
+/// Namespace Identification Descriptor types (§5.15.2.3).
+pub mod nidt {
+    pub const EUI64: u8 = 1;
+    pub const NGUID: u8 = 2;
+    pub const UUID: u8 = 3;
+    pub const CSI: u8 = 4;
+}
+
+/// The Command Set Identifier in a Namespace Identification Descriptor list
+/// (CNS 03h), if the list has one. Walks at most the 4096-byte page; a
+/// descriptor that runs past it is an error.
+pub fn descriptor_csi(page: &[u8]) -> Result<Option<u8>, String> {
+    let mut at = 0usize;
+    while at + 4 <= page.len() {
+        let (kind, len) = (page[at], page[at + 1] as usize);
+        if kind == 0 {
+            return Ok(None);
+        }
+        let end = at + 4 + len;
+        if end > page.len() {
+            return Err(format!("descriptor type {kind} at byte {at} runs {len} bytes past the page"));
+        }
+        if kind == nidt::CSI {
+            if len != 1 {
+                return Err(format!("Command Set Identifier descriptor of length {len} (1 expected)"));
+            }
+            return Ok(Some(page[at + 4]));
+        }
+        at = end;
+    }
+    Ok(None)
+}
+
+/// Appends a descriptor to a descriptor list page at `at`; returns the next offset.
+pub fn put_descriptor(page: &mut [u8], at: usize, kind: u8, id: &[u8]) -> usize {
+    let end = at + 4 + id.len();
+    if end <= page.len() {
+        page[at] = kind;
+        page[at + 1] = id.len() as u8;
+        page[at + 4..end].copy_from_slice(id);
+    }
+    end
 }
 
 #[cfg(test)]
@@ -291,5 +414,37 @@ mod tests {
         assert_eq!(&b[132..136], &LbaFormat::new(12, 0).0.to_le_bytes());
         ns.lbaf[0] = LbaFormat::new(3, 0).0;
         assert_eq!(ns.lba_size(), None);
+    }
+
+    #[test]
+    fn metadata_protection_and_high_format_indices_decode() {
+        let mut ns = IdentifyNamespace::new_zeroed();
+        ns.lbaf[1] = LbaFormat::new(9, 8).0;
+        ns.flbas = 0x11;
+        ns.dps = 0x9;
+        assert_eq!(ns.active_format().metadata_size(), 8);
+        assert!(ns.metadata_extended() && ns.pi_first());
+        assert_eq!(ns.pi_type(), 1);
+        // Format 17 (NLBAF > 15): FLBAS bits 6:5 are the upper index bits.
+        ns.nlbaf = 20;
+        ns.flbas = 0x21;
+        ns.rsvd192[4..8].copy_from_slice(&LbaFormat::new(12, 16).0.to_le_bytes());
+        assert_eq!(ns.format_index(), 17);
+        assert_eq!((ns.lba_size(), ns.active_format().metadata_size()), (Some(4096), 16));
+        assert!(!ns.metadata_extended());
+    }
+
+    #[test]
+    fn descriptor_lists_yield_the_command_set() {
+        let mut page = [0u8; 4096];
+        let at = put_descriptor(&mut page, 0, nidt::EUI64, &[1; 8]);
+        put_descriptor(&mut page, at, nidt::CSI, &[2]);
+        assert_eq!(descriptor_csi(&page), Ok(Some(2)));
+        assert_eq!(CommandSet::from_csi(2), CommandSet::Zoned);
+        assert_eq!(descriptor_csi(&[0u8; 4096]), Ok(None));
+        let mut bad = [0u8; 16];
+        bad[0] = nidt::NGUID;
+        bad[1] = 200;
+        assert!(descriptor_csi(&bad).is_err());
     }
 }

@@ -12,7 +12,7 @@ pub mod sgl;
 pub mod status;
 
 pub use entry::{CompletionEntry, Psdt, SubmissionEntry};
-pub use identify::{IdentifyController, IdentifyNamespace, LbaFormat, SglSupport};
+pub use identify::{CommandSet, IdentifyController, IdentifyNamespace, LbaFormat, SglSupport};
 pub use opcode::{AdminOpcode, IoOpcode};
 pub use registers::{Aqa, Cap, Cc, Csts, ShutdownStatus, Version};
 pub use sgl::{SglDescriptor, SglKind};

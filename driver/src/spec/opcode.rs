@@ -65,6 +65,8 @@ pub mod cns {
     pub const NAMESPACE: u8 = 0x00;
     pub const CONTROLLER: u8 = 0x01;
     pub const ACTIVE_NAMESPACES: u8 = 0x02;
+    /// Namespace Identification Descriptor list (§5.15.2.3).
+    pub const NAMESPACE_DESCRIPTORS: u8 = 0x03;
 }
 
 /// Feature identifiers (§5.21).

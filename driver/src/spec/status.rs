@@ -165,6 +165,9 @@ impl Status {
                 0x20 => "Namespace is Write Protected",
                 0x21 => "Command Interrupted",
                 0x22 => "Transient Transport Error",
+                0x23 => "Command Prohibited by Command and Feature Lockdown",
+                0x24 => "Admin Command Media Not Ready",
+                // NVM Command Set.
                 0x80 => "LBA Out of Range",
                 0x81 => "Capacity Exceeded",
                 0x82 => "Namespace Not Ready",
@@ -183,13 +186,54 @@ impl Status {
                 0x08 => "Invalid Interrupt Vector",
                 0x09 => "Invalid Log Page",
                 0x0a => "Invalid Format",
+                0x0b => "Firmware Activation Requires Conventional Reset",
                 0x0c => "Invalid Queue Deletion",
                 0x0d => "Feature Identifier Not Saveable",
                 0x0e => "Feature Not Changeable",
                 0x0f => "Feature Not Namespace Specific",
+                0x10 => "Firmware Activation Requires NVM Subsystem Reset",
+                0x11 => "Firmware Activation Requires Controller Level Reset",
+                0x12 => "Firmware Activation Requires Maximum Time Violation",
+                0x13 => "Firmware Activation Prohibited",
+                0x14 => "Overlapping Range",
+                0x15 => "Namespace Insufficient Capacity",
+                0x16 => "Namespace Identifier Unavailable",
+                0x18 => "Namespace Already Attached",
+                0x19 => "Namespace Is Private",
+                0x1a => "Namespace Not Attached",
+                0x1b => "Thin Provisioning Not Supported",
+                0x1c => "Controller List Invalid",
+                0x1d => "Device Self-test In Progress",
+                0x1e => "Boot Partition Write Prohibited",
+                0x1f => "Invalid Controller Identifier",
+                0x20 => "Invalid Secondary Controller State",
+                0x21 => "Invalid Number of Controller Resources",
+                0x22 => "Invalid Resource Identifier",
+                0x23 => "Sanitize Prohibited While Persistent Memory Region is Enabled",
+                0x24 => "ANA Group Identifier Invalid",
+                0x25 => "ANA Attach Failed",
+                0x26 => "Insufficient Capacity",
+                0x27 => "Namespace Attachment Limit Exceeded",
+                0x28 => "Prohibition of Command Execution Not Supported",
+                0x29 => "I/O Command Set Not Supported",
+                0x2a => "I/O Command Set Not Enabled",
+                0x2b => "I/O Command Set Combination Rejected",
+                0x2c => "Invalid I/O Command Set",
+                0x2d => "Identifier Unavailable",
+                // NVM Command Set.
                 0x80 => "Conflicting Attributes",
                 0x81 => "Invalid Protection Information",
                 0x82 => "Attempted Write to Read Only Range",
+                0x83 => "Command Size Limit Exceeded",
+                // Zoned Namespace Command Set.
+                0xb8 => "Zone Boundary Error",
+                0xb9 => "Zone Is Full",
+                0xba => "Zone Is Read Only",
+                0xbb => "Zone Is Offline",
+                0xbc => "Zone Invalid Write",
+                0xbd => "Too Many Active Zones",
+                0xbe => "Too Many Open Zones",
+                0xbf => "Invalid Zone State Transition",
                 _ => return None,
             },
             StatusCodeType::MediaDataIntegrity => match sc {
@@ -201,10 +245,14 @@ impl Status {
                 0x85 => "Compare Failure",
                 0x86 => "Access Denied",
                 0x87 => "Deallocated or Unwritten Logical Block",
+                0x88 => "End-to-End Storage Tag Check Error",
                 _ => return None,
             },
             StatusCodeType::PathRelated => match sc {
                 0x00 => "Internal Path Error",
+                0x01 => "Asymmetric Access Persistent Loss",
+                0x02 => "Asymmetric Access Inaccessible",
+                0x03 => "Asymmetric Access Transition",
                 0x60 => "Controller Pathing Error",
                 0x70 => "Host Pathing Error",
                 0x71 => "Command Aborted By Host",
@@ -248,6 +296,50 @@ mod tests {
         assert_eq!(Status::UNRECOVERED_READ_ERROR.to_string(), "Media/Unrecovered Read Error (0x0281)");
         assert_eq!(Status::new(0, 0x7f).to_string(), "Generic/Unknown Status (0x007f)");
         assert_eq!(Status::INVALID_FIELD.with_dnr(true).to_string(), "Generic/Invalid Field (0x0002) [DNR]");
+    }
+
+    /// Every status the base specification, the NVM Command Set and the
+    /// Zoned Namespace Command Set define, as (SCT, SC), written out apart
+    /// from the name table.
+    const DEFINED: &[(u8, std::ops::RangeInclusive<u8>)] = &[
+        (0, 0x00..=0x16),
+        (0, 0x18..=0x24),
+        (0, 0x80..=0x84),
+        (1, 0x00..=0x03),
+        (1, 0x05..=0x16),
+        (1, 0x18..=0x2d),
+        (1, 0x80..=0x83),
+        (1, 0xb8..=0xbf),
+        (2, 0x80..=0x88),
+        (3, 0x00..=0x03),
+        (3, 0x60..=0x60),
+        (3, 0x70..=0x71),
+    ];
+
+    #[test]
+    fn every_defined_status_prints_with_its_name() {
+        let mut n = 0;
+        for (sct, scs) in DEFINED {
+            for sc in scs.clone() {
+                let s = Status::new(*sct, sc);
+                let text = s.to_string();
+                assert!(
+                    s.name().is_some() && !text.contains("Unknown"),
+                    "{sct}/{sc:#04x} prints bare: {text}"
+                );
+                assert!(text.ends_with(&format!("({:#06x})", (*sct as u16) << 8 | sc as u16)), "{text}");
+                n += 1;
+            }
+        }
+        assert_eq!(n, 23 + 13 + 5 + 4 + 18 + 22 + 4 + 8 + 9 + 4 + 1 + 2);
+        // The one seen unnamed from a zoned namespace.
+        assert_eq!(Status::from_field(0x01bc).to_string(), "Command Specific/Zone Invalid Write (0x01bc)");
+        assert_eq!(Status::new(1, 0xba).to_string(), "Command Specific/Zone Is Read Only (0x01ba)");
+        assert_eq!(Status::new(2, 0x88).to_string(), "Media/End-to-End Storage Tag Check Error (0x0288)");
+        assert_eq!(Status::new(1, 0x83).to_string(), "Command Specific/Command Size Limit Exceeded (0x0183)");
+        // Reserved values still print their number.
+        assert_eq!(Status::new(0, 0x17).to_string(), "Generic/Unknown Status (0x0017)");
+        assert_eq!(Status::new(1, 0xc0).to_string(), "Command Specific/Unknown Status (0x01c0)");
     }
 
     #[test]

@@ -1,6 +1,10 @@
 //! The CPU-driven baseline: the host builds, submits and reaps every command.
 //!
-//! One queue pair per drive; a layer's commands are fed to all drives at
+//! One queue pair per drive; on a controller with no pair left (one that
+//! grants a single I/O queue pair, say) a drive takes turns on the
+//! controller's shared pair with the pool's metadata
+//! (`Controller::shared_io_queue_pair`); a layer holds every pair it uses
+//! from its first command to its last completion. A layer's commands are fed to all drives at
 //! once, each queue kept full, completions reaped in batches. Every command's
 //! data pointer is still the registered SGL descriptor (or, on a drive
 //! without SGL support, PRP entries the driver builds from it), so the bytes
@@ -22,15 +26,17 @@ use crate::registration::Registration;
 use crate::stripe::StripeMap;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
+use std::sync::MutexGuard;
 use std::time::Instant;
 use tutti_driver::command::{Command, DataMode};
-use tutti_driver::controller::Controller;
+use tutti_driver::controller::{Controller, SharedQueuePair};
 use tutti_driver::queue::{backoff, Completion, IoQueuePair};
 use tutti_driver::transport::IovaSegment;
 use tutti_driver::DriverError;
 
 struct Lane {
-    qp: IoQueuePair,
+    /// Index of its queue pair in `DirectIo::pairs`.
+    slot: usize,
     nsid: u32,
     /// Commands of the current layer for this drive, in order.
     todo: Vec<u32>,
@@ -41,6 +47,8 @@ struct Lane {
 
 pub struct DirectIo {
     lanes: Vec<Lane>,
+    /// The queue pairs, each once: a drive's own, or its controller's shared one.
+    pairs: Vec<Arc<SharedQueuePair>>,
     attached: Option<(Arc<Registration>, StripeMap)>,
     done: HashMap<u64, LayerOutcome>,
     next_token: u64,
@@ -48,25 +56,38 @@ pub struct DirectIo {
 }
 
 impl DirectIo {
-    /// One queue pair of `depth` entries on each drive (pool order).
+    /// One queue pair of `depth` entries on each drive (pool order), or the
+    /// controller's shared pair where the controller has none left.
     pub fn new(drives: &[(Arc<Controller>, u32)], depth: u32, recover: bool) -> Result<Self> {
-        let lanes = drives
-            .iter()
-            .map(|(ctrl, nsid)| {
-                let depth = depth.clamp(2, ctrl.info().max_queue_entries);
-                Ok(Lane {
-                    qp: ctrl.create_io_queue_pair(depth)?,
-                    nsid: *nsid,
-                    todo: Vec::new(),
-                    next: 0,
-                    inflight: HashMap::new(),
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(DirectIo { lanes, attached: None, done: HashMap::new(), next_token: 1, recover })
+        let mut pairs: Vec<Arc<SharedQueuePair>> = Vec::new();
+        let mut lanes = Vec::new();
+        for (ctrl, nsid) in drives {
+            let depth = depth.clamp(2, ctrl.info().max_queue_entries);
+            let pair = if ctrl.free_io_queue_pairs() > 0 {
+                Arc::new(std::sync::Mutex::new(ctrl.create_io_queue_pair(depth)?))
+            } else {
+                tracing::info!(device = %ctrl.name(), nsid, granted = ctrl.info().io_queue_pairs,
+                    "no I/O queue pair left for the data path; sharing the controller's pair with metadata");
+                ctrl.shared_io_queue_pair(depth)?
+            };
+            let slot = match pairs.iter().position(|p| Arc::ptr_eq(p, &pair)) {
+                Some(i) => i,
+                None => {
+                    pairs.push(pair);
+                    pairs.len() - 1
+                }
+            };
+            lanes.push(Lane { slot, nsid: *nsid, todo: Vec::new(), next: 0, inflight: HashMap::new() });
+        }
+        Ok(DirectIo { lanes, pairs, attached: None, done: HashMap::new(), next_token: 1, recover })
     }
 
-    fn run(&mut self, cmds: &[Cmd], dir: Direction) -> Result<LayerOutcome> {
+    fn run(
+        &mut self,
+        cmds: &[Cmd],
+        dir: Direction,
+        qps: &mut [MutexGuard<'_, IoQueuePair>],
+    ) -> Result<LayerOutcome> {
         let mut out =
             LayerOutcome { commands: cmds.len() as u64, host_built: cmds.len() as u64, ..Default::default() };
         for l in &mut self.lanes {
@@ -91,8 +112,9 @@ impl DirectIo {
         loop {
             let mut progressed = false;
             for lane in &mut self.lanes {
+                let qp = &mut qps[lane.slot];
                 let mut submitted = false;
-                while lane.next < lane.todo.len() && lane.qp.free_slots() > 0 {
+                while lane.next < lane.todo.len() && qp.free_slots() > 0 {
                     let idx = lane.todo[lane.next];
                     let c = &cmds[idx as usize];
                     lane.next += 1;
@@ -101,7 +123,7 @@ impl DirectIo {
                         Direction::Store => Command::write(lane.nsid, c.lba, c.nlb),
                     };
                     let seg = [IovaSegment { iova: c.desc.addr, len: c.desc.len as u64 }];
-                    match lane.qp.submit_data(cmd, &seg, DataMode::Auto, idx as u64) {
+                    match qp.submit_data(cmd, &seg, DataMode::Auto, idx as u64) {
                         Ok(cid) => {
                             lane.inflight.insert(cid, idx);
                             outstanding += 1;
@@ -113,26 +135,31 @@ impl DirectIo {
                     }
                 }
                 if submitted {
-                    lane.qp.ring();
+                    qp.ring();
                     out.host_calls += 1;
                 }
+            }
+            for qp in qps.iter_mut() {
                 reaped.clear();
                 // Its submissions fail (definitely, never reaching the SQ); nothing is in flight.
-                if lane.qp.is_unusable() {
+                if qp.is_unusable() {
                     continue;
                 }
-                lane.qp.reap(&mut reaped)?;
+                qp.reap(&mut reaped)?;
                 for comp in &reaped {
-                    lane.inflight.remove(&comp.cid);
+                    // The token is the command's index; its drive is its lane.
+                    let c = &cmds[comp.token as usize];
+                    if let Some(lane) = self.lanes.get_mut(c.drive as usize) {
+                        lane.inflight.remove(&comp.cid);
+                    }
                     outstanding -= 1;
                     progressed = true;
                     if !comp.status.is_success() {
-                        let c = &cmds[comp.token as usize];
                         let why = format!(
                             "{} LBA {} on {}: {}",
                             if dir == Direction::Load { "Read" } else { "Write" },
                             c.lba,
-                            lane.qp.controller().name(),
+                            qp.controller().name(),
                             comp.status
                         );
                         note_failure(&mut failed, c.pair, PairFailure::definite(why));
@@ -148,19 +175,18 @@ impl DirectIo {
                 spins = 0;
                 continue;
             }
-            let timeout = self
-                .lanes
+            let timeout = qps
                 .first()
-                .map_or(std::time::Duration::from_secs(10), |l| l.qp.controller().options().io_timeout);
+                .map_or(std::time::Duration::from_secs(10), |q| q.controller().options().io_timeout);
             if last_progress.elapsed() >= timeout {
-                outstanding -= self.expire(cmds, &mut failed, &mut unsettled)?;
+                outstanding -= self.expire(cmds, &mut failed, &mut unsettled, qps)?;
                 last_progress = Instant::now();
                 continue;
             }
             backoff(&mut spins);
         }
         if self.recover && !unsettled.is_empty() {
-            self.recover_lanes(&mut failed, &unsettled, &mut out);
+            self.recover_lanes(&mut failed, &unsettled, &mut out, qps);
         }
         out.failed = sorted_failures(failed);
         Ok(out)
@@ -173,13 +199,30 @@ impl DirectIo {
         failed: &mut HashMap<u32, PairFailure>,
         unsettled: &HashMap<u32, BTreeSet<usize>>,
         out: &mut LayerOutcome,
+        qps: &mut [MutexGuard<'_, IoQueuePair>],
     ) {
         let lanes: BTreeSet<usize> = unsettled.values().flatten().copied().collect();
         let mut recovered = BTreeSet::new();
         let mut lost = BTreeMap::new();
+        // A pair two lanes share is recovered once, for both.
+        let mut done_slots: HashMap<usize, std::result::Result<(), String>> = HashMap::new();
         for &i in &lanes {
             let Some(lane) = self.lanes.get_mut(i) else { continue };
-            match lane.qp.recover() {
+            if let Some(r) = done_slots.get(&lane.slot) {
+                match r {
+                    Ok(()) => {
+                        lane.inflight.clear();
+                        recovered.insert(i);
+                    }
+                    Err(e) => {
+                        lost.insert(i, e.clone());
+                    }
+                }
+                continue;
+            }
+            let result = qps[lane.slot].recover();
+            done_slots.insert(lane.slot, result.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+            match result {
                 Ok(r) => {
                     tracing::info!(
                         drive = i,
@@ -214,6 +257,7 @@ impl DirectIo {
         cmds: &[Cmd],
         failed: &mut HashMap<u32, PairFailure>,
         unsettled: &mut HashMap<u32, BTreeSet<usize>>,
+        qps: &mut [MutexGuard<'_, IoQueuePair>],
     ) -> Result<usize> {
         let mut settled = 0;
         for (i, lane) in self.lanes.iter_mut().enumerate() {
@@ -221,7 +265,7 @@ impl DirectIo {
             for (cid, idx) in stuck {
                 settled += 1;
                 let pair = cmds[idx as usize].pair;
-                match lane.qp.wait(cid) {
+                match qps[lane.slot].wait(cid) {
                     Ok(comp) if comp.status.is_success() => {}
                     Ok(comp) => note_failure(failed, pair, PairFailure::definite(comp.status.to_string())),
                     Err(e) => {
@@ -247,7 +291,7 @@ impl LayerIo for DirectIo {
     fn mode(&self) -> String {
         format!(
             "CPU-driven: the host builds, submits and reaps every command ({} queue pairs)",
-            self.lanes.len()
+            self.pairs.len()
         )
     }
 
@@ -274,7 +318,14 @@ impl LayerIo for DirectIo {
     ) -> Result<Option<u64>> {
         let (reg, map) = self.attached.clone().ok_or(ObjError::NotRegistered)?;
         let cmds = layer_commands(&map, &reg, layer, pairs);
-        let mut outcome = match self.run(&cmds, dir) {
+        // Every pair the layer uses is held until its last command settled:
+        // a shared pair's other user (metadata) finds nothing of ours in flight.
+        let held = self.pairs.clone();
+        let mut qps = held
+            .iter()
+            .map(|p| p.lock().map_err(|_| ObjError::Poisoned("queue pair")))
+            .collect::<Result<Vec<_>>>()?;
+        let mut outcome = match self.run(&cmds, dir, &mut qps) {
             Ok(o) => o,
             // Commands may be in flight on a queue that stopped making sense
             // (e.g. a malformed completion): none of them has a known outcome.

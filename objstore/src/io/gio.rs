@@ -193,11 +193,18 @@ impl GioIo {
         cfg: &GioConfig,
         exec: Arc<dyn Executor>,
     ) -> Result<Self> {
+        // Each controller's free pairs shared out among the pool's namespaces
+        // on it (a controller that grants few, several namespaces of one
+        // controller); at least one each, or the driver's error naming the numbers.
+        let on_ctrl = |c: &Arc<Controller>| drives.iter().filter(|(d, _)| Arc::ptr_eq(d, c)).count() as u32;
+        let share: Vec<u32> =
+            drives.iter().map(|(c, _)| (c.free_io_queue_pairs() as u32 / on_ctrl(c).max(1)).max(1)).collect();
         let queues = drives
             .iter()
-            .map(|(ctrl, nsid)| {
+            .zip(share)
+            .map(|((ctrl, nsid), share)| {
                 let depth = cfg.queue_depth.clamp(2, ctrl.info().max_queue_entries);
-                DriveQueues::create(ctrl, *nsid, cfg.queues_per_drive.max(1), depth).map_err(gio)
+                DriveQueues::create(ctrl, *nsid, cfg.queues_per_drive.clamp(1, share), depth).map_err(gio)
             })
             .collect::<Result<Vec<_>>>()?;
         let ring = GioUring::init_with(cfg.ring.clone(), queues, exec).map_err(gio)?;

@@ -218,11 +218,25 @@ impl KvStore {
         let specs: Vec<(Arc<tutti_driver::controller::Controller>, u32)> =
             drives.iter().map(|d| (d.ctrl.clone(), d.nsid)).collect();
         let pool = Pool::open(drives, &opts.pool)?;
+        // gio_uring's executor drives its queue pairs alone; on a controller
+        // with none left after the metadata pair (one that grants a single
+        // pair) the host drives the layers on the shared pair instead.
+        let starved = specs.iter().find(|(c, _)| {
+            let namespaces = specs.iter().filter(|(d, _)| Arc::ptr_eq(c, d)).count();
+            (c.free_io_queue_pairs() as usize) < namespaces
+        });
         let io: Box<dyn LayerIo> = match &opts.backend {
             Backend::Direct { queue_depth, recover_queues } => {
                 Box::new(DirectIo::new(&specs, *queue_depth, *recover_queues)?)
             }
-            Backend::Gio(g) => Box::new(crate::io::gio::GioIo::new(&specs, g)?),
+            Backend::Gio(g) => match starved {
+                Some((c, _)) => {
+                    tracing::warn!(device = %c.name(), granted = c.info().io_queue_pairs,
+                        "no I/O queue pair left for gio_uring's executor; the direct backend shares the controller's pair");
+                    Box::new(DirectIo::new(&specs, g.queue_depth, g.recover_drives)?)
+                }
+                None => Box::new(crate::io::gio::GioIo::new(&specs, g)?),
+            },
         };
         let records = pool.live_records();
         let mut index = Index::new(pool.map.files())?;

@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tutti_driver::controller::{Controller, ControllerOptions};
 use tutti_driver::emulated::EmulatedController;
-use tutti_driver::pci::Bdf;
 use tutti_driver::transport::vfio::{IommuMode, VfioDevice, VfioOptions};
 use tutti_objstore::{
     chain_hashes, Backend, DriveSpec, Dtype, Geometry, GioConfig, HostKvMemory, KvLayout, KvStore,
@@ -47,7 +46,9 @@ pub struct Args {
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=32))]
     pub emulated: u32,
     /// PCI addresses of VFIO-bound drives to run on instead (comma separated).
-    /// Their contents are overwritten: the demo formats them as a new pool.
+    /// Every usable namespace of each becomes a pool drive; `BDF/NSID` takes
+    /// only that namespace. Their contents are overwritten: the demo formats
+    /// them as a new pool.
     #[arg(long, value_delimiter = ',')]
     pub drives: Vec<String>,
     /// Use vfio's unsafe no-IOMMU mode (with --drives).
@@ -163,8 +164,14 @@ struct Report {
 /// The drives the demo runs on. Emulated controllers live as long as this
 /// value, so RAM media survives the store being closed and reopened.
 enum Rig {
-    Emulated { emus: Vec<EmulatedController>, args: EmulatedArgs },
-    Vfio { devices: Vec<VfioDevice> },
+    Emulated {
+        emus: Vec<EmulatedController>,
+        args: EmulatedArgs,
+    },
+    /// Each device with the namespaces asked for (empty: every usable one).
+    Vfio {
+        devices: Vec<(VfioDevice, Vec<u32>)>,
+    },
 }
 
 impl Rig {
@@ -174,12 +181,12 @@ impl Rig {
                 mode: if args.noiommu { IommuMode::NoIommu } else { IommuMode::Type1 },
                 ..VfioOptions::default()
             };
-            let devices = args
-                .drives
-                .iter()
-                .map(|s| {
-                    let bdf: Bdf = s.parse()?;
-                    VfioDevice::open(&bdf, &opts).with_context(|| format!("opening {bdf} through VFIO"))
+            let devices = super::identify::group_drives(&args.drives)?
+                .into_iter()
+                .map(|(bdf, nsids)| {
+                    let dev = VfioDevice::open(&bdf, &opts)
+                        .with_context(|| format!("opening {bdf} through VFIO"))?;
+                    Ok((dev, nsids))
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
             return Ok(Rig::Vfio { devices });
@@ -195,15 +202,27 @@ impl Rig {
     /// Brings every controller up and returns the pool's drives in order.
     fn specs(&self) -> anyhow::Result<Vec<DriveSpec>> {
         let ctrls = match self {
-            Rig::Emulated { emus, .. } => {
-                emus.iter().map(super::identify::bring_up).collect::<anyhow::Result<Vec<_>>>()?
-            }
+            Rig::Emulated { emus, .. } => emus
+                .iter()
+                .map(|e| Ok((super::identify::bring_up(e)?, Vec::new())))
+                .collect::<anyhow::Result<Vec<_>>>()?,
             Rig::Vfio { devices } => devices
                 .iter()
-                .map(|d| Ok(Controller::new(d.registers(), d.dma_space(), ControllerOptions::default())?))
+                .map(|(d, nsids)| {
+                    let c = Controller::new(d.registers(), d.dma_space(), ControllerOptions::default())?;
+                    Ok((c, nsids.clone()))
+                })
                 .collect::<anyhow::Result<Vec<_>>>()?,
         };
-        ctrls.into_iter().map(|c| Ok(DriveSpec::first_namespace(c)?)).collect()
+        let mut specs = Vec::new();
+        for (c, nsids) in ctrls {
+            specs.extend(super::identify::namespaces_of(&c, &nsids)?);
+        }
+        Ok(specs)
+    }
+
+    fn is_emulated(&self) -> bool {
+        matches!(self, Rig::Emulated { .. })
     }
 
     /// File-backed emulated drives are stopped and started again from their
@@ -322,6 +341,18 @@ fn slot(i: u32, n: u32) -> u32 {
     (i + n / 2 + (n % 2)) % n.max(1)
 }
 
+/// Why the pool cannot take the request, with remedies that exist for the
+/// drives in use (`--capacity-mib` only for emulated ones).
+fn too_small(files: u32, blocks: u32, tokens_per_block: u32, emulated: bool, drives: usize) -> String {
+    let most = files as u64 * tokens_per_block as u64;
+    let remedy = if emulated {
+        format!("raise --capacity-mib or --emulated, or lower --tokens to at most {most}")
+    } else {
+        format!("lower --tokens to at most {most}, or add drives or namespaces to --drives (the pool has {drives})")
+    };
+    format!("the pool holds {files} blocks; the request needs {blocks}: {remedy}")
+}
+
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let g = geometry(args)?;
     if args.tokens < g.tokens_per_block {
@@ -329,8 +360,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     }
     let blocks = args.tokens / g.tokens_per_block;
     let request_bytes = blocks as u64 * g.file_bytes();
-    // Each emulated drive holds its share of the request, plus room for metadata.
-    let per_drive = request_bytes.div_ceil(args.emulated as u64) + request_bytes / 8 + (64 << 20);
+    // Each emulated namespace holds its share of the request, plus room for metadata.
+    let namespaces = args.emulated as u64 * args.emu.emu_namespaces as u64;
+    let per_drive = request_bytes.div_ceil(namespaces) + request_bytes / 8 + (64 << 20);
     let rig = Rig::start(args, per_drive)?;
     let backend = match args.backend {
         BackendFlag::Gio => {
@@ -344,10 +376,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let opts = StoreOptions { pool: PoolOptions::new(g, mode), backend };
     let store = KvStore::open(rig.specs()?, opts.clone()).context("opening the pool")?;
     if store.stripe_map().files() < blocks {
-        bail!(
-            "the pool holds {} blocks; the request needs {blocks} (raise --capacity-mib)",
-            store.stripe_map().files()
-        );
+        let (files, drives) = (store.stripe_map().files(), store.info().drives.len());
+        bail!("{}", too_small(files, blocks, g.tokens_per_block, rig.is_emulated(), drives));
     }
     let kv = Kv::new(g, args.layout, blocks)?;
     let tables = store.register_host(kv.mem.clone(), kv.layout.clone(), &args.model, b"")?;
@@ -515,8 +545,9 @@ fn print(r: &Report) {
     );
     for d in &p.drives {
         println!(
-            "  {:<14} {:>5}-byte LBAs, {:>10}, max transfer {}",
+            "  {:<14} {:<6} {:>5}-byte LBAs, {:>10}, max transfer {}",
             d.device,
+            format!("ns {}", d.nsid),
             d.lba_size,
             bytes(d.blocks * d.lba_size as u64),
             bytes(d.max_transfer)
@@ -551,4 +582,18 @@ fn print(r: &Report) {
         );
     }
     println!("every byte verified");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::too_small;
+
+    #[test]
+    fn a_pool_too_small_names_remedies_of_the_drives_in_use() {
+        let real = too_small(10, 40, 16, false, 2);
+        assert!(real.contains("--tokens to at most 160") && real.contains("--drives"), "{real}");
+        assert!(!real.contains("--capacity-mib") && !real.contains("--emulated"), "{real}");
+        let emu = too_small(10, 40, 16, true, 4);
+        assert!(emu.contains("--capacity-mib"), "{emu}");
+    }
 }

@@ -3,9 +3,12 @@
 
 use crate::emu::EmulatedArgs;
 use crate::report::print_json;
+use anyhow::{bail, Context};
 use std::sync::Arc;
 use tutti_driver::controller::{Controller, ControllerInfo, ControllerOptions};
 use tutti_driver::emulated::EmulatedController;
+use tutti_driver::pci::Bdf;
+use tutti_objstore::DriveSpec;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -75,11 +78,122 @@ pub fn render_info(info: &ControllerInfo) -> String {
             ns.lba_size,
             crate::report::bytes(ns.bytes())
         );
+        let _ = write!(s, "\n             {} command set; {}", ns.command_set, ns.format);
+        if let Some((what, _)) = ns.unusable() {
+            let _ = write!(s, "\n             not usable by tutti: namespace {} {what}", ns.nsid);
+        }
     }
     s
+}
+
+/// One `--drives` entry: a PCI address, optionally `/NSID` to use only that namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DriveArg {
+    pub bdf: Bdf,
+    pub nsid: Option<u32>,
+}
+
+impl std::str::FromStr for DriveArg {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        let (bdf, nsid) = match s.split_once('/') {
+            Some((b, n)) => {
+                let nsid = n.parse::<u32>().ok().filter(|&n| n != 0 && n != u32::MAX).with_context(|| {
+                    format!("--drives {s:?}: {n:?} is not a namespace id (1..=4294967294)")
+                })?;
+                (b, Some(nsid))
+            }
+            None => (s, None),
+        };
+        Ok(DriveArg { bdf: bdf.parse().with_context(|| format!("--drives {s:?}"))?, nsid })
+    }
+}
+
+/// `--drives` entries grouped by controller, in first-seen order: each
+/// controller once, with the namespaces asked for (empty: every usable one).
+pub fn group_drives(list: &[String]) -> anyhow::Result<Vec<(Bdf, Vec<u32>)>> {
+    let mut out: Vec<(Bdf, Vec<u32>, bool)> = Vec::new();
+    for s in list {
+        let a: DriveArg = s.parse()?;
+        let i = match out.iter().position(|(b, ..)| *b == a.bdf) {
+            Some(i) => i,
+            None => {
+                out.push((a.bdf.clone(), Vec::new(), false));
+                out.len() - 1
+            }
+        };
+        let (_, nsids, whole) = &mut out[i];
+        match a.nsid {
+            None => *whole = true,
+            Some(n) if nsids.contains(&n) => bail!("--drives names {}/{n} twice", a.bdf),
+            Some(n) => nsids.push(n),
+        }
+        if *whole && !nsids.is_empty() {
+            bail!("--drives names {} both whole and as {}/NSID: give one or the other", a.bdf, a.bdf);
+        }
+    }
+    Ok(out.into_iter().map(|(b, n, _)| (b, n)).collect())
+}
+
+/// The pool drives of one controller: the namespaces in `wanted`, each of
+/// which must be usable, or (with `wanted` empty) every usable namespace,
+/// skipping the others with a warning. No usable namespace is an error that
+/// says why each was refused.
+pub fn namespaces_of(ctrl: &Arc<Controller>, wanted: &[u32]) -> anyhow::Result<Vec<DriveSpec>> {
+    if !wanted.is_empty() {
+        return wanted
+            .iter()
+            .map(|&n| {
+                ctrl.data_namespace(n)?;
+                Ok(DriveSpec::new(ctrl.clone(), n))
+            })
+            .collect();
+    }
+    let mut specs = Vec::new();
+    let mut refused = Vec::new();
+    for ns in &ctrl.info().namespaces {
+        match ctrl.data_namespace(ns.nsid) {
+            Ok(_) => specs.push(DriveSpec::new(ctrl.clone(), ns.nsid)),
+            Err(e) => {
+                tracing::warn!(device = %ctrl.name(), nsid = ns.nsid, error = %e, "namespace skipped");
+                refused.push(e.to_string());
+            }
+        }
+    }
+    if specs.is_empty() {
+        if refused.is_empty() {
+            bail!(
+                "nvme {}: no active namespace (create one with `nvme create-ns` and attach it)",
+                ctrl.name()
+            );
+        }
+        bail!("nvme {}: no namespace tutti can use:\n  {}", ctrl.name(), refused.join("\n  "));
+    }
+    Ok(specs)
 }
 
 /// Brings an emulated controller up with default options (helper for other commands).
 pub fn bring_up(emu: &EmulatedController) -> anyhow::Result<Arc<Controller>> {
     Ok(Controller::new(emu.registers(), emu.dma_space(), ControllerOptions::default())?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drive_args_take_an_optional_namespace() {
+        let a: DriveArg = "00:04.0/2".parse().unwrap();
+        assert_eq!((a.bdf.to_string(), a.nsid), ("0000:00:04.0".to_string(), Some(2)));
+        assert_eq!("0000:00:04.0".parse::<DriveArg>().unwrap().nsid, None);
+        for bad in ["00:04.0/0", "00:04.0/x", "00:04.0/", "zz/1"] {
+            assert!(bad.parse::<DriveArg>().is_err(), "{bad}");
+        }
+        let g = group_drives(&["00:04.0/1".into(), "00:05.0".into(), "00:04.0/2".into()]).unwrap();
+        assert_eq!(g.len(), 2);
+        assert_eq!(g[0].1, vec![1, 2]);
+        assert!(g[1].1.is_empty());
+        assert!(group_drives(&["00:04.0".into(), "00:04.0/1".into()]).is_err());
+        assert!(group_drives(&["00:04.0/1".into(), "00:04.0/1".into()]).is_err());
+    }
 }

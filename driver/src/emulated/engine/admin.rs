@@ -2,7 +2,7 @@
 
 use super::{Cq, Done, Engine, QueueMem, Sq, VERSION};
 use crate::emulated::walk::walk_prp;
-use crate::spec::identify::{oncs, set_ascii_field};
+use crate::spec::identify::{nidt, oncs, put_descriptor, set_ascii_field};
 use crate::spec::opcode::{cns, feature};
 use crate::spec::{
     AdminOpcode, IdentifyController, IdentifyNamespace, LbaFormat, Psdt, Status, SubmissionEntry,
@@ -72,6 +72,15 @@ impl Engine {
             cns::NAMESPACE => self.to_host(sqe, self.identify_namespace(sqe.nsid)?.as_bytes())?,
             cns::CONTROLLER => self.to_host(sqe, self.identify_controller().as_bytes())?,
             cns::ACTIVE_NAMESPACES => self.to_host(sqe, self.active_namespaces(sqe.nsid)?.as_bytes())?,
+            cns::NAMESPACE_DESCRIPTORS => {
+                let (_, ns) = self.namespace(sqe.nsid)?;
+                let mut page = [0u8; 4096];
+                let mut eui = [0u8; 8];
+                eui[..4].copy_from_slice(&sqe.nsid.to_be_bytes());
+                let at = put_descriptor(&mut page, 0, nidt::EUI64, &eui);
+                put_descriptor(&mut page, at, nidt::CSI, &[ns.command_set]);
+                self.to_host(sqe, &page)?
+            }
             _ => return Err(Status::INVALID_FIELD),
         }
         Ok(0)
@@ -107,15 +116,19 @@ impl Engine {
         // Two standard formats, plus the configured one if it is neither.
         id.lbaf[0] = LbaFormat::new(9, 0).0;
         id.lbaf[1] = LbaFormat::new(12, 0).0;
-        id.flbas = match ns.lba_shift {
-            9 => 0,
-            12 => 1,
-            other => {
-                id.lbaf[2] = LbaFormat::new(other, 0).0;
+        id.flbas = match (ns.lba_shift, ns.metadata_size) {
+            (9, 0) => 0,
+            (12, 0) => 1,
+            (other, ms) => {
+                id.lbaf[2] = LbaFormat::new(other, ms).0;
                 2
             }
         };
         id.nlbaf = id.flbas.max(1);
+        if ns.extended_metadata {
+            id.flbas |= 0x10;
+        }
+        id.dps = ns.pi_type;
         id.dlfeat = DLFEAT;
         Ok(id)
     }

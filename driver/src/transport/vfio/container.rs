@@ -104,7 +104,15 @@ impl Container {
         // Without the IOVA range capability (kernels before 5.4) assume the
         // 39-bit space every VT-d implementation has, minus the MSI window.
         let mut windows = vec![(0, 0xfedf_ffff), (0xfef0_0000, (1 << 39) - 1)];
+        // The kernel says how much room its capability chain needs; a few
+        // hundred bytes in practice, refused past 64 KiB.
         if info.flags & ioctl::IOMMU_INFO_CAPS != 0 && info.argsz as usize > size_of::<IommuType1Info>() {
+            if info.argsz > 1 << 16 {
+                return Err(DriverError::Vfio(format!(
+                    "{}: VFIO_IOMMU_GET_INFO wants {} bytes for its capabilities (64 KiB at most expected)",
+                    self.name, info.argsz
+                )));
+            }
             let mut buf = InfoBuf::new(info.argsz as usize);
             // SAFETY: the buffer is argsz bytes, 8-aligned, and starts with the info structure.
             unsafe {
@@ -119,7 +127,8 @@ impl Container {
                     continue;
                 }
                 // header (8) | nr_iovas u32 | reserved u32 | { start u64, end u64 }[nr]
-                let n = ioctl::u32_at(cap.bytes, 8).unwrap_or(0) as usize;
+                // No more ranges than the capability has bytes for.
+                let n = (ioctl::u32_at(cap.bytes, 8).unwrap_or(0) as usize).min(cap.bytes.len() / 16);
                 let ranges: Vec<(u64, u64)> = (0..n)
                     .filter_map(|i| {
                         Some((ioctl::u64_at(cap.bytes, 16 + 16 * i)?, ioctl::u64_at(cap.bytes, 24 + 16 * i)?))

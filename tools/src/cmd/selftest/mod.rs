@@ -89,8 +89,12 @@ struct DriveReport {
     max_transfer: u64,
     sgl: bool,
     io_queue_pairs: u16,
+    /// Verification of the first usable namespace.
     #[serde(skip_serializing_if = "Option::is_none")]
     verify: Option<SelftestReport>,
+    /// Verification of every further usable namespace of the drive.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    verify_namespaces: Vec<SelftestReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     negative: Option<Vec<NegativeReport>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -203,7 +207,10 @@ fn drive(bdf: &Bdf, flag: HugepageFlag, args: &Args, log: &mut FaultLog) -> anyh
     let dev = VfioDevice::open(bdf, &vfio_options(flag, args))?;
     let ctrl = Controller::new(dev.registers(), dev.dma_space(), ControllerOptions::default())?;
     let info = ctrl.info().clone();
-    let ns = info.namespace(1).cloned().context("namespace 1 is missing")?;
+    // Every namespace tutti can use (others are skipped with a warning naming why).
+    let usable = crate::cmd::identify::namespaces_of(&ctrl, &[])?;
+    let first = usable.first().map_or(1, |d| d.nsid);
+    let ns = info.namespace(first).cloned().context("the first usable namespace vanished")?;
     let mut report = DriveReport {
         bdf: bdf.clone(),
         hugepages: format!("{flag:?}").to_lowercase(),
@@ -215,12 +222,16 @@ fn drive(bdf: &Bdf, flag: HugepageFlag, args: &Args, log: &mut FaultLog) -> anyh
         sgl: info.sgl.available(),
         io_queue_pairs: info.io_queue_pairs,
         verify: None,
+        verify_namespaces: Vec::new(),
         negative: None,
         probes: None,
     };
     log.drain()?;
     if !args.no_verify {
-        report.verify = Some(verify(&ctrl, &info, args)?);
+        report.verify = Some(verify(&ctrl, &info, args, first)?);
+        for d in usable.iter().skip(1) {
+            report.verify_namespaces.push(verify(&ctrl, &info, args, d.nsid)?);
+        }
         let faults: Vec<IommuFault> = log.drain()?.into_iter().filter(|f| f.concerns(bdf)).collect();
         if !faults.is_empty() {
             bail!(
@@ -254,8 +265,14 @@ fn drive(bdf: &Bdf, flag: HugepageFlag, args: &Args, log: &mut FaultLog) -> anyh
     Ok(report)
 }
 
-fn verify(ctrl: &Arc<Controller>, info: &ControllerInfo, args: &Args) -> anyhow::Result<SelftestReport> {
+fn verify(
+    ctrl: &Arc<Controller>,
+    info: &ControllerInfo,
+    args: &Args,
+    nsid: u32,
+) -> anyhow::Result<SelftestReport> {
     let opts = SelftestOptions {
+        nsid,
         queue_pairs: args.queue_pairs.min(info.io_queue_pairs as u32).max(1),
         queue_depth: args.queue_depth,
         commands_per_queue: args.commands,
@@ -330,11 +347,12 @@ fn print_report(r: &DriveReport) {
         r.io_queue_pairs,
         r.hugepages
     );
-    if let Some(v) = &r.verify {
+    for v in r.verify.iter().chain(&r.verify_namespaces) {
         for m in &v.modes {
             println!(
-                "selftest {}:   {} verified {} bytes ({}) in {} commands on {} queue pairs",
+                "selftest {}:   nsid {} {} verified {} bytes ({}) in {} commands on {} queue pairs",
                 r.bdf,
+                v.nsid,
                 m.mode,
                 m.bytes_verified,
                 bytes(m.bytes_verified),
@@ -342,6 +360,8 @@ fn print_report(r: &DriveReport) {
                 v.queue_pairs
             );
         }
+    }
+    if r.verify.is_some() {
         println!("selftest {}:   no IOMMU faults", r.bdf);
     }
     if let Some(p) = &r.probes {

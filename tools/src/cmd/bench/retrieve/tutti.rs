@@ -74,7 +74,7 @@ impl Tutti {
             capacity_mib: per_drive.div_ceil(1 << 20),
             mdts: 5,
             sgl: SglFlag::On,
-            dir: None,
+            ..EmulatedArgs::default()
         };
         let emus = (0..drives as usize)
             .map(|i| Ok(EmulatedController::start(emu.config(i)?)?))
