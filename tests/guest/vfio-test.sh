@@ -7,7 +7,9 @@
 #   0000:00:07.0  NVMe granting one I/O queue pair (max_ioqpairs=1)
 #   0000:00:08.0  NVMe with namespaces 1 and 2 (plain) and 3 (8 bytes of metadata per block)
 #   0000:00:00.0  the q35 host bridge (not NVMe)
+# mdadm and dmsetup (with their libraries) are in /sbin: scripts/qemu/fetch-guest-tools.
 set -u
+export PATH=/bin:/sbin
 NVME0=0000:00:04.0
 NVME1=0000:00:05.0
 ONEPAIR=0000:00:07.0
@@ -26,6 +28,13 @@ expect_refusal() {
     grep -q -- "$text" /tmp/out || fail "$what: the message does not say '$text'"
 }
 driver_of() { basename "$(readlink "/sys/bus/pci/devices/$1/driver" 2>/dev/null)" 2>/dev/null; }
+# blk_of BDF: the block device of namespace 1 of a controller on the kernel's nvme driver
+# (nvme2n1; under native multipath the controller's directory lists the path, nvme2c2n1).
+blk_of() {
+    for p in /sys/bus/pci/devices/$1/nvme/nvme*/nvme*n1; do
+        [ -e "$p" ] && basename "$p" | sed 's/c[0-9]*n/n/'
+    done | head -n1
+}
 no_iommu_faults() {
     if dmesg | grep 'DMAR: \[DMA'; then fail "IOMMU fault in the kernel log $1"; fi
 }
@@ -60,6 +69,69 @@ mkswap /dev/nvme1n1 >/dev/null 2>&1 && swapon /dev/nvme1n1 || fail "swapon"
 expect_refusal "swap" "swapoff" tutti admin bind $NVME1
 swapoff /dev/nvme1n1
 [ "$(driver_of $NVME0)" = nvme ] && [ "$(driver_of $NVME1)" = nvme ] || fail "a refused bind changed a driver"
+
+step "refusals: md, device-mapper and open holders on $ONEPAIR (still on the kernel's nvme driver)"
+# mdadm and dmsetup come from Debian's packages (scripts/qemu/fetch-guest-tools); there is no
+# udev here, so dmsetup creates its own device nodes and mdadm keeps its map under /run.
+export DM_DISABLE_UDEV=1
+mkdir -p /run/mdadm
+for _ in $(seq 100); do
+    D="$(blk_of $ONEPAIR)"
+    [ -n "$D" ] && [ -b "/dev/$D" ] && break
+    sleep 0.1
+done
+[ -n "$D" ] && [ -b "/dev/$D" ] || fail "the kernel's nvme driver shows no namespace of $ONEPAIR"
+# in_use_refused WHAT TEXT: `tutti admin bind $ONEPAIR` must fail saying TEXT and leave the
+# drive on nvme; then the marker line the host's console check requires.
+in_use_refused() {
+    expect_refusal "$1" "$2" tutti admin bind $ONEPAIR
+    [ "$(driver_of $ONEPAIR)" = nvme ] || fail "$1: a refused bind changed the driver of $ONEPAIR"
+    echo "IN-USE-REFUSED: $1"
+}
+
+# (1) the whole namespace as a member of an assembled, unmounted md array (a degraded raid1).
+mdadm --create /dev/md0 --run --metadata=1.2 --level=1 --raid-devices=2 --assume-clean \
+    "/dev/$D" missing </dev/null || fail "mdadm --create md0 on /dev/$D"
+grep -q "^md0 : active" /proc/mdstat || { cat /proc/mdstat; fail "md0 is not assembled"; }
+in_use_refused "md member" "$D is a member of the md RAID array md0"
+mdadm --stop /dev/md0 && mdadm --zero-superblock "/dev/$D" || fail "stopping md0"
+
+# (2) a device-mapper linear target on the whole namespace.
+sectors="$(blockdev --getsz "/dev/$D")" || fail "blockdev --getsz /dev/$D"
+dmsetup create tutti-whole --table "0 $sectors linear /dev/$D 0" || fail "dmsetup create tutti-whole"
+in_use_refused "dm holder" "$D is under a device-mapper device dm-[0-9]* (/dev/mapper/tutti-whole)"
+dmsetup remove tutti-whole || fail "dmsetup remove tutti-whole"
+
+# (3) a process holding the namespace open (no filesystem, no holder: only /proc/PID/fd shows it).
+/bin/sleep 600 <"/dev/$D" &
+holder=$!
+in_use_refused "open by a process" "$D is open by pid $holder (sleep)"
+kill $holder; wait $holder 2>/dev/null
+
+# (4) partitions: an md array of two of them, a dm target on one, a process holding one open.
+printf 'o\nn\np\n1\n\n+24M\nn\np\n2\n\n+24M\nw\n' | fdisk "/dev/$D" >/tmp/fdisk.out 2>&1
+for _ in $(seq 50); do [ -b "/dev/${D}p2" ] && break; sleep 0.1; done
+[ -b "/dev/${D}p1" ] && [ -b "/dev/${D}p2" ] || { cat /tmp/fdisk.out; fail "no partitions on /dev/$D"; }
+mdadm --create /dev/md1 --run --metadata=1.2 --level=1 --raid-devices=2 --assume-clean \
+    "/dev/${D}p1" "/dev/${D}p2" </dev/null || fail "mdadm --create md1 on the partitions of /dev/$D"
+in_use_refused "md member partition" "${D}p1 is a member of the md RAID array md1"
+grep -q "${D}p2 is a member of the md RAID array md1" /tmp/out || fail "md member partition: ${D}p2 is not named"
+mdadm --stop /dev/md1 && mdadm --zero-superblock "/dev/${D}p1" "/dev/${D}p2" || fail "stopping md1"
+psectors="$(blockdev --getsz "/dev/${D}p2")" || fail "blockdev --getsz /dev/${D}p2"
+dmsetup create tutti-part --table "0 $psectors linear /dev/${D}p2 0" || fail "dmsetup create tutti-part"
+in_use_refused "dm holder partition" "${D}p2 is under a device-mapper device dm-[0-9]* (/dev/mapper/tutti-part)"
+dmsetup remove tutti-part || fail "dmsetup remove tutti-part"
+/bin/sleep 600 <"/dev/${D}p1" &
+holder=$!
+in_use_refused "partition open by a process" "${D}p1 is open by pid $holder (sleep)"
+kill $holder; wait $holder 2>/dev/null
+
+# Cleaned up: no array, no mapping, no holder, no partition table. Now the bind goes through.
+dd if=/dev/zero of="/dev/$D" bs=1M count=1 2>/dev/null && blockdev --rereadpt "/dev/$D" || fail "wiping /dev/$D"
+[ ! -e "/dev/${D}p1" ] || fail "the partitions of /dev/$D are still there"
+tutti admin bind $ONEPAIR || fail "admin bind $ONEPAIR after the md, dm and open holders were removed"
+[ "$(driver_of $ONEPAIR)" = vfio-pci ] || fail "$ONEPAIR is not on vfio-pci"
+echo "IN-USE-CLEARED: $ONEPAIR bound after cleanup"
 
 step "tutti admin bind"
 tutti admin bind $NVME0 $NVME1 || fail "admin bind"
@@ -117,6 +189,7 @@ no_iommu_faults "during the probes"
 
 # Before the negative test: the IOMMU fault check greps the whole kernel log.
 step "a controller that grants one I/O queue pair"
+# $ONEPAIR is on vfio-pci since the in-use refusals; binding it again must say so and succeed.
 tutti admin bind $ONEPAIR $MULTINS || fail "admin bind $ONEPAIR $MULTINS"
 tutti admin identify $ONEPAIR --json >/tmp/id.json || fail "admin identify $ONEPAIR"
 grep -q '"io_queue_pairs": 1,' /tmp/id.json || { cat /tmp/id.json; fail "$ONEPAIR does not grant exactly one pair"; }

@@ -2,12 +2,15 @@
 //! Linux guest with a virtual Intel IOMMU (scripts/qemu/, tests/guest/).
 //!
 //! Builds `tutti` as a static binary, packs it into an initramfs with a Debian
-//! kernel's nvme/vfio modules, boots the guest, and requires: the guest's
-//! verdict is pass (QEMU's exit code), and no IOMMU fault was logged before
-//! the deliberate unmapped-IOVA test (QEMU's controller completes a blocked
-//! DMA with success status, so the log is the only witness). Skips with a
-//! reason when qemu-system-x86_64 or a guest kernel cannot be had, and
-//! fails instead under CI=true (tests/support/skip.rs).
+//! kernel's nvme/vfio/md/dm modules and Debian's mdadm and dmsetup, boots the
+//! guest, and requires: the guest's verdict is pass (QEMU's exit code), every
+//! in-use refusal of `tutti admin bind` ran (an md array, a device-mapper
+//! target and a process holding the drive or one of its partitions), and no
+//! IOMMU fault was logged before the deliberate unmapped-IOVA test (QEMU's
+//! controller completes a blocked DMA with success status, so the log is the
+//! only witness). Skips with a reason when qemu-system-x86_64, a guest kernel
+//! or mdadm/dmsetup cannot be had, and fails instead under CI=true
+//! (tests/support/skip.rs).
 
 // Test code: a panic is how a test fails, in helpers as in #[test] functions
 // (clippy.toml's allow-*-in-tests covers only the latter).
@@ -22,6 +25,19 @@ use std::process::Command;
 const NEGATIVE_BEGIN: &str = "TUTTI-NEGATIVE-TEST-BEGIN";
 const NEGATIVE_END: &str = "TUTTI-NEGATIVE-TEST-END";
 const IOMMU_FAULT: &str = "DMAR: [DMA";
+/// The guest prints `IN-USE-REFUSED: <case>` once `tutti admin bind` refused a
+/// drive in that use with a message naming it (tests/guest/vfio-test.sh).
+const IN_USE_REFUSED: &str = "IN-USE-REFUSED: ";
+const IN_USE_CASES: [&str; 6] = [
+    "md member",
+    "dm holder",
+    "open by a process",
+    "md member partition",
+    "dm holder partition",
+    "partition open by a process",
+];
+/// ... and this once the same drive, cleaned up, was bound.
+const IN_USE_CLEARED: &str = "IN-USE-CLEARED: ";
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
@@ -49,6 +65,15 @@ fn check_console(log: &str) -> Result<(), String> {
     if !log.contains("GUEST-PASS") {
         return Err("the guest script did not reach its end".into());
     }
+    // A drive in use the kernel's way (not mounted): each refusal, then the bind after cleanup.
+    for case in IN_USE_CASES {
+        if !log.lines().any(|l| l.strip_prefix(IN_USE_REFUSED) == Some(case)) {
+            return Err(format!("the guest log shows no refused bind of a drive in use as `{case}`"));
+        }
+    }
+    if !log[..begin].lines().any(|l| l.starts_with(IN_USE_CLEARED)) {
+        return Err("the in-use drive was not bound after its md, dm and open holders were removed".into());
+    }
     // The unusual controllers: one granting a single I/O queue pair (both
     // backends), and every plain namespace of a multi-namespace controller.
     for section in ["demo: one pair (gio): ", "demo: one pair (direct): ", "demo: two namespaces: "] {
@@ -68,6 +93,7 @@ fn summary(log: &str) -> Vec<&str> {
             l.starts_with("selftest ")
                 || l.starts_with("demo: ")
                 || l.starts_with("bench: ")
+                || l.starts_with("IN-USE-")
                 || l.contains("GUEST-")
                 || (l.starts_with("probe ") && (l.contains(" DIFF ") || l.contains(" probes, ")))
         })
@@ -94,6 +120,15 @@ fn driver_runs_on_qemu_nvme_through_vfio() {
         ));
     }
     let kernel_root = String::from_utf8_lossy(&kernel.stdout).trim().to_string();
+    // mdadm and dmsetup for the in-use refusals (md arrays, device-mapper targets).
+    let tools = Command::new(scripts.join("fetch-guest-tools")).output().expect("running fetch-guest-tools");
+    if !tools.status.success() {
+        return skip::skip(format!(
+            "the QEMU/VFIO harness: mdadm and dmsetup for the guest could not be had: {}",
+            String::from_utf8_lossy(&tools.stderr).trim()
+        ));
+    }
+    let tools_root = String::from_utf8_lossy(&tools.stdout).trim().to_string();
     let cache = std::env::var_os("TUTTI_QEMU_CACHE").map(PathBuf::from).unwrap_or(root.join(".build/qemu"));
 
     // The guest has no libc: a static-pie build in a target dir of its own.
@@ -121,6 +156,8 @@ fn driver_runs_on_qemu_nvme_through_vfio() {
         .arg(&initrd)
         .arg("-t")
         .arg(root.join("tests/guest/vfio-test.sh"))
+        .arg("-r")
+        .arg(&tools_root)
         .arg(&tutti)
         .status()
         .expect("running mkinitramfs");
@@ -161,6 +198,13 @@ fn driver_runs_on_qemu_nvme_through_vfio() {
 #[test]
 fn console_check_requires_a_clean_log_before_the_negative_test() {
     let good = "selftest 0000:00:04.0:   PRP verified 10 bytes\n\
+                IN-USE-REFUSED: md member\n\
+                IN-USE-REFUSED: dm holder\n\
+                IN-USE-REFUSED: open by a process\n\
+                IN-USE-REFUSED: md member partition\n\
+                IN-USE-REFUSED: dm holder partition\n\
+                IN-USE-REFUSED: partition open by a process\n\
+                IN-USE-CLEARED: 0000:00:07.0 bound after cleanup\n\
                 TUTTI-NEGATIVE-TEST-BEGIN\n\
                 DMAR: [DMA Write NO_PASID] Request device [00:05.0] fault addr 0x7f00000000\n\
                 0000:00:05.0 qid 1 cid 0: Read completed ... counted as FAILED\n\
@@ -181,7 +225,16 @@ fn console_check_requires_a_clean_log_before_the_negative_test() {
     assert!(check_console(&no_two_ns).unwrap_err().contains("two namespaces"));
     let one_pair_failed = good.replace("one pair (direct): every byte verified", "one pair (direct): error");
     assert!(check_console(&one_pair_failed).unwrap_err().contains("one pair (direct)"));
-    assert_eq!(summary(good).len(), 5);
+    for case in IN_USE_CASES {
+        let missing = good.replace(&format!("{IN_USE_REFUSED}{case}\n"), "");
+        assert!(
+            check_console(&missing).unwrap_err().contains(&format!("`{case}`")),
+            "a log without the `{case}` refusal fails"
+        );
+    }
+    let never_cleared = good.replace("IN-USE-CLEARED: 0000:00:07.0 bound after cleanup\n", "");
+    assert!(check_console(&never_cleared).unwrap_err().contains("bound after"));
+    assert_eq!(summary(good).len(), 12);
     let probes = "probe 0000:00:04.0: 29 probes, 1 differ from the spec\n\
                   probe 0000:00:04.0: read one block (PRP)   ok   got Generic/Successful Completion (0x0000)\n\
                   probe 0000:00:04.0: PRP1 offset not dword aligned   DIFF got ...\n";
