@@ -11,25 +11,6 @@ use common::*;
 use std::ptr::null_mut;
 use tutti::*;
 
-/// Registers `num_blocks` blocks of the per-layer layout over `mem`.
-fn register(rt: &Rt, mem: &Mem, num_blocks: u32) -> Vec<u64> {
-    let per_layer = 2 * num_blocks as usize * OBJ;
-    let bases: Vec<u64> = (0..LAYERS as u64).map(|l| mem.addr() + l * per_layer as u64).collect();
-    let mut l = layout(TUTTI_LAYOUT_VLLM_PER_LAYER, num_blocks);
-    l.num_layers = LAYERS;
-    l.k_bases = bases.as_ptr();
-    // SAFETY: `mem` holds every object of the layout and outlives the registration.
-    ok(unsafe { tutti_register_kv(rt.0, &l, null_mut()) });
-    bases
-}
-
-fn hits(rt: &Rt, keys: &[tutti_hash_t]) -> usize {
-    let mut n = 0usize;
-    // SAFETY: valid buffers.
-    ok(unsafe { tutti_lookup(rt.0, keys.as_ptr(), keys.len(), 0, &mut n, null_mut()) });
-    n
-}
-
 #[test]
 fn a_huge_contiguous_registration_is_an_error_not_an_abort() {
     let rt = Rt::open(&config());
@@ -43,7 +24,7 @@ fn a_huge_contiguous_registration_is_an_error_not_an_abort() {
     }
     // The runtime is still usable: a sane registration works afterwards.
     let mem = Mem::new(2 * 4 * OBJ * LAYERS as usize);
-    register(&rt, &mem, 4);
+    register_per_layer(&rt, &mem, 4);
     // SAFETY: a live runtime.
     ok(unsafe { tutti_unregister_kv(rt.0) });
 }
@@ -68,7 +49,7 @@ fn a_rejected_commit_commits_nothing_and_the_session_commits_later() {
     let rt = Rt::open(&config());
     let n = 70usize; // two bitmap words
     let mem = Mem::new(2 * n * OBJ * LAYERS as usize);
-    register(&rt, &mem, n as u32);
+    register_per_layer(&rt, &mem, n as u32);
     let keys = hashes(n, 7);
     let blocks: Vec<u32> = (0..n as u32).collect();
     let mut st = null_mut();
@@ -91,20 +72,20 @@ fn a_rejected_commit_commits_nothing_and_the_session_commits_later() {
         rep.failed_bitmap = (words.as_mut_ptr() as *mut u8).add(4) as *mut u64;
         rep.failed_bitmap_words = 2;
         expect(tutti_store_commit(st, &mut rep), TUTTI_E_INVALID_ARG, "failed_bitmap");
-        assert_eq!(hits(&rt, &keys), 0, "a refused commit makes nothing visible");
+        assert_eq!(lookup(&rt, &keys, 0).0, 0, "a refused commit makes nothing visible");
         assert_eq!((rep.stored, rep.present, rep.failed), (0, 0, 0));
 
         rep.failed_bitmap = words.as_mut_ptr();
         rep.failed_bitmap_words = 1;
         expect(tutti_store_commit(st, &mut rep), TUTTI_E_BUFFER_TOO_SMALL, "failed_bitmap");
-        assert_eq!(hits(&rt, &keys), 0);
+        assert_eq!(lookup(&rt, &keys, 0).0, 0);
 
         words = [u64::MAX; 3];
         rep.failed_bitmap_words = 2;
         ok(tutti_store_commit(st, &mut rep));
         assert_eq!((rep.stored, rep.present, rep.failed), (n as u32, 0, 0));
         assert_eq!(words, [0, 0, u64::MAX], "the bitmap is written, only its words");
-        assert_eq!(hits(&rt, &keys), n);
+        assert_eq!(lookup(&rt, &keys, 0).0, n);
         expect(tutti_store_commit(st, &mut rep), TUTTI_E_INVALID_ARG, "already committed");
         ok(tutti_job_destroy(job));
         ok(tutti_store_destroy(st));
@@ -115,7 +96,7 @@ fn a_rejected_commit_commits_nothing_and_the_session_commits_later() {
 fn a_misaligned_job_status_buffer_is_refused_before_waiting() {
     let rt = Rt::open(&config());
     let mem = Mem::new(2 * 4 * OBJ * LAYERS as usize);
-    register(&rt, &mem, 4);
+    register_per_layer(&rt, &mem, 4);
     let keys = hashes(4, 9);
     let rep = store_all(&rt, &keys, &[0, 1, 2, 3]);
     assert_eq!(rep.stored, 4);

@@ -35,32 +35,9 @@ fn config_in(dir: &CString, mode: u32) -> tutti_runtime_config_t {
     cfg
 }
 
-/// Host memory registered as vLLM per-layer KV, filled with a pattern seeded by `seed`.
-fn register(rt: &Rt, seed: u8) -> Mem {
-    let per = 2 * BLOCKS as usize * OBJ;
-    let mut mem = Mem::new(per * LAYERS as usize);
-    for (i, b) in mem.bytes().iter_mut().enumerate() {
-        *b = ((i % 251) as u8).wrapping_add(seed);
-    }
-    let bases: Vec<u64> = (0..LAYERS as u64).map(|l| mem.addr() + l * per as u64).collect();
-    let mut l = layout(TUTTI_LAYOUT_VLLM_PER_LAYER, BLOCKS);
-    l.num_layers = LAYERS;
-    l.k_bases = bases.as_ptr();
-    // SAFETY: `mem` is returned to the caller, who unregisters before dropping it.
-    ok(unsafe { tutti_register_kv(rt.0, &l, null_mut()) });
-    mem
-}
-
 fn unregister(rt: &Rt) {
     // SAFETY: a live handle.
     ok(unsafe { tutti_unregister_kv(rt.0) });
-}
-
-fn hits(rt: &Rt, keys: &[tutti_hash_t]) -> usize {
-    let (mut hits, mut pin) = (0usize, 0u64);
-    // SAFETY: valid buffers and a live handle.
-    ok(unsafe { tutti_lookup(rt.0, keys.as_ptr(), keys.len(), 0, &mut hits, &mut pin) });
-    hits
 }
 
 /// Bytes of `block` in every layer, K and V.
@@ -98,7 +75,7 @@ fn second_runtime_on_live_media_is_refused_and_the_first_keeps_its_bytes() {
     let cdir = CString::new(dir.to_str().unwrap()).unwrap();
     let keys = hashes(2, 7);
     let a = Rt::open(&config_in(&cdir, TUTTI_OPEN_CREATE));
-    let mut mem = register(&a, 0);
+    let mut mem = register_filled(&a, BLOCKS, 0);
     let rep = store_all(&a, &keys, &[0, 1]);
     assert_eq!(rep.stored, 2);
     let expected = [block_bytes(&mut mem, 0), block_bytes(&mut mem, 1)];
@@ -112,7 +89,7 @@ fn second_runtime_on_live_media_is_refused_and_the_first_keeps_its_bytes() {
 
     // A's lookups hit and its loads return A's bytes.
     mem.bytes().fill(0);
-    assert_eq!(hits(&a, &keys), 2);
+    assert_eq!(lookup(&a, &keys, 0).0, 2);
     let st = load_all(&a, &keys, &[0, 1]);
     assert_eq!(st.failed, 0);
     for (b, want) in expected.iter().enumerate() {
@@ -123,8 +100,8 @@ fn second_runtime_on_live_media_is_refused_and_the_first_keeps_its_bytes() {
 
     // Closed, the media open again, and hold A's pool.
     let b = Rt::open(&config_in(&cdir, TUTTI_OPEN_EXISTING));
-    let _mem = register(&b, 0);
-    assert_eq!(hits(&b, &keys), 2);
+    let _mem = register_filled(&b, BLOCKS, 0);
+    assert_eq!(lookup(&b, &keys, 0).0, 2);
     unregister(&b);
     drop(b);
     for i in 0..2 {
@@ -138,7 +115,7 @@ fn second_runtime_on_live_media_is_refused_and_the_first_keeps_its_bytes() {
 fn hold(dir: &Path) {
     let cdir = CString::new(dir.to_str().unwrap()).unwrap();
     let rt = Rt::open(&config_in(&cdir, TUTTI_OPEN_CREATE));
-    let _mem = register(&rt, 100);
+    let _mem = register_filled(&rt, BLOCKS, 100);
     assert_eq!(store_all(&rt, &hashes(1, 99), &[0]).stored, 1);
     // libtest may have printed the test's name on this line already.
     println!("\nholder-ready {}", std::process::id());
@@ -209,10 +186,10 @@ fn second_process_on_live_media_is_refused_naming_it() {
     // The refused create formatted nothing: the child's chunk is there, with its bytes.
     let rt = Rt::open(&config_in(&cdir, TUTTI_OPEN_EXISTING));
     let keys = hashes(1, 99);
-    let mut mem = register(&rt, 100);
+    let mut mem = register_filled(&rt, BLOCKS, 100);
     let want = block_bytes(&mut mem, 0);
     mem.bytes().fill(0);
-    assert_eq!(hits(&rt, &keys), 1);
+    assert_eq!(lookup(&rt, &keys, 0).0, 1);
     assert_eq!(load_all(&rt, &keys, &[0]).failed, 0);
     assert!(block_bytes(&mut mem, 0) == want, "the holder's chunk lost its bytes");
     unregister(&rt);

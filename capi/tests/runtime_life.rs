@@ -13,22 +13,6 @@ use std::ffi::CString;
 use std::ptr::null_mut;
 use tutti::*;
 
-/// Host memory registered as vLLM per-layer KV of `blocks` blocks.
-fn register(rt: &Rt, blocks: u32) -> Mem {
-    let per = 2 * blocks as usize * OBJ;
-    let mut mem = Mem::new(per * LAYERS as usize);
-    for (i, b) in mem.bytes().iter_mut().enumerate() {
-        *b = (i % 251) as u8;
-    }
-    let bases: Vec<u64> = (0..LAYERS as u64).map(|l| mem.addr() + l * per as u64).collect();
-    let mut l = layout(TUTTI_LAYOUT_VLLM_PER_LAYER, blocks);
-    l.num_layers = LAYERS;
-    l.k_bases = bases.as_ptr();
-    // SAFETY: `mem` is returned to the caller, who keeps it until the runtime is closed.
-    ok(unsafe { tutti_register_kv(rt.0, &l, null_mut()) });
-    mem
-}
-
 fn stats(rt: &Rt) -> tutti_stats_t {
     // SAFETY: a zeroed stats struct with its size set; a live handle.
     unsafe {
@@ -37,13 +21,6 @@ fn stats(rt: &Rt) -> tutti_stats_t {
         ok(tutti_get_stats(rt.0, &mut s));
         s
     }
-}
-
-fn lookup(rt: &Rt, keys: &[tutti_hash_t], flags: u32) -> (usize, u64) {
-    let (mut hits, mut pin) = (0usize, 0u64);
-    // SAFETY: valid buffers and a live handle.
-    ok(unsafe { tutti_lookup(rt.0, keys.as_ptr(), keys.len(), flags, &mut hits, &mut pin) });
-    (hits, pin)
 }
 
 #[test]
@@ -55,7 +32,7 @@ fn file_media_keep_the_pool_across_runtimes() {
     let keys = hashes(3, 31);
     let expected: Vec<u8> = {
         let rt = Rt::open(&cfg);
-        let mut mem = register(&rt, 4);
+        let mut mem = register_filled(&rt, 4, 0);
         let rep = store_all(&rt, &keys, &[0, 1, 2]);
         assert_eq!(rep.stored, 3);
         let copy = mem.bytes().to_vec();
@@ -65,7 +42,7 @@ fn file_media_keep_the_pool_across_runtimes() {
     };
     cfg.open_mode = TUTTI_OPEN_EXISTING;
     let rt = Rt::open(&cfg);
-    let mut mem = register(&rt, 4);
+    let mut mem = register_filled(&rt, 4, 0);
     mem.bytes().fill(0);
     assert_eq!(lookup(&rt, &keys, 0).0, 3, "the chunks survived the runtime");
     let st = load_all(&rt, &keys, &[0, 1, 2]);
@@ -97,7 +74,7 @@ fn a_full_pool_evicts_unpinned_chunks_only() {
     cfg.emulated_capacity_bytes = 4 << 20;
     cfg.executor = TUTTI_EXECUTOR_DIRECT;
     let rt = Rt::open(&cfg);
-    let _mem = register(&rt, 8);
+    let _mem = register_filled(&rt, 8, 0);
     let files = stats(&rt).files;
     let pinned = hashes(8, 1000);
     store_all(&rt, &pinned, &(0..8).collect::<Vec<_>>());
@@ -125,7 +102,7 @@ fn a_full_pool_evicts_unpinned_chunks_only() {
 #[test]
 fn concurrent_callers_share_one_runtime() {
     let rt = Rt::open(&config());
-    let _mem = register(&rt, 8);
+    let _mem = register_filled(&rt, 8, 0);
     let handle = rt.0 as usize;
     std::thread::scope(|s| {
         for t in 0..2u32 {
@@ -154,7 +131,7 @@ fn concurrent_callers_share_one_runtime() {
 #[test]
 fn jobs_outlive_a_closed_runtime_handle() {
     let rt = Rt::open(&config());
-    let mem = register(&rt, 4);
+    let mem = register_filled(&rt, 4, 0);
     let keys = hashes(2, 55);
     store_all(&rt, &keys, &[0, 1]);
     let mut job = null_mut();

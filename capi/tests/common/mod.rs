@@ -124,6 +124,37 @@ pub fn layout(kind: u32, num_blocks: u32) -> tutti_kv_layout_t {
     }
 }
 
+/// Registers `mem` as vLLM per-layer KV of `num_blocks` blocks (layer `l`'s K|V at
+/// `mem + l * 2 * num_blocks * OBJ`). `mem` must outlive the registration.
+pub fn register_per_layer(rt: &Rt, mem: &Mem, num_blocks: u32) {
+    let per_layer = 2 * num_blocks as u64 * OBJ as u64;
+    let bases: Vec<u64> = (0..LAYERS as u64).map(|l| mem.addr() + l * per_layer).collect();
+    let mut l = layout(TUTTI_LAYOUT_VLLM_PER_LAYER, num_blocks);
+    l.num_layers = LAYERS;
+    l.k_bases = bases.as_ptr();
+    // SAFETY: `mem` holds every object of the layout; the caller keeps it past the registration.
+    ok(unsafe { tutti_register_kv(rt.0, &l, ptr::null_mut()) });
+}
+
+/// Host memory for [`register_per_layer`], filled with a pattern shifted by `seed`, and
+/// registered.
+pub fn register_filled(rt: &Rt, num_blocks: u32, seed: u8) -> Mem {
+    let mut mem = Mem::new(2 * num_blocks as usize * OBJ * LAYERS as usize);
+    for (i, b) in mem.bytes().iter_mut().enumerate() {
+        *b = ((i % 251) as u8).wrapping_add(seed);
+    }
+    register_per_layer(rt, &mem, num_blocks);
+    mem
+}
+
+/// `tutti_lookup` of `keys` with `flags`: (hits, pin).
+pub fn lookup(rt: &Rt, keys: &[tutti_hash_t], flags: u32) -> (usize, u64) {
+    let (mut hits, mut pin) = (0usize, 0u64);
+    // SAFETY: valid buffers and a live handle.
+    ok(unsafe { tutti_lookup(rt.0, keys.as_ptr(), keys.len(), flags, &mut hits, &mut pin) });
+    (hits, pin)
+}
+
 pub fn status() -> tutti_job_status_t {
     tutti_job_status_t { struct_size: std::mem::size_of::<tutti_job_status_t>() as u32, ..Default::default() }
 }
