@@ -1,7 +1,7 @@
 //! The store's job operations: submit, poll, wait, cancel and release loads
-//! and stores (the job state is in `job.rs`).
+//! and stores (the job state is in `job_state.rs`).
 
-use super::job::{thread_cpu_ns, Job, JobId, JobStatus, Jobs, LayerState, ListOwner, LAYERS_IN_FLIGHT};
+use super::job_state::{thread_cpu_ns, Job, JobId, JobStatus, Jobs, LayerState, ListOwner, LAYERS_IN_FLIGHT};
 use super::{lock, KvStore};
 use crate::error::{ObjError, Result};
 use crate::index::FileId;

@@ -17,11 +17,11 @@
 //! Every call takes `&self`; the store is `Send + Sync`. Lock order: jobs,
 //! then I/O, then index; the journal lock is taken alone.
 
-mod job;
+mod job_state;
 mod jobs;
 mod session;
 
-pub use job::{thread_cpu_ns, JobId, JobStatus, LAYERS_IN_FLIGHT};
+pub use job_state::{thread_cpu_ns, JobId, JobStatus, LAYERS_IN_FLIGHT};
 pub use session::{StoreId, StoreReport};
 
 use crate::drives::{Drive, DriveSpec};
@@ -197,7 +197,7 @@ pub struct KvStore {
     /// before the memory mappings its tables point into.
     io: Mutex<Box<dyn LayerIo>>,
     reg: RwLock<Option<Arc<Registration>>>,
-    jobs: Mutex<job::Jobs>,
+    jobs: Mutex<job_state::Jobs>,
     sessions: Mutex<HashMap<u64, session::Session>>,
     /// Session pair lists whose release the I/O path refused (an IOCB still
     /// referenced them); retried whenever a session ends or registers.
@@ -260,7 +260,7 @@ impl KvStore {
             index: Mutex::new(index),
             io: Mutex::new(io),
             reg: RwLock::new(None),
-            jobs: Mutex::new(job::Jobs::default()),
+            jobs: Mutex::new(job_state::Jobs::default()),
             sessions: Mutex::new(HashMap::new()),
             retired_lists: Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),

@@ -20,7 +20,7 @@
 //! registered list. The list is freed when the session is committed or
 //! aborted, which both refuse while a job of the session has layers running.
 
-use super::job::{thread_cpu_ns, Job, JobId};
+use super::job_state::{thread_cpu_ns, Job, JobId};
 use super::{lock, KvStore, Meta};
 use crate::drives::DriveMeta;
 use crate::error::{ObjError, Result};
