@@ -69,6 +69,33 @@ impl std::fmt::Debug for DriveSpec {
     }
 }
 
+/// A pool drive as the data path sees it: no metadata I/O of its own.
+pub(crate) struct DriveView {
+    pub spec: DriveSpec,
+    pub shape: DriveShape,
+}
+
+impl DriveView {
+    pub fn open(spec: DriveSpec) -> Result<Self> {
+        let shape = shape_of(&spec)?;
+        Ok(DriveView { spec, shape })
+    }
+    pub fn name(&self) -> &str {
+        self.spec.ctrl.name()
+    }
+    pub fn serial(&self) -> &str {
+        &self.spec.ctrl.info().serial
+    }
+}
+
+/// Refuses namespaces with metadata, protection information or another
+/// command set, naming the format and what to do.
+fn shape_of(spec: &DriveSpec) -> Result<DriveShape> {
+    let info = spec.ctrl.info();
+    let ns = spec.ctrl.data_namespace(spec.nsid)?;
+    Ok(DriveShape { lba_size: ns.lba_size, blocks: ns.blocks, max_transfer: info.max_transfer })
+}
+
 struct MetaQueue {
     qp: Arc<SharedQueuePair>,
     staging: DmaBuffer,
@@ -84,10 +111,7 @@ pub(crate) struct Drive {
 impl Drive {
     pub fn open(spec: DriveSpec) -> Result<Self> {
         let info = spec.ctrl.info();
-        // Refuses namespaces with metadata, protection information or
-        // another command set, naming the format and what to do.
-        let ns = spec.ctrl.data_namespace(spec.nsid)?;
-        let shape = DriveShape { lba_size: ns.lba_size, blocks: ns.blocks, max_transfer: info.max_transfer };
+        let shape = shape_of(&spec)?;
         let depth = META_QUEUE_DEPTH.min(info.max_queue_entries);
         let qp = spec.ctrl.shared_io_queue_pair(depth)?;
         let staging = spec.ctrl.dma().alloc(STAGING)?;

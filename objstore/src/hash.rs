@@ -31,7 +31,9 @@ use crate::geometry::Geometry;
 use crate::layout::LayoutKind;
 
 /// The chained hash of one chunk of tokens (or an engine-supplied block hash).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default, serde::Serialize)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default, serde::Serialize, serde::Deserialize,
+)]
 pub struct BlockHash(pub u128);
 
 impl BlockHash {
@@ -157,7 +159,9 @@ pub struct CacheIdentity {
 }
 
 /// The 128-bit digest of a [`CacheIdentity`], kept with every index entry.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default, serde::Serialize)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default, serde::Serialize, serde::Deserialize,
+)]
 pub struct IdentityId(pub u128);
 
 impl CacheIdentity {

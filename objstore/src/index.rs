@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 pub type FileId = u32;
 
 /// What a file holds: a chained hash under a cache identity.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, serde::Serialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Key {
     pub identity: IdentityId,
     pub hash: BlockHash,
@@ -64,7 +64,7 @@ pub enum Reserve {
 }
 
 /// Counts for stats and error messages.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, serde::Serialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct IndexStats {
     pub files: u32,
     pub free: u32,

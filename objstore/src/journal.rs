@@ -171,7 +171,7 @@ impl JournalPlace {
 }
 
 /// What replay found on one drive.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, serde::Serialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct ReplayStats {
     pub epoch: u64,
     pub pages: u32,

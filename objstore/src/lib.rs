@@ -4,6 +4,7 @@
 #![warn(clippy::print_stdout, clippy::print_stderr)]
 
 mod codec;
+pub mod control;
 mod drives;
 pub mod error;
 pub mod geometry;
@@ -12,6 +13,7 @@ pub mod index;
 pub mod io;
 pub mod journal;
 pub mod layout;
+pub mod local;
 pub mod memory;
 pub mod pool;
 pub mod registration;
@@ -19,6 +21,7 @@ pub mod store;
 pub mod stripe;
 pub mod superblock;
 
+pub use control::{ControlStats, PoolControl, PoolShape, ReservationId, Reserved, Verdict};
 pub use drives::DriveSpec;
 pub use error::{ObjError, Result};
 pub use geometry::{Dtype, Geometry};
@@ -27,6 +30,7 @@ pub use index::FileId;
 pub use io::gio::GioConfig;
 pub use io::{Direction, FailureKind, PairFailure};
 pub use layout::{KvLayout, LayerBases, LayoutKind};
+pub use local::LocalPool;
 pub use memory::HostKvMemory;
 pub use pool::{OpenMode, PoolOptions};
 pub use registration::TableSizes;

@@ -176,6 +176,11 @@ impl StripeMap {
         Ok(self)
     }
 
+    /// Pages of one journal half (the same on every drive).
+    pub fn journal_pages(&self) -> u32 {
+        self.drives.first().map_or(0, |r| (r.journal_half_lbas * r.lba_size as u64 / META_BYTES) as u32)
+    }
+
     pub fn drive_count(&self) -> u32 {
         self.drives.len() as u32
     }

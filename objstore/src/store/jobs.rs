@@ -13,21 +13,11 @@ use std::time::{Duration, Instant};
 use tutti_driver::queue::backoff;
 
 impl KvStore {
-    /// Starts a job; `io_files` get an I/O reference until it finishes.
+    /// Starts a job; `io_files` hold an I/O reference (taken by the caller
+    /// with `PoolControl::begin_load`), dropped when the job finishes.
     /// `cpu0` is the thread CPU time when the caller started validating, so
     /// the job's `setup_ns` covers its whole setup.
     pub(super) fn start_job(&self, mut job: Job, io_files: Vec<FileId>, cpu0: u64) -> Result<JobId> {
-        {
-            let mut ix = lock(&self.index, "index")?;
-            for (n, &f) in io_files.iter().enumerate() {
-                if let Err(e) = ix.begin_io(f) {
-                    for &g in &io_files[..n] {
-                        let _ = ix.end_io(g);
-                    }
-                    return Err(e);
-                }
-            }
-        }
         job.io_files = io_files;
         if !job.pairs.is_empty() && job.list_owner == ListOwner::Job {
             // O(blocks) once per job, so that no layer has to copy the pairs again.
@@ -48,7 +38,16 @@ impl KvStore {
         c.jobs.fetch_add(1, Ordering::Relaxed);
         c.setup_ns.fetch_add(job.setup_ns, Ordering::Relaxed);
         c.pair_lists.fetch_add(job.pairs_registered as u64, Ordering::Relaxed);
-        let mut jobs = lock(&self.jobs, "jobs")?;
+        let mut jobs = match lock(&self.jobs, "jobs") {
+            Ok(j) => j,
+            Err(e) => {
+                // Never started: its files' I/O references go now.
+                if let Err(e2) = self.control.end_load(&job.io_files) {
+                    tracing::warn!(error = %e2, "dropping the I/O references of a job that did not start failed");
+                }
+                return Err(e);
+            }
+        };
         jobs.map.insert(id, job);
         self.advance(&mut jobs, id)?;
         Ok(id)
@@ -123,10 +122,7 @@ impl KvStore {
         }
         if job.is_done() && !job.io_files.is_empty() {
             let files = std::mem::take(&mut job.io_files);
-            let mut ix = lock(&self.index, "index")?;
-            for f in files {
-                ix.end_io(f)?;
-            }
+            self.control.end_load(&files)?;
         }
         if let Some(sid) = job.session {
             let layers: Vec<(u32, Vec<(u32, FailureKind)>)> = std::mem::take(&mut job.layer_failures);
@@ -170,26 +166,9 @@ impl KvStore {
             ));
         }
         self.check_blocks(blocks, reg.layout.num_blocks())?;
-        {
-            let ix = lock(&self.index, "index")?;
-            for &f in files {
-                match ix.key_of(f) {
-                    Some((k, _)) if k.identity == reg.identity_id => {}
-                    Some(_) => {
-                        return Err(ObjError::invalid(
-                            "files",
-                            format!("file {f} was stored under another cache identity"),
-                        ))
-                    }
-                    None => {
-                        return Err(ObjError::invalid(
-                            "files",
-                            format!("file {f} holds no entry (evicted or never stored)"),
-                        ))
-                    }
-                }
-            }
-        }
+        // Checks that every file holds an entry of this identity, and keeps
+        // each from eviction until the job ends.
+        self.control.begin_load(reg.identity_id, files)?;
         let pairs: Arc<[Pair]> =
             files.iter().zip(blocks).map(|(&file, &block)| Pair { file, block }).collect();
         let n = pairs.len() as u32;

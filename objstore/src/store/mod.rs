@@ -14,8 +14,12 @@
 //!    [`KvStore::submit_store`] writes layers as they are computed
 //!    (`store_layer`), [`KvStore::commit_store`] makes them durable and visible.
 //!
+//! The store moves bytes itself and asks its [`PoolControl`] for the pool's
+//! side (index, pins, reservations, journal): a [`LocalPool`] it opened
+//! ([`KvStore::open`]), or a pool another process owns ([`KvStore::attach`]).
+//!
 //! Every call takes `&self`; the store is `Send + Sync`. Lock order: jobs,
-//! then I/O, then index; the journal lock is taken alone.
+//! then I/O, then the control path's own locks.
 
 mod job_state;
 mod jobs;
@@ -24,19 +28,21 @@ mod session;
 pub use job_state::{thread_cpu_ns, JobId, JobStatus, LAYERS_IN_FLIGHT};
 pub use session::{StoreId, StoreReport};
 
-use crate::drives::{Drive, DriveSpec};
+use crate::control::{PoolControl, PoolShape};
+use crate::drives::{DriveSpec, DriveView};
 use crate::error::{ObjError, Result};
 use crate::geometry::Geometry;
 use crate::hash::{BlockHash, CacheIdentity};
-use crate::index::{FileId, Index, IndexStats};
+use crate::index::{FileId, IndexStats};
 use crate::io::direct::DirectIo;
 use crate::io::LayerIo;
-use crate::journal::{DriveJournal, ReplayStats};
+use crate::journal::ReplayStats;
 use crate::layout::KvLayout;
+use crate::local::LocalPool;
 use crate::memory::HostKvMemory;
-use crate::pool::{Pool, PoolOptions};
+use crate::pool::PoolOptions;
 use crate::registration::{Registration, TableSizes};
-use crate::stripe::StripeMap;
+use crate::stripe::{DriveShape, StripeMap};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -157,6 +163,8 @@ struct Counters {
     lookups: AtomicU64,
     lookup_hits: AtomicU64,
     lookup_misses: AtomicU64,
+    files_committed: AtomicU64,
+    quarantined_files: AtomicU64,
     jobs: AtomicU64,
     layers: AtomicU64,
     commands: AtomicU64,
@@ -170,17 +178,8 @@ struct Counters {
     bytes_loaded: AtomicU64,
     bytes_stored: AtomicU64,
     failed_blocks: AtomicU64,
-    files_committed: AtomicU64,
-    journal_appends: AtomicU64,
-    quarantined_files: AtomicU64,
     recoveries: AtomicU64,
     recovery_failures: AtomicU64,
-}
-
-/// The journals and the commit stamp, under one lock.
-struct Meta {
-    journals: Vec<DriveJournal>,
-    stamp: u64,
 }
 
 pub struct KvStore {
@@ -189,10 +188,9 @@ pub struct KvStore {
     formatted: bool,
     replay: Vec<ReplayStats>,
     geometry: Geometry,
-    drives: Vec<Drive>,
+    drives: Vec<DriveView>,
     map: StripeMap,
-    meta: Mutex<Meta>,
-    index: Mutex<Index>,
+    control: Arc<dyn PoolControl>,
     /// Declared before `reg`: the I/O path (and its executor) goes away
     /// before the memory mappings its tables point into.
     io: Mutex<Box<dyn LayerIo>>,
@@ -203,7 +201,6 @@ pub struct KvStore {
     /// referenced them); retried whenever a session ends or registers.
     retired_lists: Mutex<Vec<u64>>,
     next_id: AtomicU64,
-    pins: Mutex<HashMap<u64, Vec<FileId>>>,
     counters: Counters,
 }
 
@@ -213,11 +210,41 @@ fn lock<'a, T>(m: &'a Mutex<T>, what: &'static str) -> Result<MutexGuard<'a, T>>
 
 impl KvStore {
     /// Opens (or formats, per `opts.pool.mode`) the pool on `drives`, given
-    /// in pool order, and replays its journals into the index.
+    /// in pool order, and replays its journals into the index: the pool's
+    /// control path lives in this process (a [`LocalPool`]).
     pub fn open(drives: Vec<DriveSpec>, opts: StoreOptions) -> Result<KvStore> {
+        let pool = Arc::new(LocalPool::open(drives.clone(), &opts.pool)?);
+        let shape = pool.shape().clone();
+        Self::attach(drives, shape, pool, &opts.backend)
+    }
+
+    /// A store on a pool whose control path is `control` (the pool's owner
+    /// may be another process): `drives` are the pool's drives in pool order,
+    /// as this process reaches them, and `shape` what the owner says of the
+    /// pool. The stripe map built from the drives must place data where the
+    /// owner's does.
+    pub fn attach(
+        drives: Vec<DriveSpec>,
+        shape: PoolShape,
+        control: Arc<dyn PoolControl>,
+        backend: &Backend,
+    ) -> Result<KvStore> {
+        let name = crate::superblock::pool_name(shape.id);
+        let views = drives.into_iter().map(DriveView::open).collect::<Result<Vec<_>>>()?;
+        let shapes: Vec<DriveShape> = views.iter().map(|d| d.shape).collect();
+        let map = StripeMap::new(&shape.geometry, &shapes, shape.journal_pages)?.with_files(shape.files)?;
+        let starts: Vec<u64> = map.drives().iter().map(|d| d.data_start_lba).collect();
+        if starts != shape.data_start_lba {
+            return Err(ObjError::Pool {
+                pool: name,
+                what: format!(
+                    "the drives as seen here put data at LBAs {starts:?}, the pool's owner at {:?}",
+                    shape.data_start_lba
+                ),
+            });
+        }
         let specs: Vec<(Arc<tutti_driver::controller::Controller>, u32)> =
-            drives.iter().map(|d| (d.ctrl.clone(), d.nsid)).collect();
-        let pool = Pool::open(drives, &opts.pool)?;
+            views.iter().map(|d| (d.spec.ctrl.clone(), d.spec.nsid)).collect();
         // gio_uring's executor drives its queue pairs alone; on a controller
         // with none left after the metadata pair (one that grants a single
         // pair) the host drives the layers on the shared pair instead.
@@ -225,7 +252,7 @@ impl KvStore {
             let namespaces = specs.iter().filter(|(d, _)| Arc::ptr_eq(c, d)).count();
             (c.free_io_queue_pairs() as usize) < namespaces
         });
-        let io: Box<dyn LayerIo> = match &opts.backend {
+        let io: Box<dyn LayerIo> = match backend {
             Backend::Direct { queue_depth, recover_queues } => {
                 Box::new(DirectIo::new(&specs, *queue_depth, *recover_queues)?)
             }
@@ -238,33 +265,22 @@ impl KvStore {
                 None => Box::new(crate::io::gio::GioIo::new(&specs, g)?),
             },
         };
-        let records = pool.live_records();
-        let mut index = Index::new(pool.map.files())?;
-        let mut stamp = 0;
-        for r in &records {
-            index.restore(r.file, r.key, r.gen)?;
-            stamp = stamp.max(r.stamp);
-        }
-        let name = pool.name();
-        let Pool { id, drives, map, journals, replay, formatted } = pool;
-        tracing::info!(pool = %name, entries = records.len(), backend = io.name(), "store open");
+        tracing::info!(pool = %name, backend = io.name(), "store open");
         Ok(KvStore {
-            id,
+            id: shape.id,
             name,
-            formatted,
-            replay,
-            geometry: opts.pool.geometry,
-            drives,
+            formatted: shape.formatted,
+            replay: shape.replay,
+            geometry: shape.geometry,
+            drives: views,
             map,
-            meta: Mutex::new(Meta { journals, stamp: stamp + 1 }),
-            index: Mutex::new(index),
+            control,
             io: Mutex::new(io),
             reg: RwLock::new(None),
             jobs: Mutex::new(job_state::Jobs::default()),
             sessions: Mutex::new(HashMap::new()),
             retired_lists: Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),
-            pins: Mutex::new(HashMap::new()),
             counters: Counters::default(),
         })
     }
@@ -428,44 +444,39 @@ impl KvStore {
     /// pinned against eviction until [`unpin`](Self::unpin).
     pub fn lookup(&self, hashes: &[BlockHash]) -> Result<Lookup> {
         let id = self.registration()?.identity_id;
-        let files = lock(&self.index, "index")?.lookup(id, hashes, true);
+        let found = self.control.lookup(id, hashes)?;
         self.counters.lookups.fetch_add(1, Ordering::Relaxed);
-        self.counters.lookup_hits.fetch_add(files.len() as u64, Ordering::Relaxed);
-        self.counters.lookup_misses.fetch_add((hashes.len() - files.len()) as u64, Ordering::Relaxed);
-        if files.is_empty() {
-            return Ok(Lookup { pin: 0, files });
-        }
-        let pin = self.next_id();
-        lock(&self.pins, "pins")?.insert(pin, files.clone());
-        Ok(Lookup { pin, files })
+        self.counters.lookup_hits.fetch_add(found.files.len() as u64, Ordering::Relaxed);
+        self.counters.lookup_misses.fetch_add((hashes.len() - found.files.len()) as u64, Ordering::Relaxed);
+        Ok(found)
     }
 
     /// How many leading chunks are stored. A query only: nothing is pinned
     /// and the LRU order does not change.
     pub fn contains(&self, hashes: &[BlockHash]) -> Result<usize> {
         let id = self.registration()?.identity_id;
-        Ok(lock(&self.index, "index")?.peek(id, hashes))
+        self.control.contains(id, hashes)
     }
 
     /// Releases a lookup's pins (0 is accepted and does nothing).
     pub fn unpin(&self, pin: u64) -> Result<()> {
-        if pin == 0 {
-            return Ok(());
-        }
-        let files =
-            lock(&self.pins, "pins")?.remove(&pin).ok_or(ObjError::Unknown { what: "pin", id: pin })?;
-        let mut ix = lock(&self.index, "index")?;
-        for f in files {
-            ix.unpin(f)?;
-        }
-        Ok(())
+        self.control.unpin(pin)
+    }
+
+    /// The pool's control path.
+    pub fn control(&self) -> &Arc<dyn PoolControl> {
+        &self.control
     }
 
     pub fn stats(&self) -> StoreStats {
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let pool = self.control.stats().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "the pool's counters could not be read");
+            Default::default()
+        });
         StoreStats {
-            index: self.index.lock().map(|ix| ix.stats()).unwrap_or_default(),
+            index: pool.index,
             lookups: get(&c.lookups),
             lookup_hits: get(&c.lookup_hits),
             lookup_misses: get(&c.lookup_misses),
@@ -483,7 +494,7 @@ impl KvStore {
             bytes_stored: get(&c.bytes_stored),
             failed_blocks: get(&c.failed_blocks),
             files_committed: get(&c.files_committed),
-            journal_appends: get(&c.journal_appends),
+            journal_appends: pool.journal_appends,
             quarantined_files: get(&c.quarantined_files),
             recoveries: get(&c.recoveries),
             recovery_failures: get(&c.recovery_failures),

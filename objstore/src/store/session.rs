@@ -21,14 +21,12 @@
 //! aborted, which both refuse while a job of the session has layers running.
 
 use super::job_state::{thread_cpu_ns, Job, JobId};
-use super::{lock, KvStore, Meta};
-use crate::drives::DriveMeta;
+use super::{lock, KvStore};
+use crate::control::{ReservationId, Reserved, Verdict};
 use crate::error::{ObjError, Result};
 use crate::hash::BlockHash;
-use crate::index::{FileId, Index, Key, Reserve};
+use crate::index::FileId;
 use crate::io::{Direction, FailureKind, Pair};
-use crate::journal::{Record, RecordKind};
-use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -38,10 +36,9 @@ pub type StoreId = u64;
 
 #[derive(Clone, Debug)]
 enum Entry {
-    /// Being written into `file` (generation `gen`); `layers` bit l = layer l stored.
+    /// Being written into `file`; `layers` bit l = layer l stored.
     New {
         file: FileId,
-        gen: u64,
         block: u32,
         layers: Vec<u64>,
         failed: Option<String>,
@@ -55,7 +52,8 @@ enum Entry {
 }
 
 pub(crate) struct Session {
-    keys: Vec<Key>,
+    /// The pool's reservation of the session's files.
+    reservation: ReservationId,
     entries: Vec<Entry>,
     running_jobs: u32,
     /// The `Entry::New` blocks as of `begin_store`, and their entry indices.
@@ -99,53 +97,27 @@ impl KvStore {
         }
         self.check_blocks(blocks, reg.layout.num_blocks())?;
         let words = (self.geometry.layers as usize).div_ceil(64);
-        let keys: Vec<Key> = hashes.iter().map(|&hash| Key { identity: reg.identity_id, hash }).collect();
-        let mut entries = Vec::with_capacity(keys.len());
-        let mut invalidate = Vec::new();
-        {
-            let mut ix = lock(&self.index, "index")?;
-            for (i, (&key, &block)) in keys.iter().zip(blocks).enumerate() {
-                entries.push(match ix.reserve(key) {
-                    None => {
-                        let s = ix.stats();
-                        Entry::Failed(format!(
-                            "pool full: all {} files are pinned, in flight, being written or quarantined ({} quarantined)",
-                            s.files, s.quarantined
-                        ))
-                    }
-                    Some(Reserve::Present(f)) => Entry::Present(f),
-                    Some(Reserve::New { file, gen, invalidate: inv, .. }) => {
-                        if inv {
-                            invalidate.push((i, file, gen));
-                        }
-                        Entry::New { file, gen, block, layers: vec![0; words], failed: None, outcome_unknown: false }
-                    }
-                });
-            }
+        let (reservation, reserved) = self.control.reserve(reg.identity_id, hashes)?;
+        if reserved.len() != hashes.len() {
+            // Only a broken pool owner answers so; give its files back.
+            let news = reserved.iter().filter(|r| matches!(r, Reserved::New { .. })).count();
+            let _ = self.control.settle(reservation, &vec![Verdict::GiveUp; news]);
+            return Err(ObjError::invalid(
+                "reservation",
+                format!("{} chunks asked for, {} answered", hashes.len(), reserved.len()),
+            ));
         }
-        if !invalidate.is_empty() {
-            let recs: Vec<Record> = invalidate
-                .iter()
-                .map(|&(_, file, gen)| Record {
-                    kind: RecordKind::Invalidate,
-                    file,
-                    gen,
-                    key: Key::NONE,
-                    stamp: 0,
-                })
-                .collect();
-            let results = self.append(recs)?;
-            let mut ix = lock(&self.index, "index")?;
-            for (&(i, file, _), res) in invalidate.iter().zip(results) {
-                match res {
-                    Ok(()) => ix.mark_unclaimed(file)?,
-                    Err(why) => {
-                        ix.abort(file)?;
-                        entries[i] = Entry::Failed(format!("invalidating the evicted entry failed: {why}"));
-                    }
+        let entries: Vec<Entry> = reserved
+            .into_iter()
+            .zip(blocks)
+            .map(|(r, &block)| match r {
+                Reserved::New { file, .. } => {
+                    Entry::New { file, block, layers: vec![0; words], failed: None, outcome_unknown: false }
                 }
-            }
-        }
+                Reserved::Present(f) => Entry::Present(f),
+                Reserved::Failed(why) => Entry::Failed(why),
+            })
+            .collect();
         let mut pairs = Vec::new();
         let mut slots = Vec::new();
         let mut unstored = Vec::new();
@@ -160,7 +132,7 @@ impl KvStore {
             }
         }
         let session = Session {
-            keys,
+            reservation,
             entries,
             running_jobs: 0,
             pairs: pairs.into(),
@@ -316,118 +288,77 @@ impl KvStore {
         let layers = self.geometry.layers;
         let complete = |bits: &[u64]| (0..layers).all(|l| bits[l as usize / 64] >> (l % 64) & 1 == 1);
         let mut report = StoreReport { files: vec![None; session.entries.len()], ..Default::default() };
-        let mut commit = Vec::new();
-        let mut give_up = Vec::new();
-        let mut quarantine = Vec::new();
+        // One verdict per new file, in order; `news[k]` is its entry.
+        let mut verdicts = Vec::new();
+        let mut news = Vec::new();
         for (i, e) in session.entries.iter().enumerate() {
             match e {
-                Entry::New { file, gen, outcome_unknown: true, failed, .. } => {
+                Entry::New { outcome_unknown: true, failed, .. } => {
                     let why = failed.clone().unwrap_or_else(|| "a write's outcome is unknown".into());
                     report.failed.push((i as u32, why.clone()));
-                    quarantine.push((*file, *gen, why));
+                    verdicts.push(Verdict::Quarantine(why));
+                    news.push(i);
                 }
                 Entry::Present(f) => {
                     report.present += 1;
                     report.files[i] = Some(*f);
                 }
                 Entry::Failed(why) => report.failed.push((i as u32, why.clone())),
-                Entry::New { file, failed: Some(why), .. } => {
+                Entry::New { failed: Some(why), .. } => {
                     report.failed.push((i as u32, why.clone()));
-                    give_up.push(*file);
+                    verdicts.push(Verdict::GiveUp);
+                    news.push(i);
                 }
-                Entry::New { file, gen, layers: bits, .. } if complete(bits) => commit.push((i, *file, *gen)),
-                Entry::New { file, .. } => {
+                Entry::New { layers: bits, .. } if complete(bits) => {
+                    verdicts.push(Verdict::Commit);
+                    news.push(i);
+                }
+                Entry::New { .. } => {
                     report.failed.push((i as u32, "not every layer was written".into()));
-                    give_up.push(*file);
+                    verdicts.push(Verdict::GiveUp);
+                    news.push(i);
                 }
             }
         }
-        if !commit.is_empty() {
-            // Data first: §6.8 Flush makes every completed write non-volatile.
-            let flushed: Vec<Result<()>> = self.drives.iter().map(|d| d.flush()).collect();
-            if let Some(Err(e)) = flushed.into_iter().find(|r| r.is_err()) {
-                let why = format!("flushing the data failed: {e}");
-                for &(i, file, _) in &commit {
-                    report.failed.push((i as u32, why.clone()));
-                    give_up.push(file);
-                }
-                commit.clear();
-            }
-        }
-        if !commit.is_empty() {
-            {
-                let mut ix = lock(&self.index, "index")?;
-                for &(_, file, _) in &commit {
-                    ix.mark_claimed(file)?;
-                }
-            }
-            let recs: Vec<Record> = commit
-                .iter()
-                .map(|&(i, file, gen)| Record {
-                    kind: RecordKind::Insert,
-                    file,
-                    gen,
-                    key: session.keys[i],
-                    stamp: 0,
-                })
-                .collect();
-            let results = self.append(recs)?;
-            let mut ix = lock(&self.index, "index")?;
-            for (&(i, file, _), res) in commit.iter().zip(results) {
-                match res {
-                    Ok(()) => {
-                        ix.commit(file)?;
+        let results = self.control.settle(session.reservation, &verdicts)?;
+        for ((&i, v), res) in news.iter().zip(&verdicts).zip(results) {
+            match (v, res) {
+                (Verdict::Commit, Ok(())) => {
+                    if let Entry::New { file, .. } = session.entries[i] {
                         report.stored += 1;
                         report.files[i] = Some(file);
                     }
-                    Err(why) => {
-                        report.failed.push((i as u32, format!("journal append failed: {why}")));
-                        give_up.push(file);
-                    }
                 }
+                (Verdict::Commit, Err(why)) => report.failed.push((i as u32, why)),
+                (Verdict::Quarantine(_), _) => {
+                    self.counters.quarantined_files.fetch_add(1, Ordering::Relaxed);
+                }
+                _ => {}
             }
         }
-        let mut ix = lock(&self.index, "index")?;
-        for f in give_up {
-            ix.abort(f)?;
-        }
-        self.quarantine(&mut ix, quarantine)?;
-        drop(ix);
         report.failed.sort_by_key(|f| f.0);
         self.counters.files_committed.fetch_add(report.stored as u64, Ordering::Relaxed);
         Ok(report)
     }
 
-    /// Gives up a store: every reserved file is freed.
+    /// Gives up a store: every reserved file is freed (or quarantined, if a
+    /// write into it may still land).
     pub fn abort_store(&self, store: StoreId) -> Result<()> {
         let session = self.take_session(store)?;
         self.release_pair_lists(session.pair_list)?;
-        let mut ix = lock(&self.index, "index")?;
-        let mut quarantine = Vec::new();
-        for e in session.entries {
-            match e {
-                Entry::New { file, gen, outcome_unknown: true, failed, .. } => {
-                    quarantine.push((file, gen, failed.unwrap_or_default()));
+        let verdicts: Vec<Verdict> = session
+            .entries
+            .into_iter()
+            .filter_map(|e| match e {
+                Entry::New { outcome_unknown: true, failed, .. } => {
+                    self.counters.quarantined_files.fetch_add(1, Ordering::Relaxed);
+                    Some(Verdict::Quarantine(failed.unwrap_or_default()))
                 }
-                Entry::New { file, .. } => ix.abort(file)?,
-                _ => {}
-            }
-        }
-        self.quarantine(&mut ix, quarantine)
-    }
-
-    /// Takes files a write of unknown outcome may still land in out of
-    /// service for the rest of the process (see [`Index::quarantine`]).
-    fn quarantine(&self, ix: &mut Index, files: Vec<(FileId, u64, String)>) -> Result<()> {
-        // Object j of a file lives on drive (file + j) mod D: every drive holds some of it;
-        // the reason names the drive and LBA of the command that timed out.
-        let drives: Vec<&str> = self.drives.iter().map(|d| d.name()).collect();
-        for (file, gen, why) in files {
-            ix.quarantine(file)?;
-            self.counters.quarantined_files.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(file, gen, ?drives, reason = %why,
-                "file quarantined: a write into it may still be executed by the drive; not reused until the pool is reopened");
-        }
+                Entry::New { .. } => Some(Verdict::GiveUp),
+                _ => None,
+            })
+            .collect();
+        self.control.settle(session.reservation, &verdicts)?;
         Ok(())
     }
 
@@ -467,35 +398,5 @@ impl KvStore {
     pub fn store_layer(&self, store: StoreId, layer: u32, timeout: Duration) -> Result<super::JobStatus> {
         let job = self.submit_store(store, layer..layer + 1)?;
         self.finish(job, timeout)
-    }
-
-    /// Appends records to their drives' journals (file `f` → drive `f mod D`),
-    /// each drive written and flushed; returns each record's outcome.
-    fn append(&self, mut recs: Vec<Record>) -> Result<Vec<std::result::Result<(), String>>> {
-        let d = self.map.drive_count();
-        let mut meta = lock(&self.meta, "journal")?;
-        let Meta { journals, stamp } = &mut *meta;
-        for r in &mut recs {
-            r.stamp = *stamp;
-            *stamp += 1;
-        }
-        let mut by_drive: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
-        for (i, r) in recs.iter().enumerate() {
-            by_drive.entry(r.file % d).or_default().push(i);
-        }
-        let mut out: Vec<std::result::Result<(), String>> = vec![Ok(()); recs.len()];
-        let mut dev = DriveMeta(&self.drives);
-        for (drive, idx) in by_drive {
-            let batch: Vec<Record> = idx.iter().map(|&i| recs[i]).collect();
-            self.counters.journal_appends.fetch_add(1, Ordering::Relaxed);
-            if let Err(e) = journals[drive as usize].append(&mut dev, &batch) {
-                tracing::warn!(drive, error = %e, "journal append failed");
-                let why = e.to_string();
-                for &i in &idx {
-                    out[i] = Err(why.clone());
-                }
-            }
-        }
-        Ok(out)
     }
 }
