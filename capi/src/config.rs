@@ -243,32 +243,7 @@ impl RuntimeConfig {
         };
         let io_timeout_ms = if c.io_timeout_ms == 0 { DEFAULT_IO_TIMEOUT_MS } else { c.io_timeout_ms };
         let io_timeout = Duration::from_millis(io_timeout_ms as u64);
-        let lane_blocks = if c.host_lane_blocks == 0 { 1 } else { c.host_lane_blocks };
-        if lane_blocks > MAX_LANE_BLOCKS {
-            return Err(CapiError::invalid(
-                "host_lane_blocks",
-                format!("{lane_blocks} is more than {MAX_LANE_BLOCKS}"),
-            ));
-        }
-        let backend = match c.executor {
-            TUTTI_EXECUTOR_GIO_HOST => {
-                let mut gio = GioConfig::default();
-                gio.ring.command_timeout = io_timeout;
-                gio.ring.submit_timeout = io_timeout.saturating_mul(2);
-                gio.host.blocks = lane_blocks;
-                gio.sm_budget = lane_blocks;
-                Backend::Gio(gio)
-            }
-            // The baseline stays minimal through the C ABI (and keeps the unknown-outcome
-            // path observable to bindings); the object store can recover it too.
-            TUTTI_EXECUTOR_DIRECT => Backend::Direct { queue_depth: 64, recover_queues: false },
-            n => {
-                return Err(CapiError::invalid(
-                    "executor",
-                    format!("{n} is not TUTTI_EXECUTOR_GIO_HOST (1) or TUTTI_EXECUTOR_DIRECT (2)"),
-                ))
-            }
-        };
+        let backend = backend_for(c.executor, c.io_timeout_ms, c.host_lane_blocks)?;
         let geometry = c.geometry.to_geometry()?;
         Ok(RuntimeConfig {
             source,
@@ -276,6 +251,34 @@ impl RuntimeConfig {
             options: StoreOptions { pool: PoolOptions::new(geometry, mode), backend },
             io_timeout,
         })
+    }
+}
+
+/// The I/O path for `executor` (`TUTTI_EXECUTOR_*`) with commands timing out
+/// after `io_timeout_ms` (0 = the default) and `lane_blocks` host lanes (0 = 1).
+pub(crate) fn backend_for(executor: u32, io_timeout_ms: u32, lane_blocks: u32) -> Result<Backend> {
+    let io_timeout_ms = if io_timeout_ms == 0 { DEFAULT_IO_TIMEOUT_MS } else { io_timeout_ms };
+    let io_timeout = Duration::from_millis(io_timeout_ms as u64);
+    let lane_blocks = if lane_blocks == 0 { 1 } else { lane_blocks };
+    if lane_blocks > MAX_LANE_BLOCKS {
+        return Err(CapiError::invalid("host_lane_blocks", format!("{lane_blocks} is more than {MAX_LANE_BLOCKS}")));
+    }
+    match executor {
+        TUTTI_EXECUTOR_GIO_HOST => {
+            let mut gio = GioConfig::default();
+            gio.ring.command_timeout = io_timeout;
+            gio.ring.submit_timeout = io_timeout.saturating_mul(2);
+            gio.host.blocks = lane_blocks;
+            gio.sm_budget = lane_blocks;
+            Ok(Backend::Gio(gio))
+        }
+        // The baseline stays minimal through the C ABI (and keeps the unknown-outcome
+        // path observable to bindings); the object store can recover it too.
+        TUTTI_EXECUTOR_DIRECT => Ok(Backend::Direct { queue_depth: 64, recover_queues: false }),
+        n => Err(CapiError::invalid(
+            "executor",
+            format!("{n} is not TUTTI_EXECUTOR_GIO_HOST (1) or TUTTI_EXECUTOR_DIRECT (2)"),
+        )),
     }
 }
 

@@ -19,6 +19,7 @@
 #![warn(clippy::print_stdout, clippy::print_stderr)]
 #![allow(non_camel_case_types)]
 
+mod client;
 mod config;
 mod error;
 #[cfg(feature = "fault-injection")]
@@ -35,6 +36,7 @@ mod stats;
 mod status;
 mod store;
 
+pub use client::{tutti_client_config_t, tutti_runtime_connect};
 pub use config::*;
 pub use error::CapiError;
 #[cfg(feature = "fault-injection")]
@@ -69,11 +71,12 @@ const EMPTY: &str = "\0";
 /// minor 1 added the host-work counters of `tutti_stats_t` and
 /// `tutti_job_status_t`; minor 2 added outcome-unknown failures
 /// (`tutti_stats_t::quarantined_files`, `tutti_job_status_t::unknown` and
-/// `unknown_bitmap`) and `tutti_emulated_delay_next`.
+/// `unknown_bitmap`) and `tutti_emulated_delay_next`; minor 3 added clients
+/// of tuttid (`tutti_runtime_connect`, `tutti_client_config_t`).
 pub const TUTTI_ABI_VERSION: u32 = 1;
 
 /// The minor version of ABI 1 this library implements (see `TUTTI_ABI_VERSION`).
-pub const TUTTI_ABI_MINOR: u32 = 2;
+pub const TUTTI_ABI_MINOR: u32 = 3;
 
 /// The ABI version of the loaded library (`TUTTI_ABI_VERSION` it was built with).
 ///

@@ -54,6 +54,21 @@ impl Runtime {
         RUNTIMES.get(rt)
     }
 
+    pub(crate) fn new(store: KvStore, rig: Rig, executor: u32, geometry: Geometry) -> Result<Runtime> {
+        Ok(Runtime {
+            store,
+            rig,
+            executor,
+            geometry,
+            registered: Mutex::new(None),
+            profile: Mutex::new(ProfileState::new(geometry.layers)?),
+            in_flight: Mutex::new(HashMap::new()),
+            stores_open: AtomicU64::new(0),
+            failed_blocks: AtomicU64::new(0),
+            next_key: AtomicU64::new(1),
+        })
+    }
+
     pub(crate) fn next_key(&self) -> u64 {
         self.next_key.fetch_add(1, Ordering::Relaxed)
     }
@@ -121,18 +136,7 @@ pub unsafe extern "C" fn tutti_runtime_open(
         let (rig, specs) = cfg.start_drives()?;
         let geometry = cfg.options.pool.geometry;
         let store = KvStore::open(specs, cfg.options)?;
-        let rt = Runtime {
-            store,
-            rig,
-            executor: cfg.executor,
-            geometry,
-            registered: Mutex::new(None),
-            profile: Mutex::new(ProfileState::new(geometry.layers)?),
-            in_flight: Mutex::new(HashMap::new()),
-            stores_open: AtomicU64::new(0),
-            failed_blocks: AtomicU64::new(0),
-            next_key: AtomicU64::new(1),
-        };
+        let rt = Runtime::new(store, rig, cfg.executor, geometry)?;
         *out = RUNTIMES.insert(Arc::new(rt));
         Ok(TUTTI_OK)
     })

@@ -37,6 +37,9 @@ pub enum ObjError {
 
     #[error("internal lock poisoned ({0}); the store is unusable")]
     Poisoned(&'static str),
+    /// The pool's owner (tuttid) refused a request or could not be reached.
+    #[error("the pool's owner (tuttid): {0}")]
+    Peer(String),
 }
 
 impl ObjError {

@@ -39,6 +39,10 @@ enum Command {
     Profile(cmd::profile::Args),
     /// Model the layer-wise pipeline and compare I/O scheduling policies over a cache hit-rate sweep.
     Simulate(cmd::simulate::Args),
+    /// Run tuttid: own the drives and the pool, serve engine processes on a Unix socket.
+    Serve(cmd::serve::Args),
+    /// Show what a running tuttid serves: clients, queue leases, pool usage, stores and loads in flight.
+    Status(cmd::status::Args),
     /// Microbenchmarks (SGL vs PRP, retrieval, command rate), each against a baseline from the same run.
     Bench(cmd::bench::Args),
 }
@@ -57,6 +61,8 @@ fn main() -> std::process::ExitCode {
         Command::Profile(a) => cmd::profile::run(a),
         Command::Simulate(a) => cmd::simulate::run(a),
         Command::Bench(a) => cmd::bench::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
+        Command::Status(a) => cmd::status::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -6,7 +6,9 @@ pub mod demo;
 pub mod identify;
 pub mod profile;
 pub mod selftest;
+pub mod serve;
 pub mod simulate;
+pub mod status;
 
 /// `--executor`: how gio_uring's host executor runs the CUDA kernel source.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]

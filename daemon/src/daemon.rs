@@ -1,0 +1,139 @@
+//! [`Daemon`]: opens the drives and the pool, and serves engine processes
+//! on a Unix socket until stopped.
+
+use crate::error::{DaemonError, Result};
+use crate::proto::StatusReport;
+use crate::server::{Server, SocketMode};
+use crate::service::{Served, Service};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+use tutti_driver::controller::{Controller, ControllerOptions};
+use tutti_driver::emulated::{EmulatedConfig, EmulatedController};
+use tutti_objstore::{DriveSpec, LocalPool, PoolOptions};
+
+/// Where the pool's drives come from.
+#[derive(Clone, Debug)]
+pub enum DriveSource {
+    /// Emulated controllers started by the daemon (file media is locked for
+    /// as long as the daemon runs: a second owner is refused).
+    Emulated(Vec<EmulatedConfig>),
+    /// NVMe controllers bound to vfio-pci, by PCI address.
+    Vfio { bdfs: Vec<String>, noiommu: bool },
+}
+
+#[derive(Clone, Debug)]
+pub struct DaemonConfig {
+    pub socket: PathBuf,
+    pub mode: SocketMode,
+    pub drives: DriveSource,
+    pub pool: PoolOptions,
+    /// Deadline of every admin and metadata command.
+    pub io_timeout: Duration,
+}
+
+/// A running daemon. Dropping it stops it (clients get errors, not hangs).
+pub struct Daemon {
+    service: Arc<Service>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Result<()>>>,
+    socket: PathBuf,
+}
+
+fn open_drives(cfg: &DaemonConfig) -> Result<(Vec<Served>, Vec<DriveSpec>, Vec<(u32, u32)>)> {
+    let opts = ControllerOptions { io_timeout: cfg.io_timeout, ..Default::default() };
+    let mut served = Vec::new();
+    let mut specs = Vec::new();
+    let mut drives = Vec::new();
+    let mut add = |ctrl: Arc<Controller>, emu: Option<EmulatedController>| -> Result<()> {
+        let c = served.len() as u32;
+        // Every usable namespace of a controller is a pool drive.
+        let mut any = false;
+        for ns in &ctrl.info().namespaces {
+            if ctrl.data_namespace(ns.nsid).is_ok() {
+                specs.push(DriveSpec::new(ctrl.clone(), ns.nsid));
+                drives.push((c, ns.nsid));
+                any = true;
+            }
+        }
+        if !any {
+            return Err(DaemonError::Config(format!("{} has no namespace the pool can use", ctrl.name())));
+        }
+        served.push(Served { ctrl, emulated: emu });
+        Ok(())
+    };
+    match &cfg.drives {
+        DriveSource::Emulated(list) => {
+            for c in list {
+                let emu = EmulatedController::start(c.clone())?;
+                let ctrl = Controller::new(emu.registers(), emu.dma_space(), opts.clone())?;
+                add(ctrl, Some(emu))?;
+            }
+        }
+        DriveSource::Vfio { bdfs, noiommu } => {
+            for b in bdfs {
+                let spec = DriveSpec::open_vfio(b, *noiommu)?;
+                add(spec.ctrl, None)?;
+            }
+        }
+    }
+    Ok((served, specs, drives))
+}
+
+impl Daemon {
+    /// Opens the drives and the pool, binds the socket and starts serving.
+    /// Refused when the drives (or media files) have another owner, or
+    /// another daemon listens on the socket; both errors name the holder.
+    pub fn start(cfg: DaemonConfig) -> Result<Daemon> {
+        let (served, specs, drives) = open_drives(&cfg)?;
+        let pool = Arc::new(LocalPool::open(specs, &cfg.pool)?);
+        let server = Server::bind(&cfg.socket, cfg.mode)?;
+        let service =
+            Arc::new(Service::new(pool, served, drives, cfg.socket.display().to_string()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (h, s) = (service.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("tuttid-accept".into())
+            .spawn(move || server.run(h, s))
+            .map_err(|e| DaemonError::Io { what: "spawning the accept thread".into(), source: e })?;
+        tracing::info!(socket = %cfg.socket.display(), "tuttid serving");
+        Ok(Daemon { service, stop, thread: Some(thread), socket: cfg.socket })
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    pub fn status(&self) -> StatusReport {
+        self.service.status()
+    }
+
+    /// Whether the accept loop has ended (it ends only when stopped or on a fatal error).
+    pub fn is_finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
+    }
+
+    /// Stops serving: every client is disconnected and released, the socket removed.
+    pub fn stop(mut self) -> Result<()> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> Result<()> {
+        self.stop.store(true, Ordering::Release);
+        match self.thread.take().map(|t| t.join()) {
+            Some(Ok(r)) => r,
+            Some(Err(_)) => Err(DaemonError::Protocol("the accept thread panicked".into())),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown() {
+            tracing::warn!(error = %e, "tuttid stopped with an error");
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! The requests an engine process sends tuttid, and the replies.
+//!
+//! One JSON frame per request, one per reply (see [`crate::wire`]). Every
+//! field is checked by the daemon as input from an untrusted peer: sizes are
+//! capped ([`MAX_HASHES`], [`MAX_FILES`]), indices are checked against the
+//! pool, and a client can name only its own queues, mappings, pins,
+//! reservations and loads.
+
+use serde::{Deserialize, Serialize};
+use tutti_driver::controller::ControllerInfo;
+use tutti_objstore::{BlockHash, ControlStats, FileId, IdentityId, Lookup, PoolShape, Reserved, Verdict};
+
+/// Bumped on any change a peer of the other version would misread.
+pub const PROTOCOL: u32 = 1;
+/// Most chained hashes in one lookup, contains or reserve.
+pub const MAX_HASHES: usize = 1 << 20;
+/// Most files in one begin/end load.
+pub const MAX_FILES: usize = 1 << 20;
+/// Longest client name.
+pub const MAX_NAME: usize = 256;
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum Request {
+    /// First request of a connection.
+    Hello { protocol: u32, name: String },
+    /// The pool and its controllers; emulated controllers' register files come as fds, in order.
+    Pool,
+    /// Map `len` bytes at `addr` of the client's address space into controller `ctrl`'s IOMMU.
+    Map { ctrl: u32, addr: u64, len: u64 },
+    Unmap { ctrl: u32, iova: u64 },
+    /// Claim an I/O queue id on controller `ctrl` (a lease).
+    ClaimQueue { ctrl: u32, purpose: String },
+    ReleaseQueue { ctrl: u32, qid: u16 },
+    /// Create the claimed queue pair `qid` at memory the client mapped.
+    CreateQueues { ctrl: u32, qid: u16, depth: u32, sq_iova: u64, cq_iova: u64 },
+    DeleteQueues { ctrl: u32, qid: u16 },
+    Lookup { identity: IdentityId, hashes: Vec<BlockHash> },
+    Contains { identity: IdentityId, hashes: Vec<BlockHash> },
+    Unpin { pin: u64 },
+    BeginLoad { identity: IdentityId, files: Vec<FileId> },
+    EndLoad { files: Vec<FileId> },
+    Reserve { identity: IdentityId, hashes: Vec<BlockHash> },
+    Settle { id: u64, verdicts: Vec<Verdict> },
+    Stats,
+    Status,
+}
+
+impl Request {
+    /// The request's name in messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Request::Hello { .. } => "hello",
+            Request::Pool => "pool",
+            Request::Map { .. } => "map",
+            Request::Unmap { .. } => "unmap",
+            Request::ClaimQueue { .. } => "claim-queue",
+            Request::ReleaseQueue { .. } => "release-queue",
+            Request::CreateQueues { .. } => "create-queues",
+            Request::DeleteQueues { .. } => "delete-queues",
+            Request::Lookup { .. } => "lookup",
+            Request::Contains { .. } => "contains",
+            Request::Unpin { .. } => "unpin",
+            Request::BeginLoad { .. } => "begin-load",
+            Request::EndLoad { .. } => "end-load",
+            Request::Reserve { .. } => "reserve",
+            Request::Settle { .. } => "settle",
+            Request::Stats => "stats",
+            Request::Status => "status",
+        }
+    }
+}
+
+/// How an error reply classifies what went wrong.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorKind {
+    /// The request was malformed or named something that is not the client's.
+    Invalid,
+    /// Something is in use (no queue pair left, a second owner).
+    Busy,
+    /// The drives or the pool failed.
+    Io,
+    /// The request came before `Hello`, or with a protocol this daemon does not speak.
+    Protocol,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum Response {
+    Ok,
+    Error { kind: ErrorKind, message: String },
+    Welcome { protocol: u32, client: u64, daemon_pid: u32 },
+    Pool(PoolReply),
+    Iova(u64),
+    Qid(u16),
+    Lookup(Lookup),
+    Count(u64),
+    Reserved { id: u64, entries: Vec<Reserved> },
+    Settled(Vec<Result<(), String>>),
+    Stats(ControlStats),
+    Status(Box<StatusReport>),
+}
+
+/// How a client reaches one controller.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum ControllerKind {
+    /// An emulated controller in the daemon: its register file comes as an fd
+    /// of `register_len` bytes; DMA reaches client memory the daemon maps.
+    Emulated { register_len: u64 },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ControllerReply {
+    pub kind: ControllerKind,
+    pub info: ControllerInfo,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PoolReply {
+    pub shape: PoolShape,
+    pub controllers: Vec<ControllerReply>,
+    /// The pool's drives in pool order: (controller index, namespace id).
+    pub drives: Vec<(u32, u32)>,
+}
+
+/// What `tutti status` shows.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct StatusReport {
+    pub pid: u32,
+    pub socket: String,
+    pub pool: String,
+    pub uptime_s: u64,
+    pub stats: ControlStats,
+    pub controllers: Vec<ControllerStatus>,
+    pub clients: Vec<ClientStatus>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ControllerStatus {
+    pub name: String,
+    /// I/O queue pairs the controller granted, and how many nobody holds.
+    pub granted_pairs: u16,
+    pub free_pairs: u16,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ClientStatus {
+    pub id: u64,
+    pub name: String,
+    pub pid: i32,
+    pub uid: u32,
+    pub connected_s: u64,
+    pub requests: u64,
+    /// Leased queue pairs: (controller name, qid).
+    pub queues: Vec<(String, u16)>,
+    pub mappings: usize,
+    pub pins: usize,
+    /// Open store reservations (stores in flight).
+    pub reservations: usize,
+    /// Files with loads in flight.
+    pub loading_files: usize,
+}

@@ -1,0 +1,246 @@
+//! An engine process's side: a [`KvStore`] whose pool lives in tuttid.
+//!
+//! [`connect`] asks the daemon for the pool, maps each emulated controller's
+//! register file (the doorbells of the queues this process leases), and
+//! builds a leased [`Controller`] per controller: queue management and DMA
+//! mappings go to the daemon ([`QueueAdmin`], [`DmaBroker`]), commands and
+//! doorbells stay in this process. The store's control path is the daemon's
+//! ([`PoolControl`] over the socket); its data path is this process's own.
+
+use crate::client::Connection;
+use crate::error::{DaemonError, Result};
+use crate::proto::{ControllerKind, ErrorKind, PoolReply, Request, Response, StatusReport, PROTOCOL};
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tutti_driver::controller::Controller;
+use tutti_driver::emulated::RegisterFile;
+use tutti_driver::transport::remote::{BrokeredDma, DmaBroker};
+use tutti_driver::transport::{DmaSpace, Registers};
+use tutti_driver::{DriverError, QueueAdmin};
+use tutti_objstore::{
+    Backend, BlockHash, ControlStats, DriveSpec, FileId, IdentityId, KvStore, Lookup, ObjError, PoolControl,
+    Reserved, Verdict,
+};
+
+/// How long a control request may take before the client gives up on the daemon.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A connection to tuttid that has said hello.
+pub struct Client {
+    conn: Connection,
+    id: u64,
+    daemon_pid: u32,
+    timeout: Duration,
+}
+
+impl Client {
+    /// Connects to the daemon at `socket` and introduces this process as `name`.
+    pub fn connect(socket: &Path, name: &str, timeout: Duration) -> Result<Client> {
+        let conn = Connection::connect(socket, timeout)?;
+        let mut c = Client { conn, id: 0, daemon_pid: 0, timeout };
+        match c.call(Request::Hello { protocol: PROTOCOL, name: name.to_string() })? {
+            Response::Welcome { client, daemon_pid, .. } => {
+                c.id = client;
+                c.daemon_pid = daemon_pid;
+                Ok(c)
+            }
+            r => Err(unexpected("hello", &r)),
+        }
+    }
+
+    /// This client's id at the daemon.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+    pub fn daemon_pid(&self) -> u32 {
+        self.daemon_pid
+    }
+
+    /// One request, its reply (an error reply becomes [`DaemonError::Refused`]).
+    pub fn call(&self, req: Request) -> Result<Response> {
+        Ok(self.call_fds(req)?.0)
+    }
+
+    fn call_fds(&self, req: Request) -> Result<(Response, Vec<OwnedFd>)> {
+        let name = req.name();
+        let (resp, fds) = self.conn.call::<Request, Response>(&req, &[], self.timeout)?;
+        match resp {
+            Response::Error { kind, message } => Err(DaemonError::Refused { request: name, kind, message }),
+            r => Ok((r, fds)),
+        }
+    }
+
+    /// The daemon's status report.
+    pub fn status(&self) -> Result<StatusReport> {
+        match self.call(Request::Status)? {
+            Response::Status(s) => Ok(*s),
+            r => Err(unexpected("status", &r)),
+        }
+    }
+}
+
+fn unexpected(request: &str, r: &Response) -> DaemonError {
+    DaemonError::Protocol(format!("tuttid answered {request} with {r:?}"))
+}
+
+/// A daemon error as the layers below report it.
+fn driver_err(e: DaemonError) -> DriverError {
+    match e {
+        DaemonError::Refused { kind: ErrorKind::Busy, message, .. } => DriverError::InUse(message),
+        e => DriverError::Peer(e.to_string()),
+    }
+}
+
+fn obj_err(e: DaemonError) -> ObjError {
+    match e {
+        DaemonError::Refused { kind: ErrorKind::Invalid, message, request } => ObjError::invalid(request, message),
+        e => ObjError::Peer(e.to_string()),
+    }
+}
+
+/// Queue management of one controller, done by the daemon.
+struct RemoteQueues {
+    client: Arc<Client>,
+    ctrl: u32,
+}
+
+impl QueueAdmin for RemoteQueues {
+    fn claim_qid(&self, purpose: &str) -> tutti_driver::Result<u16> {
+        match self.client.call(Request::ClaimQueue { ctrl: self.ctrl, purpose: purpose.to_string() }) {
+            Ok(Response::Qid(q)) => Ok(q),
+            Ok(r) => Err(driver_err(unexpected("claim-queue", &r))),
+            Err(DaemonError::Refused { kind: ErrorKind::Busy, message, .. }) => Err(DriverError::Peer(message)),
+            Err(e) => Err(driver_err(e)),
+        }
+    }
+    fn release_qid(&self, qid: u16) {
+        if let Err(e) = self.client.call(Request::ReleaseQueue { ctrl: self.ctrl, qid }) {
+            tracing::warn!(ctrl = self.ctrl, qid, error = %e, "releasing a leased queue id failed");
+        }
+    }
+    fn create_queues(&self, qid: u16, depth: u32, sq_iova: u64, cq_iova: u64) -> tutti_driver::Result<()> {
+        let req = Request::CreateQueues { ctrl: self.ctrl, qid, depth, sq_iova, cq_iova };
+        self.client.call(req).map(|_| ()).map_err(driver_err)
+    }
+    fn delete_queues(&self, qid: u16) -> tutti_driver::Result<()> {
+        self.client.call(Request::DeleteQueues { ctrl: self.ctrl, qid }).map(|_| ()).map_err(driver_err)
+    }
+}
+
+/// DMA mappings of one controller, made by the daemon.
+struct RemoteMaps {
+    client: Arc<Client>,
+    ctrl: u32,
+}
+
+impl DmaBroker for RemoteMaps {
+    fn map(&self, addr: u64, len: usize) -> tutti_driver::Result<u64> {
+        match self.client.call(Request::Map { ctrl: self.ctrl, addr, len: len as u64 }) {
+            Ok(Response::Iova(i)) => Ok(i),
+            Ok(r) => Err(driver_err(unexpected("map", &r))),
+            Err(e) => Err(driver_err(e)),
+        }
+    }
+    fn unmap(&self, iova: u64) {
+        if let Err(e) = self.client.call(Request::Unmap { ctrl: self.ctrl, iova }) {
+            tracing::warn!(ctrl = self.ctrl, iova, error = %e, "unmapping client memory failed");
+        }
+    }
+}
+
+/// The pool's control path, over the socket.
+pub struct RemotePool {
+    client: Arc<Client>,
+}
+
+impl RemotePool {
+    fn ask(&self, req: Request) -> tutti_objstore::Result<Response> {
+        self.client.call(req).map_err(obj_err)
+    }
+}
+
+impl PoolControl for RemotePool {
+    fn lookup(&self, identity: IdentityId, hashes: &[BlockHash]) -> tutti_objstore::Result<Lookup> {
+        match self.ask(Request::Lookup { identity, hashes: hashes.to_vec() })? {
+            Response::Lookup(l) if l.files.len() <= hashes.len() => Ok(l),
+            r => Err(obj_err(unexpected("lookup", &r))),
+        }
+    }
+    fn contains(&self, identity: IdentityId, hashes: &[BlockHash]) -> tutti_objstore::Result<usize> {
+        match self.ask(Request::Contains { identity, hashes: hashes.to_vec() })? {
+            Response::Count(n) if n as usize <= hashes.len() => Ok(n as usize),
+            r => Err(obj_err(unexpected("contains", &r))),
+        }
+    }
+    fn unpin(&self, pin: u64) -> tutti_objstore::Result<()> {
+        self.ask(Request::Unpin { pin }).map(|_| ())
+    }
+    fn begin_load(&self, identity: IdentityId, files: &[FileId]) -> tutti_objstore::Result<()> {
+        self.ask(Request::BeginLoad { identity, files: files.to_vec() }).map(|_| ())
+    }
+    fn end_load(&self, files: &[FileId]) -> tutti_objstore::Result<()> {
+        self.ask(Request::EndLoad { files: files.to_vec() }).map(|_| ())
+    }
+    fn reserve(&self, identity: IdentityId, hashes: &[BlockHash]) -> tutti_objstore::Result<(u64, Vec<Reserved>)> {
+        match self.ask(Request::Reserve { identity, hashes: hashes.to_vec() })? {
+            Response::Reserved { id, entries } => Ok((id, entries)),
+            r => Err(obj_err(unexpected("reserve", &r))),
+        }
+    }
+    fn settle(&self, id: u64, verdicts: &[Verdict]) -> tutti_objstore::Result<Vec<std::result::Result<(), String>>> {
+        match self.ask(Request::Settle { id, verdicts: verdicts.to_vec() })? {
+            Response::Settled(r) if r.len() == verdicts.len() => Ok(r),
+            r => Err(obj_err(unexpected("settle", &r))),
+        }
+    }
+    fn stats(&self) -> tutti_objstore::Result<ControlStats> {
+        match self.ask(Request::Stats)? {
+            Response::Stats(s) => Ok(s),
+            r => Err(obj_err(unexpected("stats", &r))),
+        }
+    }
+}
+
+/// Opens a store on the pool tuttid serves at `socket`: this process gets
+/// its own queue pairs on every drive and moves its own bytes.
+pub fn connect(socket: &Path, name: &str, backend: &Backend, timeout: Duration) -> Result<KvStore> {
+    let client = Arc::new(Client::connect(socket, name, timeout)?);
+    // The daemon's emulated controllers reach this process's memory with
+    // process_vm_readv/writev, which Yama may restrict to ancestors.
+    tutti_driver::emulated::allow_peer_access(client.daemon_pid as i32)?;
+    let (reply, fds) = client.call_fds(Request::Pool)?;
+    let Response::Pool(pool) = reply else { return Err(unexpected("pool", &reply)) };
+    let ctrls = leased_controllers(&client, &pool, fds)?;
+    let mut drives = Vec::with_capacity(pool.drives.len());
+    for &(c, nsid) in &pool.drives {
+        let ctrl = ctrls
+            .get(c as usize)
+            .ok_or_else(|| DaemonError::Protocol(format!("pool drive on controller {c}, which was not described")))?;
+        drives.push(DriveSpec::new(ctrl.clone(), nsid));
+    }
+    let control: Arc<dyn PoolControl> = Arc::new(RemotePool { client: client.clone() });
+    Ok(KvStore::attach(drives, pool.shape, control, backend)?)
+}
+
+fn leased_controllers(client: &Arc<Client>, pool: &PoolReply, fds: Vec<OwnedFd>) -> Result<Vec<Arc<Controller>>> {
+    if fds.len() != pool.controllers.len() {
+        return Err(DaemonError::Protocol(format!(
+            "{} controllers described but {} register files sent",
+            pool.controllers.len(),
+            fds.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(fds.len());
+    for (i, (c, fd)) in pool.controllers.iter().zip(fds).enumerate() {
+        let ControllerKind::Emulated { register_len } = c.kind;
+        let name = c.info.device.clone();
+        let regs: Arc<dyn Registers> = Arc::new(RegisterFile::from_fd(&name, fd, register_len as usize)?);
+        let broker = Arc::new(RemoteMaps { client: client.clone(), ctrl: i as u32 });
+        let dma: Arc<dyn DmaSpace> = Arc::new(BrokeredDma::new(&name, broker, 4096));
+        let admin = Arc::new(RemoteQueues { client: client.clone(), ctrl: i as u32 });
+        out.push(Controller::leased(regs, dma, c.info.clone(), admin)?);
+    }
+    Ok(out)
+}

@@ -1,0 +1,466 @@
+//! The daemon's side of every request: the pool, the leases, and what each
+//! client holds, so that a client that goes away (closed, crashed, killed)
+//! gives everything back.
+
+use crate::peer::PeerCred;
+use crate::proto::{
+    ClientStatus, ControllerKind, ControllerReply, ControllerStatus, ErrorKind, PoolReply, Request, Response,
+    StatusReport, MAX_FILES, MAX_HASHES, MAX_NAME, PROTOCOL,
+};
+use crate::server::Handler;
+use std::collections::{HashMap, HashSet};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+use tutti_driver::controller::Controller;
+use tutti_driver::emulated::EmulatedController;
+use tutti_objstore::{FileId, LocalPool, PoolControl, Verdict};
+
+/// One controller the daemon owns.
+pub(crate) struct Served {
+    pub ctrl: Arc<Controller>,
+    /// Set for emulated controllers (their register file and IOMMU serve clients).
+    pub emulated: Option<EmulatedController>,
+}
+
+#[derive(Default)]
+struct ClientState {
+    name: String,
+    peer: Option<PeerCred>,
+    since: Option<Instant>,
+    hello: bool,
+    requests: u64,
+    /// Claimed queue ids, and whether the queues exist on the controller.
+    qids: HashMap<(u32, u16), bool>,
+    /// IOVAs mapped for the client, per controller.
+    maps: HashSet<(u32, u64)>,
+    pins: HashSet<u64>,
+    reservations: HashMap<u64, usize>,
+    /// I/O references held for the client's loads (a file may be in several).
+    loads: HashMap<FileId, u32>,
+}
+
+pub(crate) struct Service {
+    pool: Arc<LocalPool>,
+    ctrls: Vec<Served>,
+    drives: Vec<(u32, u32)>,
+    socket: String,
+    started: Instant,
+    clients: Mutex<HashMap<u64, ClientState>>,
+    next_client: AtomicU64,
+}
+
+fn err(kind: ErrorKind, message: impl Into<String>) -> Response {
+    Response::Error { kind, message: message.into() }
+}
+
+fn invalid(message: impl Into<String>) -> Response {
+    err(ErrorKind::Invalid, message)
+}
+
+fn from_obj(e: tutti_objstore::ObjError) -> Response {
+    use tutti_objstore::ObjError;
+    match e {
+        ObjError::Invalid { .. } | ObjError::Unknown { .. } => invalid(e.to_string()),
+        e => err(ErrorKind::Io, e.to_string()),
+    }
+}
+
+fn from_driver(e: tutti_driver::DriverError) -> Response {
+    use tutti_driver::DriverError;
+    match e {
+        DriverError::NoQueuePair { .. } | DriverError::InUse(_) => err(ErrorKind::Busy, e.to_string()),
+        DriverError::InvalidArgument(_) => invalid(e.to_string()),
+        e => err(ErrorKind::Io, e.to_string()),
+    }
+}
+
+impl Service {
+    pub fn new(pool: Arc<LocalPool>, ctrls: Vec<Served>, drives: Vec<(u32, u32)>, socket: String) -> Self {
+        Service {
+            pool,
+            ctrls,
+            drives,
+            socket,
+            started: Instant::now(),
+            clients: Mutex::new(HashMap::new()),
+            next_client: AtomicU64::new(1),
+        }
+    }
+
+    fn clients(&self) -> MutexGuard<'_, HashMap<u64, ClientState>> {
+        // A panic while holding this lock cannot leave a client half-updated in a way
+        // that matters more than losing the daemon: keep serving with the data as is.
+        self.clients.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn with_client<T>(&self, client: u64, f: impl FnOnce(&mut ClientState) -> T) -> Option<T> {
+        self.clients().get_mut(&client).map(f)
+    }
+
+    fn served(&self, ctrl: u32) -> Result<&Served, Response> {
+        self.ctrls.get(ctrl as usize).ok_or_else(|| {
+            invalid(format!("controller {ctrl} does not exist (the pool has {})", self.ctrls.len()))
+        })
+    }
+
+    fn emulated(&self, ctrl: u32) -> Result<&EmulatedController, Response> {
+        self.served(ctrl)?
+            .emulated
+            .as_ref()
+            .ok_or_else(|| invalid(format!("controller {ctrl} is not emulated; its memory is mapped by the client")))
+    }
+
+    fn owns_qid(&self, client: u64, ctrl: u32, qid: u16) -> Result<bool, Response> {
+        self.with_client(client, |c| c.qids.get(&(ctrl, qid)).copied())
+            .flatten()
+            .ok_or_else(|| invalid(format!("queue {qid} of controller {ctrl} is not leased to this client")))
+    }
+
+    pub fn status(&self) -> StatusReport {
+        let clients = self.clients();
+        let name_of = |ctrl: u32| self.ctrls.get(ctrl as usize).map_or("?".into(), |s| s.ctrl.name().to_string());
+        let mut list: Vec<ClientStatus> = clients
+            .iter()
+            .map(|(&id, c)| ClientStatus {
+                id,
+                name: c.name.clone(),
+                pid: c.peer.map_or(0, |p| p.pid),
+                uid: c.peer.map_or(0, |p| p.uid),
+                connected_s: c.since.map_or(0, |t| t.elapsed().as_secs()),
+                requests: c.requests,
+                queues: {
+                    let mut q: Vec<(String, u16)> =
+                        c.qids.keys().map(|&(ctrl, qid)| (name_of(ctrl), qid)).collect();
+                    q.sort();
+                    q
+                },
+                mappings: c.maps.len(),
+                pins: c.pins.len(),
+                reservations: c.reservations.len(),
+                loading_files: c.loads.len(),
+            })
+            .collect();
+        drop(clients);
+        list.sort_by_key(|c| c.id);
+        StatusReport {
+            pid: std::process::id(),
+            socket: self.socket.clone(),
+            pool: self.pool.name().to_string(),
+            uptime_s: self.started.elapsed().as_secs(),
+            stats: self.pool.stats().unwrap_or_default(),
+            controllers: self
+                .ctrls
+                .iter()
+                .map(|s| ControllerStatus {
+                    name: s.ctrl.name().to_string(),
+                    granted_pairs: s.ctrl.info().io_queue_pairs,
+                    free_pairs: s.ctrl.free_io_queue_pairs(),
+                })
+                .collect(),
+            clients: list,
+        }
+    }
+
+    fn pool_reply(&self) -> Result<(Response, Vec<OwnedFd>), Response> {
+        let mut fds = Vec::new();
+        let mut controllers = Vec::new();
+        for (i, s) in self.ctrls.iter().enumerate() {
+            let Some(emu) = &s.emulated else {
+                return Err(err(
+                    ErrorKind::Protocol,
+                    format!(
+                        "controller {i} ({}) is a VFIO device: clients of a daemon on VFIO drives are not supported yet",
+                        s.ctrl.name()
+                    ),
+                ));
+            };
+            let regs = emu.register_file();
+            let fd = regs
+                .memfd()
+                .try_clone_to_owned()
+                .map_err(|e| err(ErrorKind::Io, format!("duplicating the register file of {}: {e}", s.ctrl.name())))?;
+            fds.push(fd);
+            controllers.push(ControllerReply {
+                kind: ControllerKind::Emulated { register_len: tutti_driver::transport::Registers::len(&**regs) as u64 },
+                info: s.ctrl.info().clone(),
+            });
+        }
+        let reply = PoolReply { shape: self.pool.shape().clone(), controllers, drives: self.drives.clone() };
+        Ok((Response::Pool(reply), fds))
+    }
+
+    fn handle(&self, client: u64, peer: &PeerCred, req: Request) -> Result<(Response, Vec<OwnedFd>), Response> {
+        let ok = |r: Response| Ok((r, Vec::new()));
+        if let Request::Hello { protocol, name } = &req {
+            if *protocol != PROTOCOL {
+                return Err(err(
+                    ErrorKind::Protocol,
+                    format!("this tuttid speaks protocol {PROTOCOL}, the client {protocol}; use matching versions"),
+                ));
+            }
+            if name.len() > MAX_NAME {
+                return Err(invalid(format!("client name of {} bytes; at most {MAX_NAME}", name.len())));
+            }
+            self.with_client(client, |c| {
+                c.hello = true;
+                c.name = name.clone();
+            });
+            return ok(Response::Welcome { protocol: PROTOCOL, client, daemon_pid: std::process::id() });
+        }
+        if !self.with_client(client, |c| c.hello).unwrap_or(false) {
+            return Err(err(ErrorKind::Protocol, format!("{} before hello", req.name())));
+        }
+        match req {
+            Request::Hello { .. } => unreachable_reply(),
+            Request::Pool => self.pool_reply(),
+            Request::Status => ok(Response::Status(Box::new(self.status()))),
+            Request::Stats => ok(self.pool.stats().map(Response::Stats).map_err(from_obj)?),
+            Request::Map { ctrl, addr, len } => {
+                let emu = self.emulated(ctrl)?;
+                if len == 0 || len > 1 << 40 || addr.checked_add(len).is_none() {
+                    return Err(invalid(format!("mapping {addr:#x}+{len:#x} is empty, too large or wraps")));
+                }
+                let iova = emu.iommu().map_remote(peer.pid, addr, len as usize, client).map_err(from_driver)?;
+                self.with_client(client, |c| c.maps.insert((ctrl, iova)));
+                ok(Response::Iova(iova))
+            }
+            Request::Unmap { ctrl, iova } => {
+                let emu = self.emulated(ctrl)?;
+                if !self.with_client(client, |c| c.maps.remove(&(ctrl, iova))).unwrap_or(false) {
+                    return Err(invalid(format!("IOVA {iova:#x} of controller {ctrl} is not this client's")));
+                }
+                emu.iommu().unmap(iova, client).map_err(from_driver)?;
+                ok(Response::Ok)
+            }
+            Request::ClaimQueue { ctrl, purpose } => {
+                let s = self.served(ctrl)?;
+                if purpose.len() > MAX_NAME {
+                    return Err(invalid("queue purpose too long"));
+                }
+                let qid = s.ctrl.claim_io_qid(&format!("client {client}: {purpose}")).map_err(from_driver)?;
+                self.with_client(client, |c| c.qids.insert((ctrl, qid), false));
+                ok(Response::Qid(qid))
+            }
+            Request::ReleaseQueue { ctrl, qid } => {
+                let s = self.served(ctrl)?;
+                if self.owns_qid(client, ctrl, qid)? {
+                    return Err(invalid(format!("queue {qid} still exists; delete it first")));
+                }
+                self.with_client(client, |c| c.qids.remove(&(ctrl, qid)));
+                s.ctrl.release_io_qid(qid);
+                ok(Response::Ok)
+            }
+            Request::CreateQueues { ctrl, qid, depth, sq_iova, cq_iova } => {
+                let s = self.served(ctrl)?;
+                if self.owns_qid(client, ctrl, qid)? {
+                    return Err(invalid(format!("queue {qid} already exists")));
+                }
+                let mapped =
+                    self.with_client(client, |c| c.maps.iter().any(|&(k, _)| k == ctrl)).unwrap_or(false);
+                if !mapped {
+                    return Err(invalid("queue memory must be mapped (map) before the queues are created"));
+                }
+                s.ctrl.create_queues_at(qid, depth, sq_iova, cq_iova).map_err(from_driver)?;
+                self.with_client(client, |c| c.qids.insert((ctrl, qid), true));
+                ok(Response::Ok)
+            }
+            Request::DeleteQueues { ctrl, qid } => {
+                let s = self.served(ctrl)?;
+                if !self.owns_qid(client, ctrl, qid)? {
+                    return Err(invalid(format!("queue {qid} does not exist")));
+                }
+                // Whatever the outcome, the client may not use the queues any more.
+                self.with_client(client, |c| c.qids.insert((ctrl, qid), false));
+                s.ctrl.delete_io_queues(qid).map_err(from_driver)?;
+                ok(Response::Ok)
+            }
+            Request::Lookup { identity, hashes } => {
+                cap("hashes", hashes.len(), MAX_HASHES)?;
+                let found = self.pool.lookup(identity, &hashes).map_err(from_obj)?;
+                if found.pin != 0 {
+                    self.with_client(client, |c| c.pins.insert(found.pin));
+                }
+                ok(Response::Lookup(found))
+            }
+            Request::Contains { identity, hashes } => {
+                cap("hashes", hashes.len(), MAX_HASHES)?;
+                ok(Response::Count(self.pool.contains(identity, &hashes).map_err(from_obj)? as u64))
+            }
+            Request::Unpin { pin } => {
+                if pin == 0 {
+                    return ok(Response::Ok);
+                }
+                if !self.with_client(client, |c| c.pins.remove(&pin)).unwrap_or(false) {
+                    return Err(invalid(format!("pin {pin} is not this client's")));
+                }
+                self.pool.unpin(pin).map_err(from_obj)?;
+                ok(Response::Ok)
+            }
+            Request::BeginLoad { identity, files } => {
+                cap("files", files.len(), MAX_FILES)?;
+                self.pool.begin_load(identity, &files).map_err(from_obj)?;
+                self.with_client(client, |c| {
+                    for f in &files {
+                        *c.loads.entry(*f).or_default() += 1;
+                    }
+                });
+                ok(Response::Ok)
+            }
+            Request::EndLoad { files } => {
+                cap("files", files.len(), MAX_FILES)?;
+                // Only references this client holds, all or nothing.
+                let held = self
+                    .with_client(client, |c| {
+                        let mut need: HashMap<FileId, u32> = HashMap::new();
+                        for f in &files {
+                            *need.entry(*f).or_default() += 1;
+                        }
+                        if need.iter().any(|(f, n)| c.loads.get(f).copied().unwrap_or(0) < *n) {
+                            return false;
+                        }
+                        for (f, n) in need {
+                            if let Some(h) = c.loads.get_mut(&f) {
+                                *h -= n;
+                                if *h == 0 {
+                                    c.loads.remove(&f);
+                                }
+                            }
+                        }
+                        true
+                    })
+                    .unwrap_or(false);
+                if !held {
+                    return Err(invalid("end-load names files this client holds no load reference on"));
+                }
+                self.pool.end_load(&files).map_err(from_obj)?;
+                ok(Response::Ok)
+            }
+            Request::Reserve { identity, hashes } => {
+                cap("hashes", hashes.len(), MAX_HASHES)?;
+                let (id, entries) = self.pool.reserve(identity, &hashes).map_err(from_obj)?;
+                let news = entries.iter().filter(|e| matches!(e, tutti_objstore::Reserved::New { .. })).count();
+                self.with_client(client, |c| c.reservations.insert(id, news));
+                ok(Response::Reserved { id, entries })
+            }
+            Request::Settle { id, verdicts } => {
+                let news = self.with_client(client, |c| c.reservations.get(&id).copied()).flatten();
+                let Some(news) = news else {
+                    return Err(invalid(format!("reservation {id} is not this client's")));
+                };
+                if verdicts.len() != news {
+                    return Err(invalid(format!(
+                        "reservation {id} has {news} new files, {} verdicts given",
+                        verdicts.len()
+                    )));
+                }
+                let results = self.pool.settle(id, &verdicts).map_err(from_obj)?;
+                self.with_client(client, |c| c.reservations.remove(&id));
+                ok(Response::Settled(results))
+            }
+        }
+    }
+
+    /// Gives back everything `client` held. Its queues go first: deleting a
+    /// submission queue completes or aborts every command in it (§5.6), so
+    /// after that no write of the client can still land in a file that is
+    /// freed here, and no read into its (maybe freed) memory can happen.
+    fn release(&self, client: u64, state: ClientState) {
+        for (&(ctrl, qid), &exists) in &state.qids {
+            let Some(s) = self.ctrls.get(ctrl as usize) else { continue };
+            if exists {
+                if let Err(e) = s.ctrl.delete_io_queues(qid) {
+                    tracing::error!(client, device = %s.ctrl.name(), qid, error = %e,
+                        "deleting a departed client's queues failed; the queue id stays claimed");
+                    continue;
+                }
+            }
+            s.ctrl.release_io_qid(qid);
+        }
+        for s in &self.ctrls {
+            if let Some(emu) = &s.emulated {
+                emu.iommu().unmap_owner(client);
+            }
+        }
+        for (id, news) in state.reservations {
+            // Not committed, so never visible; its files are free again.
+            if let Err(e) = self.pool.settle(id, &vec![Verdict::GiveUp; news]) {
+                tracing::error!(client, reservation = id, error = %e, "aborting a departed client's store failed");
+            }
+        }
+        for (f, n) in state.loads {
+            for _ in 0..n {
+                if let Err(e) = self.pool.end_load(&[f]) {
+                    tracing::error!(client, file = f, error = %e, "dropping a departed client's load reference failed");
+                }
+            }
+        }
+        for pin in state.pins {
+            if let Err(e) = self.pool.unpin(pin) {
+                tracing::error!(client, pin, error = %e, "dropping a departed client's pin failed");
+            }
+        }
+        tracing::info!(client, name = %state.name, "client released");
+    }
+}
+
+fn unreachable_reply() -> Result<(Response, Vec<OwnedFd>), Response> {
+    Err(err(ErrorKind::Protocol, "hello handled above"))
+}
+
+fn cap(what: &str, n: usize, max: usize) -> Result<(), Response> {
+    if n > max {
+        return Err(invalid(format!("{n} {what}; at most {max} per request")));
+    }
+    Ok(())
+}
+
+impl Handler for Service {
+    type Req = Request;
+    type Resp = Response;
+
+    fn connect(&self, peer: &PeerCred) -> Result<u64, String> {
+        let id = self.next_client.fetch_add(1, Ordering::Relaxed);
+        self.clients()
+            .insert(id, ClientState { peer: Some(*peer), since: Some(Instant::now()), ..Default::default() });
+        tracing::info!(client = id, pid = peer.pid, uid = peer.uid, "client connected");
+        Ok(id)
+    }
+
+    fn request(&self, client: u64, peer: &PeerCred, req: Request, fds: Vec<OwnedFd>) -> (Response, Vec<OwnedFd>) {
+        self.with_client(client, |c| c.requests += 1);
+        if !fds.is_empty() {
+            return (invalid(format!("{} carries {} file descriptors; it takes none", req.name(), fds.len())), Vec::new());
+        }
+        let name = req.name();
+        match self.handle(client, peer, req) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(client, request = name, reply = ?e, "request refused");
+                (e, Vec::new())
+            }
+        }
+    }
+
+    fn malformed(&self, client: u64, why: &str) -> Response {
+        tracing::warn!(client, why, "malformed request");
+        invalid(format!("malformed request: {why}"))
+    }
+
+    fn disconnect(&self, client: u64) {
+        let state = self.clients().remove(&client);
+        if let Some(state) = state {
+            self.release(client, state);
+        }
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let all: Vec<(u64, ClientState)> = self.clients().drain().collect();
+        for (id, state) in all {
+            self.release(id, state);
+        }
+    }
+}

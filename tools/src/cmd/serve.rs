@@ -1,0 +1,130 @@
+//! `tutti serve`: run tuttid, the process that owns the drives and the pool
+//! and serves engine processes (clients) on a Unix socket.
+
+use crate::emu::EmulatedArgs;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tutti_daemon::{Daemon, DaemonConfig, DriveSource, SocketMode};
+use tutti_objstore::{Dtype, Geometry, OpenMode, PoolOptions};
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum OpenFlag {
+    /// Format the drives as a new, empty pool.
+    Create,
+    /// Open the pool the drives hold; anything else is an error.
+    Open,
+    /// Open the pool, or format the drives if every one is blank.
+    OpenOrCreate,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The Unix socket clients connect to.
+    #[arg(long, default_value = "/run/tutti/tuttid.sock", env = "TUTTI_SOCKET")]
+    pub socket: PathBuf,
+    /// Let members of this group (name or gid) connect too: the socket is 0660 with
+    /// that group. Without it the socket is 0600: only this user (and root) may connect.
+    #[arg(long)]
+    pub group: Option<String>,
+    /// Emulated drives to start (ignored with --drives).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=32))]
+    pub emulated: u32,
+    /// NVMe drives bound to vfio-pci, by PCI address (comma separated), instead of emulated ones.
+    #[arg(long, value_delimiter = ',')]
+    pub drives: Vec<String>,
+    /// Use vfio's no-IOMMU mode (machines without an IOMMU; testing only).
+    #[arg(long)]
+    pub noiommu: bool,
+    #[command(flatten)]
+    pub emu: EmulatedArgs,
+    #[arg(long, value_enum, default_value_t = OpenFlag::OpenOrCreate)]
+    pub open: OpenFlag,
+    /// The pool's KV geometry: layers per model (rank).
+    #[arg(long, default_value_t = 32)]
+    pub layers: u32,
+    #[arg(long, default_value_t = 8)]
+    pub kv_heads: u32,
+    #[arg(long, default_value_t = 128)]
+    pub head_dim: u32,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_tokens: u32,
+    #[arg(long, default_value = "bf16")]
+    pub dtype: String,
+    /// Deadline of every admin and metadata command, in milliseconds.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    pub io_timeout_ms: u64,
+    /// Print one JSON line when serving (socket, pid, pool) instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn group_id(name: &str) -> anyhow::Result<u32> {
+    if let Ok(n) = name.parse::<u32>() {
+        return Ok(n);
+    }
+    let groups = std::fs::read_to_string("/etc/group")
+        .map_err(|e| anyhow::anyhow!("--group {name}: cannot read /etc/group: {e}"))?;
+    groups
+        .lines()
+        .find_map(|l| {
+            let mut f = l.split(':');
+            (f.next() == Some(name)).then(|| f.nth(1).and_then(|g| g.parse().ok())).flatten()
+        })
+        .ok_or_else(|| anyhow::anyhow!("--group {name}: no such group"))
+}
+
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    let geometry = Geometry {
+        layers: args.layers,
+        kv_heads: args.kv_heads,
+        head_dim: args.head_dim,
+        tokens_per_block: args.block_tokens,
+        dtype: args.dtype.parse::<Dtype>()?,
+    };
+    geometry.validate()?;
+    let mode = match &args.group {
+        Some(g) => SocketMode::Group(group_id(g)?),
+        None => SocketMode::Owner,
+    };
+    let drives = if args.drives.is_empty() {
+        let list = (0..args.emulated as usize).map(|i| args.emu.config(i)).collect::<anyhow::Result<Vec<_>>>()?;
+        DriveSource::Emulated(list)
+    } else {
+        DriveSource::Vfio { bdfs: args.drives.clone(), noiommu: args.noiommu }
+    };
+    let open = match args.open {
+        OpenFlag::Create => OpenMode::Create,
+        OpenFlag::Open => OpenMode::Open,
+        OpenFlag::OpenOrCreate => OpenMode::OpenOrCreate,
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone())
+            .map_err(|e| anyhow::anyhow!("installing the handler of signal {sig}: {e}"))?;
+    }
+    let daemon = Daemon::start(DaemonConfig {
+        socket: args.socket.clone(),
+        mode,
+        drives,
+        pool: PoolOptions::new(geometry, open),
+        io_timeout: Duration::from_millis(args.io_timeout_ms),
+    })?;
+    let status = daemon.status();
+    if args.json {
+        println!("{}", serde_json::json!({"serving": status.socket, "pid": status.pid, "pool": status.pool}));
+    } else {
+        println!("tuttid {} serving pool {} on {} (pid {})", env!("CARGO_PKG_VERSION"), status.pool, status.socket, status.pid);
+    }
+    // Bounded waits: the loop checks the stop flag and the accept thread every 100 ms.
+    while !stop.load(Ordering::Relaxed) {
+        if daemon.is_finished() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    daemon.stop()?;
+    Ok(())
+}
