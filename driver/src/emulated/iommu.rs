@@ -379,6 +379,15 @@ impl EmuIommu {
         n
     }
 
+    /// Whether `iova..iova+len` lies inside one region of `owner` (for an
+    /// owner checking that queue memory a client names is the client's own).
+    pub fn owned_by(&self, iova: u64, len: usize, owner: u64) -> bool {
+        let Ok(regions) = self.table.regions.read() else { return false };
+        regions.range(..=iova).next_back().is_some_and(|(&base, r)| {
+            r.owner == owner && ((iova - base) as usize).checked_add(len).is_some_and(|end| end <= r.len)
+        })
+    }
+
     /// How many regions `owner` holds.
     pub fn regions_of(&self, owner: u64) -> usize {
         self.table.regions.read().map_or(0, |r| r.values().filter(|r| r.owner == owner).count())
