@@ -544,7 +544,11 @@ fn remote_regions_are_owned_bounded_and_die_with_their_process() {
     let mut back = [0u8; 6];
     mmu.dma_read(iova + 10, &mut back).unwrap();
     assert_eq!(&back, b"remote");
-    mmu.dma_store_u32(iova + 4996 - 100 % 4, 0x0102_0304).ok();
+    let word = iova + 200 - iova % 4;
+    mmu.dma_store_u32(word, 0x0102_0304).unwrap();
+    let at = (addr + 200 - iova % 4 - mem.as_ptr() as u64) as usize;
+    assert_eq!(mem[at..at + 4], 0x0102_0304u32.to_ne_bytes());
+    assert!(mmu.dma_store_u32(word + 1, 0).is_err(), "unaligned word store");
 
     // Past the region's pages (the guard page) faults, and is counted.
     let faults = mmu.fault_count();
