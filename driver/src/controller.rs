@@ -53,7 +53,7 @@ impl Default for ControllerOptions {
 }
 
 /// The LBA format a namespace is formatted with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NamespaceFormat {
     /// Index of the LBA format in use (FLBAS).
     pub index: u8,
@@ -87,7 +87,7 @@ impl std::fmt::Display for NamespaceFormat {
 }
 
 /// One active namespace.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NamespaceInfo {
     pub nsid: u32,
     /// Size in logical blocks (NSZE).
@@ -144,7 +144,7 @@ impl NamespaceInfo {
 }
 
 /// What the driver learned about a controller at bring-up.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ControllerInfo {
     pub device: String,
     pub vid: u16,
@@ -186,10 +186,14 @@ pub struct Controller {
     dma: Arc<dyn DmaSpace>,
     cap: Cap,
     opts: ControllerOptions,
-    admin: Mutex<QueueCore>,
+    /// The admin queue; `None` on a leased controller.
+    admin: Option<Mutex<QueueCore>>,
     /// One page for Identify data and other small admin payloads (guarded by `admin`).
-    admin_page: DmaBuffer,
+    admin_page: Option<DmaBuffer>,
+    /// Queue management of a leased controller, done by its owner.
+    lease: Option<Arc<dyn QueueAdmin>>,
     info: ControllerInfo,
+    /// Which I/O queue ids are claimed (owner only; index 0 is the admin queue).
     qids: Mutex<Vec<bool>>,
     /// The pair handed out by [`shared_io_queue_pair`](Self::shared_io_queue_pair), while anyone holds it.
     shared: Mutex<Weak<SharedQueuePair>>,
@@ -200,6 +204,27 @@ pub struct Controller {
 /// holds the lock for a whole operation (every command it submitted has
 /// completed, or was abandoned, when it lets go).
 pub type SharedQueuePair = Mutex<crate::queue::IoQueuePair>;
+
+/// Queue management for a controller whose admin queue lives in another process (a daemon).
+///
+/// A [`Controller::leased`] routes every queue-management step here and
+/// nothing else. Implementations bound each call with a deadline (the
+/// owner may be gone) and answer with an error, never a hang.
+pub trait QueueAdmin: Send + Sync {
+    /// Claims an I/O queue id for `purpose`; DriverError::NoQueuePair (naming device and numbers) when none is left.
+    fn claim_qid(&self, purpose: &str) -> Result<u16>;
+    fn release_qid(&self, qid: u16);
+    /// Create I/O CQ then SQ `qid` with `depth` entries at these IOVAs (PC=1, CQ interrupts off), as create_queues does.
+    fn create_queues(&self, qid: u16, depth: u32, sq_iova: u64, cq_iova: u64) -> Result<()>;
+    /// Delete SQ then CQ `qid` (§5.6: commands in flight are completed or aborted first).
+    fn delete_queues(&self, qid: u16) -> Result<()>;
+    /// I/O queue ids this client could still claim, for
+    /// [`Controller::free_io_queue_pairs`]. The default, 0, makes users that
+    /// choose between a pair of their own and the shared pair take the shared one.
+    fn free(&self) -> u16 {
+        0
+    }
+}
 
 impl std::fmt::Debug for Controller {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -284,8 +309,9 @@ impl Controller {
             dma,
             cap,
             opts,
-            admin: Mutex::new(admin),
-            admin_page,
+            admin: Some(Mutex::new(admin)),
+            admin_page: Some(admin_page),
+            lease: None,
             info: ControllerInfo {
                 device: name,
                 vid: 0,
@@ -313,6 +339,120 @@ impl Controller {
         };
         ctrl.identify()?;
         Ok(Arc::new(ctrl))
+    }
+
+    /// A controller that another process (a daemon) owns and brought up,
+    /// reached through its BAR (`regs`, e.g. a shared
+    /// [`RegisterFile`](crate::emulated::RegisterFile)) and a DMA space that
+    /// maps this process's memory for the device (e.g.
+    /// [`BrokeredDma`](crate::transport::remote::BrokeredDma)). `info` is what
+    /// the owner learned at bring-up; it must agree with CAP, and the
+    /// controller must be ready (CSTS.RDY = 1, CFS = 0).
+    ///
+    /// Nothing is written to the device here or when the controller drops.
+    /// Queue pairs are created and deleted through `admin`; any other admin
+    /// command is refused with [`DriverError::NotOwner`].
+    pub fn leased(
+        regs: Arc<dyn Registers>,
+        dma: Arc<dyn DmaSpace>,
+        info: ControllerInfo,
+        admin: Arc<dyn QueueAdmin>,
+    ) -> Result<Arc<Self>> {
+        let opts = ControllerOptions { io_queue_pairs: info.io_queue_pairs, ..ControllerOptions::default() };
+        Self::leased_with_options(regs, dma, info, admin, opts)
+    }
+
+    /// [`leased`](Self::leased) with the I/O and admin deadlines of `opts`
+    /// (the bring-up fields are not used).
+    pub fn leased_with_options(
+        regs: Arc<dyn Registers>,
+        dma: Arc<dyn DmaSpace>,
+        info: ControllerInfo,
+        admin: Arc<dyn QueueAdmin>,
+        opts: ControllerOptions,
+    ) -> Result<Arc<Self>> {
+        let name = regs.name().to_string();
+        let cap = Cap(regs.read64(offset::CAP)?);
+        let csts = Csts(regs.read32(offset::CSTS)?);
+        let bad = |what: String| DriverError::invalid(format!("{name}: leased controller: {what}"));
+        if csts.fatal() {
+            return Err(DriverError::ControllerFatal { device: name, context: " (taking a lease)".into() });
+        }
+        if !csts.ready() {
+            return Err(bad(
+                "the controller is not ready (CSTS.RDY = 0); its owner has not brought it up".into()
+            ));
+        }
+        if info.max_queue_entries != cap.max_queue_entries() || info.max_queue_entries < 2 {
+            return Err(bad(format!(
+                "info says {} entries per queue, CAP.MQES says {}",
+                info.max_queue_entries,
+                cap.max_queue_entries()
+            )));
+        }
+        if info.doorbell_stride != 4 << cap.dstrd() {
+            return Err(bad(format!(
+                "info says a doorbell stride of {} bytes, CAP.DSTRD says {}",
+                info.doorbell_stride,
+                4u32 << cap.dstrd()
+            )));
+        }
+        if info.page_size != 4096 {
+            return Err(bad(format!("page size {} (the driver uses 4096)", info.page_size)));
+        }
+        let page = info.page_size as u64;
+        if info.max_transfer < page
+            || !info.max_transfer.is_multiple_of(page)
+            || info.max_transfer > DRIVER_MAX_TRANSFER
+        {
+            return Err(bad(format!(
+                "maximum transfer {} is not a multiple of {page} in {page}..={DRIVER_MAX_TRANSFER}",
+                info.max_transfer
+            )));
+        }
+        if info.io_queue_pairs == 0 {
+            return Err(bad("no I/O queue pairs granted".into()));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for ns in &info.namespaces {
+            let size_ok = ns.lba_size.is_power_of_two() && (512..=65536).contains(&ns.lba_size);
+            if ns.nsid == 0
+                || ns.nsid == u32::MAX
+                || !seen.insert(ns.nsid)
+                || !size_ok
+                || ns.blocks == 0
+                || ns.blocks.checked_mul(ns.lba_size as u64).is_none()
+            {
+                return Err(bad(format!(
+                    "namespace {} of {} blocks of {} bytes is not a namespace the driver can address",
+                    ns.nsid, ns.blocks, ns.lba_size
+                )));
+            }
+        }
+        tracing::info!(device = %name, io_queue_pairs = info.io_queue_pairs, namespaces = info.namespaces.len(), "leased controller");
+        Ok(Arc::new(Controller {
+            name,
+            regs,
+            dma,
+            cap,
+            opts,
+            admin: None,
+            admin_page: None,
+            lease: Some(admin),
+            info,
+            qids: Mutex::new(Vec::new()),
+            shared: Mutex::new(Weak::new()),
+            shut_down: AtomicBool::new(false),
+        }))
+    }
+
+    /// Whether this controller is held on a lease ([`leased`](Self::leased)).
+    pub fn is_leased(&self) -> bool {
+        self.lease.is_some()
+    }
+
+    fn not_owner(&self, what: impl Into<String>) -> DriverError {
+        DriverError::NotOwner { device: self.name.clone(), what: what.into() }
     }
 
     fn identify(&mut self) -> Result<()> {
@@ -457,8 +597,12 @@ impl Controller {
 
     /// Runs one admin command and waits for it; a non-success status is an error.
     /// `data` (at most one page) becomes PRP1.
+    /// On a leased controller this is refused with [`DriverError::NotOwner`].
     pub fn admin_command(&self, cmd: Command, data: Option<&DmaBuffer>) -> Result<Completion> {
-        let mut q = self.admin.lock().map_err(|_| self.poisoned())?;
+        let Some(admin) = &self.admin else {
+            return Err(self.not_owner(format!("{} (an admin command)", cmd.name())));
+        };
+        let mut q = admin.lock().map_err(|_| self.poisoned())?;
         self.admin_locked(&mut q, cmd, data.map(|d| d.iova()))
     }
 
@@ -484,18 +628,26 @@ impl Controller {
 
     /// Runs an admin command that returns one page and decodes it as `T`.
     fn admin_read<T: FromBytes>(&self, cmd: Command) -> Result<T> {
-        let mut q = self.admin.lock().map_err(|_| self.poisoned())?;
-        self.admin_page.fill(0);
-        self.admin_locked(&mut q, cmd, Some(self.admin_page.iova()))?;
+        let (Some(admin), Some(admin_page)) = (&self.admin, &self.admin_page) else {
+            return Err(self.not_owner(format!("{} (an admin command)", cmd.name())));
+        };
+        let mut q = admin.lock().map_err(|_| self.poisoned())?;
+        admin_page.fill(0);
+        self.admin_locked(&mut q, cmd, Some(admin_page.iova()))?;
         let mut page = vec![0u8; 4096];
-        self.admin_page.copy_out(0, &mut page)?;
+        admin_page.copy_out(0, &mut page)?;
         T::read_from_prefix(&page)
             .map(|(t, _)| t)
             .map_err(|_| self.bad(format!("{} returned a short payload", cmd.name())))
     }
 
-    /// Claims a free I/O queue id for `purpose` (named in the error when none is left).
-    pub(crate) fn claim_qid(&self, purpose: &str) -> Result<u16> {
+    /// Claims a free I/O queue id for `purpose` (named in the error when none
+    /// is left). The owner of a controller serves a lease with this; on a
+    /// leased controller it asks the owner.
+    pub fn claim_io_qid(&self, purpose: &str) -> Result<u16> {
+        if let Some(lease) = &self.lease {
+            return lease.claim_qid(purpose);
+        }
         let mut qids = self.qids.lock().map_err(|_| self.poisoned())?;
         let qid = (1..qids.len()).find(|&q| !qids[q]).ok_or_else(|| DriverError::NoQueuePair {
             device: self.name.clone(),
@@ -507,8 +659,16 @@ impl Controller {
         Ok(qid as u16)
     }
 
-    /// I/O queue pairs granted and not held by anyone now.
+    pub(crate) fn claim_qid(&self, purpose: &str) -> Result<u16> {
+        self.claim_io_qid(purpose)
+    }
+
+    /// I/O queue pairs granted and not held by anyone now (on a leased
+    /// controller: what its owner says this client may still claim).
     pub fn free_io_queue_pairs(&self) -> u16 {
+        if let Some(lease) = &self.lease {
+            return lease.free();
+        }
         self.qids.lock().map_or(0, |q| q.iter().skip(1).filter(|&&used| !used).count() as u16)
     }
 
@@ -530,6 +690,18 @@ impl Controller {
     }
 
     pub(crate) fn release_qid(&self, qid: u16) {
+        self.release_io_qid(qid)
+    }
+
+    /// Gives back an I/O queue id from [`claim_io_qid`](Self::claim_io_qid)
+    /// (its queues deleted first). Unknown ids are ignored.
+    pub fn release_io_qid(&self, qid: u16) {
+        if let Some(lease) = &self.lease {
+            return lease.release_qid(qid);
+        }
+        if qid == 0 {
+            return;
+        }
         if let Ok(mut qids) = self.qids.lock() {
             if let Some(q) = qids.get_mut(qid as usize) {
                 *q = false;
@@ -553,16 +725,57 @@ impl Controller {
         }
         let sq = self.dma.alloc(depth as usize * 64)?;
         let cq = self.dma.alloc(depth as usize * 16)?;
-        // Our queue memory is always IOVA-contiguous, so PC=1 whether or not CQR requires it.
-        self.admin_command(Command::create_io_cq(qid, depth, cq.iova(), true), None)?;
-        if let Err(e) = self.admin_command(Command::create_io_sq(qid, depth, sq.iova(), qid, true), None) {
-            let _ = self.admin_command(Command::delete_io_cq(qid), None);
-            return Err(e);
-        }
+        self.create_queues_at(qid, depth, sq.iova(), cq.iova())?;
         let dstrd = self.cap.dstrd();
         let sq_db = Doorbell::new(&self.regs, sq_tail_doorbell(qid, dstrd))?;
         let cq_db = Doorbell::new(&self.regs, cq_head_doorbell(qid, dstrd))?;
         Ok((sq, cq, sq_db, cq_db))
+    }
+
+    /// Creates the CQ then the SQ of claimed queue `qid`, `depth` entries
+    /// each, at device addresses `sq_iova`/`cq_iova` (IOVA-contiguous memory
+    /// of `depth` × 64 and × 16 bytes; PC = 1, CQ interrupts off). On
+    /// failure nothing is left behind. The owner of a controller serves a
+    /// lease with this; on a leased controller it asks the owner.
+    pub fn create_queues_at(&self, qid: u16, depth: u32, sq_iova: u64, cq_iova: u64) -> Result<()> {
+        let max = self.info.max_queue_entries;
+        if depth < 2 || depth > max {
+            return Err(DriverError::invalid(format!(
+                "{}: queue depth {depth} is outside 2..={max} (CAP.MQES)",
+                self.name
+            )));
+        }
+        if let Some(lease) = &self.lease {
+            return lease.create_queues(qid, depth, sq_iova, cq_iova);
+        }
+        self.check_claimed(qid)?;
+        let page = self.info.page_size as u64;
+        if !sq_iova.is_multiple_of(page) || !cq_iova.is_multiple_of(page) {
+            return Err(DriverError::invalid(format!(
+                "{}: queue memory at SQ {sq_iova:#x} / CQ {cq_iova:#x} is not page aligned",
+                self.name
+            )));
+        }
+        // Queue memory is always IOVA-contiguous, so PC=1 whether or not CQR requires it.
+        self.admin_command(Command::create_io_cq(qid, depth, cq_iova, true), None)?;
+        if let Err(e) = self.admin_command(Command::create_io_sq(qid, depth, sq_iova, qid, true), None) {
+            let _ = self.admin_command(Command::delete_io_cq(qid), None);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// An error unless `qid` is an I/O queue id claimed on this (owned) controller.
+    fn check_claimed(&self, qid: u16) -> Result<()> {
+        let qids = self.qids.lock().map_err(|_| self.poisoned())?;
+        if qid == 0 || !qids.get(qid as usize).copied().unwrap_or(false) {
+            return Err(DriverError::invalid(format!(
+                "{}: I/O queue {qid} is not claimed (granted: 1..={})",
+                self.name,
+                qids.len().saturating_sub(1)
+            )));
+        }
+        Ok(())
     }
 
     /// Deletes I/O queue pair `qid` (SQ, then CQ) and creates it again at
@@ -584,14 +797,25 @@ impl Controller {
                 e
             })
         };
-        step("delete SQ", self.admin_command(Command::delete_io_sq(qid), None))?;
-        step("delete CQ", self.admin_command(Command::delete_io_cq(qid), None))?;
+        if let Some(lease) = &self.lease {
+            step("delete queues", lease.delete_queues(qid))?;
+            sq.fill(0);
+            cq.fill(0);
+            step("create queues", lease.create_queues(qid, depth, sq.iova(), cq.iova()))?;
+            tracing::info!(device = %self.name, qid, "leased I/O queue pair deleted and created again");
+            return Ok(());
+        }
+        step("delete SQ", self.admin_command(Command::delete_io_sq(qid), None).map(drop))?;
+        step("delete CQ", self.admin_command(Command::delete_io_cq(qid), None).map(drop))?;
         // Stale phase tags in the old CQ would read as fresh completions.
         sq.fill(0);
         cq.fill(0);
-        step("create CQ", self.admin_command(Command::create_io_cq(qid, depth, cq.iova(), true), None))?;
+        step(
+            "create CQ",
+            self.admin_command(Command::create_io_cq(qid, depth, cq.iova(), true), None).map(drop),
+        )?;
         let create_sq = Command::create_io_sq(qid, depth, sq.iova(), qid, true);
-        if let Err(e) = step("create SQ", self.admin_command(create_sq, None)) {
+        if let Err(e) = step("create SQ", self.admin_command(create_sq, None).map(drop)) {
             if let Err(e2) = self.admin_command(Command::delete_io_cq(qid), None) {
                 tracing::warn!(device = %self.name, qid, error = %e2, "deleting the recreated CQ failed");
             }
@@ -603,14 +827,30 @@ impl Controller {
 
     /// Deletes the SQ then the CQ of `qid` (§5.5, §5.6 order).
     pub(crate) fn delete_queues(&self, qid: u16) -> Result<()> {
+        self.delete_io_queues(qid)
+    }
+
+    /// Deletes the SQ then the CQ of claimed queue `qid` (§5.6: the
+    /// controller completes or aborts every command of the SQ first, so
+    /// none of them moves data afterwards). Both deletions are tried; the
+    /// qid stays claimed ([`release_io_qid`](Self::release_io_qid) gives it
+    /// back). The owner serves a lease, and cleans up after a client that
+    /// went away, with this; on a leased controller it asks the owner.
+    pub fn delete_io_queues(&self, qid: u16) -> Result<()> {
+        if let Some(lease) = &self.lease {
+            return lease.delete_queues(qid);
+        }
+        self.check_claimed(qid)?;
         let sq = self.admin_command(Command::delete_io_sq(qid), None);
         let cq = self.admin_command(Command::delete_io_cq(qid), None);
         sq.and(cq).map(|_| ())
     }
 
     /// Orderly shutdown (§7.6.2): CC.SHN = normal, wait for SHST = complete.
+    /// A leased controller belongs to its owner: this only marks it shut
+    /// down here and writes nothing to the device.
     pub fn shutdown(&self) -> Result<()> {
-        if self.shut_down.swap(true, Ordering::AcqRel) {
+        if self.shut_down.swap(true, Ordering::AcqRel) || self.lease.is_some() {
             return Ok(());
         }
         let cc = Cc(self.regs.read32(offset::CC)?);

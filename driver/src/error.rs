@@ -65,6 +65,10 @@ pub enum DriverError {
     #[error("emulated controller: {0}")]
     Emulated(String),
 
+    /// An operation only the controller's owner may do, asked of a leased controller.
+    #[error("nvme {device}: {what} is for the owner of the controller; this process holds it on a lease")]
+    NotOwner { device: String, what: String },
+
     /// Media or a device another owner holds (another process, or another
     /// runtime in this one); the message names it and, where known, the holder.
     #[error("already in use: {0}")]

@@ -6,21 +6,80 @@
 //! wrong pointer in a command is an IOMMU fault — counted and reported as a
 //! Data Transfer Error — never a stray write into the host process.
 
+//!
+//! Regions may also belong to another process ([`EmuIommu::map_remote`]): a
+//! client of a daemon that owns this controller. DMA into and out of those
+//! goes through `process_vm_readv`/`process_vm_writev` on that process.
+//!
+//! # Permission model for remote regions
+//! `process_vm_*` needs ptrace-attach rights over the client (see
+//! ptrace(2), "Ptrace access mode checking"): the controller's process must
+//! run as the same user as the client (and, under Yama `ptrace_scope` 1, be
+//! its ancestor or be named by the client with `PR_SET_PTRACER`, which
+//! [`allow_peer_access`] does), or hold `CAP_SYS_PTRACE` (root). Without
+//! those rights every access to the client's regions faults, which the
+//! client sees as Data Transfer Errors.
+//!
+//! Each remote region holds a pidfd of its process, opened when it was
+//! mapped; an access first checks that this process is still alive, so a
+//! region of a client that exited faults instead of reaching a later process
+//! that happens to get the same pid. (A pid reused in the few instructions
+//! between that check and the copy would be missed; the owner closes that
+//! window by dropping a dead client's regions with [`EmuIommu::unmap_owner`].)
+
 use crate::error::{DriverError, Result};
 use crate::transport::{DmaBuffer, DmaMapping, DmaSpace, IovaSegment};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 const PAGE: usize = 4096;
 /// First IOVA handed out: well above any address a test might confuse it with.
 const IOVA_BASE: u64 = 0x10_0000_0000;
+/// The owner of mappings this process made for itself ([`DmaSpace`]).
+pub const LOCAL_OWNER: u64 = 0;
+/// Remote regions one owner may hold at a time.
+pub const MAX_REMOTE_REGIONS: usize = 1 << 16;
+/// Highest user address + 1 a remote region may reach (57-bit virtual addresses).
+const USER_ADDR_LIMIT: u64 = 1 << 57;
 
-#[derive(Clone, Copy)]
+/// A process whose memory some regions map, and a pidfd that says whether it is still the same one.
+struct Peer {
+    pid: i32,
+    pidfd: OwnedFd,
+}
+
+impl Peer {
+    fn open(pid: i32) -> std::io::Result<Peer> {
+        // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+        let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if raw < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a new descriptor that nothing else owns.
+        Ok(Peer { pid, pidfd: unsafe { OwnedFd::from_raw_fd(raw as i32) } })
+    }
+
+    /// Whether the process this pidfd was opened on has not exited.
+    fn alive(&self) -> bool {
+        let mut p = libc::pollfd { fd: self.pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd, zero timeout. A pidfd polls readable once its process exits.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        n == 0
+    }
+}
+
+#[derive(Clone)]
 struct Region {
     host: usize,
     len: usize,
+    owner: u64,
+    /// `None`: memory of this process.
+    peer: Option<Arc<Peer>>,
+    /// The IOVA `map_remote` returned (the caller's address, page offset kept).
+    handle: u64,
 }
 
 #[derive(Default)]
@@ -28,15 +87,32 @@ struct Table {
     regions: RwLock<BTreeMap<u64, Region>>,
     faults: AtomicU64,
     next: AtomicU64,
+    /// Open pidfds by pid, shared by the regions of one process.
+    peers: Mutex<HashMap<i32, std::sync::Weak<Peer>>>,
 }
 
 impl Table {
-    fn insert(&self, host: usize, len: usize) -> Result<u64> {
+    /// Maps `len` bytes at `host` (page aligned) at a new IOVA; `first` is the
+    /// offset of the caller's own address in it (kept in the IOVA).
+    fn insert(
+        &self,
+        host: usize,
+        len: usize,
+        first: usize,
+        owner: u64,
+        peer: Option<Arc<Peer>>,
+    ) -> Result<u64> {
         let span = (len.next_multiple_of(PAGE) + PAGE) as u64; // one unmapped guard page after
-        let iova = IOVA_BASE + self.next.fetch_add(span, Ordering::Relaxed);
+        let off = self
+            .next
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                n.checked_add(span).filter(|end| end.checked_add(IOVA_BASE).is_some())
+            })
+            .map_err(|_| DriverError::dma("emulated iommu", "IOVA space exhausted"))?;
+        let iova = IOVA_BASE + off;
         let mut regions =
             self.regions.write().map_err(|_| DriverError::dma("emulated iommu", "table lock poisoned"))?;
-        regions.insert(iova, Region { host, len });
+        regions.insert(iova, Region { host, len, owner, peer, handle: iova + first as u64 });
         Ok(iova)
     }
     fn remove(&self, iova: u64) {
@@ -83,6 +159,12 @@ pub struct EmuIommu {
     table: Arc<Table>,
 }
 
+/// Where a translated DMA goes.
+enum Target {
+    Local(*mut u8),
+    Remote { peer: Arc<Peer>, addr: usize },
+}
+
 impl EmuIommu {
     pub fn new(device: &str) -> Self {
         EmuIommu { name: format!("emulated iommu {device}"), table: Arc::default() }
@@ -93,49 +175,245 @@ impl EmuIommu {
         self.table.faults.load(Ordering::Relaxed)
     }
 
-    /// Host address of `iova..iova+len`, which must lie inside one mapping.
-    fn resolve(&self, iova: u64, len: usize) -> std::result::Result<*mut u8, IommuFault> {
-        let fault = || {
-            self.table.faults.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(iommu = %self.name, iova = format_args!("{iova:#x}"), len, "DMA fault: address not mapped");
-            IommuFault { iova, len }
-        };
-        let regions = self.table.regions.read().map_err(|_| fault())?;
-        let (&base, region) = regions.range(..=iova).next_back().ok_or_else(fault)?;
+    fn fault(&self, iova: u64, len: usize, why: &str) -> IommuFault {
+        self.table.faults.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(iommu = %self.name, iova = format_args!("{iova:#x}"), len, "DMA fault: {why}");
+        IommuFault { iova, len }
+    }
+
+    /// Where `iova..iova+len` is, which must lie inside one mapping.
+    fn resolve(&self, iova: u64, len: usize) -> std::result::Result<Target, IommuFault> {
+        let regions = self.table.regions.read().map_err(|_| self.fault(iova, len, "table lock poisoned"))?;
+        let (&base, region) =
+            regions.range(..=iova).next_back().ok_or_else(|| self.fault(iova, len, "address not mapped"))?;
         let off = (iova - base) as usize;
         if off.checked_add(len).is_none_or(|end| end > region.len) {
-            return Err(fault());
+            return Err(self.fault(iova, len, "address not mapped"));
         }
-        Ok((region.host + off) as *mut u8)
+        Ok(match &region.peer {
+            None => Target::Local((region.host + off) as *mut u8),
+            Some(peer) => Target::Remote { peer: peer.clone(), addr: region.host + off },
+        })
+    }
+
+    /// Whether `iova` lies in a region of another process (queue memory
+    /// there may become unreachable at any time: its process can die).
+    pub fn is_remote(&self, iova: u64) -> bool {
+        let Ok(regions) = self.table.regions.read() else { return false };
+        regions
+            .range(..=iova)
+            .next_back()
+            .is_some_and(|(&base, r)| r.peer.is_some() && iova - base < r.len as u64)
+    }
+
+    /// One `process_vm_readv`/`writev` of `len` bytes between `local` and the peer's `addr`.
+    fn remote_copy(
+        &self,
+        iova: u64,
+        peer: &Peer,
+        addr: usize,
+        local: *mut u8,
+        len: usize,
+        write: bool,
+    ) -> std::result::Result<(), IommuFault> {
+        if !peer.alive() {
+            return Err(self.fault(iova, len, &format!("process {} of this region has exited", peer.pid)));
+        }
+        let local_iov = libc::iovec { iov_base: local.cast(), iov_len: len };
+        let remote_iov = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: len };
+        // SAFETY: `local` is `len` bytes of this process the caller lends for
+        // the call (a slice it holds); the kernel checks the remote range
+        // against the peer's address space and our ptrace rights over it.
+        let n = unsafe {
+            if write {
+                libc::process_vm_writev(peer.pid, &local_iov, 1, &remote_iov, 1, 0)
+            } else {
+                libc::process_vm_readv(peer.pid, &local_iov, 1, &remote_iov, 1, 0)
+            }
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(self.fault(iova, len, &format!("process {} not reachable: {e}", peer.pid)));
+        }
+        if n as usize != len {
+            let what = format!("process {}: short transfer of {n} of {len} bytes", peer.pid);
+            return Err(self.fault(iova, len, &what));
+        }
+        Ok(())
     }
 
     /// Device read: copies `dst.len()` bytes at `iova` out of host memory.
     pub fn dma_read(&self, iova: u64, dst: &mut [u8]) -> std::result::Result<(), IommuFault> {
-        let src = self.resolve(iova, dst.len())?;
-        // SAFETY: `resolve` checked that the whole range lies in a live mapping;
-        // the host promised (DmaSpace::map) to keep it allocated while mapped.
-        unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
+        match self.resolve(iova, dst.len())? {
+            // SAFETY: `resolve` checked that the whole range lies in a live mapping;
+            // the host promised (DmaSpace::map) to keep it allocated while mapped.
+            Target::Local(src) => unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) },
+            Target::Remote { peer, addr } => {
+                self.remote_copy(iova, &peer, addr, dst.as_mut_ptr(), dst.len(), false)?
+            }
+        }
         Ok(())
     }
 
     /// Device write: copies `src` into host memory at `iova`.
     pub fn dma_write(&self, iova: u64, src: &[u8]) -> std::result::Result<(), IommuFault> {
-        let dst = self.resolve(iova, src.len())?;
-        // SAFETY: as in `dma_read`; the destination is device-writable memory by contract.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+        match self.resolve(iova, src.len())? {
+            // SAFETY: as in `dma_read`; the destination is device-writable memory by contract.
+            Target::Local(dst) => unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) },
+            // process_vm_writev only reads the local buffer, despite the `*mut` in iovec.
+            Target::Remote { peer, addr } => {
+                self.remote_copy(iova, &peer, addr, src.as_ptr().cast_mut(), src.len(), true)?
+            }
+        }
         Ok(())
     }
 
-    /// Release load of a 32-bit word (queue memory the host polls).
+    /// Release store of a 32-bit word (queue memory the host polls).
+    ///
+    /// In another process's region this is a 4-byte `process_vm_writev` to a
+    /// 4-byte aligned address: the kernel's copy makes that a single aligned
+    /// store on x86-64 (no torn word), and it happens after every earlier
+    /// DMA of this thread (each is a completed system call). It is not an
+    /// atomic read-modify-write, which no queue protocol here needs.
     pub fn dma_store_u32(&self, iova: u64, value: u32) -> std::result::Result<(), IommuFault> {
         if !iova.is_multiple_of(4) {
             return Err(IommuFault { iova, len: 4 });
         }
-        let p = self.resolve(iova, 4)?;
-        // SAFETY: in a live mapping and 4-byte aligned (IOVA and host share the page offset).
-        unsafe { std::sync::atomic::AtomicU32::from_ptr(p.cast()) }.store(value, Ordering::Release);
+        match self.resolve(iova, 4)? {
+            Target::Local(p) => {
+                // SAFETY: in a live mapping and 4-byte aligned (IOVA and host share the page offset).
+                unsafe { std::sync::atomic::AtomicU32::from_ptr(p.cast()) }.store(value, Ordering::Release)
+            }
+            Target::Remote { peer, addr } => {
+                let bytes = value.to_ne_bytes();
+                self.remote_copy(iova, &peer, addr, bytes.as_ptr().cast_mut(), 4, true)?
+            }
+        }
         Ok(())
     }
+
+    /// Maps `len` bytes at `addr` in process `pid` for `owner` (any id but
+    /// [`LOCAL_OWNER`]; the daemon uses one per client). Like
+    /// [`DmaSpace::map`], the region is whole pages with an unmapped guard
+    /// page after it, and the returned IOVA is that of `addr` (its page
+    /// offset kept). Nothing of the peer is touched now: an address it has
+    /// not mapped faults when the controller first uses it. Fails if `pid`
+    /// does not exist.
+    pub fn map_remote(&self, pid: i32, addr: u64, len: usize, owner: u64) -> Result<u64> {
+        let bad = |what: String| DriverError::dma(&self.name, what);
+        if owner == LOCAL_OWNER {
+            return Err(bad(format!("owner id {LOCAL_OWNER} is reserved for this process's own mappings")));
+        }
+        if pid <= 0 {
+            return Err(bad(format!("pid {pid} is not a process")));
+        }
+        let end = addr.checked_add(len as u64).filter(|&e| len > 0 && addr > 0 && e <= USER_ADDR_LIMIT);
+        let Some(end) = end else {
+            return Err(bad(format!("{len} bytes at {addr:#x} is not a non-empty range of user addresses")));
+        };
+        if self.regions_of(owner) >= MAX_REMOTE_REGIONS {
+            return Err(bad(format!("owner {owner} already holds {MAX_REMOTE_REGIONS} regions")));
+        }
+        let peer = self.peer(pid)?;
+        let start = addr & !(PAGE as u64 - 1);
+        let end = end.next_multiple_of(PAGE as u64);
+        let first = (addr - start) as usize;
+        let base = self.table.insert(start as usize, (end - start) as usize, first, owner, Some(peer))?;
+        tracing::debug!(iommu = %self.name, pid, owner, addr = format_args!("{addr:#x}"), len,
+            iova = format_args!("{:#x}", base + first as u64), "remote region mapped");
+        Ok(base + first as u64)
+    }
+
+    /// The shared pidfd of `pid`, opened anew if the one we had is of a process that exited.
+    fn peer(&self, pid: i32) -> Result<Arc<Peer>> {
+        let mut peers =
+            self.table.peers.lock().map_err(|_| DriverError::dma(&self.name, "peer table lock poisoned"))?;
+        peers.retain(|_, w| w.strong_count() > 0);
+        if let Some(p) = peers.get(&pid).and_then(std::sync::Weak::upgrade) {
+            if p.alive() {
+                return Ok(p);
+            }
+        }
+        let p = Arc::new(
+            Peer::open(pid)
+                .map_err(|e| DriverError::dma(&self.name, format!("process {pid} cannot be mapped: {e}")))?,
+        );
+        peers.insert(pid, Arc::downgrade(&p));
+        Ok(p)
+    }
+
+    /// Unmaps the region [`map_remote`](Self::map_remote) returned `iova` for;
+    /// refused (and nothing unmapped) unless it is a region of `owner`.
+    pub fn unmap(&self, iova: u64, owner: u64) -> Result<()> {
+        let mut regions =
+            self.table.regions.write().map_err(|_| DriverError::dma(&self.name, "table lock poisoned"))?;
+        let found = regions
+            .range(..=iova)
+            .next_back()
+            .filter(|(_, r)| r.handle == iova && r.peer.is_some() && r.owner == owner && owner != LOCAL_OWNER)
+            .map(|(&base, _)| base);
+        match found {
+            Some(base) => {
+                regions.remove(&base);
+                Ok(())
+            }
+            None => Err(DriverError::dma(
+                &self.name,
+                format!("IOVA {iova:#x} is not a region that owner {owner} mapped"),
+            )),
+        }
+    }
+
+    /// Drops every region of `owner` (a client that went away); returns how many.
+    pub fn unmap_owner(&self, owner: u64) -> usize {
+        if owner == LOCAL_OWNER {
+            return 0;
+        }
+        let Ok(mut regions) = self.table.regions.write() else { return 0 };
+        let before = regions.len();
+        regions.retain(|_, r| r.owner != owner);
+        let n = before - regions.len();
+        if n > 0 {
+            tracing::info!(iommu = %self.name, owner, regions = n, "regions of owner unmapped");
+        }
+        n
+    }
+
+    /// Whether `iova..iova+len` lies inside one region of `owner` (for an
+    /// owner checking that queue memory a client names is the client's own).
+    pub fn owned_by(&self, iova: u64, len: usize, owner: u64) -> bool {
+        let Ok(regions) = self.table.regions.read() else { return false };
+        regions.range(..=iova).next_back().is_some_and(|(&base, r)| {
+            r.owner == owner && ((iova - base) as usize).checked_add(len).is_some_and(|end| end <= r.len)
+        })
+    }
+
+    /// How many regions `owner` holds.
+    pub fn regions_of(&self, owner: u64) -> usize {
+        self.table.regions.read().map_or(0, |r| r.values().filter(|r| r.owner == owner).count())
+    }
+}
+
+/// Lets process `pid` (the owner of the drives, a daemon) reach this
+/// process's memory with `process_vm_readv`/`writev` under Yama
+/// `ptrace_scope` 1, where only ancestors may otherwise (`PR_SET_PTRACER`).
+/// A kernel without Yama needs nothing, and its refusal is not an error.
+pub fn allow_peer_access(pid: i32) -> Result<()> {
+    if pid <= 0 {
+        return Err(DriverError::invalid(format!("allow_peer_access: pid {pid} is not a process")));
+    }
+    // SAFETY: prctl with integer arguments only.
+    let r = unsafe { libc::prctl(libc::PR_SET_PTRACER, pid as libc::c_ulong, 0, 0, 0) };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINVAL) | Some(libc::ENOENT) => {
+                tracing::debug!(pid, error = %e, "PR_SET_PTRACER refused (no Yama); nothing to allow")
+            }
+            _ => return Err(DriverError::io(format!("prctl(PR_SET_PTRACER, {pid})"), e)),
+        }
+    }
+    Ok(())
 }
 
 impl DmaSpace for EmuIommu {
@@ -153,7 +431,7 @@ impl DmaSpace for EmuIommu {
         // SAFETY: non-zero size (checked above).
         let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })
             .ok_or_else(|| DriverError::dma(&self.name, format!("out of memory allocating {size} bytes")))?;
-        let iova = match self.table.insert(ptr.as_ptr() as usize, size) {
+        let iova = match self.table.insert(ptr.as_ptr() as usize, size, 0, LOCAL_OWNER, None) {
             Ok(iova) => iova,
             Err(e) => {
                 // SAFETY: just allocated with this layout, not shared.
@@ -175,7 +453,7 @@ impl DmaSpace for EmuIommu {
             .checked_add(len)
             .ok_or_else(|| DriverError::dma(&self.name, "range wraps the address space"))?
             .next_multiple_of(PAGE);
-        let base = self.table.insert(start, end - start)?;
+        let base = self.table.insert(start, end - start, vaddr as usize - start, LOCAL_OWNER, None)?;
         let iova = base + (vaddr as usize - start) as u64;
         let release = Release { table: self.table.clone(), iova: base, owned: None };
         let segments = vec![IovaSegment { iova, len: len as u64 }];

@@ -23,7 +23,7 @@ pub mod walk;
 
 pub use config::{CostModel, EmulatedConfig, MediaConfig, NamespaceConfig};
 pub use faults::{FaultAction, FaultInjector, FaultMatch};
-pub use iommu::EmuIommu;
+pub use iommu::{allow_peer_access, EmuIommu, LOCAL_OWNER};
 pub use regs::RegisterFile;
 
 use crate::error::{DriverError, Result};
@@ -88,7 +88,7 @@ impl EmulatedController {
     pub fn start(cfg: EmulatedConfig) -> Result<Self> {
         cfg.validate().map_err(|e| DriverError::Emulated(format!("{}: {e}", cfg.name)))?;
         let media = media::Media::open(&cfg)?;
-        let regs = Arc::new(RegisterFile::new(&cfg.name, cfg.max_io_queue_pairs, cfg.dstrd));
+        let regs = Arc::new(RegisterFile::new(&cfg.name, cfg.max_io_queue_pairs, cfg.dstrd)?);
         let shared = Arc::new(Shared {
             iommu: EmuIommu::new(&cfg.name),
             regs,
@@ -116,6 +116,11 @@ impl EmulatedController {
     /// BAR0, for `Controller::new`.
     pub fn registers(&self) -> Arc<dyn Registers> {
         self.shared.regs.clone()
+    }
+    /// BAR0 as the shared register file, whose memfd a lease hands to a
+    /// client process ([`RegisterFile::memfd`], [`RegisterFile::from_fd`]).
+    pub fn register_file(&self) -> &Arc<RegisterFile> {
+        &self.shared.regs
     }
     /// The DMA space (IOMMU) of this controller, for `Controller::new`.
     pub fn dma_space(&self) -> Arc<dyn DmaSpace> {

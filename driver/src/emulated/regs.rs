@@ -1,30 +1,133 @@
-//! The emulated controller's BAR0: a register file in ordinary memory.
+//! The emulated controller's BAR0: a register file in shared memory.
 //!
 //! Host stores land in atomics that the controller thread polls, exactly as a
 //! device sees MMIO writes. Read-only registers (CAP, VS, CSTS) ignore host
 //! writes; the controller updates them through [`RegisterFile::set32`].
+//!
+//! The words live in a `memfd` mapped `MAP_SHARED`, so another process can map
+//! the same register file ([`RegisterFile::from_fd`]) and ring doorbells of
+//! queues it was leased. Every access on either side is a 32-bit atomic, which
+//! is as coherent between processes as between threads. The memfd is sealed
+//! against shrinking and growing, so no process holding it can make the
+//! mapping shorter under another one (which would raise SIGBUS there).
 
-use crate::error::Result;
+use crate::error::{DriverError, Result};
 use crate::spec::registers::{bar_len_for, offset};
 use crate::transport::{check_register, DoorbellKind, Registers};
+use memmap2::{MmapOptions, MmapRaw};
+use std::ffi::CString;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+/// The largest register file [`RegisterFile::from_fd`] maps: doorbells for
+/// 65535 queues at the largest stride the emulator supports, rounded up.
+pub const MAX_REGISTER_FILE: usize = 16 << 20;
+
+const PAGE: usize = 4096;
+
 pub struct RegisterFile {
     name: String,
-    words: Box<[AtomicU32]>,
+    map: MmapRaw,
+    fd: OwnedFd,
 }
 
 impl RegisterFile {
-    /// A zeroed register file with doorbells for queues `0..=max_qid`.
-    pub fn new(name: &str, max_qid: u16, dstrd: u8) -> Self {
-        let len = bar_len_for(max_qid, dstrd).next_multiple_of(4096);
-        let words = (0..len / 4).map(|_| AtomicU32::new(0)).collect();
-        RegisterFile { name: name.to_string(), words }
+    /// A zeroed register file with doorbells for queues `0..=max_qid`, in a
+    /// new sealed memfd.
+    pub fn new(name: &str, max_qid: u16, dstrd: u8) -> Result<Self> {
+        let len = bar_len_for(max_qid, dstrd).next_multiple_of(PAGE);
+        let label: String = format!("tutti-bar0-{name}").chars().filter(|c| *c != '\0').take(200).collect();
+        let cname = CString::new(label).map_err(|_| DriverError::invalid("register file name"))?;
+        // SAFETY: `cname` is a valid NUL-terminated string; the flags are plain constants.
+        let raw = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+        if raw < 0 {
+            return Err(DriverError::io(
+                format!("{name}: memfd_create for the register file"),
+                std::io::Error::last_os_error(),
+            ));
+        }
+        // SAFETY: `raw` is a new descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: plain syscalls on a descriptor we own.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+            return Err(DriverError::io(
+                format!("{name}: sizing the register file memfd to {len} bytes"),
+                std::io::Error::last_os_error(),
+            ));
+        }
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: as above.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+            return Err(DriverError::io(
+                format!("{name}: sealing the register file memfd"),
+                std::io::Error::last_os_error(),
+            ));
+        }
+        Self::map(name, fd, len)
+    }
+
+    /// Maps a register file another process created (the client side of a
+    /// lease). `len` must be what that process reports as its length: a
+    /// multiple of 4096, at least 0x1008 (CAP..the admin doorbells), at most
+    /// [`MAX_REGISTER_FILE`], equal to the file's size; and the file must be
+    /// a memfd sealed against shrinking, so that it cannot get shorter while
+    /// mapped.
+    pub fn from_fd(name: &str, fd: OwnedFd, len: usize) -> Result<RegisterFile> {
+        let bad = |what: String| DriverError::invalid(format!("register file for {name}: {what}"));
+        if !len.is_multiple_of(PAGE) || len < bar_len_for(0, 0) || len > MAX_REGISTER_FILE {
+            return Err(bad(format!(
+                "length {len:#x} is not a multiple of {PAGE:#x} in {:#x}..={MAX_REGISTER_FILE:#x}",
+                bar_len_for(0, 0)
+            )));
+        }
+        let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+        // SAFETY: `st` is writable memory of the right size for fstat.
+        if unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) } != 0 {
+            return Err(DriverError::io(
+                format!("{name}: fstat of the register file"),
+                std::io::Error::last_os_error(),
+            ));
+        }
+        // SAFETY: fstat succeeded, so it filled `st` in.
+        let st = unsafe { st.assume_init() };
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_size != len as libc::off_t {
+            return Err(bad(format!(
+                "the file is {} bytes (mode {:#o}), not a {len:#x}-byte regular file",
+                st.st_size, st.st_mode
+            )));
+        }
+        // SAFETY: plain fcntl on a descriptor we own.
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+            return Err(bad("the file is not a memfd sealed against shrinking".into()));
+        }
+        Self::map(name, fd, len)
+    }
+
+    fn map(name: &str, fd: OwnedFd, len: usize) -> Result<RegisterFile> {
+        let map = MmapOptions::new()
+            .len(len)
+            .map_raw(&fd)
+            .map_err(|e| DriverError::io(format!("{name}: mapping the register file"), e))?;
+        Ok(RegisterFile { name: name.to_string(), map, fd })
+    }
+
+    /// The memfd behind this register file, to hand to another process
+    /// (with [`len`](Registers::len)) for [`from_fd`](Self::from_fd).
+    pub fn memfd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    fn words(&self) -> &[AtomicU32] {
+        // SAFETY: the mapping is page aligned, `len` bytes long and lives as
+        // long as `self`; every access to it (here and in other processes)
+        // is a 32-bit atomic, and the memfd's seals keep it from shrinking.
+        unsafe { std::slice::from_raw_parts(self.map.as_ptr().cast::<AtomicU32>(), self.map.len() / 4) }
     }
 
     fn word(&self, offset: usize) -> &AtomicU32 {
-        &self.words[offset / 4]
+        &self.words()[offset / 4]
     }
 
     /// Controller-side load (acquire): sees every host store made before it.
@@ -53,7 +156,7 @@ impl Registers for RegisterFile {
         &self.name
     }
     fn len(&self) -> usize {
-        self.words.len() * 4
+        self.map.len()
     }
     fn read32(&self, offset: usize) -> Result<u32> {
         check_register(&self.name, self.len(), offset, 4)?;
@@ -78,7 +181,7 @@ mod tests {
 
     #[test]
     fn host_cannot_write_read_only_registers() -> Result<()> {
-        let r = RegisterFile::new("t", 2, 0);
+        let r = RegisterFile::new("t", 2, 0)?;
         r.set64(offset::CAP, 0x1234_5678_9abc);
         r.write32(offset::CAP, 0)?;
         r.write32(offset::CSTS, 1)?;
@@ -90,10 +193,11 @@ mod tests {
     }
 
     #[test]
-    fn out_of_range_access_is_an_error() {
-        let r = RegisterFile::new("t", 1, 0);
+    fn out_of_range_access_is_an_error() -> Result<()> {
+        let r = RegisterFile::new("t", 1, 0)?;
         assert!(r.read32(r.len()).is_err());
         assert!(r.write32(2, 0).is_err());
         assert!(r.doorbell_ptr(0x1000).is_ok());
+        Ok(())
     }
 }

@@ -56,7 +56,7 @@ const _: () = assert!(core::mem::offset_of!(IdentifyController, vwc) == 525);
 const _: () = assert!(core::mem::offset_of!(IdentifyController, sgls) == 536);
 
 /// Whether and how a controller accepts SGLs for NVM commands (SGLS bits 1:0).
-#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub enum SglSupport {
     /// SGLs are not supported: PRP only.
     None,
@@ -256,7 +256,7 @@ impl IdentifyNamespace {
 }
 
 /// I/O Command Set of a namespace (Command Set Identifier, CSI).
-#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CommandSet {
     /// NVM Command Set (CSI 00h): plain logical blocks.

@@ -9,6 +9,7 @@
 //! process) and `vfio` (a real PCI function bound to vfio-pci).
 
 pub mod dma;
+pub mod remote;
 pub mod vfio;
 
 pub use dma::{DmaBuffer, DmaMapping, IovaSegment};

@@ -257,7 +257,9 @@ impl Engine {
         self.check_queue_size(entries)?;
         let mem = self.queue_mem(sqe.prp1(), sqe.cdw11 & 1 != 0, entries, CQE_SIZE)?;
         self.zero_cq_doorbell(qid);
-        self.cqs[qid as usize] = Some(Cq::new(mem, entries, 0));
+        let mut cq = Cq::new(mem, entries, 0);
+        cq.remote = cq.mem.is_remote(&self.shared.iommu);
+        self.cqs[qid as usize] = Some(cq);
         self.features.queues_created = true;
         Ok(0)
     }
@@ -279,7 +281,9 @@ impl Engine {
             cq.bound_sqs += 1;
         }
         self.zero_sq_doorbell(qid);
-        self.sqs[qid as usize] = Some(Sq::new(mem, entries, cqid));
+        let mut sq = Sq::new(mem, entries, cqid);
+        sq.remote = sq.mem.is_remote(&self.shared.iommu);
+        self.sqs[qid as usize] = Some(sq);
         Ok(0)
     }
 

@@ -27,6 +27,14 @@ impl QueueMem {
             }
         }
     }
+
+    /// Whether any of the queue's memory lies in another process's region.
+    pub(super) fn is_remote(&self, iommu: &crate::emulated::EmuIommu) -> bool {
+        match self {
+            QueueMem::Contiguous(base) => iommu.is_remote(*base),
+            QueueMem::Pages(pages) => pages.iter().any(|&p| iommu.is_remote(p)),
+        }
+    }
 }
 
 pub(super) struct Sq {
@@ -37,6 +45,10 @@ pub(super) struct Sq {
     pub(super) cqid: u16,
     /// The last out-of-range doorbell value, so it is reported once.
     pub(super) bad_tail: Option<u32>,
+    /// The ring is in another process's memory, which may vanish with it.
+    pub(super) remote: bool,
+    /// Fetching from the (remote) ring failed: nothing more is fetched until the SQ is deleted.
+    pub(super) stopped: bool,
 }
 
 pub(super) struct Cq {
@@ -50,18 +62,20 @@ pub(super) struct Cq {
     /// Slots promised to completions waiting in the pending list.
     pub(super) reserved: u32,
     pub(super) bad_head: Option<u32>,
+    /// The ring is in another process's memory, which may vanish with it.
+    pub(super) remote: bool,
 }
 
 impl Sq {
     pub(super) fn new(mem: QueueMem, size: u32, cqid: u16) -> Sq {
-        Sq { mem, size, head: 0, tail: 0, cqid, bad_tail: None }
+        Sq { mem, size, head: 0, tail: 0, cqid, bad_tail: None, remote: false, stopped: false }
     }
 }
 
 impl Cq {
     /// An empty CQ; the controller's phase tag starts at 1 over host-zeroed memory (§4.6).
     pub(super) fn new(mem: QueueMem, size: u32, bound_sqs: u32) -> Cq {
-        Cq { mem, size, head: 0, tail: 0, phase: true, bound_sqs, reserved: 0, bad_head: None }
+        Cq { mem, size, head: 0, tail: 0, phase: true, bound_sqs, reserved: 0, bad_head: None, remote: false }
     }
 
     /// Empty slots; one slot always stays empty, so full is tail + 1 == head (§4.1).
@@ -147,7 +161,7 @@ impl Engine {
         let mut busy = false;
         for _ in 0..BURST {
             let Some(sq) = self.sqs[qid as usize].as_mut() else { break };
-            if sq.head == sq.tail {
+            if sq.head == sq.tail || sq.stopped {
                 break;
             }
             let cqid = sq.cqid;
@@ -158,6 +172,13 @@ impl Engine {
             let mut sqe = SubmissionEntry::default();
             if self.shared.iommu.dma_read(addr, sqe.as_mut_bytes()).is_err() {
                 let why = format!("cannot fetch SQ {qid} entry {} at {addr:#x}", sq.head);
+                if sq.remote {
+                    // Another process's ring (a client that died or unmapped it)
+                    // must not stop the controller for everyone else.
+                    tracing::warn!(device = %self.shared.cfg.name, qid, "{why}: ring in another process; SQ stopped until deleted");
+                    sq.stopped = true;
+                    return true;
+                }
                 self.enter_fatal(&why);
                 return true;
             }
@@ -241,6 +262,7 @@ impl Engine {
         let Some(cq) = self.cqs[cqid as usize].as_mut() else { return };
         let entry = CompletionEntry::new(dw0, sqhd, sqid, cid, cq.phase, status);
         let addr = cq.mem.entry(cq.tail, CQE_SIZE, page);
+        let remote = cq.remote;
         cq.tail += 1;
         if cq.tail == cq.size {
             cq.tail = 0;
@@ -253,7 +275,12 @@ impl Engine {
             .dma_write(addr, &entry.as_bytes()[..12])
             .and_then(|()| iommu.dma_store_u32(addr + 12, entry.dw3));
         if written.is_err() {
-            self.enter_fatal(&format!("cannot write CQ {cqid} entry at {addr:#x}"));
+            let why = format!("cannot write CQ {cqid} entry at {addr:#x}");
+            if remote {
+                tracing::warn!(device = %self.shared.cfg.name, cqid, sqid, cid, "{why}: ring in another process; completion dropped");
+            } else {
+                self.enter_fatal(&why);
+            }
         }
     }
 
