@@ -86,26 +86,29 @@ impl Connection {
         // A message refused before its first byte was sent leaves the stream in step.
         if let Err(e) = send_frame_by(&state.stream, req, fds, deadline) {
             let in_step = e.is_malformed_frame() || matches!(e, DaemonError::FrameTooLarge { .. });
-            if !in_step {
-                state.lose(&e);
+            if in_step {
+                return Err(e);
             }
-            return Err(e);
+            return Err(self.lost(&mut state, e));
         }
         match recv_frame(&state.stream, deadline) {
             Ok(reply) => Ok(reply),
-            Err(e) => {
-                // A reply that was read to its end but did not decode leaves the stream in step.
-                if !e.is_malformed_frame() {
-                    state.lose(&e);
-                }
-                Err(match e {
-                    DaemonError::Closed => DaemonError::ConnectionLost {
-                        path: self.path.clone(),
-                        why: "tuttid closed the connection during the call".into(),
-                    },
-                    other => other,
-                })
-            }
+            // A reply that was read to its end but did not decode leaves the stream in step.
+            Err(e) if e.is_malformed_frame() => Err(e),
+            Err(e) => Err(self.lost(&mut state, e)),
+        }
+    }
+
+    /// Marks the connection lost after `e`; returns the error for the caller, a closed
+    /// stream said as such.
+    fn lost(&self, state: &mut State, e: DaemonError) -> DaemonError {
+        state.lose(&e);
+        match e {
+            DaemonError::Closed | DaemonError::Truncated { .. } => DaemonError::ConnectionLost {
+                path: self.path.clone(),
+                why: format!("tuttid closed the connection during a call: {e}"),
+            },
+            other => other,
         }
     }
 

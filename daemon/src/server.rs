@@ -348,9 +348,22 @@ fn refuse(stream: &UnixStream, message: String) {
 }
 
 /// One client's life: greeting, then requests in order until it goes, breaks the protocol,
-/// or the server stops.
+/// or the server stops. The socket is shut down at the end, so the client sees the end
+/// even if a copy of the descriptor lives on in a forked process.
 fn serve_client<H: Handler>(
     stream: UnixStream,
+    peer: PeerCred,
+    handler: &H,
+    stop: &AtomicBool,
+    limits: Limits,
+    slot: Slot,
+) {
+    serve(&stream, peer, handler, stop, limits, slot);
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+}
+
+fn serve<H: Handler>(
+    stream: &UnixStream,
     peer: PeerCred,
     handler: &H,
     stop: &AtomicBool,
@@ -361,14 +374,14 @@ fn serve_client<H: Handler>(
         Ok(client) => client,
         Err(message) => {
             tracing::info!(pid = peer.pid, %message, "the handler refused a client");
-            refuse(&stream, message);
+            refuse(stream, message);
             return;
         }
     };
     let _session = Session { handler, client, slot: Some(slot) };
     tracing::debug!(client, pid = peer.pid, uid = peer.uid, "client connected");
     let hello = Hello::Welcome { protocol: PROTOCOL_VERSION, client, daemon_pid: std::process::id() };
-    if let Err(e) = send_frame_by(&stream, &hello, &[], Instant::now() + LAST_WORD_TIMEOUT) {
+    if let Err(e) = send_frame_by(stream, &hello, &[], Instant::now() + LAST_WORD_TIMEOUT) {
         tracing::debug!(client, error = %e, "could not greet a client");
         return;
     }
@@ -376,7 +389,7 @@ fn serve_client<H: Handler>(
     let mut malformed = 0u32;
     loop {
         // An idle client may stay for hours: wait for its next frame without a deadline.
-        match poll_once(&stream, PollFlags::IN, IDLE_POLL) {
+        match poll_once(stream, PollFlags::IN, IDLE_POLL) {
             Ok(true) => {}
             Ok(false) if stop.load(Ordering::Acquire) => return,
             Ok(false) => continue,
@@ -388,10 +401,10 @@ fn serve_client<H: Handler>(
         if stop.load(Ordering::Acquire) {
             return;
         }
-        match recv_frame::<H::Req>(&stream, Instant::now() + limits.frame_timeout) {
+        match recv_frame::<H::Req>(stream, Instant::now() + limits.frame_timeout) {
             Ok((req, fds)) => {
                 let (resp, out) = handler.request(client, &peer, req, fds);
-                if !reply(&stream, handler, client, &resp, &out) {
+                if !reply(stream, handler, client, &resp, &out) {
                     return;
                 }
             }
@@ -405,7 +418,7 @@ fn serve_client<H: Handler>(
                 } else {
                     e.to_string()
                 };
-                if !reply(&stream, handler, client, &handler.malformed(client, &why), &[]) || last {
+                if !reply(stream, handler, client, &handler.malformed(client, &why), &[]) || last {
                     return;
                 }
             }
@@ -413,7 +426,7 @@ fn serve_client<H: Handler>(
                 // Oversized, truncated or stalled: the stream is out of step. Say why, then drop it.
                 tracing::warn!(client, error = %e, "dropping a client for a protocol error");
                 let resp = handler.malformed(client, &format!("{e}; closing the connection"));
-                let _ = send_frame_by(&stream, &resp, &[], Instant::now() + LAST_WORD_TIMEOUT);
+                let _ = send_frame_by(stream, &resp, &[], Instant::now() + LAST_WORD_TIMEOUT);
                 return;
             }
         }
