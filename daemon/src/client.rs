@@ -1,0 +1,179 @@
+//! The client end of tuttid's socket: one connection, one request at a time.
+
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use rustix::io::Errno;
+use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::error::{DaemonError, Result};
+use crate::wire::{recv_frame, send_frame_by, Hello, PROTOCOL_VERSION};
+
+/// How often a connect whose listen queue is full is retried.
+const CONNECT_RETRY: Duration = Duration::from_millis(5);
+
+/// A connection to tuttid. Calls are serialized: a reply always answers the request sent
+/// just before it. A call that fails part-way (timeout, daemon gone) leaves the stream out
+/// of step, so the connection is marked lost and every later call fails at once.
+#[derive(Debug)]
+pub struct Connection {
+    path: PathBuf,
+    client: u64,
+    daemon_pid: u32,
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    stream: UnixStream,
+    /// Why the connection is unusable, once it is.
+    lost: Option<String>,
+}
+
+impl Connection {
+    /// Connects to the daemon at `path` and reads its greeting, all within `timeout`.
+    pub fn connect(path: impl AsRef<Path>, timeout: Duration) -> Result<Connection> {
+        let path = path.as_ref().to_path_buf();
+        let deadline = Instant::now() + timeout;
+        let stream = connect_by(&path, deadline)?;
+        let (hello, _fds) = recv_frame::<Hello>(&stream, deadline).map_err(|e| match e {
+            DaemonError::Closed => DaemonError::ConnectionLost {
+                path: path.clone(),
+                why: "the daemon closed the connection before greeting this client".into(),
+            },
+            DaemonError::Timeout { waited, .. } => {
+                DaemonError::Timeout { what: format!("the greeting of tuttid at {}", path.display()), waited }
+            }
+            other => other,
+        })?;
+        match hello {
+            Hello::Refused { message } => Err(DaemonError::Refused { path, message }),
+            Hello::Welcome { protocol, .. } if protocol != PROTOCOL_VERSION => {
+                Err(DaemonError::Protocol { path, theirs: protocol, ours: PROTOCOL_VERSION })
+            }
+            Hello::Welcome { client, daemon_pid, .. } => {
+                tracing::debug!(path = %path.display(), client, daemon_pid, "connected to tuttid");
+                Ok(Connection { path, client, daemon_pid, state: Mutex::new(State { stream, lost: None }) })
+            }
+        }
+    }
+
+    /// Sends `req` with `fds` and waits for the reply and the descriptors that came with it,
+    /// all within `timeout`.
+    pub fn call<Req, Resp>(
+        &self,
+        req: &Req,
+        fds: &[BorrowedFd<'_>],
+        timeout: Duration,
+    ) -> Result<(Resp, Vec<OwnedFd>)>
+    where
+        Req: Serialize + ?Sized,
+        Resp: DeserializeOwned,
+    {
+        let deadline = Instant::now() + timeout;
+        let mut state = self.state.lock().map_err(|_| DaemonError::ConnectionLost {
+            path: self.path.clone(),
+            why: "a call on it panicked".into(),
+        })?;
+        if let Some(why) = &state.lost {
+            return Err(DaemonError::ConnectionLost { path: self.path.clone(), why: why.clone() });
+        }
+        // A message refused before its first byte was sent leaves the stream in step.
+        if let Err(e) = send_frame_by(&state.stream, req, fds, deadline) {
+            let in_step = e.is_malformed_frame() || matches!(e, DaemonError::FrameTooLarge { .. });
+            if in_step {
+                return Err(e);
+            }
+            return Err(self.lost(&mut state, e));
+        }
+        match recv_frame(&state.stream, deadline) {
+            Ok(reply) => Ok(reply),
+            // A reply that was read to its end but did not decode leaves the stream in step.
+            Err(e) if e.is_malformed_frame() => Err(e),
+            Err(e) => Err(self.lost(&mut state, e)),
+        }
+    }
+
+    /// Marks the connection lost after `e`; returns the error for the caller, a closed
+    /// stream said as such.
+    fn lost(&self, state: &mut State, e: DaemonError) -> DaemonError {
+        state.lose(&e);
+        match e {
+            DaemonError::Closed | DaemonError::Truncated { .. } => DaemonError::ConnectionLost {
+                path: self.path.clone(),
+                why: format!("tuttid closed the connection during a call: {e}"),
+            },
+            other => other,
+        }
+    }
+
+    /// The socket path this connection was opened on.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The id the daemon gave this client.
+    pub fn client_id(&self) -> u64 {
+        self.client
+    }
+
+    /// The pid of the daemon, as it reported it.
+    pub fn daemon_pid(&self) -> u32 {
+        self.daemon_pid
+    }
+}
+
+impl State {
+    fn lose(&mut self, e: &DaemonError) {
+        tracing::warn!(error = %e, "connection to tuttid lost");
+        self.lost = Some(e.to_string());
+        // Nothing more will be read or written; let the daemon see the end now.
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// Connects a stream socket to `path`, retrying while the listener's queue is full, until
+/// `deadline`. A missing socket, or one nobody listens on, is [`DaemonError::NotListening`].
+pub(crate) fn connect_by(path: &Path, deadline: Instant) -> Result<UnixStream> {
+    let started = Instant::now();
+    let addr = SocketAddrUnix::new(path).map_err(|e| DaemonError::BadPath {
+        path: path.to_path_buf(),
+        what: std::io::Error::from(e).to_string(),
+    })?;
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )
+    .map_err(|e| DaemonError::io("creating a Unix socket", e.into()))?;
+    loop {
+        match rustix::net::connect(&fd, &addr) {
+            Ok(()) => break,
+            Err(Errno::INTR) => {}
+            // A Unix socket's connect does not go in progress: EAGAIN means the queue is full.
+            Err(Errno::AGAIN) => {
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err(DaemonError::Timeout {
+                        what: format!("room in the accept queue of {}", path.display()),
+                        waited: now - started,
+                    });
+                }
+                std::thread::sleep(CONNECT_RETRY.min(deadline - now));
+            }
+            Err(Errno::NOENT | Errno::CONNREFUSED) => {
+                return Err(DaemonError::NotListening { path: path.to_path_buf() })
+            }
+            Err(e) => return Err(DaemonError::io(format!("connecting to {}", path.display()), e.into())),
+        }
+    }
+    let stream = UnixStream::from(fd);
+    stream.set_nonblocking(false).map_err(|e| DaemonError::io("making a socket blocking", e))?;
+    Ok(stream)
+}
