@@ -2,7 +2,7 @@
 //! pool; this process leases its own queue pairs and moves its own bytes.
 
 use crate::config::{backend_for, tutti_geometry_t, Rig, TUTTI_EXECUTOR_DIRECT, TUTTI_EXECUTOR_GIO_HOST};
-use crate::error::{guard, CapiError, Result};
+use crate::error::{guard, CapiError};
 use crate::ptr::{self, SizePrefixed};
 use crate::runtime::{tutti_runtime_t, Runtime, RUNTIMES};
 use crate::status::TUTTI_OK;
@@ -48,8 +48,8 @@ impl From<DaemonError> for CapiError {
     fn from(e: DaemonError) -> Self {
         match e {
             DaemonError::Obj(o) => CapiError::Obj(o),
-            e @ DaemonError::Refused { kind: ErrorKind::Busy, .. } => CapiError::Busy(e.to_string()),
-            e @ DaemonError::Refused { kind: ErrorKind::Invalid, .. } => CapiError::invalid("request", e.to_string()),
+            e @ DaemonError::Rejected { kind: ErrorKind::Busy, .. } => CapiError::Busy(e.to_string()),
+            e @ DaemonError::Rejected { kind: ErrorKind::Invalid, .. } => CapiError::invalid("request", e.to_string()),
             e => CapiError::Io(e.to_string()),
         }
     }

@@ -85,7 +85,7 @@ fn obj_code(e: &ObjError) -> i32 {
         // The drives hold no pool, another pool, or a pool of another shape.
         ObjError::Invalid { field: "drives", .. } => TUTTI_E_POOL,
         ObjError::Invalid { .. } => TUTTI_E_INVALID_ARG,
-        ObjError::Driver(_) | ObjError::Gio(_) | ObjError::Drive { .. } => TUTTI_E_IO,
+        ObjError::Driver(_) | ObjError::Gio(_) | ObjError::Drive { .. } | ObjError::Peer(_) => TUTTI_E_IO,
         ObjError::Pool { .. } => TUTTI_E_POOL,
         ObjError::PoolFull { .. } => TUTTI_E_POOL_FULL,
         ObjError::NotRegistered => TUTTI_E_NOT_REGISTERED,

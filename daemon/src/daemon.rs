@@ -124,7 +124,7 @@ impl Daemon {
         self.stop.store(true, Ordering::Release);
         match self.thread.take().map(|t| t.join()) {
             Some(Ok(r)) => r,
-            Some(Err(_)) => Err(DaemonError::Protocol("the accept thread panicked".into())),
+            Some(Err(_)) => Err(DaemonError::Unexpected("the accept thread panicked".into())),
             None => Ok(()),
         }
     }

@@ -70,6 +70,24 @@ pub enum DaemonError {
     #[error("invalid socket path {}: {what}", path.display())]
     BadPath { path: PathBuf, what: String },
 
+    /// The daemon answered a request with an error.
+    #[error("tuttid refused {request}: {message}")]
+    Rejected { request: &'static str, kind: crate::proto::ErrorKind, message: String },
+
+    /// The daemon answered with something this client did not ask for.
+    #[error("tuttid answered out of protocol: {0}")]
+    Unexpected(String),
+
+    /// The daemon's configuration cannot work.
+    #[error("configuration: {0}")]
+    Config(String),
+
+    #[error(transparent)]
+    Obj(#[from] tutti_objstore::ObjError),
+
+    #[error(transparent)]
+    Driver(#[from] tutti_driver::DriverError),
+
     /// An earlier call on this connection failed in a way that left requests and replies out of step.
     #[error("connection to tuttid lost ({}: {why}); open a new connection", path.display())]
     ConnectionLost { path: PathBuf, why: String },

@@ -7,18 +7,27 @@
 //!   [`Handler`];
 //! - [`client`]: a [`Connection`] that makes one call at a time.
 //!
-//! The daemon's operations (their request and reply types) are built on top of this layer.
+//! On top of it, the daemon's operations:
+//! - [`proto`]: the requests and replies;
+//! - [`Daemon`]: opens the drives and the pool and serves them (`service.rs`: the daemon's
+//!   side of every request, and what each client holds until it goes);
+//! - [`remote`]: an engine process's side, a `KvStore` whose pool lives in the daemon.
 
 // Libraries report through return values and `tracing`, never by printing.
 #![warn(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod client;
+mod daemon;
 pub mod error;
 pub mod peer;
+pub mod proto;
+pub mod remote;
 pub mod server;
+mod service;
 pub mod wire;
 
 pub use client::Connection;
+pub use daemon::{Daemon, DaemonConfig, DriveSource};
 pub use error::{DaemonError, Result};
 pub use peer::{AccessPolicy, PeerCred};
 pub use server::{Handler, Server, SocketMode};

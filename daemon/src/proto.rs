@@ -31,6 +31,8 @@ pub enum Request {
     /// Claim an I/O queue id on controller `ctrl` (a lease).
     ClaimQueue { ctrl: u32, purpose: String },
     ReleaseQueue { ctrl: u32, qid: u16 },
+    /// I/O queue ids of controller `ctrl` nobody holds.
+    FreeQueues { ctrl: u32 },
     /// Create the claimed queue pair `qid` at memory the client mapped.
     CreateQueues { ctrl: u32, qid: u16, depth: u32, sq_iova: u64, cq_iova: u64 },
     DeleteQueues { ctrl: u32, qid: u16 },
@@ -55,6 +57,7 @@ impl Request {
             Request::Unmap { .. } => "unmap",
             Request::ClaimQueue { .. } => "claim-queue",
             Request::ReleaseQueue { .. } => "release-queue",
+            Request::FreeQueues { .. } => "free-queues",
             Request::CreateQueues { .. } => "create-queues",
             Request::DeleteQueues { .. } => "delete-queues",
             Request::Lookup { .. } => "lookup",

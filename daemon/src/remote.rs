@@ -14,11 +14,11 @@ use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-use tutti_driver::controller::Controller;
+use tutti_driver::controller::{Controller, QueueAdmin};
 use tutti_driver::emulated::RegisterFile;
 use tutti_driver::transport::remote::{BrokeredDma, DmaBroker};
 use tutti_driver::transport::{DmaSpace, Registers};
-use tutti_driver::{DriverError, QueueAdmin};
+use tutti_driver::DriverError;
 use tutti_objstore::{
     Backend, BlockHash, ControlStats, DriveSpec, FileId, IdentityId, KvStore, Lookup, ObjError, PoolControl,
     Reserved, Verdict,
@@ -67,7 +67,7 @@ impl Client {
         let name = req.name();
         let (resp, fds) = self.conn.call::<Request, Response>(&req, &[], self.timeout)?;
         match resp {
-            Response::Error { kind, message } => Err(DaemonError::Refused { request: name, kind, message }),
+            Response::Error { kind, message } => Err(DaemonError::Rejected { request: name, kind, message }),
             r => Ok((r, fds)),
         }
     }
@@ -82,20 +82,20 @@ impl Client {
 }
 
 fn unexpected(request: &str, r: &Response) -> DaemonError {
-    DaemonError::Protocol(format!("tuttid answered {request} with {r:?}"))
+    DaemonError::Unexpected(format!("tuttid answered {request} with {r:?}"))
 }
 
 /// A daemon error as the layers below report it.
 fn driver_err(e: DaemonError) -> DriverError {
     match e {
-        DaemonError::Refused { kind: ErrorKind::Busy, message, .. } => DriverError::InUse(message),
-        e => DriverError::Peer(e.to_string()),
+        DaemonError::Rejected { kind: ErrorKind::Busy, message, .. } => DriverError::InUse(message),
+        e => DriverError::NotOwner { device: "tuttid".into(), what: e.to_string() },
     }
 }
 
 fn obj_err(e: DaemonError) -> ObjError {
     match e {
-        DaemonError::Refused { kind: ErrorKind::Invalid, message, request } => ObjError::invalid(request, message),
+        DaemonError::Rejected { kind: ErrorKind::Invalid, message, request } => ObjError::Invalid { field: request, what: message },
         e => ObjError::Peer(e.to_string()),
     }
 }
@@ -111,7 +111,7 @@ impl QueueAdmin for RemoteQueues {
         match self.client.call(Request::ClaimQueue { ctrl: self.ctrl, purpose: purpose.to_string() }) {
             Ok(Response::Qid(q)) => Ok(q),
             Ok(r) => Err(driver_err(unexpected("claim-queue", &r))),
-            Err(DaemonError::Refused { kind: ErrorKind::Busy, message, .. }) => Err(DriverError::Peer(message)),
+            Err(DaemonError::Rejected { kind: ErrorKind::Busy, message, .. }) => Err(DriverError::InUse(message)),
             Err(e) => Err(driver_err(e)),
         }
     }
@@ -126,6 +126,19 @@ impl QueueAdmin for RemoteQueues {
     }
     fn delete_queues(&self, qid: u16) -> tutti_driver::Result<()> {
         self.client.call(Request::DeleteQueues { ctrl: self.ctrl, qid }).map(|_| ()).map_err(driver_err)
+    }
+    fn free(&self) -> u16 {
+        match self.client.call(Request::FreeQueues { ctrl: self.ctrl }) {
+            Ok(Response::Count(n)) => n.min(u16::MAX as u64) as u16,
+            Ok(r) => {
+                tracing::warn!(reply = ?r, "free-queues: unexpected reply; counting none free");
+                0
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "free-queues failed; counting none free");
+                0
+            }
+        }
     }
 }
 
@@ -144,9 +157,12 @@ impl DmaBroker for RemoteMaps {
         }
     }
     fn unmap(&self, iova: u64) {
-        if let Err(e) = self.client.call(Request::Unmap { ctrl: self.ctrl, iova }) {
+        if let Err(e) = self.unmap_checked(iova) {
             tracing::warn!(ctrl = self.ctrl, iova, error = %e, "unmapping client memory failed");
         }
+    }
+    fn unmap_checked(&self, iova: u64) -> tutti_driver::Result<()> {
+        self.client.call(Request::Unmap { ctrl: self.ctrl, iova }).map(|_| ()).map_err(driver_err)
     }
 }
 
@@ -217,7 +233,7 @@ pub fn connect(socket: &Path, name: &str, backend: &Backend, timeout: Duration) 
     for &(c, nsid) in &pool.drives {
         let ctrl = ctrls
             .get(c as usize)
-            .ok_or_else(|| DaemonError::Protocol(format!("pool drive on controller {c}, which was not described")))?;
+            .ok_or_else(|| DaemonError::Unexpected(format!("pool drive on controller {c}, which was not described")))?;
         drives.push(DriveSpec::new(ctrl.clone(), nsid));
     }
     let control: Arc<dyn PoolControl> = Arc::new(RemotePool { client: client.clone() });
@@ -226,7 +242,7 @@ pub fn connect(socket: &Path, name: &str, backend: &Backend, timeout: Duration) 
 
 fn leased_controllers(client: &Arc<Client>, pool: &PoolReply, fds: Vec<OwnedFd>) -> Result<Vec<Arc<Controller>>> {
     if fds.len() != pool.controllers.len() {
-        return Err(DaemonError::Protocol(format!(
+        return Err(DaemonError::Unexpected(format!(
             "{} controllers described but {} register files sent",
             pool.controllers.len(),
             fds.len()
@@ -238,7 +254,7 @@ fn leased_controllers(client: &Arc<Client>, pool: &PoolReply, fds: Vec<OwnedFd>)
         let name = c.info.device.clone();
         let regs: Arc<dyn Registers> = Arc::new(RegisterFile::from_fd(&name, fd, register_len as usize)?);
         let broker = Arc::new(RemoteMaps { client: client.clone(), ctrl: i as u32 });
-        let dma: Arc<dyn DmaSpace> = Arc::new(BrokeredDma::new(&name, broker, 4096));
+        let dma: Arc<dyn DmaSpace> = Arc::new(BrokeredDma::new(&name, broker, 4096)?);
         let admin = Arc::new(RemoteQueues { client: client.clone(), ctrl: i as u32 });
         out.push(Controller::leased(regs, dma, c.info.clone(), admin)?);
     }

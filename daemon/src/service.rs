@@ -252,15 +252,21 @@ impl Service {
                 s.ctrl.release_io_qid(qid);
                 ok(Response::Ok)
             }
+            Request::FreeQueues { ctrl } => ok(Response::Count(self.served(ctrl)?.ctrl.free_io_queue_pairs() as u64)),
             Request::CreateQueues { ctrl, qid, depth, sq_iova, cq_iova } => {
                 let s = self.served(ctrl)?;
                 if self.owns_qid(client, ctrl, qid)? {
                     return Err(invalid(format!("queue {qid} already exists")));
                 }
-                let mapped =
-                    self.with_client(client, |c| c.maps.iter().any(|&(k, _)| k == ctrl)).unwrap_or(false);
-                if !mapped {
-                    return Err(invalid("queue memory must be mapped (map) before the queues are created"));
+                // The rings must be this client's own memory: a client may not put its
+                // queues over memory the daemon or another client mapped.
+                if let Some(emu) = &s.emulated {
+                    let d = depth as usize;
+                    if !emu.iommu().owned_by(sq_iova, d * 64, client) || !emu.iommu().owned_by(cq_iova, d * 16, client) {
+                        return Err(invalid(format!(
+                            "queue memory at SQ {sq_iova:#x} / CQ {cq_iova:#x} ({depth} entries) is not mapped for this client"
+                        )));
+                    }
                 }
                 s.ctrl.create_queues_at(qid, depth, sq_iova, cq_iova).map_err(from_driver)?;
                 self.with_client(client, |c| c.qids.insert((ctrl, qid), true));

@@ -73,7 +73,7 @@ impl StoreOptions {
 }
 
 /// A pinned lookup result: the files of the longest stored prefix.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Lookup {
     /// Pass to [`KvStore::unpin`] when the files have been loaded (0 if nothing was pinned).
     pub pin: u64,

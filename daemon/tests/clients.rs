@@ -1,0 +1,382 @@
+//! tuttid with real client processes: several engines storing and loading
+//! at once (every byte checked), clients SIGKILLed mid-store and mid-load,
+//! the daemon killed and restarted, a second owner, queue pairs running out.
+//!
+//! Client (and, where it must die, daemon) processes are this test binary
+//! run again with `TUTTI_TEST_ROLE` set: `role_entry` does the role's work.
+
+// Test code: a panic is how a test fails, in helpers as in #[test] functions
+// (clippy.toml's allow-*-in-tests covers only the latter).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../../objstore/tests/common/mod.rs"]
+mod common;
+
+use common::{geometry, pattern, tokens, Kv};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use tutti_daemon::remote::{connect, Client};
+use tutti_daemon::{Daemon, DaemonConfig, DriveSource, SocketMode};
+use tutti_driver::emulated::{EmulatedConfig, MediaConfig, NamespaceConfig};
+use tutti_objstore::{chain_hashes, Backend, Geometry, GioConfig, KvStore, LayoutKind, OpenMode, PoolOptions};
+
+const WAIT: Duration = Duration::from_secs(30);
+const CHUNKS: u32 = 6;
+const MODEL: &str = "tiny-test-model";
+
+fn geo() -> Geometry {
+    geometry(4, 64)
+}
+
+fn backend() -> Backend {
+    let mut gio = GioConfig::default();
+    gio.ring.command_timeout = Duration::from_secs(2);
+    gio.ring.submit_timeout = Duration::from_secs(5);
+    gio.host.blocks = 1;
+    gio.sm_budget = 1;
+    Backend::Gio(gio)
+}
+
+struct TempDir(PathBuf);
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!("tuttid-{tag}-{}-{:?}", std::process::id(), Instant::now()));
+        let p = PathBuf::from(p.to_string_lossy().replace([' ', '{', '}', ':', ','], "_"));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn drives(dir: &Path, n: usize, pairs: u16) -> DriveSource {
+    DriveSource::Emulated(
+        (0..n)
+            .map(|i| EmulatedConfig {
+                name: format!("emu{i}"),
+                serial: format!("TUTTID-{i}"),
+                namespaces: vec![NamespaceConfig::with_bytes(16 << 20, 512)],
+                media: MediaConfig::File(dir.join(format!("emu{i}.img"))),
+                max_io_queue_pairs: pairs,
+                ..EmulatedConfig::default()
+            })
+            .collect(),
+    )
+}
+
+fn config(dir: &Path, pairs: u16, mode: OpenMode) -> DaemonConfig {
+    DaemonConfig {
+        socket: dir.join("tuttid.sock"),
+        mode: SocketMode::Owner,
+        drives: drives(dir, 2, pairs),
+        pool: PoolOptions::new(geo(), mode),
+        io_timeout: Duration::from_secs(2),
+    }
+}
+
+fn client_store(socket: &Path, name: &str) -> KvStore {
+    connect(socket, name, &backend(), Duration::from_secs(10)).expect("client connects")
+}
+
+/// Stores `CHUNKS` chunks seeded by `seed` from blocks 0.., loads them back
+/// into other blocks and checks every byte. Returns the hashes.
+fn store_and_verify(store: &KvStore, kv: &Kv, seed: u64) -> Vec<tutti_objstore::BlockHash> {
+    let g = *store.geometry();
+    let hashes = chain_hashes(&tokens(seed, CHUNKS as usize, g.tokens_per_block), g.tokens_per_block);
+    let src: Vec<u32> = (0..CHUNKS).collect();
+    for &b in &src {
+        kv.fill(b, seed + b as u64);
+    }
+    let rep = store.store_request(&hashes, &src, WAIT).expect("store");
+    assert_eq!(rep.stored + rep.present, CHUNKS, "{rep:?}");
+    assert!(rep.failed.is_empty(), "{rep:?}");
+    verify(store, kv, &hashes, seed);
+    hashes
+}
+
+/// Looks `hashes` up, loads them into blocks CHUNKS.. and checks the bytes.
+fn verify(store: &KvStore, kv: &Kv, hashes: &[tutti_objstore::BlockHash], seed: u64) {
+    kv.clear();
+    let hit = store.lookup(hashes).expect("lookup");
+    assert_eq!(hit.hits(), hashes.len(), "every chunk is found");
+    let dst: Vec<u32> = (CHUNKS..CHUNKS + hashes.len() as u32).collect();
+    let st = store.load_request(&hit.files, &dst, WAIT).expect("load");
+    assert!(st.done && st.failed == 0, "{st:?}");
+    for (i, &b) in dst.iter().enumerate() {
+        assert!(kv.holds(b, seed + i as u64), "chunk {i} (seed {seed}) loaded into block {b} holds its bytes");
+    }
+    store.unpin(hit.pin).expect("unpin");
+}
+
+fn new_kv(store: &KvStore) -> Kv {
+    let kv = Kv::new(*store.geometry(), LayoutKind::Contiguous, 2 * CHUNKS);
+    kv.register(store, MODEL);
+    kv
+}
+
+// ---- child processes ----
+
+/// Runs the role this process was started for, if any (then exits).
+fn role_entry() {
+    let Ok(role) = std::env::var("TUTTI_TEST_ROLE") else { return };
+    let dir = PathBuf::from(std::env::var("TUTTI_TEST_DIR").unwrap());
+    let seed: u64 = std::env::var("TUTTI_TEST_SEED").map_or(1, |s| s.parse().unwrap());
+    let socket = dir.join("tuttid.sock");
+    let code = std::panic::catch_unwind(|| match role.as_str() {
+        "daemon" => {
+            let pairs: u16 = std::env::var("TUTTI_TEST_PAIRS").map_or(16, |s| s.parse().unwrap());
+            let _d = Daemon::start(config(&dir, pairs, OpenMode::OpenOrCreate)).expect("daemon starts");
+            println!("READY");
+            // Killed by the test; bounded in case it is not.
+            std::thread::sleep(Duration::from_secs(120));
+        }
+        "client" => {
+            let store = client_store(&socket, &format!("client-{seed}"));
+            let kv = new_kv(&store);
+            for round in 0..3 {
+                store_and_verify(&store, &kv, seed * 1000 + round);
+            }
+            println!("DONE");
+        }
+        "hang-store" => {
+            let store = client_store(&socket, "hang-store");
+            let kv = new_kv(&store);
+            let g = *store.geometry();
+            let hashes = chain_hashes(&tokens(seed, CHUNKS as usize, g.tokens_per_block), g.tokens_per_block);
+            let src: Vec<u32> = (0..CHUNKS).collect();
+            for &b in &src {
+                kv.fill(b, seed + b as u64);
+            }
+            let s = store.begin_store(&hashes, &src).expect("begin");
+            // Half the layers written, never committed.
+            store.store_layer(s, 0, WAIT).expect("layer 0");
+            println!("MIDSTORE");
+            std::thread::sleep(Duration::from_secs(120));
+        }
+        "hang-load" => {
+            let store = client_store(&socket, "hang-load");
+            let kv = new_kv(&store);
+            let hashes = store_and_verify(&store, &kv, seed);
+            let hit = store.lookup(&hashes).expect("lookup");
+            let dst: Vec<u32> = (CHUNKS..2 * CHUNKS).collect();
+            let _job = store.submit_load(&hit.files, &dst, 0..store.geometry().layers).expect("load");
+            println!("MIDLOAD");
+            std::thread::sleep(Duration::from_secs(120));
+        }
+        r => panic!("unknown role {r}"),
+    });
+    std::process::exit(if code.is_ok() { 0 } else { 101 });
+}
+
+/// Starts this binary in `role`; its stdout lines come through the channel.
+fn spawn(role: &str, dir: &Path, seed: u64, extra: &[(&str, &str)]) -> (Child, mpsc::Receiver<String>) {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "role_entry_point", "--nocapture", "--test-threads=1"])
+        .env("TUTTI_TEST_ROLE", role)
+        .env("TUTTI_TEST_DIR", dir)
+        .env("TUTTI_TEST_SEED", seed.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (child, rx)
+}
+
+/// Waits (bounded) for a line from a child.
+fn expect_line(rx: &mpsc::Receiver<String>, want: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(l) if l.trim() == want => return,
+            Ok(_) => continue,
+            Err(e) => panic!("child never printed {want}: {e}"),
+        }
+    }
+}
+
+fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "child did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn kill(child: &mut Child) {
+    child.kill().unwrap(); // SIGKILL
+    wait_exit(child);
+}
+
+/// Waits (bounded) until the daemon lists only `n` clients besides the asker.
+fn wait_clients(socket: &Path, n: usize) -> tutti_daemon::proto::StatusReport {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let c = Client::connect(socket, "probe", Duration::from_secs(5)).unwrap();
+        let s = c.status().unwrap();
+        if s.clients.iter().filter(|x| x.id != c.id()).count() == n {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "clients did not go away: {s:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn role_entry_point() {
+    // Does nothing unless this process was started as a child role.
+    role_entry();
+}
+
+#[test]
+fn concurrent_client_processes_store_and_load_every_byte() {
+    let dir = TempDir::new("concurrent");
+    let daemon = Daemon::start(config(&dir.0, 16, OpenMode::Create)).unwrap();
+    let mut kids: Vec<_> = (1..=3).map(|seed| spawn("client", &dir.0, seed, &[])).collect();
+    for (child, rx) in &mut kids {
+        expect_line(rx, "DONE");
+        assert!(wait_exit(child).success());
+    }
+    // What the other processes stored is visible here, byte for byte.
+    let store = client_store(daemon.socket(), "checker");
+    let kv = new_kv(&store);
+    let g = *store.geometry();
+    for seed in 1..=3u64 {
+        for round in 0..3 {
+            let s = seed * 1000 + round;
+            let hashes = chain_hashes(&tokens(s, CHUNKS as usize, g.tokens_per_block), g.tokens_per_block);
+            verify(&store, &kv, &hashes, s);
+        }
+    }
+    let status = daemon.status();
+    assert_eq!(status.clients.len(), 1, "only the checker is left: {status:?}");
+    assert_eq!(status.stats.index.valid, 9 * CHUNKS, "{status:?}");
+}
+
+#[test]
+fn a_client_killed_mid_store_leaves_nothing_visible_and_nothing_held() {
+    let dir = TempDir::new("midstore");
+    let daemon = Daemon::start(config(&dir.0, 16, OpenMode::Create)).unwrap();
+    let free_pairs: Vec<u16> = daemon.status().controllers.iter().map(|c| c.free_pairs).collect();
+    let (mut child, rx) = spawn("hang-store", &dir.0, 77, &[]);
+    expect_line(&rx, "MIDSTORE");
+    let during = daemon.status();
+    assert_eq!(during.clients.len(), 1);
+    assert_eq!(during.clients[0].reservations, 1, "{during:?}");
+    assert!(!during.clients[0].queues.is_empty(), "the client leased queue pairs: {during:?}");
+    kill(&mut child);
+    let after = wait_clients(daemon.socket(), 0);
+    assert_eq!(after.stats.index.reserved, 0, "the reservation was dropped: {after:?}");
+    assert_eq!(after.stats.index.valid, 0, "nothing uncommitted became visible: {after:?}");
+    assert_eq!(after.stats.index.free, after.stats.index.files, "{after:?}");
+    let pairs: Vec<u16> = after.controllers.iter().map(|c| c.free_pairs).collect();
+    assert_eq!(pairs, free_pairs, "the client's queue pairs were deleted and given back");
+    // The chunks it was storing are a miss; another client stores them anew.
+    let store = client_store(daemon.socket(), "after");
+    let kv = new_kv(&store);
+    let g = *store.geometry();
+    let hashes = chain_hashes(&tokens(77, CHUNKS as usize, g.tokens_per_block), g.tokens_per_block);
+    assert_eq!(store.contains(&hashes).unwrap(), 0);
+    store_and_verify(&store, &kv, 77);
+}
+
+#[test]
+fn a_client_killed_mid_load_releases_its_pins_and_references() {
+    let dir = TempDir::new("midload");
+    let daemon = Daemon::start(config(&dir.0, 16, OpenMode::Create)).unwrap();
+    let (mut child, rx) = spawn("hang-load", &dir.0, 5, &[]);
+    expect_line(&rx, "MIDLOAD");
+    let during = daemon.status();
+    assert_eq!(during.stats.index.pinned, CHUNKS, "{during:?}");
+    kill(&mut child);
+    let after = wait_clients(daemon.socket(), 0);
+    assert_eq!((after.stats.index.pinned, after.stats.index.busy), (0, 0), "{after:?}");
+    assert_eq!(after.stats.index.valid, CHUNKS, "committed chunks stay: {after:?}");
+    // Another client loads them, byte for byte.
+    let store = client_store(daemon.socket(), "after");
+    let kv = new_kv(&store);
+    let g = *store.geometry();
+    let hashes = chain_hashes(&tokens(5, CHUNKS as usize, g.tokens_per_block), g.tokens_per_block);
+    verify(&store, &kv, &hashes, 5);
+}
+
+#[test]
+fn a_killed_daemon_fails_its_clients_within_their_deadline_and_recovers_on_restart() {
+    let dir = TempDir::new("restart");
+    let (mut d1, rx) = spawn("daemon", &dir.0, 0, &[]);
+    expect_line(&rx, "READY");
+    let socket = dir.0.join("tuttid.sock");
+    let store = client_store(&socket, "survivor");
+    let kv = new_kv(&store);
+    let hashes = store_and_verify(&store, &kv, 42);
+    kill(&mut d1);
+    let t = Instant::now();
+    assert!(store.lookup(&hashes).is_err(), "a dead daemon answers no lookup");
+    assert!(t.elapsed() < Duration::from_secs(15), "the error came within the deadline: {:?}", t.elapsed());
+    drop(kv);
+    drop(store);
+    let (mut d2, rx) = spawn("daemon", &dir.0, 0, &[]);
+    expect_line(&rx, "READY");
+    let store = client_store(&socket, "after-restart");
+    let kv = new_kv(&store);
+    verify(&store, &kv, &hashes, 42);
+    drop(kv);
+    drop(store);
+    kill(&mut d2);
+}
+
+#[test]
+fn a_second_owner_is_refused_naming_the_holder() {
+    let dir = TempDir::new("owner");
+    let daemon = Daemon::start(config(&dir.0, 16, OpenMode::Create)).unwrap();
+    // Same media, another socket.
+    let mut other = config(&dir.0, 16, OpenMode::Create);
+    other.socket = dir.0.join("other.sock");
+    let e = Daemon::start(other).err().expect("second daemon on the same media is refused").to_string();
+    assert!(e.contains(&std::process::id().to_string()), "names the holder: {e}");
+    assert!(!dir.0.join("other.sock").exists());
+    // Same socket, other media.
+    let dir2 = TempDir::new("owner2");
+    let mut same_socket = config(&dir2.0, 16, OpenMode::Create);
+    same_socket.socket = daemon.socket().to_path_buf();
+    let e = Daemon::start(same_socket).err().expect("second daemon on a live socket is refused").to_string();
+    assert!(e.contains(&std::process::id().to_string()), "names the listening pid: {e}");
+    // The first one still serves.
+    let store = client_store(daemon.socket(), "still");
+    let kv = new_kv(&store);
+    store_and_verify(&store, &kv, 3);
+}
+
+#[test]
+fn a_client_without_a_queue_pair_gets_an_error_naming_the_drive() {
+    let dir = TempDir::new("onepair");
+    // One pair per controller: the daemon's metadata path holds it.
+    let daemon = Daemon::start(config(&dir.0, 1, OpenMode::Create)).unwrap();
+    let e = connect(daemon.socket(), "starved", &backend(), Duration::from_secs(10))
+        .err()
+        .expect("no pair left")
+        .to_string();
+    assert!(e.contains("emu0") && e.contains("queue"), "{e}");
+    assert_eq!(daemon.status().clients.len(), 0, "the refused client was released");
+}
