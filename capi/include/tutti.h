@@ -48,11 +48,12 @@
 // minor 1 added the host-work counters of `tutti_stats_t` and
 // `tutti_job_status_t`; minor 2 added outcome-unknown failures
 // (`tutti_stats_t::quarantined_files`, `tutti_job_status_t::unknown` and
-// `unknown_bitmap`) and `tutti_emulated_delay_next`.
+// `unknown_bitmap`) and `tutti_emulated_delay_next`; minor 3 added clients
+// of tuttid (`tutti_runtime_connect`, `tutti_client_config_t`).
 #define TUTTI_ABI_VERSION 1
 
 // The minor version of ABI 1 this library implements (see `TUTTI_ABI_VERSION`).
-#define TUTTI_ABI_MINOR 2
+#define TUTTI_ABI_MINOR 3
 
 // 32-bit float KV.
 #define TUTTI_DTYPE_F32 1
@@ -210,6 +211,38 @@ typedef struct tutti_runtime_t tutti_runtime_t;
 // A store session (opaque).
 typedef struct tutti_store_t tutti_store_t;
 
+// The KV-cache shape of one model (per tensor-parallel rank). Embedded in
+// other structs, so it carries no size prefix.
+typedef struct tutti_geometry_t {
+    uint32_t layers;
+    uint32_t kv_heads;
+    uint32_t head_dim;
+    // Tokens per KV block: one block is one chunk of the chained hash.
+    uint32_t tokens_per_block;
+    // `TUTTI_DTYPE_*`.
+    uint32_t dtype;
+} tutti_geometry_t;
+
+// How to connect to tuttid. Set `struct_size = sizeof(tutti_client_config_t)`.
+// (ABI 1.3.)
+typedef struct tutti_client_config_t {
+    uint32_t struct_size;
+    // `TUTTI_EXECUTOR_*`: how this process moves its layers.
+    uint32_t executor;
+    // Path of the daemon's Unix socket (NUL-terminated, required).
+    const char *socket;
+    // This client's name in `tutti status` (NUL-terminated; NULL = "capi").
+    const char *client_name;
+    // Deadline of each request to the daemon in ms (0 = 10000).
+    uint32_t control_timeout_ms;
+    // Deadline of each NVMe command in ms (0 = 2000).
+    uint32_t io_timeout_ms;
+    // GIO_HOST: blocks of host lanes (0 = 1).
+    uint32_t host_lane_blocks;
+    // The geometry this process's KV has; the pool's must be the same.
+    struct tutti_geometry_t geometry;
+} tutti_client_config_t;
+
 // A 128-bit chunk key, little endian (see `tutti_chain_hashes`).
 typedef struct tutti_hash_t {
     uint8_t bytes[16];
@@ -340,18 +373,6 @@ typedef struct tutti_table_sizes_t {
     uint64_t prp_page_bytes;
     uint64_t prp_lists;
 } tutti_table_sizes_t;
-
-// The KV-cache shape of one model (per tensor-parallel rank). Embedded in
-// other structs, so it carries no size prefix.
-typedef struct tutti_geometry_t {
-    uint32_t layers;
-    uint32_t kv_heads;
-    uint32_t head_dim;
-    // Tokens per KV block: one block is one chunk of the chained hash.
-    uint32_t tokens_per_block;
-    // `TUTTI_DTYPE_*`.
-    uint32_t dtype;
-} tutti_geometry_t;
 
 // How to open a runtime. Set `struct_size = sizeof(tutti_runtime_config_t)`.
 typedef struct tutti_runtime_config_t {
@@ -537,6 +558,19 @@ const char *tutti_last_error(void);
 // # Safety
 // `buf` points to `capacity` writable bytes (NULL if 0); `needed` is NULL or writable.
 int32_t tutti_last_error_copy(char *buf, size_t capacity, size_t *needed);
+
+// Opens a runtime as a client of the tuttid listening at `config->socket`.
+// The same calls work on it as on a runtime from `tutti_runtime_open`; the
+// pool's lookups, pins and commits go to the daemon, loads and stores run
+// in this process on queue pairs the daemon leased to it. A daemon that is
+// not there, refuses, or stops answering gives an error within
+// `control_timeout_ms`, never a hang. The pool's geometry must be
+// `config->geometry`. Added in ABI 1.3.
+//
+// # Safety
+// `config` is NULL or points to a `tutti_client_config_t` whose string
+// fields are NULL or NUL-terminated; `out` is NULL or writable.
+int32_t tutti_runtime_connect(const struct tutti_client_config_t *config, struct tutti_runtime_t **out);
 
 #if defined(TUTTI_FAULT_INJECTION)
 // Makes the next `count` NVMe Read (`TUTTI_DIR_LOAD`) or Write

@@ -49,7 +49,9 @@ impl From<DaemonError> for CapiError {
         match e {
             DaemonError::Obj(o) => CapiError::Obj(o),
             e @ DaemonError::Rejected { kind: ErrorKind::Busy, .. } => CapiError::Busy(e.to_string()),
-            e @ DaemonError::Rejected { kind: ErrorKind::Invalid, .. } => CapiError::invalid("request", e.to_string()),
+            e @ DaemonError::Rejected { kind: ErrorKind::Invalid, .. } => {
+                CapiError::invalid("request", e.to_string())
+            }
             e => CapiError::Io(e.to_string()),
         }
     }
@@ -91,7 +93,8 @@ pub unsafe extern "C" fn tutti_runtime_connect(
             // SAFETY: NUL-terminated per the field docs.
             unsafe { ptr::str_in(c.client_name, "client_name", 256)? }.to_string()
         };
-        let timeout_ms = if c.control_timeout_ms == 0 { DEFAULT_CONTROL_TIMEOUT_MS } else { c.control_timeout_ms };
+        let timeout_ms =
+            if c.control_timeout_ms == 0 { DEFAULT_CONTROL_TIMEOUT_MS } else { c.control_timeout_ms };
         if timeout_ms > MAX_CONTROL_TIMEOUT_MS {
             return Err(CapiError::invalid(
                 "control_timeout_ms",
@@ -115,7 +118,10 @@ pub unsafe extern "C" fn tutti_runtime_connect(
         if *store.geometry() != geometry {
             return Err(CapiError::invalid(
                 "geometry",
-                format!("the daemon's pool is formatted for {}, this process has {geometry}", store.geometry()),
+                format!(
+                    "the daemon's pool is formatted for {}, this process has {geometry}",
+                    store.geometry()
+                ),
             ));
         }
         let rt = Runtime::new(store, Rig { emulated: Vec::new() }, c.executor, geometry)?;

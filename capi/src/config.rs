@@ -261,7 +261,10 @@ pub(crate) fn backend_for(executor: u32, io_timeout_ms: u32, lane_blocks: u32) -
     let io_timeout = Duration::from_millis(io_timeout_ms as u64);
     let lane_blocks = if lane_blocks == 0 { 1 } else { lane_blocks };
     if lane_blocks > MAX_LANE_BLOCKS {
-        return Err(CapiError::invalid("host_lane_blocks", format!("{lane_blocks} is more than {MAX_LANE_BLOCKS}")));
+        return Err(CapiError::invalid(
+            "host_lane_blocks",
+            format!("{lane_blocks} is more than {MAX_LANE_BLOCKS}"),
+        ));
     }
     match executor {
         TUTTI_EXECUTOR_GIO_HOST => {

@@ -42,7 +42,11 @@ pub struct Daemon {
     socket: PathBuf,
 }
 
-fn open_drives(cfg: &DaemonConfig) -> Result<(Vec<Served>, Vec<DriveSpec>, Vec<(u32, u32)>)> {
+/// The controllers the daemon serves, the pool's drives, and each drive's
+/// (controller index, namespace id).
+type OpenedDrives = (Vec<Served>, Vec<DriveSpec>, Vec<(u32, u32)>);
+
+fn open_drives(cfg: &DaemonConfig) -> Result<OpenedDrives> {
     let opts = ControllerOptions { io_timeout: cfg.io_timeout, ..Default::default() };
     let mut served = Vec::new();
     let mut specs = Vec::new();
@@ -90,8 +94,7 @@ impl Daemon {
         let (served, specs, drives) = open_drives(&cfg)?;
         let pool = Arc::new(LocalPool::open(specs, &cfg.pool)?);
         let server = Server::bind(&cfg.socket, cfg.mode)?;
-        let service =
-            Arc::new(Service::new(pool, served, drives, cfg.socket.display().to_string()));
+        let service = Arc::new(Service::new(pool, served, drives, cfg.socket.display().to_string()));
         let stop = Arc::new(AtomicBool::new(false));
         let (h, s) = (service.clone(), stop.clone());
         let thread = std::thread::Builder::new()

@@ -22,27 +22,73 @@ pub const MAX_NAME: usize = 256;
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Request {
     /// First request of a connection.
-    Hello { protocol: u32, name: String },
+    Hello {
+        protocol: u32,
+        name: String,
+    },
     /// The pool and its controllers; emulated controllers' register files come as fds, in order.
     Pool,
     /// Map `len` bytes at `addr` of the client's address space into controller `ctrl`'s IOMMU.
-    Map { ctrl: u32, addr: u64, len: u64 },
-    Unmap { ctrl: u32, iova: u64 },
+    Map {
+        ctrl: u32,
+        addr: u64,
+        len: u64,
+    },
+    Unmap {
+        ctrl: u32,
+        iova: u64,
+    },
     /// Claim an I/O queue id on controller `ctrl` (a lease).
-    ClaimQueue { ctrl: u32, purpose: String },
-    ReleaseQueue { ctrl: u32, qid: u16 },
+    ClaimQueue {
+        ctrl: u32,
+        purpose: String,
+    },
+    ReleaseQueue {
+        ctrl: u32,
+        qid: u16,
+    },
     /// I/O queue ids of controller `ctrl` nobody holds.
-    FreeQueues { ctrl: u32 },
+    FreeQueues {
+        ctrl: u32,
+    },
     /// Create the claimed queue pair `qid` at memory the client mapped.
-    CreateQueues { ctrl: u32, qid: u16, depth: u32, sq_iova: u64, cq_iova: u64 },
-    DeleteQueues { ctrl: u32, qid: u16 },
-    Lookup { identity: IdentityId, hashes: Vec<BlockHash> },
-    Contains { identity: IdentityId, hashes: Vec<BlockHash> },
-    Unpin { pin: u64 },
-    BeginLoad { identity: IdentityId, files: Vec<FileId> },
-    EndLoad { files: Vec<FileId> },
-    Reserve { identity: IdentityId, hashes: Vec<BlockHash> },
-    Settle { id: u64, verdicts: Vec<Verdict> },
+    CreateQueues {
+        ctrl: u32,
+        qid: u16,
+        depth: u32,
+        sq_iova: u64,
+        cq_iova: u64,
+    },
+    DeleteQueues {
+        ctrl: u32,
+        qid: u16,
+    },
+    Lookup {
+        identity: IdentityId,
+        hashes: Vec<BlockHash>,
+    },
+    Contains {
+        identity: IdentityId,
+        hashes: Vec<BlockHash>,
+    },
+    Unpin {
+        pin: u64,
+    },
+    BeginLoad {
+        identity: IdentityId,
+        files: Vec<FileId>,
+    },
+    EndLoad {
+        files: Vec<FileId>,
+    },
+    Reserve {
+        identity: IdentityId,
+        hashes: Vec<BlockHash>,
+    },
+    Settle {
+        id: u64,
+        verdicts: Vec<Verdict>,
+    },
     Stats,
     Status,
 }
@@ -91,7 +137,7 @@ pub enum Response {
     Ok,
     Error { kind: ErrorKind, message: String },
     Welcome { protocol: u32, client: u64, daemon_pid: u32 },
-    Pool(PoolReply),
+    Pool(Box<PoolReply>),
     Iova(u64),
     Qid(u16),
     Lookup(Lookup),

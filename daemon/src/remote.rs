@@ -95,7 +95,9 @@ fn driver_err(e: DaemonError) -> DriverError {
 
 fn obj_err(e: DaemonError) -> ObjError {
     match e {
-        DaemonError::Rejected { kind: ErrorKind::Invalid, message, request } => ObjError::Invalid { field: request, what: message },
+        DaemonError::Rejected { kind: ErrorKind::Invalid, message, request } => {
+            ObjError::Invalid { field: request, what: message }
+        }
         e => ObjError::Peer(e.to_string()),
     }
 }
@@ -111,7 +113,9 @@ impl QueueAdmin for RemoteQueues {
         match self.client.call(Request::ClaimQueue { ctrl: self.ctrl, purpose: purpose.to_string() }) {
             Ok(Response::Qid(q)) => Ok(q),
             Ok(r) => Err(driver_err(unexpected("claim-queue", &r))),
-            Err(DaemonError::Rejected { kind: ErrorKind::Busy, message, .. }) => Err(DriverError::InUse(message)),
+            Err(DaemonError::Rejected { kind: ErrorKind::Busy, message, .. }) => {
+                Err(DriverError::InUse(message))
+            }
             Err(e) => Err(driver_err(e)),
         }
     }
@@ -199,13 +203,21 @@ impl PoolControl for RemotePool {
     fn end_load(&self, files: &[FileId]) -> tutti_objstore::Result<()> {
         self.ask(Request::EndLoad { files: files.to_vec() }).map(|_| ())
     }
-    fn reserve(&self, identity: IdentityId, hashes: &[BlockHash]) -> tutti_objstore::Result<(u64, Vec<Reserved>)> {
+    fn reserve(
+        &self,
+        identity: IdentityId,
+        hashes: &[BlockHash],
+    ) -> tutti_objstore::Result<(u64, Vec<Reserved>)> {
         match self.ask(Request::Reserve { identity, hashes: hashes.to_vec() })? {
             Response::Reserved { id, entries } => Ok((id, entries)),
             r => Err(obj_err(unexpected("reserve", &r))),
         }
     }
-    fn settle(&self, id: u64, verdicts: &[Verdict]) -> tutti_objstore::Result<Vec<std::result::Result<(), String>>> {
+    fn settle(
+        &self,
+        id: u64,
+        verdicts: &[Verdict],
+    ) -> tutti_objstore::Result<Vec<std::result::Result<(), String>>> {
         match self.ask(Request::Settle { id, verdicts: verdicts.to_vec() })? {
             Response::Settled(r) if r.len() == verdicts.len() => Ok(r),
             r => Err(obj_err(unexpected("settle", &r))),
@@ -231,16 +243,20 @@ pub fn connect(socket: &Path, name: &str, backend: &Backend, timeout: Duration) 
     let ctrls = leased_controllers(&client, &pool, fds)?;
     let mut drives = Vec::with_capacity(pool.drives.len());
     for &(c, nsid) in &pool.drives {
-        let ctrl = ctrls
-            .get(c as usize)
-            .ok_or_else(|| DaemonError::Unexpected(format!("pool drive on controller {c}, which was not described")))?;
+        let ctrl = ctrls.get(c as usize).ok_or_else(|| {
+            DaemonError::Unexpected(format!("pool drive on controller {c}, which was not described"))
+        })?;
         drives.push(DriveSpec::new(ctrl.clone(), nsid));
     }
     let control: Arc<dyn PoolControl> = Arc::new(RemotePool { client: client.clone() });
     Ok(KvStore::attach(drives, pool.shape, control, backend)?)
 }
 
-fn leased_controllers(client: &Arc<Client>, pool: &PoolReply, fds: Vec<OwnedFd>) -> Result<Vec<Arc<Controller>>> {
+fn leased_controllers(
+    client: &Arc<Client>,
+    pool: &PoolReply,
+    fds: Vec<OwnedFd>,
+) -> Result<Vec<Arc<Controller>>> {
     if fds.len() != pool.controllers.len() {
         return Err(DaemonError::Unexpected(format!(
             "{} controllers described but {} register files sent",

@@ -106,10 +106,9 @@ impl Service {
     }
 
     fn emulated(&self, ctrl: u32) -> Result<&EmulatedController, Response> {
-        self.served(ctrl)?
-            .emulated
-            .as_ref()
-            .ok_or_else(|| invalid(format!("controller {ctrl} is not emulated; its memory is mapped by the client")))
+        self.served(ctrl)?.emulated.as_ref().ok_or_else(|| {
+            invalid(format!("controller {ctrl} is not emulated; its memory is mapped by the client"))
+        })
     }
 
     fn owns_qid(&self, client: u64, ctrl: u32, qid: u16) -> Result<bool, Response> {
@@ -120,7 +119,8 @@ impl Service {
 
     pub fn status(&self) -> StatusReport {
         let clients = self.clients();
-        let name_of = |ctrl: u32| self.ctrls.get(ctrl as usize).map_or("?".into(), |s| s.ctrl.name().to_string());
+        let name_of =
+            |ctrl: u32| self.ctrls.get(ctrl as usize).map_or("?".into(), |s| s.ctrl.name().to_string());
         let mut list: Vec<ClientStatus> = clients
             .iter()
             .map(|(&id, c)| ClientStatus {
@@ -177,21 +177,27 @@ impl Service {
                 ));
             };
             let regs = emu.register_file();
-            let fd = regs
-                .memfd()
-                .try_clone_to_owned()
-                .map_err(|e| err(ErrorKind::Io, format!("duplicating the register file of {}: {e}", s.ctrl.name())))?;
+            let fd = regs.memfd().try_clone_to_owned().map_err(|e| {
+                err(ErrorKind::Io, format!("duplicating the register file of {}: {e}", s.ctrl.name()))
+            })?;
             fds.push(fd);
             controllers.push(ControllerReply {
-                kind: ControllerKind::Emulated { register_len: tutti_driver::transport::Registers::len(&**regs) as u64 },
+                kind: ControllerKind::Emulated {
+                    register_len: tutti_driver::transport::Registers::len(&**regs) as u64,
+                },
                 info: s.ctrl.info().clone(),
             });
         }
         let reply = PoolReply { shape: self.pool.shape().clone(), controllers, drives: self.drives.clone() };
-        Ok((Response::Pool(reply), fds))
+        Ok((Response::Pool(Box::new(reply)), fds))
     }
 
-    fn handle(&self, client: u64, peer: &PeerCred, req: Request) -> Result<(Response, Vec<OwnedFd>), Response> {
+    fn handle(
+        &self,
+        client: u64,
+        peer: &PeerCred,
+        req: Request,
+    ) -> Result<(Response, Vec<OwnedFd>), Response> {
         let ok = |r: Response| Ok((r, Vec::new()));
         if let Request::Hello { protocol, name } = &req {
             if *protocol != PROTOCOL {
@@ -222,7 +228,8 @@ impl Service {
                 if len == 0 || len > 1 << 40 || addr.checked_add(len).is_none() {
                     return Err(invalid(format!("mapping {addr:#x}+{len:#x} is empty, too large or wraps")));
                 }
-                let iova = emu.iommu().map_remote(peer.pid, addr, len as usize, client).map_err(from_driver)?;
+                let iova =
+                    emu.iommu().map_remote(peer.pid, addr, len as usize, client).map_err(from_driver)?;
                 self.with_client(client, |c| c.maps.insert((ctrl, iova)));
                 ok(Response::Iova(iova))
             }
@@ -252,7 +259,9 @@ impl Service {
                 s.ctrl.release_io_qid(qid);
                 ok(Response::Ok)
             }
-            Request::FreeQueues { ctrl } => ok(Response::Count(self.served(ctrl)?.ctrl.free_io_queue_pairs() as u64)),
+            Request::FreeQueues { ctrl } => {
+                ok(Response::Count(self.served(ctrl)?.ctrl.free_io_queue_pairs() as u64))
+            }
             Request::CreateQueues { ctrl, qid, depth, sq_iova, cq_iova } => {
                 let s = self.served(ctrl)?;
                 if self.owns_qid(client, ctrl, qid)? {
@@ -262,7 +271,9 @@ impl Service {
                 // queues over memory the daemon or another client mapped.
                 if let Some(emu) = &s.emulated {
                     let d = depth as usize;
-                    if !emu.iommu().owned_by(sq_iova, d * 64, client) || !emu.iommu().owned_by(cq_iova, d * 16, client) {
+                    if !emu.iommu().owned_by(sq_iova, d * 64, client)
+                        || !emu.iommu().owned_by(cq_iova, d * 16, client)
+                    {
                         return Err(invalid(format!(
                             "queue memory at SQ {sq_iova:#x} / CQ {cq_iova:#x} ({depth} entries) is not mapped for this client"
                         )));
@@ -346,7 +357,8 @@ impl Service {
             Request::Reserve { identity, hashes } => {
                 cap("hashes", hashes.len(), MAX_HASHES)?;
                 let (id, entries) = self.pool.reserve(identity, &hashes).map_err(from_obj)?;
-                let news = entries.iter().filter(|e| matches!(e, tutti_objstore::Reserved::New { .. })).count();
+                let news =
+                    entries.iter().filter(|e| matches!(e, tutti_objstore::Reserved::New { .. })).count();
                 self.with_client(client, |c| c.reservations.insert(id, news));
                 ok(Response::Reserved { id, entries })
             }
@@ -434,10 +446,19 @@ impl Handler for Service {
         Ok(id)
     }
 
-    fn request(&self, client: u64, peer: &PeerCred, req: Request, fds: Vec<OwnedFd>) -> (Response, Vec<OwnedFd>) {
+    fn request(
+        &self,
+        client: u64,
+        peer: &PeerCred,
+        req: Request,
+        fds: Vec<OwnedFd>,
+    ) -> (Response, Vec<OwnedFd>) {
         self.with_client(client, |c| c.requests += 1);
         if !fds.is_empty() {
-            return (invalid(format!("{} carries {} file descriptors; it takes none", req.name(), fds.len())), Vec::new());
+            return (
+                invalid(format!("{} carries {} file descriptors; it takes none", req.name(), fds.len())),
+                Vec::new(),
+            );
         }
         let name = req.name();
         match self.handle(client, peer, req) {

@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 use tutti_daemon::remote::{connect, Client};
 use tutti_daemon::{Daemon, DaemonConfig, DriveSource, SocketMode};
 use tutti_driver::emulated::{EmulatedConfig, MediaConfig, NamespaceConfig};
-use tutti_objstore::{chain_hashes, Backend, Geometry, GioConfig, KvStore, LayoutKind, OpenMode, PoolOptions};
+use tutti_objstore::{
+    chain_hashes, Backend, Geometry, GioConfig, KvStore, LayoutKind, OpenMode, PoolOptions,
+};
 
 const WAIT: Duration = Duration::from_secs(30);
 const CHUNKS: u32 = 6;
@@ -43,7 +45,8 @@ fn backend() -> Backend {
 struct TempDir(PathBuf);
 impl TempDir {
     fn new(tag: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("tuttid-{tag}-{}-{:?}", std::process::id(), Instant::now()));
+        let p =
+            std::env::temp_dir().join(format!("tuttid-{tag}-{}-{:?}", std::process::id(), Instant::now()));
         let p = PathBuf::from(p.to_string_lossy().replace([' ', '{', '}', ':', ','], "_"));
         std::fs::create_dir_all(&p).unwrap();
         TempDir(p)
@@ -109,7 +112,10 @@ fn verify(store: &KvStore, kv: &Kv, hashes: &[tutti_objstore::BlockHash], seed: 
     let st = store.load_request(&hit.files, &dst, WAIT).expect("load");
     assert!(st.done && st.failed == 0, "{st:?}");
     for (i, &b) in dst.iter().enumerate() {
-        assert!(kv.holds(b, seed + i as u64), "chunk {i} (seed {seed}) loaded into block {b} holds its bytes");
+        assert!(
+            kv.holds(b, seed + i as u64),
+            "chunk {i} (seed {seed}) loaded into block {b} holds its bytes"
+        );
     }
     store.unpin(hit.pin).expect("unpin");
 }
@@ -258,7 +264,10 @@ fn concurrent_client_processes_store_and_load_every_byte() {
     for (child, rx) in &mut kids {
         let st = wait_exit(child);
         let lines: Vec<String> = rx.try_iter().collect();
-        assert!(st.success() && lines.iter().any(|l| l.trim_end().ends_with("DONE")), "client exited {st}: {lines:?}");
+        assert!(
+            st.success() && lines.iter().any(|l| l.trim_end().ends_with("DONE")),
+            "client exited {st}: {lines:?}"
+        );
     }
     // What the other processes stored is visible here, byte for byte.
     let store = client_store(daemon.socket(), "checker");
@@ -387,4 +396,95 @@ fn a_client_without_a_queue_pair_gets_an_error_naming_the_drive() {
     }
     let pairs: Vec<u16> = daemon.status().controllers.iter().map(|c| c.free_pairs).collect();
     assert_eq!(pairs, vec![0, 0], "the daemon's metadata pair is the only one, and nothing leaked");
+}
+
+#[test]
+fn malformed_and_foreign_requests_get_clear_errors_and_the_daemon_goes_on() {
+    use tutti_daemon::proto::{ErrorKind, Request, Response};
+    use tutti_objstore::{BlockHash, IdentityId, Verdict};
+    let dir = TempDir::new("malformed");
+    let daemon = Daemon::start(config(&dir.0, 16, OpenMode::Create)).unwrap();
+    let t = Duration::from_secs(10);
+    let conn = tutti_daemon::Connection::connect(daemon.socket(), t).unwrap();
+    let call = |req: &Request| -> Response { conn.call::<Request, Response>(req, &[], t).unwrap().0 };
+    let refused = |r: Response, kind: ErrorKind, needle: &str| match r {
+        Response::Error { kind: k, message } => {
+            assert_eq!(k, kind, "{message}");
+            assert!(message.contains(needle), "{message:?} names {needle:?}");
+        }
+        r => panic!("expected an error naming {needle:?}, got {r:?}"),
+    };
+    // Anything before hello is refused.
+    refused(call(&Request::Stats), ErrorKind::Protocol, "before hello");
+    // A frame that is JSON but no request.
+    let garbage: Response = conn.call(&serde_json::json!({"NoSuchRequest": 1}), &[], t).unwrap().0;
+    refused(garbage, ErrorKind::Invalid, "malformed");
+    refused(call(&Request::Hello { protocol: 999, name: "x".into() }), ErrorKind::Protocol, "protocol");
+    assert!(matches!(
+        call(&Request::Hello { protocol: tutti_daemon::proto::PROTOCOL, name: "fuzzer".into() }),
+        Response::Welcome { .. }
+    ));
+    let id = IdentityId(7);
+    refused(call(&Request::Unpin { pin: 12345 }), ErrorKind::Invalid, "pin 12345");
+    refused(
+        call(&Request::Settle { id: 99, verdicts: vec![Verdict::Commit] }),
+        ErrorKind::Invalid,
+        "reservation 99",
+    );
+    refused(call(&Request::EndLoad { files: vec![0] }), ErrorKind::Invalid, "no load reference");
+    refused(call(&Request::BeginLoad { identity: id, files: vec![0] }), ErrorKind::Invalid, "file 0");
+    refused(call(&Request::Map { ctrl: 9, addr: 4096, len: 4096 }), ErrorKind::Invalid, "controller 9");
+    refused(call(&Request::Map { ctrl: 0, addr: 4096, len: 0 }), ErrorKind::Invalid, "empty");
+    refused(call(&Request::Map { ctrl: 0, addr: u64::MAX - 10, len: 4096 }), ErrorKind::Invalid, "wraps");
+    refused(call(&Request::Unmap { ctrl: 0, iova: 0x1000 }), ErrorKind::Invalid, "not this client's");
+    refused(
+        call(&Request::CreateQueues { ctrl: 0, qid: 3, depth: 16, sq_iova: 0, cq_iova: 0 }),
+        ErrorKind::Invalid,
+        "not leased",
+    );
+    let Response::Qid(qid) = call(&Request::ClaimQueue { ctrl: 0, purpose: "fuzz".into() }) else { panic!() };
+    refused(
+        call(&Request::CreateQueues {
+            ctrl: 0,
+            qid,
+            depth: 16,
+            sq_iova: 0x10_0000_0000,
+            cq_iova: 0x10_0000_0000,
+        }),
+        ErrorKind::Invalid,
+        "not mapped for this client",
+    );
+    refused(call(&Request::DeleteQueues { ctrl: 0, qid }), ErrorKind::Invalid, "does not exist");
+    assert!(matches!(call(&Request::ReleaseQueue { ctrl: 0, qid }), Response::Ok));
+    let many = vec![BlockHash(1); tutti_daemon::proto::MAX_HASHES + 1];
+    refused(call(&Request::Lookup { identity: id, hashes: many }), ErrorKind::Invalid, "at most");
+    // Reserve, then settle with the wrong number of verdicts.
+    let Response::Reserved { id: rid, entries } =
+        call(&Request::Reserve { identity: id, hashes: vec![BlockHash(5), BlockHash(6)] })
+    else {
+        panic!()
+    };
+    assert_eq!(entries.len(), 2);
+    refused(call(&Request::Settle { id: rid, verdicts: vec![] }), ErrorKind::Invalid, "2 new files");
+    // Another client cannot touch it.
+    let other = tutti_daemon::Connection::connect(daemon.socket(), t).unwrap();
+    let hello = Request::Hello { protocol: tutti_daemon::proto::PROTOCOL, name: "other".into() };
+    let _: (Response, _) = other.call(&hello, &[], t).unwrap();
+    let (r, _): (Response, _) = other
+        .call(&Request::Settle { id: rid, verdicts: vec![Verdict::Commit, Verdict::Commit] }, &[], t)
+        .unwrap();
+    refused(r, ErrorKind::Invalid, "not this client's");
+    drop(other);
+    // The owner gives it up; nothing became visible.
+    assert!(matches!(
+        call(&Request::Settle { id: rid, verdicts: vec![Verdict::GiveUp, Verdict::GiveUp] }),
+        Response::Settled(_)
+    ));
+    let s = daemon.status();
+    assert_eq!((s.stats.index.valid, s.stats.index.reserved), (0, 0), "{s:?}");
+    drop(conn);
+    // Still serving real clients.
+    let store = client_store(daemon.socket(), "after-fuzz");
+    let kv = new_kv(&store);
+    store_and_verify(&store, &kv, 11);
 }

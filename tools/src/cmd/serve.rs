@@ -90,7 +90,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         None => SocketMode::Owner,
     };
     let drives = if args.drives.is_empty() {
-        let list = (0..args.emulated as usize).map(|i| args.emu.config(i)).collect::<anyhow::Result<Vec<_>>>()?;
+        let list =
+            (0..args.emulated as usize).map(|i| args.emu.config(i)).collect::<anyhow::Result<Vec<_>>>()?;
         DriveSource::Emulated(list)
     } else {
         DriveSource::Vfio { bdfs: args.drives.clone(), noiommu: args.noiommu }
@@ -116,7 +117,13 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::json!({"serving": status.socket, "pid": status.pid, "pool": status.pool}));
     } else {
-        println!("tuttid {} serving pool {} on {} (pid {})", env!("CARGO_PKG_VERSION"), status.pool, status.socket, status.pid);
+        println!(
+            "tuttid {} serving pool {} on {} (pid {})",
+            env!("CARGO_PKG_VERSION"),
+            status.pool,
+            status.socket,
+            status.pid
+        );
     }
     // Bounded waits: the loop checks the stop flag and the accept thread every 100 ms.
     while !stop.load(Ordering::Relaxed) {

@@ -1,0 +1,146 @@
+//! `tutti_runtime_connect`: two runtimes of this process are clients of a
+//! tuttid; what one stores the other loads, byte for byte, through the same
+//! calls as an in-process runtime. Bad configs are refused by name, and a
+//! daemon that is not there is an error, not a hang.
+
+// Test code: a panic is how a test fails, in helpers as in #[test] functions
+// (clippy.toml's allow-*-in-tests covers only the latter).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use std::ffi::CString;
+use std::path::PathBuf;
+use std::ptr::{null, null_mut};
+use std::time::{Duration, Instant};
+use tutti::*;
+use tutti_daemon::{Daemon, DaemonConfig, DriveSource, SocketMode};
+use tutti_driver::emulated::{EmulatedConfig, NamespaceConfig};
+use tutti_objstore::{Dtype, Geometry, OpenMode, PoolOptions};
+
+const BLOCKS: u32 = 4;
+
+fn start_daemon(tag: &str) -> (Daemon, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("tutti-capi-daemon-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let g = Geometry { layers: LAYERS, kv_heads: 2, head_dim: 64, tokens_per_block: TPB, dtype: Dtype::Bf16 };
+    let drives = (0..2)
+        .map(|i| EmulatedConfig {
+            name: format!("emu{i}"),
+            serial: format!("CAPI-D-{i}"),
+            namespaces: vec![NamespaceConfig::with_bytes(16 << 20, 512)],
+            ..EmulatedConfig::default()
+        })
+        .collect();
+    let d = Daemon::start(DaemonConfig {
+        socket: dir.join("tuttid.sock"),
+        mode: SocketMode::Owner,
+        drives: DriveSource::Emulated(drives),
+        pool: PoolOptions::new(g, OpenMode::Create),
+        io_timeout: Duration::from_secs(2),
+    })
+    .unwrap();
+    (d, dir)
+}
+
+fn client_config(socket: &CString, name: &CString) -> tutti_client_config_t {
+    tutti_client_config_t {
+        struct_size: std::mem::size_of::<tutti_client_config_t>() as u32,
+        executor: TUTTI_EXECUTOR_GIO_HOST,
+        socket: socket.as_ptr(),
+        client_name: name.as_ptr(),
+        control_timeout_ms: 5000,
+        io_timeout_ms: 0,
+        host_lane_blocks: 0,
+        geometry: geometry(),
+    }
+}
+
+fn connect(cfg: &tutti_client_config_t) -> (i32, Rt) {
+    let mut rt = null_mut();
+    // SAFETY: a valid config and out pointer.
+    let code = unsafe { tutti_runtime_connect(cfg, &mut rt) };
+    (code, Rt(rt))
+}
+
+/// Bytes of `block` in every layer, K and V (per-layer registration).
+fn block_bytes(mem: &mut Mem, block: usize) -> Vec<u8> {
+    let per = 2 * BLOCKS as usize * OBJ;
+    let mut out = Vec::new();
+    for l in 0..LAYERS as usize {
+        for kv in 0..2 {
+            let o = l * per + kv * BLOCKS as usize * OBJ + block * OBJ;
+            out.extend_from_slice(&mem.bytes()[o..o + OBJ]);
+        }
+    }
+    out
+}
+
+#[test]
+fn two_clients_share_the_daemons_pool_byte_for_byte() {
+    let (daemon, dir) = start_daemon("share");
+    let socket = CString::new(daemon.socket().to_str().unwrap()).unwrap();
+    let (na, nb) = (CString::new("writer").unwrap(), CString::new("reader").unwrap());
+    let (code, a) = connect(&client_config(&socket, &na));
+    assert_eq!(code, TUTTI_OK, "{}", last_error());
+    let (code, b) = connect(&client_config(&socket, &nb));
+    assert_eq!(code, TUTTI_OK, "{}", last_error());
+    let mut wrote = register_filled(&a, BLOCKS, 3);
+    let keys = hashes(2, 99);
+    let rep = store_all(&a, &keys, &[0, 1]);
+    assert_eq!((rep.stored, rep.failed), (2, 0));
+    let mut read = register_filled(&b, BLOCKS, 200);
+    assert_eq!(lookup(&b, &keys, 0).0, 2, "the other client sees the committed chunks");
+    let st = load_all(&b, &keys, &[3, 2]);
+    assert_eq!((st.done, st.failed), (1, 0));
+    assert_eq!(block_bytes(&mut read, 3), block_bytes(&mut wrote, 0));
+    assert_eq!(block_bytes(&mut read, 2), block_bytes(&mut wrote, 1));
+    let status = daemon.status();
+    assert_eq!(status.clients.len(), 2, "{status:?}");
+    assert!(status.clients.iter().all(|c| !c.queues.is_empty()), "each client leased its own queue pairs");
+    let mut qids: Vec<_> = status.clients.iter().flat_map(|c| c.queues.clone()).collect();
+    let n = qids.len();
+    qids.sort();
+    qids.dedup();
+    assert_eq!(qids.len(), n, "no queue pair is leased twice: {status:?}");
+    drop(a);
+    drop(b);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !daemon.status().clients.is_empty() {
+        assert!(Instant::now() < deadline, "closed clients are released");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bad_client_configs_are_refused_by_name() {
+    let (daemon, dir) = start_daemon("bad");
+    let socket = CString::new(daemon.socket().to_str().unwrap()).unwrap();
+    let name = CString::new("bad").unwrap();
+    let mut rt = null_mut();
+    // SAFETY: NULL config is checked.
+    expect(unsafe { tutti_runtime_connect(null(), &mut rt) }, TUTTI_E_NULL_POINTER, "config");
+    let mut cfg = client_config(&socket, &name);
+    cfg.socket = null();
+    expect(connect(&cfg).0, TUTTI_E_NULL_POINTER, "socket");
+    let empty = CString::new("").unwrap();
+    expect(connect(&client_config(&empty, &name)).0, TUTTI_E_INVALID_ARG, "socket");
+    let missing = CString::new(dir.join("nobody.sock").to_str().unwrap()).unwrap();
+    let t = Instant::now();
+    expect(connect(&client_config(&missing, &name)).0, TUTTI_E_IO, "no tuttid listening");
+    assert!(t.elapsed() < Duration::from_secs(10));
+    let mut cfg = client_config(&socket, &name);
+    cfg.geometry.layers = LAYERS + 1;
+    expect(connect(&cfg).0, TUTTI_E_INVALID_ARG, "geometry");
+    let mut cfg = client_config(&socket, &name);
+    cfg.executor = 9;
+    expect(connect(&cfg).0, TUTTI_E_INVALID_ARG, "executor");
+    let mut cfg = client_config(&socket, &name);
+    cfg.struct_size = 3;
+    expect(connect(&cfg).0, TUTTI_E_STRUCT_SIZE, "tutti_client_config_t");
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1,0 +1,81 @@
+//! `tutti serve` and `tutti status` through the binary: the daemon announces
+//! itself, reports its pool and controllers, refuses a second daemon on the
+//! same media naming the holder, and stops cleanly on SIGTERM (socket removed).
+
+// Test code: a panic is how a test fails, in helpers as in #[test] functions
+// (clippy.toml's allow-*-in-tests covers only the latter).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn serve(dir: &Path, socket: &str) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_tutti"));
+    c.args(["serve", "--emulated", "2", "--capacity-mib", "16", "--layers", "4", "--kv-heads", "2"])
+        .args(["--head-dim", "64", "--json", "--dir"])
+        .arg(dir)
+        .arg("--socket")
+        .arg(dir.join(socket));
+    c
+}
+
+fn wait(child: &mut Child) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "tutti serve did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn serve_reports_status_refuses_a_second_owner_and_stops_on_sigterm() {
+    let dir = std::env::temp_dir().join(format!("tutti-serve-cli-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut daemon = serve(&dir, "a.sock").stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(daemon.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let hello: Value = serde_json::from_str(&line).expect("one JSON line when serving");
+    assert_eq!(hello["pid"].as_u64(), Some(daemon.id() as u64), "{hello}");
+    let socket = dir.join("a.sock");
+    assert_eq!(hello["serving"].as_str(), Some(socket.to_str().unwrap()));
+
+    let out = Command::new(env!("CARGO_BIN_EXE_tutti"))
+        .args(["status", "--json", "--socket"])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let s: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(s["pid"].as_u64(), Some(daemon.id() as u64));
+    assert_eq!(s["controllers"].as_array().unwrap().len(), 2, "{s}");
+    assert!(s["stats"]["index"]["files"].as_u64().unwrap() > 0, "{s}");
+    assert_eq!(s["clients"].as_array().unwrap().len(), 1, "the status command itself: {s}");
+    let text =
+        Command::new(env!("CARGO_BIN_EXE_tutti")).args(["status", "--socket"]).arg(&socket).output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("0 clients") && text.contains("controller emu0"), "{text}");
+
+    // The same media under another socket: refused, naming this daemon.
+    let second = serve(&dir, "b.sock").output().unwrap();
+    assert!(!second.status.success());
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(err.contains(&daemon.id().to_string()), "names the holder: {err}");
+
+    // SIGTERM: a clean stop, the socket gone.
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) }, 0);
+    assert!(wait(&mut daemon).success());
+    assert!(!socket.exists(), "the socket file was removed");
+    let gone =
+        Command::new(env!("CARGO_BIN_EXE_tutti")).args(["status", "--socket"]).arg(&socket).output().unwrap();
+    assert!(!gone.status.success());
+    assert!(String::from_utf8_lossy(&gone.stderr).contains("no tuttid listening"), "{gone:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
