@@ -3,7 +3,8 @@
 //! the daemon killed and restarted, a second owner, queue pairs running out.
 //!
 //! Client (and, where it must die, daemon) processes are this test binary
-//! run again with `TUTTI_TEST_ROLE` set: `role_entry` does the role's work.
+//! run again on the same test with `TUTTI_TEST_ROLE` set: every test starts
+//! with `role_entry`, which does the role's work and exits in such a child.
 
 // Test code: a panic is how a test fails, in helpers as in #[test] functions
 // (clippy.toml's allow-*-in-tests covers only the latter).
@@ -181,17 +182,15 @@ fn role_entry() {
 }
 
 /// Starts this binary in `role`; its stdout lines come through the channel.
-fn spawn(role: &str, dir: &Path, seed: u64, extra: &[(&str, &str)]) -> (Child, mpsc::Receiver<String>) {
+/// `test` is the calling test: the child runs it again and takes the role at its start.
+fn spawn(test: &str, role: &str, dir: &Path, seed: u64) -> (Child, mpsc::Receiver<String>) {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "role_entry_point", "--nocapture", "--test-threads=1"])
+    cmd.args(["--exact", test, "--nocapture", "--test-threads=1"])
         .env("TUTTI_TEST_ROLE", role)
         .env("TUTTI_TEST_DIR", dir)
         .env("TUTTI_TEST_SEED", seed.to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
-    for (k, v) in extra {
-        cmd.env(k, v);
-    }
     let mut child = cmd.spawn().unwrap();
     let out = child.stdout.take().unwrap();
     let (tx, rx) = mpsc::channel();
@@ -251,16 +250,13 @@ fn wait_clients(socket: &Path, n: usize) -> tutti_daemon::proto::StatusReport {
 }
 
 #[test]
-fn role_entry_point() {
-    // Does nothing unless this process was started as a child role.
-    role_entry();
-}
-
-#[test]
 fn concurrent_client_processes_store_and_load_every_byte() {
+    role_entry();
     let dir = TempDir::new("concurrent");
     let daemon = Daemon::start(config(&dir.0, 16, OpenMode::Create)).unwrap();
-    let mut kids: Vec<_> = (1..=3).map(|seed| spawn("client", &dir.0, seed, &[])).collect();
+    let mut kids: Vec<_> = (1..=3)
+        .map(|seed| spawn("concurrent_client_processes_store_and_load_every_byte", "client", &dir.0, seed))
+        .collect();
     for (child, rx) in &mut kids {
         let st = wait_exit(child);
         let lines: Vec<String> = rx.try_iter().collect();
@@ -287,10 +283,12 @@ fn concurrent_client_processes_store_and_load_every_byte() {
 
 #[test]
 fn a_client_killed_mid_store_leaves_nothing_visible_and_nothing_held() {
+    role_entry();
     let dir = TempDir::new("midstore");
     let daemon = Daemon::start(config(&dir.0, 16, OpenMode::Create)).unwrap();
     let free_pairs: Vec<u16> = daemon.status().controllers.iter().map(|c| c.free_pairs).collect();
-    let (mut child, rx) = spawn("hang-store", &dir.0, 77, &[]);
+    let (mut child, rx) =
+        spawn("a_client_killed_mid_store_leaves_nothing_visible_and_nothing_held", "hang-store", &dir.0, 77);
     expect_line(&rx, "MIDSTORE");
     let during = daemon.status();
     assert_eq!(during.clients.len(), 1);
@@ -314,9 +312,11 @@ fn a_client_killed_mid_store_leaves_nothing_visible_and_nothing_held() {
 
 #[test]
 fn a_client_killed_mid_load_releases_its_pins_and_references() {
+    role_entry();
     let dir = TempDir::new("midload");
     let daemon = Daemon::start(config(&dir.0, 16, OpenMode::Create)).unwrap();
-    let (mut child, rx) = spawn("hang-load", &dir.0, 5, &[]);
+    let (mut child, rx) =
+        spawn("a_client_killed_mid_load_releases_its_pins_and_references", "hang-load", &dir.0, 5);
     expect_line(&rx, "MIDLOAD");
     let during = daemon.status();
     assert_eq!(during.stats.index.pinned, CHUNKS, "{during:?}");
@@ -334,8 +334,14 @@ fn a_client_killed_mid_load_releases_its_pins_and_references() {
 
 #[test]
 fn a_killed_daemon_fails_its_clients_within_their_deadline_and_recovers_on_restart() {
+    role_entry();
     let dir = TempDir::new("restart");
-    let (mut d1, rx) = spawn("daemon", &dir.0, 0, &[]);
+    let (mut d1, rx) = spawn(
+        "a_killed_daemon_fails_its_clients_within_their_deadline_and_recovers_on_restart",
+        "daemon",
+        &dir.0,
+        0,
+    );
     expect_line(&rx, "READY");
     let socket = dir.0.join("tuttid.sock");
     let store = client_store(&socket, "survivor");
@@ -347,7 +353,12 @@ fn a_killed_daemon_fails_its_clients_within_their_deadline_and_recovers_on_resta
     assert!(t.elapsed() < Duration::from_secs(15), "the error came within the deadline: {:?}", t.elapsed());
     drop(kv);
     drop(store);
-    let (mut d2, rx) = spawn("daemon", &dir.0, 0, &[]);
+    let (mut d2, rx) = spawn(
+        "a_killed_daemon_fails_its_clients_within_their_deadline_and_recovers_on_restart",
+        "daemon",
+        &dir.0,
+        0,
+    );
     expect_line(&rx, "READY");
     let store = client_store(&socket, "after-restart");
     let kv = new_kv(&store);
@@ -359,6 +370,7 @@ fn a_killed_daemon_fails_its_clients_within_their_deadline_and_recovers_on_resta
 
 #[test]
 fn a_second_owner_is_refused_naming_the_holder() {
+    role_entry();
     let dir = TempDir::new("owner");
     let daemon = Daemon::start(config(&dir.0, 16, OpenMode::Create)).unwrap();
     // Same media, another socket.
@@ -381,6 +393,7 @@ fn a_second_owner_is_refused_naming_the_holder() {
 
 #[test]
 fn a_client_without_a_queue_pair_gets_an_error_naming_the_drive() {
+    role_entry();
     let dir = TempDir::new("onepair");
     // One pair per controller: the daemon's metadata path holds it.
     let daemon = Daemon::start(config(&dir.0, 1, OpenMode::Create)).unwrap();
@@ -400,6 +413,7 @@ fn a_client_without_a_queue_pair_gets_an_error_naming_the_drive() {
 
 #[test]
 fn malformed_and_foreign_requests_get_clear_errors_and_the_daemon_goes_on() {
+    role_entry();
     use tutti_daemon::proto::{ErrorKind, Request, Response};
     use tutti_objstore::{BlockHash, IdentityId, Verdict};
     let dir = TempDir::new("malformed");
