@@ -46,9 +46,11 @@ fn backend() -> Backend {
 struct TempDir(PathBuf);
 impl TempDir {
     fn new(tag: &str) -> TempDir {
-        let p =
-            std::env::temp_dir().join(format!("tuttid-{tag}-{}-{:?}", std::process::id(), Instant::now()));
-        let p = PathBuf::from(p.to_string_lossy().replace([' ', '{', '}', ':', ','], "_"));
+        // Short: a socket path must fit in 108 bytes.
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p = std::env::temp_dir().join(format!("tuttid-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir_all(&p).unwrap();
         TempDir(p)
     }
