@@ -38,10 +38,10 @@ from pathlib import Path
 from .errors import OK, IN_PROGRESS, AbiMismatch, LibraryNotFound, exception_class
 
 ABI_VERSION = 1
-# The structs here are those of ABI 1.2 (1.1: the host-work counters; 1.2:
-# quarantined files and unknown-outcome blocks); a library of an older minor
-# would refuse their sizes.
-ABI_MINOR = 2
+# The structs here are those of ABI 1.3 (1.1: the host-work counters; 1.2:
+# quarantined files and unknown-outcome blocks; 1.3: clients of tuttid); a
+# library of an older minor would refuse their sizes or lack the calls.
+ABI_MINOR = 3
 LIB_NAME = "libtutti.so"
 
 # Constants of tutti.h.
@@ -89,6 +89,21 @@ class RuntimeConfig(Structure):
         ("geometry", Geometry),
         ("io_timeout_ms", c_uint32),
         ("host_lane_blocks", c_uint32),
+    ]
+
+
+class ClientConfig(Structure):
+    """tutti_client_config_t (ABI 1.3): how to connect to tuttid."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("executor", c_uint32),
+        ("socket", c_char_p),
+        ("client_name", c_char_p),
+        ("control_timeout_ms", c_uint32),
+        ("io_timeout_ms", c_uint32),
+        ("host_lane_blocks", c_uint32),
+        ("geometry", Geometry),
     ]
 
 
@@ -215,6 +230,7 @@ class Stats(Structure):
 # Every size-prefixed struct, by its C name (the ABI layout test walks this).
 SIZED_STRUCTS = {
     "tutti_runtime_config_t": RuntimeConfig,
+    "tutti_client_config_t": ClientConfig,
     "tutti_kv_layout_t": KvLayout,
     "tutti_table_sizes_t": TableSizes,
     "tutti_runtime_info_t": RuntimeInfo,
@@ -244,6 +260,7 @@ _PROTOTYPES = {
     "tutti_last_error_copy": (_i32, [POINTER(c_char), c_size_t, POINTER(c_size_t)]),
     "tutti_clock_ns": (c_uint64, []),
     "tutti_runtime_open": (_i32, [POINTER(RuntimeConfig), POINTER(_rt)]),
+    "tutti_runtime_connect": (_i32, [POINTER(ClientConfig), POINTER(_rt)]),
     "tutti_runtime_close": (_i32, [_rt]),
     "tutti_runtime_info": (_i32, [_rt, POINTER(RuntimeInfo)]),
     "tutti_get_stats": (_i32, [_rt, POINTER(Stats)]),

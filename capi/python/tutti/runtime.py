@@ -245,6 +245,44 @@ class Runtime(_Handle):
         self.geometry = geometry
         self._registered: object | None = None
 
+    @classmethod
+    def connect(
+        cls,
+        socket: str,
+        geometry: Geometry,
+        *,
+        executor: str = "gio",
+        client_name: str | None = None,
+        control_timeout_ms: int = 0,
+        io_timeout_ms: int = 0,
+        host_lane_blocks: int = 0,
+    ) -> "Runtime":
+        """A runtime that is a client of the tuttid listening at ``socket`` (``tutti serve``).
+
+        The daemon owns the drives and the pool; this process leases its own queue pairs and
+        moves its own bytes. Every method works as on a runtime opened in-process.
+        """
+        if executor not in _lib.EXECUTOR:
+            raise ValueError(f"executor {executor!r} is not one of {', '.join(_lib.EXECUTOR)}")
+        cfg = sized(
+            _lib.ClientConfig,
+            executor=_lib.EXECUTOR[executor],
+            socket=socket.encode(),
+            client_name=client_name.encode() if client_name else None,
+            control_timeout_ms=control_timeout_ms,
+            io_timeout_ms=io_timeout_ms,
+            host_lane_blocks=host_lane_blocks,
+            geometry=geometry.to_c(),
+        )
+        out = c_void_p()
+        lib().call("tutti_runtime_connect", byref(cfg), byref(out))
+        rt = cls.__new__(cls)
+        _Handle.__init__(rt, out)
+        rt._keep = []
+        rt.geometry = geometry
+        rt._registered = None
+        return rt
+
     # --- pool -----------------------------------------------------------------------------
 
     def info(self) -> RuntimeInfo:

@@ -1,0 +1,97 @@
+"""tutti.Runtime.connect: two runtimes in this process are clients of a `tutti serve` process;
+what one stores the other loads, byte for byte; a daemon that is not there is a clear error."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import tutti
+from conftest import NUM_BLOCKS, block_bytes, fill_block, vllm_layers
+from test_binding import store
+
+
+def _tutti_bin() -> Path:
+    explicit = os.environ.get("TUTTI_BIN")
+    if explicit:
+        return Path(explicit)
+    lib = os.environ.get("TUTTI_LIB")
+    return (Path(lib).parent if lib else Path(__file__).resolve().parents[3] / "target" / "debug") / "tutti"
+
+
+@pytest.fixture
+def daemon(library, geometry, tmp_path):
+    exe = _tutti_bin()
+    if not exe.exists():
+        why = f"the tutti binary is not at {exe} (cargo build -p tutti-tools, or set TUTTI_BIN)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        print(f"SKIP: {why}", file=sys.stderr)
+        pytest.skip(why)
+    g = geometry
+    sock = tmp_path / "tuttid.sock"
+    args = [str(exe), "serve", "--json", "--socket", str(sock), "--dir", str(tmp_path / "pool")]
+    args += ["--emulated", "2", "--capacity-mib", "8", "--layers", str(g.layers), "--kv-heads", str(g.kv_heads)]
+    args += ["--head-dim", str(g.head_dim), "--block-tokens", str(g.tokens_per_block), "--dtype", g.dtype]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+    try:
+        hello = json.loads(proc.stdout.readline())
+        assert hello["pid"] == proc.pid
+        yield str(sock)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            assert proc.wait(timeout=30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+
+def test_two_clients_share_the_daemons_pool(daemon, geometry):
+    hashes = tutti.chain_hashes(list(range(8)), geometry.tokens_per_block)
+    writer = tutti.Runtime.connect(daemon, geometry, client_name="writer")
+    reader = tutti.Runtime.connect(daemon, geometry, client_name="reader")
+    try:
+        wl, rl = vllm_layers(geometry), vllm_layers(geometry)
+        writer.register_kv("vllm_per_layer", NUM_BLOCKS, model="m", k_bases=[t.data_ptr() for t in wl])
+        reader.register_kv("vllm_per_layer", NUM_BLOCKS, model="m", k_bases=[t.data_ptr() for t in rl])
+        written = {b: fill_block(geometry, wl, NUM_BLOCKS, b, seed=10 + b) for b in (0, 1)}
+        store(writer, hashes, [0, 1])
+        with reader.lookup(hashes) as found:
+            assert found.hits == 2
+            with reader.load(hashes, [7, 6]) as job:
+                assert job.wait().failed == 0
+        assert block_bytes(geometry, rl, NUM_BLOCKS, 7) == written[0]
+        assert block_bytes(geometry, rl, NUM_BLOCKS, 6) == written[1]
+        assert reader.stats().lookups >= 1
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_connect_errors_name_what_is_wrong(library, geometry, tmp_path):
+    t0 = time.monotonic()
+    with pytest.raises(tutti.TuttiError, match="no tuttid listening"):
+        tutti.Runtime.connect(str(tmp_path / "absent.sock"), geometry, control_timeout_ms=2000)
+    assert time.monotonic() - t0 < 10
+    with pytest.raises(ValueError, match="executor"):
+        tutti.Runtime.connect(str(tmp_path / "absent.sock"), geometry, executor="gpu")
+
+
+def test_a_geometry_other_than_the_pools_is_refused(daemon, geometry):
+    other = tutti.Geometry(
+        layers=geometry.layers + 1,
+        kv_heads=geometry.kv_heads,
+        head_dim=geometry.head_dim,
+        tokens_per_block=geometry.tokens_per_block,
+        dtype=geometry.dtype,
+    )
+    with pytest.raises(tutti.errors.InvalidArgument, match="geometry"):
+        tutti.Runtime.connect(daemon, other)
