@@ -444,3 +444,16 @@ fn a_timed_out_call_poisons_the_connection() {
     drop(conn);
     d.stop();
 }
+
+#[test]
+fn idle_clients_are_not_timed_out() {
+    let d = Daemon::start("idle", |s| s.with_frame_timeout(Duration::from_millis(100)));
+    let conn = Connection::connect(&d.path, CALL).unwrap();
+    // Idle for several frame timeouts: only a frame that has begun has a deadline.
+    std::thread::sleep(Duration::from_millis(500));
+    let (resp, _): (Resp, _) = conn.call(&Req::Echo("still connected".into()), &[], CALL).unwrap();
+    assert_eq!(resp, Resp::Echo("still connected".into()));
+    assert_eq!(d.handler.events(|e| e.disconnected.len()), 0);
+    drop(conn);
+    d.stop();
+}
