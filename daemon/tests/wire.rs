@@ -268,6 +268,19 @@ fn peer_with_another_uid_is_refused_before_any_request() {
             if fd < 0 {
                 return 4;
             }
+            // Bounded: a daemon that lets this peer in would otherwise keep it waiting.
+            let limit = libc::timeval { tv_sec: 10, tv_usec: 0 };
+            let size = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
+            if libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&limit as *const libc::timeval).cast(),
+                size,
+            ) != 0
+            {
+                return 6;
+            }
             let mut buf = [0u8; 4096];
             let mut got = 0usize;
             loop {
@@ -419,13 +432,28 @@ fn a_timed_out_call_poisons_the_connection() {
     assert!(matches!(err, DaemonError::Timeout { .. }), "{err}");
     // The late reply to the sleep must never be taken for the echo's.
     let err = conn.call::<_, Resp>(&Req::Echo("next".into()), &[], CALL).unwrap_err();
-    assert!(err.to_string().contains("connection to tuttid lost"), "{err}");
+    let msg = err.to_string();
+    // Refused at once, naming the call that broke the connection.
+    assert!(msg.contains("connection to tuttid lost") && msg.contains("timed out"), "{msg}");
     d.handler.wait_for("the disconnect", |e| !e.disconnected.is_empty());
     assert_eq!(
         d.handler.requests.load(std::sync::atomic::Ordering::SeqCst),
         1,
         "the echo reached the daemon"
     );
+    drop(conn);
+    d.stop();
+}
+
+#[test]
+fn idle_clients_are_not_timed_out() {
+    let d = Daemon::start("idle", |s| s.with_frame_timeout(Duration::from_millis(100)));
+    let conn = Connection::connect(&d.path, CALL).unwrap();
+    // Idle for several frame timeouts: only a frame that has begun has a deadline.
+    std::thread::sleep(Duration::from_millis(500));
+    let (resp, _): (Resp, _) = conn.call(&Req::Echo("still connected".into()), &[], CALL).unwrap();
+    assert_eq!(resp, Resp::Echo("still connected".into()));
+    assert_eq!(d.handler.events(|e| e.disconnected.len()), 0);
     drop(conn);
     d.stop();
 }
