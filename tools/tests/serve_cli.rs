@@ -79,3 +79,24 @@ fn serve_reports_status_refuses_a_second_owner_and_stops_on_sigterm() {
     assert!(String::from_utf8_lossy(&gone.stderr).contains("no tuttid listening"), "{gone:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn bench_client_reports_both_sides_and_their_ratios() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tutti"))
+        .args(["bench", "client", "--layers", "4", "--blocks", "4", "--loads", "2", "--lookups", "10"])
+        .args(["--json", "--quiet"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for side in ["in_process", "client"] {
+        for k in ["submit_ns_per_layer", "setup_ns_per_job", "load_us_median", "lookup_us_median"] {
+            assert!(r[side][k].as_f64().unwrap() > 0.0, "{side}.{k}: {r}");
+        }
+    }
+    let ratio = |k: &str, f: &str| {
+        r[k].as_f64().unwrap() - r["client"][f].as_f64().unwrap() / r["in_process"][f].as_f64().unwrap()
+    };
+    assert!(ratio("ratio_lookup", "lookup_us_median").abs() < 1e-9, "{r}");
+    assert!(ratio("ratio_submit_per_layer", "submit_ns_per_layer").abs() < 1e-9, "{r}");
+}

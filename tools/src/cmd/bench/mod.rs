@@ -1,5 +1,6 @@
 //! `tutti bench`: microbenchmarks, each reported next to a baseline measured in the same run.
 
+pub mod client;
 pub mod commands;
 pub mod retrieve;
 pub mod rig;
@@ -110,6 +111,8 @@ pub enum Which {
     Retrieve(retrieve::Args),
     /// Submit-to-complete rate of small commands through the full stack against io_uring NOPs.
     Commands(commands::Args),
+    /// A client of tuttid against an in-process runtime: host CPU per layer and per job, load and lookup times.
+    Client(client::Args),
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
@@ -117,6 +120,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         Which::SglVsPrp(a) => sgl_vs_prp::run(a),
         Which::Retrieve(a) => retrieve::run(a),
         Which::Commands(a) => commands::run(a),
+        Which::Client(a) => client::run(a),
     }
 }
 
