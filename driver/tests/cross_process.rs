@@ -578,3 +578,60 @@ fn remote_regions_are_owned_bounded_and_die_with_their_process() {
     assert_eq!(mmu.unmap_owner(9), 1);
     assert_eq!(mmu.unmap_owner(9), 0);
 }
+
+/// Maps memory of this process for the device as `owner` (a stand-in for a client
+/// process: the IOMMU treats the region as another process's, by pid).
+struct Via(EmuIommu, u64);
+
+impl DmaBroker for Via {
+    fn map(&self, addr: u64, len: usize) -> Result<u64> {
+        self.0.map_remote(std::process::id() as i32, addr, len, self.1)
+    }
+    fn unmap(&self, iova: u64) {
+        let _ = self.0.unmap(iova, self.1);
+    }
+}
+
+#[test]
+fn a_clients_commands_reach_only_memory_mapped_for_that_client() {
+    let (emu, owner) = start_owner("emu-scope");
+    let iommu = emu.iommu().clone();
+    let (a, b) = (11u64, 12u64);
+    // Client A: queues and buffers all mapped for owner A.
+    let dma: Arc<dyn DmaSpace> =
+        Arc::new(BrokeredDma::new("client-a", Arc::new(Via(iommu.clone(), a)), 4096).unwrap());
+    let leased = Controller::leased(
+        emu.registers(),
+        dma.clone(),
+        owner.info().clone(),
+        Arc::new(Direct(owner.clone())),
+    )
+    .unwrap();
+    let mut pair = leased.create_io_queue_pair(8).unwrap();
+    let mine = dma.alloc(4096).unwrap();
+    mine.copy_in(0, &pattern(3, 4096)).unwrap();
+    pair.write_buf(NSID, 8, &mine, 0, 4096, DataMode::Auto).unwrap();
+    // Client B's memory, mapped for B: A's commands cannot read it or write into it.
+    let theirs = vec![0x77u8; 8192];
+    let page = (theirs.as_ptr() as u64).next_multiple_of(4096);
+    let iova_b = iommu.map_remote(std::process::id() as i32, page, 4096, b).unwrap();
+    let faults = iommu.fault_count();
+    let seg = [IovaSegment { iova: iova_b, len: 4096 }];
+    let w = pair.write(NSID, 16, &seg, DataMode::Auto).unwrap_err();
+    assert!(w.to_string().to_lowercase().contains("data transfer"), "{w}");
+    let r = pair.read(NSID, 8, &seg, DataMode::Auto).unwrap_err();
+    assert!(r.to_string().to_lowercase().contains("data transfer"), "{r}");
+    assert!(iommu.fault_count() >= faults + 2);
+    let off = (page - theirs.as_ptr() as u64) as usize;
+    assert!(theirs[off..off + 4096].iter().all(|&x| x == 0x77), "B's memory was not written by A's read");
+    // The owner's own queue (local memory) cannot reach B's region either.
+    let mut own = owner.create_io_queue_pair(8).unwrap();
+    assert!(own.read(NSID, 8, &seg, DataMode::Auto).is_err());
+    // A's own memory still works both ways.
+    let back = dma.alloc(4096).unwrap();
+    pair.read_buf(NSID, 8, &back, 0, 4096, DataMode::Auto).unwrap();
+    let mut got = vec![0u8; 4096];
+    back.copy_out(0, &mut got).unwrap();
+    assert_eq!(got, pattern(3, 4096));
+    iommu.unmap(iova_b, b).unwrap();
+}

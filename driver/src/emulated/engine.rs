@@ -173,6 +173,9 @@ struct Engine {
     features: Features,
     /// The cost model's transfer clock: when the paced "media" is next free.
     paced_until: Instant,
+    /// The IOMMU as the I/O command being executed sees it: scoped to the
+    /// owner of its submission queue's memory.
+    dma: crate::emulated::EmuIommu,
 }
 
 impl Engine {
@@ -192,6 +195,7 @@ impl Engine {
             pending: Vec::new(),
             features,
             paced_until: Instant::now(),
+            dma: shared.iommu.clone(),
             shared,
         }
     }
@@ -359,6 +363,14 @@ impl Engine {
         self.write_csts();
     }
 
+    /// An I/O command of SQ `qid`, its data moved through the IOMMU view of
+    /// the SQ's owner: a client's command reaches only that client's memory.
+    fn io_command_of(&mut self, qid: u16, sqe: &SubmissionEntry) -> Done {
+        let owner = self.sqs.get(qid as usize).and_then(Option::as_ref).and_then(|sq| sq.owner);
+        self.dma = self.shared.iommu.scoped(owner);
+        self.io_command(sqe)
+    }
+
     /// Runs one command, applying fault rules; `None` when its completion is to be lost.
     fn execute(&mut self, qid: u16, sqe: &SubmissionEntry) -> Option<Done> {
         let opcode = sqe.opcode();
@@ -382,7 +394,8 @@ impl Engine {
                 return Some(Done::deferred(Instant::now() + *by, *sqe));
             }
             _ => {
-                let mut d = if qid == ADMIN_QID { self.admin_command(sqe) } else { self.io_command(sqe) };
+                let mut d =
+                    if qid == ADMIN_QID { self.admin_command(sqe) } else { self.io_command_of(qid, sqe) };
                 d.status = with_dnr_if_permanent(d.status);
                 d
             }

@@ -155,8 +155,11 @@ pub struct IommuFault {
 /// The emulated controller's DMA space (a [`DmaSpace`]).
 #[derive(Clone)]
 pub struct EmuIommu {
-    name: String,
+    name: Arc<str>,
     table: Arc<Table>,
+    /// Set on a view for one command ([`scoped`](Self::scoped)): only
+    /// regions of this owner are reachable through it.
+    scope: Option<u64>,
 }
 
 /// Where a translated DMA goes.
@@ -167,7 +170,7 @@ enum Target {
 
 impl EmuIommu {
     pub fn new(device: &str) -> Self {
-        EmuIommu { name: format!("emulated iommu {device}"), table: Arc::default() }
+        EmuIommu { name: format!("emulated iommu {device}").into(), table: Arc::default(), scope: None }
     }
 
     /// How many DMA accesses faulted so far.
@@ -181,7 +184,27 @@ impl EmuIommu {
         IommuFault { iova, len }
     }
 
-    /// Where `iova..iova+len` is, which must lie inside one mapping.
+    /// A view that reaches only regions of `owner` (`None`: every region).
+    /// The controller moves a command's data through the view of the owner
+    /// of the command's submission queue, so a client's commands can reach
+    /// only memory that client mapped, as if each client had its own IOMMU
+    /// domain.
+    pub fn scoped(&self, owner: Option<u64>) -> EmuIommu {
+        EmuIommu { name: self.name.clone(), table: self.table.clone(), scope: owner }
+    }
+
+    /// The owner of the region `iova` lies in.
+    pub fn owner_of(&self, iova: u64) -> Option<u64> {
+        let regions = self.table.regions.read().ok()?;
+        regions
+            .range(..=iova)
+            .next_back()
+            .filter(|(&base, r)| iova - base < r.len as u64)
+            .map(|(_, r)| r.owner)
+    }
+
+    /// Where `iova..iova+len` is, which must lie inside one mapping (of the
+    /// view's owner, for a scoped view).
     fn resolve(&self, iova: u64, len: usize) -> std::result::Result<Target, IommuFault> {
         let regions = self.table.regions.read().map_err(|_| self.fault(iova, len, "table lock poisoned"))?;
         let (&base, region) =
@@ -189,6 +212,9 @@ impl EmuIommu {
         let off = (iova - base) as usize;
         if off.checked_add(len).is_none_or(|end| end > region.len) {
             return Err(self.fault(iova, len, "address not mapped"));
+        }
+        if self.scope.is_some_and(|o| o != region.owner) {
+            return Err(self.fault(iova, len, "address mapped for another owner than the command's queue"));
         }
         Ok(match &region.peer {
             None => Target::Local((region.host + off) as *mut u8),
@@ -300,7 +326,7 @@ impl EmuIommu {
     /// not mapped faults when the controller first uses it. Fails if `pid`
     /// does not exist.
     pub fn map_remote(&self, pid: i32, addr: u64, len: usize, owner: u64) -> Result<u64> {
-        let bad = |what: String| DriverError::dma(&self.name, what);
+        let bad = |what: String| DriverError::dma(&*self.name, what);
         if owner == LOCAL_OWNER {
             return Err(bad(format!("owner id {LOCAL_OWNER} is reserved for this process's own mappings")));
         }
@@ -327,17 +353,17 @@ impl EmuIommu {
     /// The shared pidfd of `pid`, opened anew if the one we had is of a process that exited.
     fn peer(&self, pid: i32) -> Result<Arc<Peer>> {
         let mut peers =
-            self.table.peers.lock().map_err(|_| DriverError::dma(&self.name, "peer table lock poisoned"))?;
+            self.table.peers.lock().map_err(|_| DriverError::dma(&*self.name, "peer table lock poisoned"))?;
         peers.retain(|_, w| w.strong_count() > 0);
         if let Some(p) = peers.get(&pid).and_then(std::sync::Weak::upgrade) {
             if p.alive() {
                 return Ok(p);
             }
         }
-        let p = Arc::new(
-            Peer::open(pid)
-                .map_err(|e| DriverError::dma(&self.name, format!("process {pid} cannot be mapped: {e}")))?,
-        );
+        let p =
+            Arc::new(Peer::open(pid).map_err(|e| {
+                DriverError::dma(&*self.name, format!("process {pid} cannot be mapped: {e}"))
+            })?);
         peers.insert(pid, Arc::downgrade(&p));
         Ok(p)
     }
@@ -346,7 +372,7 @@ impl EmuIommu {
     /// refused (and nothing unmapped) unless it is a region of `owner`.
     pub fn unmap(&self, iova: u64, owner: u64) -> Result<()> {
         let mut regions =
-            self.table.regions.write().map_err(|_| DriverError::dma(&self.name, "table lock poisoned"))?;
+            self.table.regions.write().map_err(|_| DriverError::dma(&*self.name, "table lock poisoned"))?;
         let found = regions
             .range(..=iova)
             .next_back()
@@ -358,7 +384,7 @@ impl EmuIommu {
                 Ok(())
             }
             None => Err(DriverError::dma(
-                &self.name,
+                &*self.name,
                 format!("IOVA {iova:#x} is not a region that owner {owner} mapped"),
             )),
         }
@@ -423,14 +449,14 @@ impl DmaSpace for EmuIommu {
 
     fn alloc(&self, len: usize) -> Result<DmaBuffer> {
         if len == 0 {
-            return Err(DriverError::dma(&self.name, "zero-length allocation"));
+            return Err(DriverError::dma(&*self.name, "zero-length allocation"));
         }
         let size = len.next_multiple_of(PAGE);
         let layout = std::alloc::Layout::from_size_align(size, PAGE)
-            .map_err(|e| DriverError::dma(&self.name, format!("bad allocation of {len} bytes: {e}")))?;
+            .map_err(|e| DriverError::dma(&*self.name, format!("bad allocation of {len} bytes: {e}")))?;
         // SAFETY: non-zero size (checked above).
         let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })
-            .ok_or_else(|| DriverError::dma(&self.name, format!("out of memory allocating {size} bytes")))?;
+            .ok_or_else(|| DriverError::dma(&*self.name, format!("out of memory allocating {size} bytes")))?;
         let iova = match self.table.insert(ptr.as_ptr() as usize, size, 0, LOCAL_OWNER, None) {
             Ok(iova) => iova,
             Err(e) => {
@@ -446,12 +472,12 @@ impl DmaSpace for EmuIommu {
 
     unsafe fn map(&self, vaddr: *mut u8, len: usize) -> Result<DmaMapping> {
         if vaddr.is_null() || len == 0 {
-            return Err(DriverError::dma(&self.name, "cannot map a null or empty range"));
+            return Err(DriverError::dma(&*self.name, "cannot map a null or empty range"));
         }
         let start = vaddr as usize & !(PAGE - 1);
         let end = (vaddr as usize)
             .checked_add(len)
-            .ok_or_else(|| DriverError::dma(&self.name, "range wraps the address space"))?
+            .ok_or_else(|| DriverError::dma(&*self.name, "range wraps the address space"))?
             .next_multiple_of(PAGE);
         let base = self.table.insert(start, end - start, vaddr as usize - start, LOCAL_OWNER, None)?;
         let iova = base + (vaddr as usize - start) as u64;

@@ -283,6 +283,9 @@ impl Engine {
         self.zero_sq_doorbell(qid);
         let mut sq = Sq::new(mem, entries, cqid);
         sq.remote = sq.mem.is_remote(&self.shared.iommu);
+        // I/O queues are scoped to their memory's owner (an unmapped ring has
+        // none, and then every command of it fails its DMA).
+        sq.owner = Some(sq.mem.owner(&self.shared.iommu).unwrap_or(u64::MAX));
         self.sqs[qid as usize] = Some(sq);
         Ok(0)
     }

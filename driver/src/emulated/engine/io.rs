@@ -100,7 +100,7 @@ impl Engine {
         len: u64,
         is_read: bool,
     ) -> Result<Vec<SglPiece>, Status> {
-        let iommu = &self.shared.iommu;
+        let iommu = &self.dma;
         let read = |iova: u64, buf: &mut [u8]| iommu.dma_read(iova, buf);
         match sqe.psdt() {
             Psdt::Prp => {
@@ -131,11 +131,11 @@ impl Engine {
         let offset = sqe.slba() << ns.lba_shift;
         let counters = &self.shared.counters;
         if is_read {
-            let r = self.media.read(index, offset, &pieces, &self.shared.iommu);
+            let r = self.media.read(index, offset, &pieces, &self.dma);
             r.map_err(|e| self.media_status(e, true))?;
             counters.bytes_read.fetch_add(bytes, Ordering::Relaxed);
         } else {
-            let r = self.media.write(index, offset, &pieces, &self.shared.iommu);
+            let r = self.media.write(index, offset, &pieces, &self.dma);
             r.map_err(|e| self.media_status(e, false))?;
             // Without a write cache (or with FUA) a write is durable when it completes.
             if sqe.cdw12 & FUA != 0 || !self.features.write_cache {
@@ -178,7 +178,7 @@ impl Engine {
         for piece in &pieces {
             let n = piece.len() as usize;
             if let SglPiece::Data(seg) = piece {
-                let r = self.shared.iommu.dma_read(seg.iova, &mut raw[pos..pos + n]);
+                let r = self.dma.dma_read(seg.iova, &mut raw[pos..pos + n]);
                 r.map_err(|_| Status::DATA_TRANSFER_ERROR)?;
             }
             pos += n;

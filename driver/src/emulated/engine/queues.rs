@@ -28,6 +28,14 @@ impl QueueMem {
         }
     }
 
+    /// The owner of the region holding the queue's first entry.
+    pub(super) fn owner(&self, iommu: &crate::emulated::EmuIommu) -> Option<u64> {
+        match self {
+            QueueMem::Contiguous(base) => iommu.owner_of(*base),
+            QueueMem::Pages(pages) => pages.first().and_then(|&p| iommu.owner_of(p)),
+        }
+    }
+
     /// Whether any of the queue's memory lies in another process's region.
     pub(super) fn is_remote(&self, iommu: &crate::emulated::EmuIommu) -> bool {
         match self {
@@ -49,6 +57,9 @@ pub(super) struct Sq {
     pub(super) remote: bool,
     /// Fetching from the (remote) ring failed: nothing more is fetched until the SQ is deleted.
     pub(super) stopped: bool,
+    /// The owner of the ring's memory (`EmuIommu` regions): its commands'
+    /// data may touch only that owner's regions. `None` for the admin queue.
+    pub(super) owner: Option<u64>,
 }
 
 pub(super) struct Cq {
@@ -68,7 +79,7 @@ pub(super) struct Cq {
 
 impl Sq {
     pub(super) fn new(mem: QueueMem, size: u32, cqid: u16) -> Sq {
-        Sq { mem, size, head: 0, tail: 0, cqid, bad_tail: None, remote: false, stopped: false }
+        Sq { mem, size, head: 0, tail: 0, cqid, bad_tail: None, remote: false, stopped: false, owner: None }
     }
 }
 
@@ -241,8 +252,11 @@ impl Engine {
             let mut p = self.pending.remove(i);
             if let Some(sqe) = p.deferred.take() {
                 // The late execution: data moves only now, long after the command was fetched.
-                let done =
-                    if sqid == super::ADMIN_QID { self.admin_command(&sqe) } else { self.io_command(&sqe) };
+                let done = if sqid == super::ADMIN_QID {
+                    self.admin_command(&sqe)
+                } else {
+                    self.io_command_of(sqid, &sqe)
+                };
                 p.status = super::with_dnr_if_permanent(done.status);
                 p.dw0 = done.dw0;
                 self.shared.counters.late_executions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
