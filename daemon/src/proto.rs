@@ -8,6 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 use tutti_driver::controller::ControllerInfo;
+use tutti_objstore::io::proxy::{LayoutSpec, RemoteOutcome};
 use tutti_objstore::{BlockHash, ControlStats, FileId, IdentityId, Lookup, PoolShape, Reserved, Verdict};
 
 /// Bumped on any change a peer of the other version would misread.
@@ -91,6 +92,28 @@ pub enum Request {
     },
     Stats,
     Status,
+    /// A client without queue pairs of its own: the daemon moves its layers
+    /// on its shared pairs, into and out of the memory `layout` describes.
+    ProxyAttach {
+        layout: LayoutSpec,
+    },
+    ProxyDetach,
+    ProxyRegisterPairs {
+        pairs: Vec<(u32, u32)>,
+    },
+    ProxyUnregisterPairs {
+        handle: u64,
+    },
+    /// Layer `layer` of `pairs` ((file, block)); `store` writes, else reads.
+    ProxySubmit {
+        layer: u32,
+        pairs: Vec<(u32, u32)>,
+        store: bool,
+        registered: Option<u64>,
+    },
+    ProxyPoll {
+        token: u64,
+    },
 }
 
 impl Request {
@@ -115,6 +138,12 @@ impl Request {
             Request::Settle { .. } => "settle",
             Request::Stats => "stats",
             Request::Status => "status",
+            Request::ProxyAttach { .. } => "proxy-attach",
+            Request::ProxyDetach => "proxy-detach",
+            Request::ProxyRegisterPairs { .. } => "proxy-register-pairs",
+            Request::ProxyUnregisterPairs { .. } => "proxy-unregister-pairs",
+            Request::ProxySubmit { .. } => "proxy-submit",
+            Request::ProxyPoll { .. } => "proxy-poll",
         }
     }
 }
@@ -135,17 +164,30 @@ pub enum ErrorKind {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Response {
     Ok,
-    Error { kind: ErrorKind, message: String },
-    Welcome { protocol: u32, client: u64, daemon_pid: u32 },
+    Error {
+        kind: ErrorKind,
+        message: String,
+    },
+    Welcome {
+        protocol: u32,
+        client: u64,
+        daemon_pid: u32,
+    },
     Pool(Box<PoolReply>),
     Iova(u64),
     Qid(u16),
     Lookup(Lookup),
     Count(u64),
-    Reserved { id: u64, entries: Vec<Reserved> },
+    Reserved {
+        id: u64,
+        entries: Vec<Reserved>,
+    },
     Settled(Vec<Result<(), String>>),
     Stats(ControlStats),
     Status(Box<StatusReport>),
+    /// A pair-list handle or transfer token (None: none was made, or full for now).
+    Handle(Option<u64>),
+    Outcome(Option<RemoteOutcome>),
 }
 
 /// How a client reaches one controller.
@@ -206,4 +248,6 @@ pub struct ClientStatus {
     pub reservations: usize,
     /// Files with loads in flight.
     pub loading_files: usize,
+    /// The daemon moves this client's layers (it could lease no queue pair).
+    pub proxied: bool,
 }

@@ -231,8 +231,54 @@ impl PoolControl for RemotePool {
     }
 }
 
+/// Layer transfers the daemon runs for this client, over the socket.
+struct RemoteLayers {
+    client: Arc<Client>,
+}
+
+impl tutti_objstore::io::proxy::LayerService for RemoteLayers {
+    fn attach(&self, layout: &tutti_objstore::io::proxy::LayoutSpec) -> tutti_objstore::Result<()> {
+        self.client.call(Request::ProxyAttach { layout: layout.clone() }).map(|_| ()).map_err(obj_err)
+    }
+    fn detach(&self) -> tutti_objstore::Result<()> {
+        self.client.call(Request::ProxyDetach).map(|_| ()).map_err(obj_err)
+    }
+    fn register_pairs(&self, pairs: &[(u32, u32)]) -> tutti_objstore::Result<Option<u64>> {
+        match self.client.call(Request::ProxyRegisterPairs { pairs: pairs.to_vec() }).map_err(obj_err)? {
+            Response::Handle(h) => Ok(h),
+            r => Err(obj_err(unexpected("proxy-register-pairs", &r))),
+        }
+    }
+    fn unregister_pairs(&self, handle: u64) -> tutti_objstore::Result<()> {
+        self.client.call(Request::ProxyUnregisterPairs { handle }).map(|_| ()).map_err(obj_err)
+    }
+    fn submit(
+        &self,
+        layer: u32,
+        pairs: &[(u32, u32)],
+        store: bool,
+        registered: Option<u64>,
+    ) -> tutti_objstore::Result<Option<u64>> {
+        let req = Request::ProxySubmit { layer, pairs: pairs.to_vec(), store, registered };
+        match self.client.call(req).map_err(obj_err)? {
+            Response::Handle(h) => Ok(h),
+            r => Err(obj_err(unexpected("proxy-submit", &r))),
+        }
+    }
+    fn poll(&self, token: u64) -> tutti_objstore::Result<Option<tutti_objstore::io::proxy::RemoteOutcome>> {
+        match self.client.call(Request::ProxyPoll { token }).map_err(obj_err)? {
+            Response::Outcome(o) => Ok(o),
+            r => Err(obj_err(unexpected("proxy-poll", &r))),
+        }
+    }
+}
+
 /// Opens a store on the pool tuttid serves at `socket`: this process gets
-/// its own queue pairs on every drive and moves its own bytes.
+/// its own queue pairs on every drive and moves its own bytes. On a pool
+/// with a controller that has no queue pair left to lease (one granting a
+/// single pair, which the daemon's metadata path holds), the daemon moves
+/// this process's layers on its shared pairs instead, straight into and out
+/// of this process's memory (slower: a round trip per layer).
 pub fn connect(socket: &Path, name: &str, backend: &Backend, timeout: Duration) -> Result<KvStore> {
     let client = Arc::new(Client::connect(socket, name, timeout)?);
     // The daemon's emulated controllers reach this process's memory with
@@ -249,6 +295,13 @@ pub fn connect(socket: &Path, name: &str, backend: &Backend, timeout: Duration) 
         drives.push(DriveSpec::new(ctrl.clone(), nsid));
     }
     let control: Arc<dyn PoolControl> = Arc::new(RemotePool { client: client.clone() });
+    let starved = ctrls.iter().find(|c| c.free_io_queue_pairs() == 0);
+    if let Some(c) = starved {
+        tracing::warn!(device = %c.name(), granted = c.info().io_queue_pairs,
+            "no I/O queue pair left to lease; tuttid moves this client's layers on its shared pair");
+        let service = Arc::new(RemoteLayers { client: client.clone() });
+        return Ok(KvStore::attach_proxied(drives, pool.shape, control, service)?);
+    }
     Ok(KvStore::attach(drives, pool.shape, control, backend)?)
 }
 

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 use tutti_driver::controller::Controller;
 use tutti_driver::emulated::EmulatedController;
+use tutti_objstore::io::proxy::LayerHost;
 use tutti_objstore::{FileId, LocalPool, PoolControl, Verdict};
 
 /// One controller the daemon owns.
@@ -48,6 +49,8 @@ pub(crate) struct Service {
     socket: String,
     started: Instant,
     clients: Mutex<HashMap<u64, ClientState>>,
+    /// Layer transfers the daemon runs for clients without queue pairs.
+    proxies: Mutex<HashMap<u64, Arc<Mutex<LayerHost>>>>,
     next_client: AtomicU64,
 }
 
@@ -85,6 +88,7 @@ impl Service {
             socket,
             started: Instant::now(),
             clients: Mutex::new(HashMap::new()),
+            proxies: Mutex::new(HashMap::new()),
             next_client: AtomicU64::new(1),
         }
     }
@@ -93,6 +97,52 @@ impl Service {
         // A panic while holding this lock cannot leave a client half-updated in a way
         // that matters more than losing the daemon: keep serving with the data as is.
         self.clients.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn proxies(&self) -> MutexGuard<'_, HashMap<u64, Arc<Mutex<LayerHost>>>> {
+        self.proxies.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The client's proxied I/O path, if it attached one.
+    fn proxy(&self, client: u64) -> Result<Arc<Mutex<LayerHost>>, Response> {
+        self.proxies()
+            .get(&client)
+            .cloned()
+            .ok_or_else(|| invalid("no proxied layout attached (proxy-attach first)"))
+    }
+
+    fn proxy_attach(
+        &self,
+        client: u64,
+        peer: &PeerCred,
+        layout: &tutti_objstore::io::proxy::LayoutSpec,
+    ) -> Result<(), Response> {
+        let mut spaces_of_ctrl: Vec<Arc<dyn tutti_driver::transport::DmaSpace>> = Vec::new();
+        for (i, s) in self.ctrls.iter().enumerate() {
+            let emu = s.emulated.as_ref().ok_or_else(|| {
+                invalid(format!("controller {i} is not emulated: proxied transfers need the daemon to reach client memory"))
+            })?;
+            spaces_of_ctrl.push(Arc::new(emu.iommu().space_of(peer.pid, client)));
+        }
+        let spaces: Vec<_> = self.drives.iter().map(|&(c, _)| spaces_of_ctrl[c as usize].clone()).collect();
+        let host = match self.proxies().get(&client).cloned() {
+            Some(h) => h,
+            None => {
+                let drives: Vec<_> =
+                    self.drives.iter().map(|&(c, ns)| (self.ctrls[c as usize].ctrl.clone(), ns)).collect();
+                let geometry = self.pool.shape().geometry;
+                let h = LayerHost::new(&drives, self.pool.stripe_map().clone(), geometry, 64)
+                    .map_err(from_obj)?;
+                Arc::new(Mutex::new(h))
+            }
+        };
+        {
+            let mut h = host.lock().map_err(|_| err(ErrorKind::Io, "proxy state poisoned"))?;
+            // SAFETY: every space maps addresses of the client's process (process_vm), never this one's.
+            unsafe { h.attach(layout, &spaces) }.map_err(from_obj)?;
+        }
+        self.proxies().insert(client, host);
+        Ok(())
     }
 
     fn with_client<T>(&self, client: u64, f: impl FnOnce(&mut ClientState) -> T) -> Option<T> {
@@ -140,9 +190,14 @@ impl Service {
                 pins: c.pins.len(),
                 reservations: c.reservations.len(),
                 loading_files: c.loads.len(),
+                proxied: false,
             })
             .collect();
         drop(clients);
+        let proxied: Vec<u64> = self.proxies().keys().copied().collect();
+        for c in &mut list {
+            c.proxied = proxied.contains(&c.id);
+        }
         list.sort_by_key(|c| c.id);
         StatusReport {
             pid: std::process::id(),
@@ -362,6 +417,62 @@ impl Service {
                 self.with_client(client, |c| c.reservations.insert(id, news));
                 ok(Response::Reserved { id, entries })
             }
+            Request::ProxyAttach { layout } => {
+                self.proxy_attach(client, peer, &layout)?;
+                ok(Response::Ok)
+            }
+            Request::ProxyDetach => {
+                // Nothing attached yet is nothing to detach (a store detaches before it attaches).
+                let Ok(host) = self.proxy(client) else { return ok(Response::Ok) };
+                let mut h = host.lock().map_err(|_| err(ErrorKind::Io, "proxy state poisoned"))?;
+                h.detach().map_err(from_obj)?;
+                ok(Response::Ok)
+            }
+            Request::ProxyRegisterPairs { pairs } => {
+                let host = self.proxy(client)?;
+                let mut h = host.lock().map_err(|_| err(ErrorKind::Io, "proxy state poisoned"))?;
+                ok(Response::Handle(h.register_pairs(&pairs).map_err(from_obj)?))
+            }
+            Request::ProxyUnregisterPairs { handle } => {
+                let host = self.proxy(client)?;
+                let mut h = host.lock().map_err(|_| err(ErrorKind::Io, "proxy state poisoned"))?;
+                h.unregister_pairs(handle).map_err(from_obj)?;
+                ok(Response::Ok)
+            }
+            Request::ProxySubmit { layer, pairs, store, registered } => {
+                // Only files this client may move: its reservations' files for a store, files
+                // it holds a load reference on for a load.
+                let allowed = self
+                    .with_client(client, |c| {
+                        if store {
+                            return true; // checked below against the pool's reservations
+                        }
+                        pairs.iter().all(|(f, _)| c.loads.contains_key(f))
+                    })
+                    .unwrap_or(false);
+                if !allowed {
+                    return Err(invalid("proxy-submit loads files this client holds no load reference on"));
+                }
+                if store {
+                    let mine: Vec<u64> = self
+                        .with_client(client, |c| c.reservations.keys().copied().collect())
+                        .unwrap_or_default();
+                    let files: Vec<FileId> = pairs.iter().map(|&(f, _)| f).collect();
+                    if !self.pool.reserved_by(&mine, &files) {
+                        return Err(invalid(
+                            "proxy-submit stores into files no reservation of this client holds",
+                        ));
+                    }
+                }
+                let host = self.proxy(client)?;
+                let mut h = host.lock().map_err(|_| err(ErrorKind::Io, "proxy state poisoned"))?;
+                ok(Response::Handle(h.submit(layer, &pairs, store, registered).map_err(from_obj)?))
+            }
+            Request::ProxyPoll { token } => {
+                let host = self.proxy(client)?;
+                let mut h = host.lock().map_err(|_| err(ErrorKind::Io, "proxy state poisoned"))?;
+                ok(Response::Outcome(h.poll(token).map_err(from_obj)?))
+            }
             Request::Settle { id, verdicts } => {
                 let news = self.with_client(client, |c| c.reservations.get(&id).copied()).flatten();
                 let Some(news) = news else {
@@ -385,6 +496,16 @@ impl Service {
     /// after that no write of the client can still land in a file that is
     /// freed here, and no read into its (maybe freed) memory can happen.
     fn release(&self, client: u64, state: ClientState) {
+        let proxy = self.proxies().remove(&client);
+        if let Some(host) = proxy {
+            if let Ok(mut h) = host.lock() {
+                // Layers run to completion inside each request; nothing should be left.
+                if !h.drain(std::time::Duration::from_secs(10)) {
+                    tracing::error!(client, "proxied transfers still in flight after 10 s");
+                }
+                let _ = h.detach();
+            }
+        }
         for (&(ctrl, qid), &exists) in &state.qids {
             let Some(s) = self.ctrls.get(ctrl as usize) else { continue };
             if exists {

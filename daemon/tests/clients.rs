@@ -394,23 +394,31 @@ fn a_second_owner_is_refused_naming_the_holder() {
 }
 
 #[test]
-fn a_client_without_a_queue_pair_gets_an_error_naming_the_drive() {
+fn controllers_granting_one_queue_pair_still_serve_every_client() {
     role_entry();
     let dir = TempDir::new("onepair");
-    // One pair per controller: the daemon's metadata path holds it.
+    // One pair per controller: the daemon's metadata path holds it, so no client can lease
+    // one; the daemon moves their layers on that shared pair.
     let daemon = Daemon::start(config(&dir.0, 1, OpenMode::Create)).unwrap();
-    let e = connect(daemon.socket(), "starved", &backend(), Duration::from_secs(10))
-        .err()
-        .expect("no pair left")
-        .to_string();
-    assert!(e.contains("emu0") && e.contains("queue"), "{e}");
+    let a = client_store(daemon.socket(), "proxied-a");
+    let b = client_store(daemon.socket(), "proxied-b");
+    assert!(a.info().backend.contains("proxied"), "{:?}", a.info().backend);
+    let (ka, kb) = (new_kv(&a), new_kv(&b));
+    let ha = store_and_verify(&a, &ka, 21);
+    store_and_verify(&b, &kb, 22);
+    // Each sees the other's chunks, byte for byte.
+    verify(&b, &kb, &ha, 21);
+    let s = daemon.status();
+    assert!(s.clients.iter().all(|c| c.proxied && c.queues.is_empty()), "{s:?}");
+    assert_eq!(s.controllers.iter().map(|c| c.free_pairs).collect::<Vec<_>>(), vec![0, 0]);
+    drop((ka, kb));
+    drop((a, b));
     let deadline = Instant::now() + Duration::from_secs(20);
     while !daemon.status().clients.is_empty() {
-        assert!(Instant::now() < deadline, "the refused client was released: {:?}", daemon.status());
+        assert!(Instant::now() < deadline, "closed clients were released: {:?}", daemon.status());
         std::thread::sleep(Duration::from_millis(20));
     }
-    let pairs: Vec<u16> = daemon.status().controllers.iter().map(|c| c.free_pairs).collect();
-    assert_eq!(pairs, vec![0, 0], "the daemon's metadata pair is the only one, and nothing leaked");
+    assert_eq!(daemon.status().stats.index.valid, 2 * CHUNKS);
 }
 
 #[test]
@@ -472,6 +480,20 @@ fn malformed_and_foreign_requests_get_clear_errors_and_the_daemon_goes_on() {
     );
     refused(call(&Request::DeleteQueues { ctrl: 0, qid }), ErrorKind::Invalid, "does not exist");
     assert!(matches!(call(&Request::ReleaseQueue { ctrl: 0, qid }), Response::Ok));
+    // The proxied data path checks what it is asked to move.
+    refused(call(&Request::ProxyPoll { token: 5 }), ErrorKind::Invalid, "proxy-attach first");
+    refused(
+        call(&Request::ProxySubmit { layer: 0, pairs: vec![(0, 0)], store: false, registered: None }),
+        ErrorKind::Invalid,
+        "no load reference",
+    );
+    refused(
+        call(&Request::ProxySubmit { layer: 0, pairs: vec![(0, 0)], store: true, registered: None }),
+        ErrorKind::Invalid,
+        "no reservation",
+    );
+    let bad_layout = tutti_objstore::io::proxy::LayoutSpec { num_blocks: 0, block_stride: 0, layers: vec![] };
+    refused(call(&Request::ProxyAttach { layout: bad_layout }), ErrorKind::Invalid, "");
     let many = vec![BlockHash(1); tutti_daemon::proto::MAX_HASHES + 1];
     refused(call(&Request::Lookup { identity: id, hashes: many }), ErrorKind::Invalid, "at most");
     // Reserve, then settle with the wrong number of verdicts.

@@ -117,6 +117,18 @@ impl LocalPool {
         (r, p)
     }
 
+    /// Whether every file in `files` is a new file of one of `reservations`
+    /// (what a client may write into).
+    pub fn reserved_by(&self, reservations: &[ReservationId], files: &[FileId]) -> bool {
+        let Ok(all) = self.reservations.lock() else { return false };
+        let mine: std::collections::HashSet<FileId> = reservations
+            .iter()
+            .filter_map(|id| all.get(id))
+            .flat_map(|r| r.news.iter().map(|&(_, f, _)| f))
+            .collect();
+        files.iter().all(|f| mine.contains(f))
+    }
+
     fn next_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }

@@ -365,9 +365,12 @@ impl Engine {
 
     /// An I/O command of SQ `qid`, its data moved through the IOMMU view of
     /// the SQ's owner: a client's command reaches only that client's memory.
+    /// (`crate::emulated::LOCAL_OWNER`'s queues are the owner process's own.)
     fn io_command_of(&mut self, qid: u16, sqe: &SubmissionEntry) -> Done {
+        // The owner's own queues (in its own memory) reach every region: it
+        // moves data for clients that have no queue pair of their own.
         let owner = self.sqs.get(qid as usize).and_then(Option::as_ref).and_then(|sq| sq.owner);
-        self.dma = self.shared.iommu.scoped(owner);
+        self.dma = self.shared.iommu.scoped(owner.filter(|&o| o != crate::emulated::LOCAL_OWNER));
         self.io_command(sqe)
     }
 

@@ -420,6 +420,60 @@ impl EmuIommu {
     }
 }
 
+/// A DMA space reaching the memory of process `pid` for `owner`: what the
+/// owner of the drives registers a client's memory through when it moves
+/// that client's data itself ([`EmuIommu::space_of`]).
+pub struct RemoteSpace {
+    iommu: EmuIommu,
+    pid: i32,
+    owner: u64,
+}
+
+impl EmuIommu {
+    pub fn space_of(&self, pid: i32, owner: u64) -> RemoteSpace {
+        RemoteSpace { iommu: self.scoped(None), pid, owner }
+    }
+}
+
+struct RemoteRelease {
+    iommu: EmuIommu,
+    iova: u64,
+    owner: u64,
+}
+
+impl Drop for RemoteRelease {
+    fn drop(&mut self) {
+        if let Err(e) = self.iommu.unmap(self.iova, self.owner) {
+            tracing::debug!(error = %e, "remote region already gone");
+        }
+    }
+}
+
+impl DmaSpace for RemoteSpace {
+    fn name(&self) -> &str {
+        &self.iommu.name
+    }
+    fn alloc(&self, _len: usize) -> Result<DmaBuffer> {
+        Err(DriverError::dma(
+            &*self.iommu.name,
+            "a remote space maps another process's memory; it allocates none",
+        ))
+    }
+    /// Maps `len` bytes at `vaddr` of process `pid` (not of this process).
+    ///
+    /// # Safety
+    /// None beyond the trait's: the range is in another process, which the
+    /// controller reaches with process_vm_readv/writev (a range that process
+    /// no longer has is a DMA fault, never memory of this one).
+    unsafe fn map(&self, vaddr: *mut u8, len: usize) -> Result<DmaMapping> {
+        let iova = self.iommu.map_remote(self.pid, vaddr as u64, len, self.owner)?;
+        let release = RemoteRelease { iommu: self.iommu.clone(), iova, owner: self.owner };
+        let segments = vec![IovaSegment { iova, len: len as u64 }];
+        // SAFETY: the segment is where the IOMMU finds the remote range; `release` unmaps it.
+        Ok(unsafe { DmaMapping::from_raw(vaddr, len, segments, Box::new(release)) })
+    }
+}
+
 /// Lets process `pid` (the owner of the drives, a daemon) reach this
 /// process's memory with `process_vm_readv`/`writev` under Yama
 /// `ptrace_scope` 1, where only ancestors may otherwise (`PR_SET_PTRACER`).

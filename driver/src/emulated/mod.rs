@@ -23,7 +23,7 @@ pub mod walk;
 
 pub use config::{CostModel, EmulatedConfig, MediaConfig, NamespaceConfig};
 pub use faults::{FaultAction, FaultInjector, FaultMatch};
-pub use iommu::{allow_peer_access, EmuIommu, LOCAL_OWNER};
+pub use iommu::{allow_peer_access, EmuIommu, RemoteSpace, LOCAL_OWNER};
 pub use regs::RegisterFile;
 
 use crate::error::{DriverError, Result};

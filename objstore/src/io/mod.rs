@@ -17,6 +17,7 @@
 
 pub mod direct;
 pub mod gio;
+pub mod proxy;
 
 use crate::error::Result;
 use crate::index::FileId;

@@ -229,6 +229,29 @@ impl KvStore {
         control: Arc<dyn PoolControl>,
         backend: &Backend,
     ) -> Result<KvStore> {
+        Self::attach_with(drives, shape, control, Some(backend), None)
+    }
+
+    /// [`attach`](Self::attach) for an engine whose layers the pool's owner
+    /// moves ([`crate::io::proxy`]): on controllers with no queue pair left
+    /// to lease. `drives` still give the stripe map and the DMA spaces the
+    /// engine's memory is registered through.
+    pub fn attach_proxied(
+        drives: Vec<DriveSpec>,
+        shape: PoolShape,
+        control: Arc<dyn PoolControl>,
+        service: Arc<dyn crate::io::proxy::LayerService>,
+    ) -> Result<KvStore> {
+        Self::attach_with(drives, shape, control, None, Some(service))
+    }
+
+    fn attach_with(
+        drives: Vec<DriveSpec>,
+        shape: PoolShape,
+        control: Arc<dyn PoolControl>,
+        backend: Option<&Backend>,
+        service: Option<Arc<dyn crate::io::proxy::LayerService>>,
+    ) -> Result<KvStore> {
         let name = crate::superblock::pool_name(shape.id);
         let views = drives.into_iter().map(DriveView::open).collect::<Result<Vec<_>>>()?;
         let shapes: Vec<DriveShape> = views.iter().map(|d| d.shape).collect();
@@ -252,11 +275,13 @@ impl KvStore {
             let namespaces = specs.iter().filter(|(d, _)| Arc::ptr_eq(c, d)).count();
             (c.free_io_queue_pairs() as usize) < namespaces
         });
-        let io: Box<dyn LayerIo> = match backend {
-            Backend::Direct { queue_depth, recover_queues } => {
+        let io: Box<dyn LayerIo> = match (backend, service) {
+            (_, Some(service)) => Box::new(crate::io::proxy::ProxyIo::new(service)),
+            (None, None) => return Err(ObjError::invalid("backend", "no I/O path given")),
+            (Some(Backend::Direct { queue_depth, recover_queues }), None) => {
                 Box::new(DirectIo::new(&specs, *queue_depth, *recover_queues)?)
             }
-            Backend::Gio(g) => match starved {
+            (Some(Backend::Gio(g)), None) => match starved {
                 Some((c, _)) => {
                     tracing::warn!(device = %c.name(), granted = c.info().io_queue_pairs,
                         "no I/O queue pair left for gio_uring's executor; the direct backend shares the controller's pair");
