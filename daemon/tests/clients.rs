@@ -138,9 +138,17 @@ fn role_entry() {
     let seed: u64 = std::env::var("TUTTI_TEST_SEED").map_or(1, |s| s.parse().unwrap());
     let socket = dir.join("tuttid.sock");
     let code = std::panic::catch_unwind(|| match role.as_str() {
-        "daemon" => {
-            let pairs: u16 = std::env::var("TUTTI_TEST_PAIRS").map_or(16, |s| s.parse().unwrap());
-            let _d = Daemon::start(config(&dir, pairs, OpenMode::OpenOrCreate)).expect("daemon starts");
+        "daemon" | "slow-daemon" => {
+            let mut cfg = config(&dir, 16, OpenMode::OpenOrCreate);
+            if role == "slow-daemon" {
+                // Every I/O command takes 100 ms: a load is still in flight when the test kills it.
+                if let DriveSource::Emulated(list) = &mut cfg.drives {
+                    for c in list {
+                        c.cost.per_command = Duration::from_millis(100);
+                    }
+                }
+            }
+            let _d = Daemon::start(cfg).expect("daemon starts");
             println!("READY");
             // Killed by the test; bounded in case it is not.
             std::thread::sleep(Duration::from_secs(120));
@@ -368,6 +376,45 @@ fn a_killed_daemon_fails_its_clients_within_their_deadline_and_recovers_on_resta
     drop(kv);
     drop(store);
     kill(&mut d2);
+}
+
+#[test]
+fn a_load_in_flight_when_the_daemon_dies_ends_within_its_deadline() {
+    role_entry();
+    let dir = TempDir::new("dieload");
+    let test = "a_load_in_flight_when_the_daemon_dies_ends_within_its_deadline";
+    let (mut d, rx) = spawn(test, "slow-daemon", &dir.0, 0);
+    expect_line(&rx, "READY");
+    let socket = dir.0.join("tuttid.sock");
+    let store = client_store(&socket, "orphan");
+    let kv = new_kv(&store);
+    let hashes = store_and_verify(&store, &kv, 8);
+    let hit = store.lookup(&hashes).unwrap();
+    kv.clear();
+    let dst: Vec<u32> = (CHUNKS..2 * CHUNKS).collect();
+    let job = store.submit_load(&hit.files, &dst, 0..store.geometry().layers).unwrap();
+    kill(&mut d);
+    let t = Instant::now();
+    // The commands in flight never complete: the client's own command deadline (2 s) ends them.
+    let st = store.wait(job, Duration::from_secs(60));
+    assert!(t.elapsed() < Duration::from_secs(30), "the load ended within its deadlines: {:?}", t.elapsed());
+    match st {
+        Ok(st) => {
+            assert!(
+                st.done && st.failed > 0,
+                "a load cut off by the daemon's death reports failed blocks: {st:?}"
+            )
+        }
+        Err(e) => eprintln!("the load ended with an error, as it may: {e}"),
+    }
+    // No block is reported loaded that does not hold its bytes.
+    if let Ok(st) = store.poll(job) {
+        for (i, &b) in dst.iter().enumerate() {
+            if !st.block_failed(i as u32) {
+                assert!(kv.holds(b, 8 + i as u64), "block {b} reported loaded holds its bytes");
+            }
+        }
+    }
 }
 
 #[test]
