@@ -115,13 +115,23 @@ fn serve_with_idle_exit_leaves_after_its_last_client_and_removes_the_socket() {
     let mut line = String::new();
     BufReader::new(daemon.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let socket = dir.join("idle.sock");
-    // One client (the status command) comes and goes; then the daemon is idle.
+    // A client held for longer than the idle period: the daemon stays.
+    let client = tutti_daemon::Connection::connect(&socket, Duration::from_secs(10)).unwrap();
+    let held = Instant::now();
+    while held.elapsed() < Duration::from_millis(2500) {
+        assert!(daemon.try_wait().unwrap().is_none(), "tuttid left while a client was connected");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let out = Command::new(env!("CARGO_BIN_EXE_tutti"))
         .args(["status", "--json", "--socket"])
         .arg(&socket)
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let s: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(s["clients"].as_array().unwrap().len(), 2, "the held client and the status command: {s}");
+    // The last client leaves: the daemon exits after the idle period.
+    drop(client);
     assert!(wait(&mut daemon).success(), "a clean exit after the idle period");
     assert!(!socket.exists(), "the socket file was removed");
     // The media is free again: a new daemon on it starts (and is stopped at once).
