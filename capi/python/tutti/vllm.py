@@ -273,7 +273,7 @@ class TuttiConnector(KVConnectorBase_V1):
         scheduler = _is_scheduler(role)
         self.tp_rank, self.pp_rank = (0, 0) if scheduler else _rank()
         name = shared.client_name("scheduler" if scheduler else "worker", self.tp_rank, self.pp_rank)
-        self.runtime = shared.acquire(self.config, name)
+        self.runtime = shared.acquire(self.config, name, (self.tp_rank, self.pp_rank))
         self._stats = TuttiConnectorStats()
         self.reported = TuttiConnectorStats()  # everything handed to vLLM's stats hook so far
         self._last_rt = self.runtime.stats()
@@ -287,7 +287,7 @@ class TuttiConnector(KVConnectorBase_V1):
             if not c.uses_daemon and _is_real_vllm_config(vllm_config) and self.runtime._registered is None:
                 # vLLM builds the workers (which register their KV) before the scheduler; in one
                 # process the pool has KV by now. It has none when the worker is elsewhere.
-                shared.release(self.config, self.runtime)
+                shared.release(self.config, self.runtime, (self.tp_rank, self.pp_rank))
                 self.runtime = None
                 raise ConfigError(
                     f"TuttiConnector: the scheduler-side connector (pid {os.getpid()}) finds no KV memory "
@@ -518,7 +518,7 @@ class TuttiConnector(KVConnectorBase_V1):
         if self._scheduler is not None:
             self._scheduler.close()
         if self.runtime is not None:
-            shared.release(self.config, self.runtime)
+            shared.release(self.config, self.runtime, (self.tp_rank, self.pp_rank))
             self.runtime = None
 
 

@@ -45,6 +45,17 @@ START_LOCK = ".tuttid-start.lock"
 DAEMON_LOG = "tuttid.log"
 
 
+def _loaded_lib_dir() -> Path | None:
+    """The directory of the libtutti this process loaded."""
+    try:
+        from .._lib import lib
+
+        path = getattr(lib(), "path", None)
+    except Exception:  # noqa: BLE001 - only a place to look
+        return None
+    return Path(path).parent if path and os.path.isabs(str(path)) else None
+
+
 def find_tutti_bin() -> str:
     """The ``tutti`` binary: ``$TUTTI_BIN``, else next to libtutti (``$TUTTI_LIB``'s directory, or
     the library this process loaded), else on ``PATH``; a clear error naming every place looked."""
@@ -57,14 +68,9 @@ def find_tutti_bin() -> str:
     dirs = []
     if os.environ.get("TUTTI_LIB"):
         dirs.append(Path(os.environ["TUTTI_LIB"]).parent)
-    try:
-        from .._lib import lib
-
-        path = getattr(lib(), "path", None)
-        if path:
-            dirs.append(Path(path).parent)
-    except Exception:  # noqa: BLE001 - only a place to look
-        pass
+    loaded = _loaded_lib_dir()
+    if loaded is not None:
+        dirs.append(loaded)
     for d in dirs:
         cand = d / "tutti"
         if os.access(cand, os.X_OK):
@@ -188,8 +194,13 @@ def client_name(role: str, tp_rank: int = 0, pp_rank: int = 0) -> str:
     return f"vllm-{role}-tp{tp_rank}-pp{pp_rank}-pid{os.getpid()}"
 
 
-def acquire(cfg: ConnectorConfig, name: str = "vllm") -> Runtime:
-    key = cfg.pool_key()
+def _key(cfg: ConnectorConfig, rank: tuple[int, int]) -> tuple:
+    # Through a daemon each rank is its own client (its own registration), even in one process.
+    return cfg.pool_key() + (rank if cfg.uses_daemon else (0, 0),)
+
+
+def acquire(cfg: ConnectorConfig, name: str = "vllm", rank: tuple[int, int] = (0, 0)) -> Runtime:
+    key = _key(cfg, rank)
     with _lock:
         entry = _runtimes.get(key)
         if entry is None or entry[0].closed:
@@ -205,9 +216,9 @@ def acquire(cfg: ConnectorConfig, name: str = "vllm") -> Runtime:
         return entry[0]
 
 
-def release(cfg: ConnectorConfig, runtime: Runtime) -> None:
+def release(cfg: ConnectorConfig, runtime: Runtime, rank: tuple[int, int] = (0, 0)) -> None:
     """Drops one user; the last one closes the runtime (a daemon client disconnects)."""
-    key = cfg.pool_key()
+    key = _key(cfg, rank)
     with _lock:
         entry = _runtimes.get(key)
         if entry is None or entry[0] is not runtime:
@@ -216,7 +227,8 @@ def release(cfg: ConnectorConfig, runtime: Runtime) -> None:
         if entry[1] > 0:
             return
         del _runtimes[key]
-        _identities.pop(key, None)
+        if not any(k[:-1] == key[:-1] for k in _runtimes):
+            _identities.pop(key[:-1], None)
     runtime.close()
 
 
