@@ -167,7 +167,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             break;
         }
         round += 1;
-        if let Some(idle) = idle.as_mut().filter(|_| round % 5 == 0) {
+        if let Some(idle) = idle.as_mut().filter(|_| round.is_multiple_of(5)) {
             let clients = daemon.status().clients.len();
             if idle.tick(clients, Instant::now()) {
                 tracing::info!(idle_s = idle.after.as_secs(), "tuttid: no clients; exiting (--idle-exit-s)");
