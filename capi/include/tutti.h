@@ -767,6 +767,27 @@ int32_t tutti_lookup(struct tutti_runtime_t *rt,
                      size_t *out_hits,
                      uint64_t *out_pin);
 
+// How many leading chunks of `hashes` are stored under the cache identity
+// given here (`*out_hits`) instead of under the runtime's registration: the
+// model name, tenant salt and layout kind (`TUTTI_LAYOUT_*`) with the
+// runtime's geometry, exactly as `tutti_register_kv` would form it. For a
+// process that holds no KV memory of its own (an engine's scheduler asking
+// for its workers' identities). A query only: nothing is pinned, the LRU
+// order is untouched, and no registration is needed. Added in ABI 1.3.
+//
+// # Safety
+// `rt` is a runtime handle (checked); `model` is a NUL-terminated string;
+// `tenant_salt` points to `tenant_salt_len` readable bytes (NULL if 0);
+// `hashes` points to `count` readable hashes; `out_hits` is writable.
+int32_t tutti_contains_identity(struct tutti_runtime_t *rt,
+                                const char *model,
+                                const uint8_t *tenant_salt,
+                                size_t tenant_salt_len,
+                                uint32_t layout_kind,
+                                const struct tutti_hash_t *hashes,
+                                size_t count,
+                                size_t *out_hits);
+
 // Releases the pins of a `tutti_lookup` (0 is a no-op; an unknown or
 // already released pin is `TUTTI_E_NOT_FOUND`).
 //

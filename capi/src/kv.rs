@@ -6,7 +6,8 @@ use crate::ptr::{self, SizePrefixed, TUTTI_MAX_BLOCKS_PER_CALL, TUTTI_MAX_TOKENS
 use crate::runtime::{lock, tutti_runtime_t, Registered, Runtime};
 use crate::status::TUTTI_OK;
 use std::ffi::c_char;
-use tutti_objstore::{hash, BlockHash, KvLayout, LayerBases, TableSizes};
+use tutti_objstore::layout::LayoutKind;
+use tutti_objstore::{hash, BlockHash, CacheIdentity, KvLayout, LayerBases, TableSizes};
 
 /// vLLM flash-attn: per layer one tensor `[2, num_blocks, block_size, kv_heads, head_dim]`.
 pub const TUTTI_LAYOUT_VLLM_PER_LAYER: u32 = 1;
@@ -370,6 +371,59 @@ pub unsafe extern "C" fn tutti_lookup(
         if let Some(p) = pin_out {
             *p = id;
         }
+        Ok(TUTTI_OK)
+    })
+}
+
+/// How many leading chunks of `hashes` are stored under the cache identity
+/// given here (`*out_hits`) instead of under the runtime's registration: the
+/// model name, tenant salt and layout kind (`TUTTI_LAYOUT_*`) with the
+/// runtime's geometry, exactly as `tutti_register_kv` would form it. For a
+/// process that holds no KV memory of its own (an engine's scheduler asking
+/// for its workers' identities). A query only: nothing is pinned, the LRU
+/// order is untouched, and no registration is needed. Added in ABI 1.3.
+///
+/// # Safety
+/// `rt` is a runtime handle (checked); `model` is a NUL-terminated string;
+/// `tenant_salt` points to `tenant_salt_len` readable bytes (NULL if 0);
+/// `hashes` points to `count` readable hashes; `out_hits` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn tutti_contains_identity(
+    rt: *mut tutti_runtime_t,
+    model: *const c_char,
+    tenant_salt: *const u8,
+    tenant_salt_len: usize,
+    layout_kind: u32,
+    hashes: *const tutti_hash_t,
+    count: usize,
+    out_hits: *mut usize,
+) -> i32 {
+    guard("tutti_contains_identity", || {
+        let rt = Runtime::get(rt)?;
+        // SAFETY: forwarded from the caller.
+        let hits = unsafe { ptr::out(out_hits, "out_hits")? };
+        // SAFETY: forwarded from the caller.
+        let model = unsafe { ptr::str_in(model, "model", 1024)? };
+        if model.is_empty() {
+            return Err(CapiError::invalid("model", "the cache identity needs a model name"));
+        }
+        // SAFETY: forwarded from the caller.
+        let salt = unsafe { ptr::slice_in(tenant_salt, tenant_salt_len, "tenant_salt", MAX_SALT as u64)? };
+        let kind = match layout_kind {
+            TUTTI_LAYOUT_VLLM_PER_LAYER => LayoutKind::VllmPerLayer,
+            TUTTI_LAYOUT_CONTIGUOUS => LayoutKind::Contiguous,
+            TUTTI_LAYOUT_STRIDED => LayoutKind::Strided,
+            n => {
+                return Err(CapiError::invalid(
+                    "layout_kind",
+                    format!("{n} is not a TUTTI_LAYOUT_* value (1..=3)"),
+                ))
+            }
+        };
+        // SAFETY: forwarded from the caller.
+        let keys = unsafe { hashes_in(hashes, count)? };
+        let id = CacheIdentity::new(model, rt.geometry, kind, salt).id();
+        *hits = rt.store.control().contains(id, &keys)?;
         Ok(TUTTI_OK)
     })
 }

@@ -100,3 +100,47 @@ fn bench_client_reports_both_sides_and_their_ratios() {
     assert!(ratio("ratio_lookup", "lookup_us_median").abs() < 1e-9, "{r}");
     assert!(ratio("ratio_submit_per_layer", "submit_ns_per_layer").abs() < 1e-9, "{r}");
 }
+
+#[test]
+fn serve_with_idle_exit_leaves_after_its_last_client_and_removes_the_socket() {
+    let dir = std::env::temp_dir().join(format!("tutti-serve-idle-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut daemon = serve(&dir, "idle.sock")
+        .args(["--idle-exit-s", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(daemon.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let socket = dir.join("idle.sock");
+    // A client held for longer than the idle period: the daemon stays.
+    let client = tutti_daemon::Connection::connect(&socket, Duration::from_secs(10)).unwrap();
+    let held = Instant::now();
+    while held.elapsed() < Duration::from_millis(2500) {
+        assert!(daemon.try_wait().unwrap().is_none(), "tuttid left while a client was connected");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_tutti"))
+        .args(["status", "--json", "--socket"])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let s: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(s["clients"].as_array().unwrap().len(), 2, "the held client and the status command: {s}");
+    // The last client leaves: the daemon exits after the idle period.
+    drop(client);
+    assert!(wait(&mut daemon).success(), "a clean exit after the idle period");
+    assert!(!socket.exists(), "the socket file was removed");
+    // The media is free again: a new daemon on it starts (and is stopped at once).
+    let mut again = serve(&dir, "idle.sock").stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(again.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert!(line.contains("serving"), "{line}");
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(again.id() as i32, libc::SIGTERM) }, 0);
+    assert!(wait(&mut again).success());
+    let _ = std::fs::remove_dir_all(&dir);
+}

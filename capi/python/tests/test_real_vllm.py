@@ -277,10 +277,10 @@ def test_a_preemption_right_after_a_deferred_save_completes_it_before_vllm_zeroe
 
 # ---- the multiprocess executor is refused --------------------------------------------------------------
 
-def test_the_multiprocess_executor_is_refused_at_start_up(vllm_python, tmp_path):
-    """vLLM's default on CPU (VLLM_ENABLE_V1_MULTIPROCESSING=1): scheduler and worker in separate
-    processes. The connector must stop start-up naming what to set, not run with silent misses."""
-    e = engine("mp", [[W]], pool(tmp_path / "pool"), executor=None)
+def test_the_multiprocess_executor_without_a_daemon_is_refused_at_start_up(vllm_python, tmp_path):
+    """vLLM's default on CPU (VLLM_ENABLE_V1_MULTIPROCESSING=1) with the pool in-process ("daemon":
+    "off"): scheduler and worker in separate processes. Start-up stops naming what to set."""
+    e = engine("mp", [[W]], pool(tmp_path / "pool", daemon="off"), executor=None)
     e.pop("executor")
     res = run(vllm_python, tmp_path, "mp", [dict(e, llm={"distributed_executor_backend": None})],
               env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
@@ -288,6 +288,67 @@ def test_the_multiprocess_executor_is_refused_at_start_up(vllm_python, tmp_path)
     assert "start_error" in r, "vLLM started with the multiprocess executor"
     text = r["start_error"] + r.get("trace", "") + res["stderr"]
     assert "VLLM_ENABLE_V1_MULTIPROCESSING=0" in text and 'distributed_executor_backend="uni"' in text
+    assert "daemon_socket" in text
+
+
+def _daemon_engine(name: str, d: Path, tp: int = 1) -> dict:
+    llm = {"distributed_executor_backend": "mp", "tensor_parallel_size": tp}
+    return dict(engine(name, [[W], [B]], pool(d, daemon_idle_exit_s=3), prefix_cache=False,
+                       status_socket=str(d / "tuttid.sock"), llm=llm), executor="mp")
+
+
+def _no_daemon_left(d: Path) -> None:
+    import time
+
+    log = (d / "tuttid.log").read_text().splitlines()
+    pids = [json.loads(l)["pid"] for l in log if l.startswith("{")]
+    deadline = time.monotonic() + 60
+    while any(Path(f"/proc/{p}").exists() for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(Path(f"/proc/{p}").exists() for p in pids), f"tuttid {pids} still running"
+
+
+@pytest.fixture(scope="module")
+def mp_run(main_run, vllm_python):
+    """vLLM's multiprocess executor, the connector through a tuttid it starts ("daemon": "auto");
+    then a new vLLM process on the same pool."""
+    tmp, _ = main_run
+    d = tmp / "pool-mp"
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    first = run(vllm_python, tmp, "mp1", [_daemon_engine("mp", d)], env=env)["engines"][0]
+    second = run(vllm_python, tmp, "mp2", [dict(_daemon_engine("mp-again", d), batches=[[B]])], env=env)
+    _no_daemon_left(d)
+    return first, second["engines"][0]
+
+
+def test_multiprocess_executor_through_the_daemon_loads_a_stored_prefix(main_run, mp_run):
+    _, r = main_run
+    first, again = mp_run
+    assert results(first, 1)[0]["cached"] == HIT, "B's prefix came from tutti (vLLM's prefix cache is off)"
+    for batch in range(2):
+        assert same_output(results(r["base"], batch)[0], results(first, batch)[0])
+    names = sorted(c["name"].split("-pid")[0] for c in first["daemon_status"]["clients"])
+    assert names == ["tutti status", "vllm-scheduler-tp0-pp0", "vllm-worker-tp0-pp0"], first["daemon_status"]
+    # A new vLLM process on the same pool hits what the first one stored (all of B's full blocks).
+    out = results(again, 0)[0]
+    assert out["cached"] == (len(B) - 1) // BLOCK * BLOCK and same_output(results(r["base"], 1)[0], out)
+
+
+def test_tensor_parallel_2_through_the_daemon_each_rank_its_own_client(main_run, vllm_python):
+    tmp, r = main_run
+    d = tmp / "pool-tp2"
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+    e = run(vllm_python, tmp, "tp2", [_daemon_engine("tp2", d, tp=2)], env=env)["engines"][0]
+    _no_daemon_left(d)
+    assert results(e, 1)[0]["cached"] == HIT
+    # Greedy tokens as without tutti (TP=2 sums partial products in another order: logprobs may
+    # differ in the last bits, so only the tokens are compared).
+    for batch in range(2):
+        assert results(r["base"], batch)[0]["tokens"] == results(e, batch)[0]["tokens"]
+    workers = [c for c in e["daemon_status"]["clients"] if c["name"].startswith("vllm-worker")]
+    assert sorted(c["name"].split("-pid")[0] for c in workers) == ["vllm-worker-tp0-pp0", "vllm-worker-tp1-pp0"]
+    leases = [tuple(map(tuple, c["queues"])) for c in workers]
+    assert all(leases) and not set(leases[0]) & set(leases[1]), "each rank leases its own queue pairs"
 
 
 # ---- every KV layout vLLM can build, as vLLM builds it -------------------------------------------------

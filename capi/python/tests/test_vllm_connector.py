@@ -228,9 +228,12 @@ def test_config_errors_name_the_key(library, geometry, extra, match):
         from_vllm(vllm_config(geometry, extra))
 
 
-def test_tensor_parallel_is_refused_with_a_reason(library, geometry):
-    with pytest.raises(ConfigError, match="single rank"):
+def test_tensor_parallel_without_a_daemon_is_refused_naming_the_daemon_keys(library, geometry):
+    with pytest.raises(ConfigError, match="tensor_parallel_size × pipeline_parallel_size = 2") as e:
         from_vllm(vllm_config(geometry, dict(EXTRA), tp=2))
+    assert "daemon_socket" in str(e.value) and '"daemon": "auto"' in str(e.value)
+    with pytest.raises(ConfigError, match="daemon_socket"):
+        from_vllm(vllm_config(geometry, dict(EXTRA, emulated_dir="/tmp/x", daemon="off"), tp=2))
 
 
 def test_register_rejects_tensors_of_another_shape(library, geometry):

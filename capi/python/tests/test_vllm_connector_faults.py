@@ -6,6 +6,8 @@ Same setting as test_vllm_connector.py: the real libtutti on emulated drives, vL
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import tutti
@@ -260,12 +262,13 @@ def test_an_emulated_pool_in_files_has_one_user_process(library, geometry, tmp_p
             "from tutti._connector.config import ConfigError\n"
             "g = tutti.Geometry(4, 2, 32, 4, 'f16')\n"
             "try:\n    TuttiConnector(vllm_config(g, %r), KVConnectorRole.WORKER)\n"
-            "except ConfigError as e:\n    print('refused', e)\n"
+            "except tutti.errors.Busy as e:\n    print('refused', e)\n"
         ) % (str(Path(__file__).parent), extra)
         env = dict(__import__("os").environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
         done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
-        assert done.stdout.startswith("refused") and "in use by pid" in done.stdout
+        # The driver's owner lock on the media files refuses the second process, naming the first.
+        assert done.stdout.startswith("refused") and f"owned by pid {os.getpid()}" in done.stdout, done.stdout
     finally:
         c.shutdown()
     # Released with the last connector: the directory opens again.

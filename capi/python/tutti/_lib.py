@@ -275,6 +275,10 @@ _PROTOTYPES = {
         [_rt, POINTER(Hash), c_size_t, c_uint32, POINTER(c_size_t), POINTER(c_uint64)],
     ),
     "tutti_unpin": (_i32, [_rt, c_uint64]),
+    "tutti_contains_identity": (
+        _i32,
+        [_rt, c_char_p, POINTER(c_uint8), c_size_t, c_uint32, POINTER(Hash), c_size_t, POINTER(c_size_t)],
+    ),
     "tutti_submit_load": (
         _i32,
         [_rt, POINTER(Hash), POINTER(c_uint32), c_size_t, c_uint32, c_uint32, POINTER(_job)],

@@ -378,6 +378,30 @@ class Runtime(_Handle):
     def unpin(self, pin: int) -> None:
         lib().call("tutti_unpin", self._p(), pin)
 
+    def contains_identity(
+        self, hashes: Sequence[bytes], *, model: str, kind: str, tenant_salt: bytes = b""
+    ) -> int:
+        """The number of leading ``hashes`` stored under the cache identity (``model``,
+        ``tenant_salt``, layout ``kind``, this runtime's geometry) given here rather than
+        the registered one: no registration needed, nothing pinned (ABI 1.3)."""
+        if kind not in _lib.LAYOUT:
+            raise ValueError(f"layout kind {kind!r} is not one of {', '.join(_lib.LAYOUT)}")
+        arr = _hash_array(hashes)
+        salt = (c_uint8 * len(tenant_salt)).from_buffer_copy(tenant_salt) if tenant_salt else None
+        hits = c_size_t(0)
+        lib().call(
+            "tutti_contains_identity",
+            self._p(),
+            model.encode(),
+            salt,
+            len(tenant_salt),
+            _lib.LAYOUT[kind],
+            arr if hashes else None,
+            len(hashes),
+            byref(hits),
+        )
+        return hits.value
+
     # --- I/O ------------------------------------------------------------------------------
 
     def _layers(self, layers: range | None) -> range:

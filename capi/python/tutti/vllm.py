@@ -20,11 +20,22 @@ vLLM builds one instance with ``role=SCHEDULER`` (in the scheduler) and one
 with ``role=WORKER`` (next to the GPU); the scheduler's plan reaches the
 worker as ``TuttiConnectorMetadata`` inside the scheduler output.
 
-Both must live in one process (they share one pool, see ``_connector/shared.py``)
-until the tutti daemon lands: run vLLM with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
-and ``distributed_executor_backend="uni"``. Any other executor is refused at
-start-up with a message saying so (:func:`check_single_process`), and so is a
-scheduler-side connector that finds no worker's KV registered in its process.
+Where the pool lives:
+
+* in this process (the default with vLLM's in-process executor: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
+  and ``distributed_executor_backend="uni"``): the scheduler-side and worker-side connectors
+  share one runtime (``_connector/shared.py``);
+* in tuttid (``tutti serve``), for vLLM's multiprocess executor and TP/PP > 1: every connector
+  instance, in whatever process, is a client of the daemon — ``daemon_socket`` names a running
+  one, ``daemon: "auto"`` (the default there when ``emulated_dir`` is set) starts one per pool
+  directory. Each rank stores and loads its own shard under its own cache identity (the rank
+  layout is part of it); the workers hand their identities to the scheduler through vLLM's
+  connector handshake, and the scheduler reports the prefix every rank holds
+  (``tutti_contains_identity``, the minimum over ranks). A chunk evicted before a worker loads it
+  is a load error (recomputed), never wrong bytes.
+
+The in-process mode refuses the multiprocess executor and TP×PP > 1 at start-up with a message
+naming both ways out.
 """
 
 from __future__ import annotations
@@ -39,7 +50,14 @@ from typing import Any
 
 from ._connector import shared
 from .errors import TuttiError
-from ._connector.config import ConfigError, ConnectorConfig, from_vllm
+from ._connector.config import (
+    SINGLE_PROCESS_HINT as _SINGLE_PROCESS_STEPS,
+    ConfigError,
+    ConnectorConfig,
+    executor_name,
+    from_vllm,
+    is_multiprocess,
+)
 from ._connector.metadata import LoadSpec, SaveSpec, StepPlan
 from ._connector.profile import StepProfiler
 from ._connector.scheduler import SchedulerSide
@@ -146,11 +164,9 @@ class TuttiConnectorStats(KVConnectorStats):
 
 
 SINGLE_PROCESS_HINT = (
-    "tutti's pool lives in one process until the tutti daemon (tuttid) lands, so vLLM's scheduler and "
-    "its worker must share that process: set VLLM_ENABLE_V1_MULTIPROCESSING=0 in the environment "
-    "(vLLM's CPU build otherwise switches to the 'mp' executor) and distributed_executor_backend=\"uni\" "
-    "(LLM(..., distributed_executor_backend=\"uni\") or --distributed-executor-backend uni), with "
-    "tensor_parallel_size=1 and pipeline_parallel_size=1"
+    "the pool lives in this process (no daemon configured), so vLLM's scheduler and its worker must "
+    "share it: " + _SINGLE_PROCESS_STEPS + "; or give kv_connector_extra_config 'daemon_socket' (a running "
+    "`tutti serve`) or \"daemon\": \"auto\" with 'emulated_dir' to share the pool through tuttid"
 )
 
 
@@ -158,26 +174,57 @@ def _is_real_vllm_config(vllm_config: Any) -> bool:
     return VLLM_AVAILABLE and type(vllm_config).__module__.startswith("vllm.")
 
 
-def check_single_process(vllm_config: Any) -> None:
-    """Refuses, at start-up, executors that put the scheduler and the worker in different processes.
+def check_single_process(vllm_config: Any, config: ConnectorConfig | None = None) -> None:
+    """Refuses, at start-up, executors that put the scheduler and the worker in different processes
+    when the pool lives in this process (no daemon).
 
     With them the scheduler-side connector would never see the KV the worker registers and
     would report no cached prefix forever: silent misses, never an error. vLLM resolves
     ``distributed_executor_backend`` before any connector is built: ``"uni"`` (and
     ``"external_launcher"``, one engine per process) keep both halves in one process;
-    ``"mp"``, ``"ray"`` or an executor class do not.
+    ``"mp"``, ``"ray"`` or an executor class do not. Through a daemon all of them work.
     """
-    parallel = getattr(vllm_config, "parallel_config", None)
-    backend = getattr(parallel, "distributed_executor_backend", None)
-    if backend is None or backend in ("uni", "external_launcher"):
+    if config is not None and config.uses_daemon:
         return
-    name = backend if isinstance(backend, str) else getattr(backend, "__name__", repr(backend))
+    if not is_multiprocess(vllm_config):
+        return
+    name = executor_name(vllm_config)
     env = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
     raise ConfigError(
         f"TuttiConnector: vLLM's executor is distributed_executor_backend={name!r} "
         f"(VLLM_ENABLE_V1_MULTIPROCESSING={env if env is not None else 'unset (1)'}), which runs the scheduler "
         f"and the workers in different processes; {SINGLE_PROCESS_HINT}"
     )
+
+
+def _rank() -> tuple[int, int]:
+    """(tp_rank, pp_rank) of this worker, from vLLM's process groups; (0, 0) without them."""
+    try:  # pragma: no cover - exercised only where vLLM is installed
+        from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+
+        return int(get_tp_group().rank_in_group), int(get_pp_group().rank_in_group)
+    except Exception:  # noqa: BLE001 - no vLLM, or its groups are not set up (one rank)
+        return 0, 0
+
+
+try:  # pragma: no cover - exercised only where vLLM is installed
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorHandshakeMetadata
+except ImportError:
+
+    class KVConnectorHandshakeMetadata:  # type: ignore[no-redef]
+        """Stand-in for vLLM's (empty) handshake metadata base."""
+
+
+@dataclass
+class TuttiHandshake(KVConnectorHandshakeMetadata):
+    """One worker rank's cache identity, handed to the scheduler-side connector by vLLM after
+    the workers registered their KV (``get_handshake_metadata`` → ``set_xfer_handshake_metadata``)."""
+
+    tp_rank: int
+    pp_rank: int
+    model: str
+    tenant_salt: bytes
+    kind: str
 
 
 class TuttiConnectorMetadata(KVConnectorMetadata, StepPlan):
@@ -222,34 +269,47 @@ class TuttiConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None):
         _base_init(self, vllm_config, role, kv_cache_config)
         self.config: ConnectorConfig = from_vllm(vllm_config)
-        check_single_process(vllm_config)
-        self.runtime = shared.acquire(self.config)
+        check_single_process(vllm_config, self.config)
+        scheduler = _is_scheduler(role)
+        self.tp_rank, self.pp_rank = (0, 0) if scheduler else _rank()
+        name = shared.client_name("scheduler" if scheduler else "worker", self.tp_rank, self.pp_rank)
+        self.runtime = shared.acquire(self.config, name, (self.tp_rank, self.pp_rank))
         self._stats = TuttiConnectorStats()
         self.reported = TuttiConnectorStats()  # everything handed to vLLM's stats hook so far
         self._last_rt = self.runtime.stats()
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         self._profiler: StepProfiler | None = None
-        if _is_scheduler(role):
-            c = self.config
-            if _is_real_vllm_config(vllm_config) and self.runtime._registered is None:
+        # Scheduler side with a daemon: each rank's identity, from vLLM's handshake.
+        self._rank_identities: dict[tuple[int, int], tuple[str, bytes, str]] = {}
+        c = self.config
+        if scheduler:
+            if not c.uses_daemon and _is_real_vllm_config(vllm_config) and self.runtime._registered is None:
                 # vLLM builds the workers (which register their KV) before the scheduler; in one
                 # process the pool has KV by now. It has none when the worker is elsewhere.
-                shared.release(self.config, self.runtime)
+                shared.release(self.config, self.runtime, (self.tp_rank, self.pp_rank))
                 self.runtime = None
                 raise ConfigError(
                     f"TuttiConnector: the scheduler-side connector (pid {os.getpid()}) finds no KV memory "
                     f"registered by a worker in its process, so the worker runs in another process; "
                     f"{SINGLE_PROCESS_HINT}"
                 )
-            self._scheduler = SchedulerSide(self.runtime, c.geometry.tokens_per_block, c.deferred_saves)
+            identities = self._identities if c.uses_daemon else None
+            self._scheduler = SchedulerSide(self.runtime, c.geometry.tokens_per_block, c.deferred_saves,
+                                            identities=identities, ranks=c.tp_size * c.pp_size)
         else:
-            c = self.config
             self._worker = WorkerSide(
-                self.runtime, c.geometry, c.model, c.tenant_salt, c.layer_timeout_s, c.deferred_saves
+                self.runtime, c.geometry, c.model, c.rank_salt(self.tp_rank, self.pp_rank), c.layer_timeout_s,
+                c.deferred_saves,
             )
             if c.profile:
                 self._profiler = StepProfiler(self.runtime)
+
+    def _identities(self) -> list[tuple[str, bytes, str]]:
+        """The cache identity of every rank: from vLLM's handshake, else those registered by
+        worker-side connectors of this process."""
+        found = self._rank_identities or shared.local_identities(self.config)
+        return list(found.values())
 
     def _w(self) -> WorkerSide:
         if self._worker is None:
@@ -277,11 +337,33 @@ class TuttiConnector(KVConnectorBase_V1):
         goes into any error.
         """
         backends, resolved = _vllm_layout_facts(self._vllm_config, kv_caches)
-        self._w().register(kv_caches, backends, resolved)
+        w = self._w()
+        w.register(kv_caches, backends, resolved)
+        if w.identity is not None:
+            shared.note_identity(self.config, (self.tp_rank, self.pp_rank), w.identity)
         if self._profiler is not None and self._w().on_gpu:
             import torch  # GPU tensors come from torch
 
             self._profiler.use_cuda(torch)
+
+    def get_handshake_metadata(self) -> TuttiHandshake | None:
+        """This rank's cache identity, for the scheduler-side connector (which has no KV memory of
+        its own and asks the pool under every rank's identity)."""
+        if self._worker is None or self._worker.identity is None:
+            return None
+        model, salt, kind = self._worker.identity
+        return TuttiHandshake(self.tp_rank, self.pp_rank, model, salt, kind)
+
+    def set_xfer_handshake_metadata_pp_aware(self, metadata: dict[tuple[int, int], Any]) -> None:
+        """Every rank's identity, keyed by (pp_rank, tp_rank) (vLLM calls this on the scheduler side)."""
+        for (pp, tp), m in (metadata or {}).items():
+            if isinstance(m, TuttiHandshake):
+                self._rank_identities[(m.tp_rank, m.pp_rank)] = (m.model, bytes(m.tenant_salt), m.kind)
+            else:
+                log.warning("tutti: handshake metadata of rank tp%s/pp%s is not tutti's: %r", tp, pp, m)
+
+    def set_xfer_handshake_metadata(self, metadata: dict[int, Any]) -> None:
+        self.set_xfer_handshake_metadata_pp_aware({(0, tp): m for tp, m in (metadata or {}).items()})
 
     @classmethod
     def supports_sleep_mode(cls, kv_transfer_config: Any = None) -> bool:
@@ -436,7 +518,7 @@ class TuttiConnector(KVConnectorBase_V1):
         if self._scheduler is not None:
             self._scheduler.close()
         if self.runtime is not None:
-            shared.release(self.config, self.runtime)
+            shared.release(self.config, self.runtime, (self.tp_rank, self.pp_rank))
             self.runtime = None
 
 
@@ -448,4 +530,5 @@ __all__ = [
     "VLLM_AVAILABLE",
     "TuttiConnectorStats",
     "check_single_process",
+    "TuttiHandshake",
 ]

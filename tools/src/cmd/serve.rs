@@ -5,7 +5,7 @@ use crate::emu::EmulatedArgs;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tutti_daemon::{Daemon, DaemonConfig, DriveSource, SocketMode};
 use tutti_objstore::{Dtype, Geometry, OpenMode, PoolOptions};
 
@@ -59,6 +59,39 @@ pub struct Args {
     /// Print one JSON line when serving (socket, pid, pool) instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Exit cleanly (socket removed) once the daemon has had at least one client and then
+    /// none for this many seconds; if no client ever comes, after max(this, 30) seconds.
+    /// For daemons started on demand (the vLLM connector's `daemon: "auto"`).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub idle_exit_s: Option<u64>,
+}
+
+/// When an idle daemon should exit (`--idle-exit-s`).
+#[derive(Debug)]
+struct IdleExit {
+    after: Duration,
+    /// Grace for a daemon no client ever reached.
+    first: Duration,
+    had_client: bool,
+    idle_since: Instant,
+}
+
+impl IdleExit {
+    fn new(secs: u64, now: Instant) -> IdleExit {
+        let after = Duration::from_secs(secs);
+        IdleExit { after, first: after.max(Duration::from_secs(30)), had_client: false, idle_since: now }
+    }
+
+    /// Feeds the current client count; true when the daemon should exit.
+    fn tick(&mut self, clients: usize, now: Instant) -> bool {
+        if clients > 0 {
+            self.had_client = true;
+            self.idle_since = now;
+            return false;
+        }
+        let limit = if self.had_client { self.after } else { self.first };
+        now.duration_since(self.idle_since) >= limit
+    }
 }
 
 fn group_id(name: &str) -> anyhow::Result<u32> {
@@ -125,13 +158,45 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             status.pid
         );
     }
-    // Bounded waits: the loop checks the stop flag and the accept thread every 100 ms.
+    let mut idle = args.idle_exit_s.map(|s| IdleExit::new(s, Instant::now()));
+    // Bounded waits: the loop checks the stop flag and the accept thread every 100 ms,
+    // the client count (--idle-exit-s) every 500 ms.
+    let mut round = 0u64;
     while !stop.load(Ordering::Relaxed) {
         if daemon.is_finished() {
             break;
+        }
+        round += 1;
+        if let Some(idle) = idle.as_mut().filter(|_| round.is_multiple_of(5)) {
+            let clients = daemon.status().clients.len();
+            if idle.tick(clients, Instant::now()) {
+                tracing::info!(idle_s = idle.after.as_secs(), "tuttid: no clients; exiting (--idle-exit-s)");
+                break;
+            }
         }
         std::thread::sleep(Duration::from_millis(100));
     }
     daemon.stop()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_exit_waits_for_a_first_client_then_for_the_quiet_period() {
+        let t0 = Instant::now();
+        let s = |n| t0 + Duration::from_secs(n);
+        let mut idle = IdleExit::new(5, t0);
+        assert!(!idle.tick(0, s(10)), "no client yet: the 30 s grace applies");
+        assert!(!idle.tick(2, s(11)));
+        assert!(!idle.tick(0, s(12)));
+        assert!(!idle.tick(1, s(15)), "a client came back: the clock restarts");
+        assert!(!idle.tick(0, s(19)));
+        assert!(idle.tick(0, s(20)));
+        let mut never = IdleExit::new(5, t0);
+        assert!(!never.tick(0, s(29)));
+        assert!(never.tick(0, s(30)));
+    }
 }

@@ -8,7 +8,8 @@ SPEC: {"engines": [ENGINE, ...]}; ENGINE: {"name", "model", "connector": {extra 
 "prefix_cache": bool, "policy": "fail"|"recompute", "batches": [[prompt, ...], ...],
 "max_tokens", "llm": {more LLM(...) kwargs}, "fail_loads": n (fail the next n emulated reads
 before batch 1), "tamper": bool (perturb every loaded block after it lands), "executor": str,
-"max_model_len", "kv_bytes", "ignore_eos": bool, "force_zeroing": bool (vLLM zeroes every
+"max_model_len", "kv_bytes", "ignore_eos": bool, "status_socket": path (report `tutti status --json`
+of that tuttid while the engine is up, as "daemon_status"), "force_zeroing": bool (vLLM zeroes every
 newly allocated block, as for Mamba or mixed-precision models)}.
 Per engine it reports "preemptions" (vLLM's scheduler preempted a request) and
 "preempted_with_pending_saves" (the victim still had deferred saves in flight), and with
@@ -150,6 +151,13 @@ def run_engine(spec: dict) -> dict:
                 "finish": c.finish_reason,
             })
         out["batches"].append({"results": results})
+    if spec.get("status_socket"):
+        # The daemon's view while this engine is up: its clients and their leases.
+        import subprocess
+
+        done = subprocess.run([os.environ["TUTTI_BIN"], "status", "--json", "--socket", spec["status_socket"]],
+                              capture_output=True, text=True, timeout=60)
+        out["daemon_status"] = json.loads(done.stdout) if done.returncode == 0 else {"error": done.stderr}
     if conn is not None:
         st = conn.runtime.stats()
         out["tutti"] = {"bytes_loaded": st.bytes_loaded, "bytes_stored": st.bytes_stored,

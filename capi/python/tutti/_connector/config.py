@@ -25,7 +25,21 @@ overridden in the extra config. Keys of ``kv_connector_extra_config``:
 ``profile_gpu``             GPU name recorded in the slack table (default ``"unknown"``)
 ``profile_io_sms``          SMs reserved for I/O, for the table's IOCB budgets (default 4)
 ``profile_iocbs_per_sm_per_us`` IOCBs one I/O SM issues per µs (default 1.0)
+``daemon_socket``           connect to the tuttid (``tutti serve``) listening here; every
+                            connector instance (scheduler, each worker rank) is its client
+``daemon``                  ``"auto"``: start ``tutti serve`` on demand for the emulated
+                            pool in ``emulated_dir`` (one per directory; it exits
+                            ``daemon_idle_exit_s`` after its last client left), or ``"off"``
+                            (the pool in this process). Default: ``"auto"`` when vLLM runs
+                            its multiprocess executor or TP×PP > 1, ``"off"`` otherwise
+``daemon_idle_exit_s``      the idle exit of a daemon started by ``"auto"`` (default 30)
+``daemon_start_timeout_s``  how long to wait for the daemon's socket (default 60)
 ==========================  ===========================================================
+
+With a daemon, every rank stores and loads its own shard: the cache identity of a rank
+includes the rank layout (``tp_size``, ``pp_size``, ``tp_rank``, ``pp_rank``) when
+TP×PP > 1, so no rank ever loads another rank's bytes, and a pool entry stored by a
+TP=1 engine never serves a TP=2 one.
 """
 
 from __future__ import annotations
@@ -75,7 +89,13 @@ KNOWN_KEYS = {
     "profile_gpu",
     "profile_io_sms",
     "profile_iocbs_per_sm_per_us",
+    "daemon_socket",
+    "daemon",
+    "daemon_idle_exit_s",
+    "daemon_start_timeout_s",
 }
+
+DAEMON_SOCKET_NAME = "tuttid.sock"
 
 
 class ConfigError(ValueError):
@@ -102,6 +122,29 @@ class ConnectorConfig:
     profile_gpu: str = "unknown"
     profile_io_sms: int = 4
     profile_iocbs_per_sm_per_us: float = 1.0
+    # "off" (the pool in this process), "connect" (a tuttid at daemon_socket) or "auto"
+    # (start tuttid for the emulated pool in emulated_dir when none is running).
+    daemon: str = "off"
+    daemon_socket: str | None = None
+    daemon_idle_exit_s: int = 30
+    daemon_start_timeout_s: float = 60.0
+    tp_size: int = 1
+    pp_size: int = 1
+    multiprocess: bool = False
+
+    @property
+    def uses_daemon(self) -> bool:
+        return self.daemon != "off"
+
+    def rank_salt(self, tp_rank: int, pp_rank: int) -> bytes:
+        """The tenant salt of one rank's cache identity: with TP×PP > 1 the rank layout is part
+        of it, so each rank's shard is its own and never another layout's (TP=1 keeps the plain
+        salt, so pools stored before ranks existed keep hitting)."""
+        if self.tp_size * self.pp_size == 1:
+            return self.tenant_salt
+        return self.tenant_salt + (
+            f"\0tutti-ranks:tp{tp_rank}/{self.tp_size},pp{pp_rank}/{self.pp_size}".encode()
+        )
 
     def pool_key(self) -> tuple:
         """Connectors with equal keys in one process share one runtime (one pool)."""
@@ -115,6 +158,8 @@ class ConnectorConfig:
             self.executor,
             self.open_mode,
             self.io_timeout_ms,
+            self.daemon,
+            self.daemon_socket,
         )
 
     def runtime_kwargs(self) -> dict:
@@ -170,6 +215,27 @@ def geometry_from_vllm(vllm_config: Any, extra: dict) -> Geometry:
         raise ConfigError(str(e)) from None
 
 
+SINGLE_PROCESS_HINT = (
+    "set VLLM_ENABLE_V1_MULTIPROCESSING=0 in the environment "
+    "(vLLM's CPU build otherwise switches to the 'mp' executor) and distributed_executor_backend=\"uni\" "
+    "(LLM(..., distributed_executor_backend=\"uni\") or --distributed-executor-backend uni), with "
+    "tensor_parallel_size=1 and pipeline_parallel_size=1"
+)
+
+
+def executor_name(vllm_config: Any) -> str | None:
+    backend = getattr(getattr(vllm_config, "parallel_config", None), "distributed_executor_backend", None)
+    if backend is None or isinstance(backend, str):
+        return backend
+    return getattr(backend, "__name__", repr(backend))
+
+
+def is_multiprocess(vllm_config: Any) -> bool:
+    """vLLM's executor puts the scheduler and the workers in different processes (``"mp"``,
+    ``"ray"``, an executor class); ``"uni"`` and ``"external_launcher"`` keep them together."""
+    return executor_name(vllm_config) not in (None, "uni", "external_launcher")
+
+
 def from_vllm(vllm_config: Any) -> ConnectorConfig:
     """Reads the connector's configuration from vLLM's ``VllmConfig``."""
     ktc = vllm_config.kv_transfer_config
@@ -180,23 +246,74 @@ def from_vllm(vllm_config: Any) -> ConnectorConfig:
             f"unknown kv_connector_extra_config keys {sorted(unknown)}; known: {sorted(KNOWN_KEYS)}"
         )
     parallel = vllm_config.parallel_config
-    ranks = getattr(parallel, "tensor_parallel_size", 1) * getattr(parallel, "pipeline_parallel_size", 1)
-    if ranks != 1:
-        raise ConfigError(
-            f"tensor_parallel_size × pipeline_parallel_size = {ranks}: the tutti connector drives the NVMe "
-            "pool from one process and supports a single rank for now (DESIGN §11: a device daemon for "
-            "several processes is future work)"
-        )
+    tp = int(getattr(parallel, "tensor_parallel_size", 1) or 1)
+    pp = int(getattr(parallel, "pipeline_parallel_size", 1) or 1)
+    multiprocess = is_multiprocess(vllm_config)
     if extra.get("lib"):
         os.environ.setdefault("TUTTI_LIB", str(extra["lib"]))
     emulated = _int(extra, "emulated_drives", 0)
     vfio = extra.get("vfio_drives") or ()
     if isinstance(vfio, str):
         vfio = [v for v in vfio.split(",") if v]
-    if bool(emulated) == bool(vfio):
+    socket = str(extra["daemon_socket"]) if extra.get("daemon_socket") else None
+    daemon = extra.get("daemon")
+    if daemon is None:
+        if socket is not None and not emulated and not vfio:
+            daemon = "connect"
+        elif multiprocess or tp * pp > 1:
+            daemon = "auto" if emulated and extra.get("emulated_dir") else ("connect" if socket else "off")
+        else:
+            daemon = "connect" if socket else "off"
+    elif daemon == "auto":
+        pass
+    elif daemon == "off":
+        if socket is not None:
+            raise ConfigError(
+                "kv_connector_extra_config: 'daemon_socket' names a tuttid but 'daemon' is 'off'; drop one"
+            )
+    else:
+        raise ConfigError(f"kv_connector_extra_config['daemon'] = {daemon!r}: use 'auto' or 'off'")
+    if daemon == "connect":
+        if emulated or vfio:
+            raise ConfigError(
+                "kv_connector_extra_config: with 'daemon_socket' the daemon owns the drives; drop "
+                "'emulated_drives'/'vfio_drives', or add \"daemon\": \"auto\" to start tuttid for an emulated pool"
+            )
+    elif bool(emulated) == bool(vfio):
         raise ConfigError(
             "kv_connector_extra_config needs exactly one of 'emulated_drives' (a count) and "
-            "'vfio_drives' (PCI addresses of NVMe drives bound to vfio-pci)"
+            "'vfio_drives' (PCI addresses of NVMe drives bound to vfio-pci), or 'daemon_socket' "
+            "(a running tuttid)"
+        )
+    if daemon == "auto":
+        if vfio or not extra.get("emulated_dir"):
+            raise ConfigError(
+                "kv_connector_extra_config['daemon'] = 'auto' starts tuttid for an emulated pool kept in "
+                "'emulated_dir' (one daemon per directory); set 'emulated_dir', or run `tutti serve` "
+                "yourself and pass its socket as 'daemon_socket'"
+            )
+        if _int(extra, "emulated_capacity_bytes", 256 << 20, 1) % (1 << 20):
+            raise ConfigError(
+                "kv_connector_extra_config['emulated_capacity_bytes'] must be a whole number of MiB "
+                "with 'daemon': 'auto' (tutti serve --capacity-mib)"
+            )
+        if socket is None:
+            socket = os.path.join(str(extra["emulated_dir"]), DAEMON_SOCKET_NAME)
+    if daemon == "off" and (multiprocess or tp * pp > 1):
+        why = []
+        if multiprocess:
+            env = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+            why.append(
+                f"distributed_executor_backend={executor_name(vllm_config)!r} "
+                f"(VLLM_ENABLE_V1_MULTIPROCESSING={env if env is not None else 'unset (1)'})"
+            )
+        if tp * pp > 1:
+            why.append(f"tensor_parallel_size × pipeline_parallel_size = {tp * pp}")
+        raise ConfigError(
+            f"TuttiConnector: vLLM runs {' and '.join(why)}, so the scheduler and the workers live in "
+            "different processes and can share the pool only through tuttid. Set kv_connector_extra_config "
+            "'daemon_socket' (a running `tutti serve`) or \"daemon\": \"auto\" with 'emulated_dir' (tuttid "
+            f"started on demand); or, for one process, {SINGLE_PROCESS_HINT}"
         )
     executor = str(extra.get("executor", "gio"))
     if executor not in ("gio", "direct"):
@@ -235,4 +352,11 @@ def from_vllm(vllm_config: Any) -> ConnectorConfig:
         profile_gpu=str(extra.get("profile_gpu", "unknown")),
         profile_io_sms=_int(extra, "profile_io_sms", 4, 1),
         profile_iocbs_per_sm_per_us=iocbs,
+        daemon=daemon,
+        daemon_socket=socket,
+        daemon_idle_exit_s=_int(extra, "daemon_idle_exit_s", 30, 1),
+        daemon_start_timeout_s=float(_int(extra, "daemon_start_timeout_s", 60, 1)),
+        tp_size=tp,
+        pp_size=pp,
+        multiprocess=multiprocess,
     )

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import NotRegistered, TuttiError
 from ..runtime import Runtime, chain_hashes
@@ -65,8 +65,16 @@ def _first_group(block_ids: Any) -> list[int]:
 
 
 class SchedulerSide:
-    def __init__(self, runtime: Runtime, tokens_per_block: int, deferred_saves: bool = False):
+    """``identities`` (with a daemon): returns every rank's (model, salt, layout kind); the answer
+    is then the prefix all ``ranks`` hold, asked under each identity without pinning — each
+    worker pins what it loads, and reports a chunk evicted in between as a load error."""
+
+    def __init__(self, runtime: Runtime, tokens_per_block: int, deferred_saves: bool = False,
+                 identities: Callable[[], list[tuple[str, bytes, str]]] | None = None, ranks: int = 1):
         self.rt = runtime
+        self.identities = identities
+        self.ranks = ranks
+        self._warned_ranks = False
         self.B = tokens_per_block
         self.deferred = deferred_saves
         self._saved_last_step: set[str] = set()
@@ -95,8 +103,11 @@ class SchedulerSide:
             # Never all tokens: the last one must be computed for its logits.
             usable = (len(tokens) - 1) // self.B
             try:
-                found = self.rt.lookup(st.hashes[:usable], pin=True)
-                st.hits, st.pin = found.hits, found.pin
+                if self.identities is not None:
+                    st.hits = self._all_ranks_hold(st.hashes[:usable])
+                else:
+                    found = self.rt.lookup(st.hashes[:usable], pin=True)
+                    st.hits, st.pin = found.hits, found.pin
             except NotRegistered:
                 if not self._warned_unregistered:
                     log.warning("tutti: no KV memory registered yet; reporting no cached prefix")
@@ -108,6 +119,21 @@ class SchedulerSide:
         if num_computed_tokens % self.B:
             return 0, False
         return max(0, st.hits * self.B - num_computed_tokens), False
+
+    def _all_ranks_hold(self, hashes: list[bytes]) -> int:
+        ids = self.identities() if self.identities is not None else []
+        if len(ids) < self.ranks:
+            if not self._warned_ranks:
+                log.warning("tutti: cache identities of %d of %d ranks known; reporting no cached prefix",
+                            len(ids), self.ranks)
+                self._warned_ranks = True
+            return 0
+        hits = len(hashes)
+        for model, salt, kind in ids:
+            if hits == 0:
+                break
+            hits = min(hits, self.rt.contains_identity(hashes[:hits], model=model, kind=kind, tenant_salt=salt))
+        return hits
 
     # --- update_state_after_alloc --------------------------------------------------------
 

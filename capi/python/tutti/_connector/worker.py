@@ -239,6 +239,8 @@ class WorkerSide:
         self.unknown_load_blocks: set[int] = set()
         self.layout_tag = ""
         self.kv_caches: dict[str, Any] = {}
+        # (model, tenant salt, layout kind) of the registration: the chunks' cache identity.
+        self.identity: tuple[str, bytes, str] | None = None
 
     # --- register_kv_caches --------------------------------------------------------------
 
@@ -277,6 +279,7 @@ class WorkerSide:
         self.on_gpu = on_gpu
         self.layout_tag = tag
         self.kv_caches = kv_caches
+        self.identity = (self.model, salt, kind)
         log.info("tutti: registered %d layers × %d blocks (%s %s, %s memory)", len(names), num_blocks, kind,
                  tag or "NHD", memory)
 
