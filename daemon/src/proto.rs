@@ -219,6 +219,8 @@ pub struct StatusReport {
     pub socket: String,
     pub pool: String,
     pub uptime_s: u64,
+    /// Clients connected since the daemon started (including those gone).
+    pub clients_served: u64,
     pub stats: ControlStats,
     pub controllers: Vec<ControllerStatus>,
     pub clients: Vec<ClientStatus>,

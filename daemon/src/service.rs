@@ -204,6 +204,7 @@ impl Service {
             socket: self.socket.clone(),
             pool: self.pool.name().to_string(),
             uptime_s: self.started.elapsed().as_secs(),
+            clients_served: self.next_client.load(Ordering::Relaxed).saturating_sub(1),
             stats: self.pool.stats().unwrap_or_default(),
             controllers: self
                 .ctrls

@@ -74,18 +74,29 @@ struct IdleExit {
     first: Duration,
     had_client: bool,
     idle_since: Instant,
+    /// Clients served as of the last tick: a client that came and went
+    /// between two ticks still counts as activity.
+    served: u64,
 }
 
 impl IdleExit {
     fn new(secs: u64, now: Instant) -> IdleExit {
         let after = Duration::from_secs(secs);
-        IdleExit { after, first: after.max(Duration::from_secs(30)), had_client: false, idle_since: now }
+        IdleExit {
+            after,
+            first: after.max(Duration::from_secs(30)),
+            had_client: false,
+            idle_since: now,
+            served: 0,
+        }
     }
 
-    /// Feeds the current client count; true when the daemon should exit.
-    fn tick(&mut self, clients: usize, now: Instant) -> bool {
-        if clients > 0 {
-            self.had_client = true;
+    /// Feeds the current client count and how many clients were served so
+    /// far; true when the daemon should exit.
+    fn tick(&mut self, clients: usize, served: u64, now: Instant) -> bool {
+        if clients > 0 || served != self.served {
+            self.had_client |= clients > 0 || served > 0;
+            self.served = served;
             self.idle_since = now;
             return false;
         }
@@ -168,8 +179,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         }
         round += 1;
         if let Some(idle) = idle.as_mut().filter(|_| round.is_multiple_of(5)) {
-            let clients = daemon.status().clients.len();
-            if idle.tick(clients, Instant::now()) {
+            let status = daemon.status();
+            if idle.tick(status.clients.len(), status.clients_served, Instant::now()) {
                 tracing::info!(idle_s = idle.after.as_secs(), "tuttid: no clients; exiting (--idle-exit-s)");
                 break;
             }
@@ -189,14 +200,19 @@ mod tests {
         let t0 = Instant::now();
         let s = |n| t0 + Duration::from_secs(n);
         let mut idle = IdleExit::new(5, t0);
-        assert!(!idle.tick(0, s(10)), "no client yet: the 30 s grace applies");
-        assert!(!idle.tick(2, s(11)));
-        assert!(!idle.tick(0, s(12)));
-        assert!(!idle.tick(1, s(15)), "a client came back: the clock restarts");
-        assert!(!idle.tick(0, s(19)));
-        assert!(idle.tick(0, s(20)));
+        assert!(!idle.tick(0, 0, s(10)), "no client yet: the 30 s grace applies");
+        assert!(!idle.tick(2, 2, s(11)));
+        assert!(!idle.tick(0, 2, s(12)));
+        assert!(!idle.tick(1, 3, s(15)), "a client came back: the clock restarts");
+        assert!(!idle.tick(0, 3, s(19)));
+        assert!(idle.tick(0, 3, s(20)));
         let mut never = IdleExit::new(5, t0);
-        assert!(!never.tick(0, s(29)));
-        assert!(never.tick(0, s(30)));
+        assert!(!never.tick(0, 0, s(29)));
+        assert!(never.tick(0, 0, s(30)));
+        // A client that came and went between two ticks counts: the short limit applies after it.
+        let mut brief = IdleExit::new(5, t0);
+        assert!(!brief.tick(0, 1, s(1)), "a client was served since the last tick");
+        assert!(!brief.tick(0, 1, s(5)));
+        assert!(brief.tick(0, 1, s(6)), "then 5 s without clients is enough");
     }
 }
