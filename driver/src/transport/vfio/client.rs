@@ -124,7 +124,9 @@ impl DoorbellBar {
         if offset < DOORBELLS {
             return Err(DriverError::NotOwner {
                 device: self.name.clone(),
-                what: format!("register {offset:#x}: only the doorbells (from {DOORBELLS:#x}) are a client's"),
+                what: format!(
+                    "register {offset:#x}: only the doorbells (from {DOORBELLS:#x}) are a client's"
+                ),
             });
         }
         // SAFETY: DOORBELLS <= offset and offset + 4 <= end (checked): inside the mapping.

@@ -114,9 +114,9 @@ impl VfioDma {
     /// reach another process's pages.
     pub fn release_iova(&self, iova: u64, len: u64) -> Result<u64> {
         let space = self.type1_space()?;
-        let size = len.checked_next_multiple_of(PAGE as u64).ok_or_else(|| {
-            DriverError::invalid(format!("IOVA range {iova:#x}+{len:#x} is too large"))
-        })?;
+        let size = len
+            .checked_next_multiple_of(PAGE as u64)
+            .ok_or_else(|| DriverError::invalid(format!("IOVA range {iova:#x}+{len:#x} is too large")))?;
         let unmapped = self.shared.container.unmap_range(iova, size)?;
         if self.still_mapped(iova)? {
             return Err(DriverError::Vfio(format!(
