@@ -1,0 +1,145 @@
+//! `tutti selftest --client SOCKET` (hidden): one engine process as a client
+//! of a running tuttid. It connects, registers host KV memory (on VFIO drives
+//! this process maps it into the drives' IOMMU itself), stores a request,
+//! loads it back into other blocks and checks every byte. With `--hold` it
+//! stops in the middle of a load and waits to be killed, so that a test can
+//! check what the daemon gives back for a client that dies then.
+
+use crate::report::print_json;
+use anyhow::{ensure, Context};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tutti_objstore::{chain_hashes, Backend, GioConfig, HostKvMemory, KvLayout, KvStore, LayoutKind};
+
+const WAIT: Duration = Duration::from_secs(60);
+/// How long `--hold` waits to be killed before it gives up and exits with an error.
+const HOLD: Duration = Duration::from_secs(300);
+
+#[derive(serde::Serialize)]
+struct Report {
+    client: String,
+    seed: u64,
+    drives: usize,
+    chunks: u32,
+    bytes_verified: u64,
+}
+
+/// The bytes of object (layer, kv) of the chunk stored from block `block` under `seed`.
+fn pattern(seed: u64, block: u32, layer: u32, kv: u32, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ (block as u64) << 40
+        ^ (layer as u64) << 20
+        ^ (kv as u64) << 8
+        ^ 0x5851_f42d_4c95_7f2d;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        // xorshift64*: cheap, and no two objects of a run share their bytes.
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        out.extend_from_slice(&x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+fn offset(layout: &KvLayout, mem: &HostKvMemory, block: u32, layer: u32, kv: u32) -> usize {
+    (layout.object_addr(block, layer, kv) - mem.addr()) as usize
+}
+
+pub fn run(socket: &Path, seed: u64, chunks: u32, hold: bool, json: bool) -> anyhow::Result<()> {
+    let name = format!("selftest-client-{seed}");
+    let mut gio = GioConfig::default();
+    gio.host.blocks = 1;
+    gio.sm_budget = 1;
+    let store = tutti_daemon::remote::connect(socket, &name, &Backend::Gio(gio), Duration::from_secs(10))
+        .with_context(|| format!("connecting to tuttid at {}", socket.display()))?;
+    let g = *store.geometry();
+    let bytes = KvLayout::bytes_needed(LayoutKind::Contiguous, &g, 2 * chunks);
+    let mem = Arc::new(HostKvMemory::new(bytes as usize)?);
+    let layout = KvLayout::contiguous(g, 2 * chunks, mem.addr())?;
+    store.register_host(mem.clone(), layout.clone(), "selftest-client", b"")?;
+    let object = g.object_bytes() as usize;
+    for b in 0..chunks {
+        for layer in 0..g.layers {
+            for kv in 0..2 {
+                mem.copy_in(offset(&layout, &mem, b, layer, kv), &pattern(seed, b, layer, kv, object))?;
+            }
+        }
+    }
+    // Tokens of this seed only: clients with different seeds store different requests.
+    let tokens: Vec<u32> = (0..chunks * g.tokens_per_block)
+        .map(|t| (seed as u32).wrapping_mul(1_000_003).wrapping_add(t))
+        .collect();
+    let hashes = chain_hashes(&tokens, g.tokens_per_block);
+    let src: Vec<u32> = (0..chunks).collect();
+    let rep = store.store_request(&hashes, &src, WAIT).context("storing the request")?;
+    ensure!(rep.failed.is_empty(), "storing the request failed: {:?}", rep.failed);
+    ensure!(
+        rep.stored + rep.present == chunks,
+        "{} of {chunks} chunks stored: {rep:?}",
+        rep.stored + rep.present
+    );
+
+    mem.fill(0, mem.len(), 0)?;
+    let found = store.lookup(&hashes).context("looking the request up")?;
+    ensure!(found.hits() == chunks as usize, "{} of {chunks} chunks found after storing them", found.hits());
+    let dst: Vec<u32> = (chunks..2 * chunks).collect();
+    if hold {
+        hold_mid_load(&store, &found.files, &dst, &name)?;
+    }
+    let st = store.load_request(&found.files, &dst, WAIT).context("loading the request")?;
+    ensure!(st.done && st.failed == 0, "the load did not complete cleanly: {st:?}");
+    let mut verified = 0u64;
+    let mut got = vec![0u8; object];
+    for (i, &b) in dst.iter().enumerate() {
+        for layer in 0..g.layers {
+            for kv in 0..2 {
+                mem.copy_out(offset(&layout, &mem, b, layer, kv), &mut got)?;
+                ensure!(
+                    got == pattern(seed, i as u32, layer, kv, object),
+                    "chunk {i} layer {layer} {} loaded into block {b} does not hold the bytes stored",
+                    if kv == 0 { "K" } else { "V" }
+                );
+                verified += object as u64;
+            }
+        }
+    }
+    store.unpin(found.pin)?;
+    store.unregister()?;
+    let report = Report {
+        client: name,
+        seed,
+        drives: store.stripe_map().drive_count() as usize,
+        chunks,
+        bytes_verified: verified,
+    };
+    if json {
+        return print_json(&report);
+    }
+    println!(
+        "selftest client {}: stored {} chunks on {} drives through tuttid, loaded them into other blocks, \
+         {} bytes, every byte verified",
+        report.seed, report.chunks, report.drives, report.bytes_verified
+    );
+    Ok(())
+}
+
+/// Starts the load, waits for its first layer, says so, and waits to be killed.
+fn hold_mid_load(
+    store: &KvStore,
+    files: &[tutti_objstore::FileId],
+    dst: &[u32],
+    name: &str,
+) -> anyhow::Result<()> {
+    let layers = store.geometry().layers;
+    let job = store.submit_load(files, dst, 0..layers).context("submitting the held load")?;
+    store.wait_layer(job, 0, WAIT).context("waiting for the first layer of the held load")?;
+    println!("selftest client {name}: holding mid-load (job submitted, layer 0 of {layers} done)");
+    let t = Instant::now();
+    while t.elapsed() < HOLD {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    anyhow::bail!("--hold: nobody killed this client within {HOLD:?}")
+}
