@@ -491,15 +491,16 @@ impl Service {
         for (&(ctrl, iova), &(len, mapped)) in &state.iovas {
             let Some(dev) = self.ctrls.get(ctrl as usize).and_then(|s| s.vfio.as_ref()) else { continue };
             match dev.vfio_dma().release_iova(iova, len) {
-                Ok(unmapped) => tracing::debug!(
+                Ok(0) => tracing::debug!(
                     client,
                     ctrl,
                     iova,
                     len,
                     mapped,
-                    unmapped,
                     "a departed client's IOVA range released"
                 ),
+                Ok(unmapped) => tracing::info!(client, device = %dev.bdf(), iova, unmapped,
+                    "unmapped what a departed client had mapped itself (its pages are unpinned); range released"),
                 Err(e) => tracing::error!(client, ctrl, iova, len, error = %e,
                     "releasing a departed client's IOVA range failed; the range stays out of use"),
             }

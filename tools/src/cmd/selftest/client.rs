@@ -87,7 +87,7 @@ pub fn run(socket: &Path, seed: u64, chunks: u32, hold: bool, json: bool) -> any
     ensure!(found.hits() == chunks as usize, "{} of {chunks} chunks found after storing them", found.hits());
     let dst: Vec<u32> = (chunks..2 * chunks).collect();
     if hold {
-        hold_mid_load(&store, &found.files, &dst, &name)?;
+        hold_mid_load(&store, &found.files, &dst, seed)?;
     }
     let st = store.load_request(&found.files, &dst, WAIT).context("loading the request")?;
     ensure!(st.done && st.failed == 0, "the load did not complete cleanly: {st:?}");
@@ -136,7 +136,7 @@ fn hold_mid_load(
     let layers = store.geometry().layers;
     let job = store.submit_load(files, dst, 0..layers).context("submitting the held load")?;
     store.wait_layer(job, 0, WAIT).context("waiting for the first layer of the held load")?;
-    println!("selftest client {name}: holding mid-load (job submitted, layer 0 of {layers} done)");
+    println!("selftest client {seed}: holding mid-load (job submitted, layer 0 of {layers} done)");
     let t = Instant::now();
     while t.elapsed() < HOLD {
         std::thread::sleep(Duration::from_millis(200));
