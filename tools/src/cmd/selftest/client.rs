@@ -131,7 +131,7 @@ fn hold_mid_load(
     store: &KvStore,
     files: &[tutti_objstore::FileId],
     dst: &[u32],
-    name: &str,
+    seed: u64,
 ) -> anyhow::Result<()> {
     let layers = store.geometry().layers;
     let job = store.submit_load(files, dst, 0..layers).context("submitting the held load")?;
