@@ -170,3 +170,18 @@ impl Registers for DoorbellBar {
         Ok((unsafe { NonNull::new_unchecked(p) }, DoorbellKind::Mmio))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_fd_that_is_not_a_vfio_container_or_device_is_refused_by_name() {
+        let fd: OwnedFd = std::fs::File::open("/dev/null").unwrap().into();
+        let e = ClientContainer::from_fd(fd, "0000:00:04.0").err().expect("/dev/null is no container");
+        assert!(e.to_string().contains("0000:00:04.0") && e.to_string().contains("not one"), "{e}");
+        let fd: OwnedFd = std::fs::File::open("/dev/null").unwrap().into();
+        let e = DoorbellBar::open(fd, "0000:00:05.0").err().expect("/dev/null is no device");
+        assert!(e.to_string().contains("0000:00:05.0") && e.to_string().contains("VFIO_DEVICE_GET_INFO"), "{e}");
+    }
+}
