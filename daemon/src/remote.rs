@@ -207,7 +207,7 @@ impl DmaBroker for VfioMaps {
             .ok_or_else(|| DriverError::invalid(format!("cannot map {len} bytes at {addr:#x}")))?;
         let size = end - start;
         let base = match self.client.call(Request::ReserveIova { ctrl: self.ctrl, len: size }) {
-            Ok(Response::Iova(i)) if i % PAGE == 0 => i,
+            Ok(Response::Iova(i)) if i.is_multiple_of(PAGE) => i,
             Ok(r) => return Err(driver_err(unexpected("reserve-iova", &r))),
             Err(e) => return Err(driver_err(e)),
         };

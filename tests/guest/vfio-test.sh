@@ -273,7 +273,11 @@ done
 no_iommu_faults "with two tuttid clients on VFIO drives"
 
 step "tuttid on VFIO drives: a client SIGKILLed in the middle of a load"
-tutti selftest --client $SOCK --seed 3 --hold >/tmp/client3.txt 2>/tmp/client3.err &
+# It registers 32 MiB of KV memory (1024 blocks of 32 KiB) and maps it itself: type1 pins those
+# pages for as long as they are mapped, whether or not their process is still alive.
+mem_kib() { awk '/^MemAvailable:/ {print $2}' /proc/meminfo; }
+before_kib=$(mem_kib)
+tutti selftest --client $SOCK --seed 3 --chunks 512 --hold >/tmp/client3.txt 2>/tmp/client3.err &
 held=$!
 for _ in $(seq 600); do
     grep -q "holding mid-load" /tmp/client3.txt && break
@@ -284,6 +288,7 @@ grep -q "holding mid-load" /tmp/client3.txt || { cat /tmp/client3.txt /tmp/clien
 tutti status --socket $SOCK >/tmp/st.txt || fail "tutti status with a held client"
 cat /tmp/st.txt
 grep -q "selftest-client-3 .*queues \[[^]]" /tmp/st.txt || fail "status does not show the held client's queue leases"
+held_kib=$(mem_kib)
 kill -9 $held; wait $held 2>/dev/null
 gone=0
 for _ in $(seq 100); do
@@ -299,11 +304,23 @@ grep -q '"pinned": 0,' /tmp/st.json || { cat /tmp/st.json; fail "the killed clie
 # unmapped that through the shared container after deleting its queues.
 grep -q "unmapped what a departed client had mapped itself" /tmp/serve.err \
     || { cat /tmp/serve.err; fail "the daemon did not unmap the killed client's own mappings"; }
+# (tracing colours its fields: the escape codes go.)
+grep "unmapped what a departed client had mapped itself" /tmp/serve.err | head -n 3 | tr -d '\033' \
+    | sed -e 's/\[[0-9;]*m//g' -e 's/^/tuttid: daemon: /'
+# Unmapped, the dead client's pages are unpinned and freed: the memory comes back.
+after_kib=$(mem_kib)
+echo "tuttid: killed client: MemAvailable $before_kib KiB before it, $held_kib KiB while it held its load, $after_kib KiB after tuttid released it"
+[ $((before_kib - held_kib)) -ge 16384 ] || fail "the held client did not take the 32 MiB it registered (the check below would mean nothing)"
+[ $((before_kib - after_kib)) -lt 16384 ] || fail "the killed client's pinned pages did not come back"
 if grep -q "stays out of use" /tmp/serve.err; then cat /tmp/serve.err; fail "an IOVA range of the killed client could not be released"; fi
-tutti selftest --client $SOCK --seed 4 >/tmp/client4.txt 2>/tmp/client4.err \
+# This one first checks that queue memory outside its mapped IOVA ranges is refused.
+tutti selftest --client $SOCK --seed 4 --refusals >/tmp/client4.txt 2>/tmp/client4.err \
     || { cat /tmp/client4.txt /tmp/client4.err; fail "a client after the killed one"; }
+grep "mapped IOVA ranges refused on 2 VFIO controllers" /tmp/client4.txt | sed 's/^/tuttid: refusals: /'
+grep -q "mapped IOVA ranges refused on 2 VFIO controllers" /tmp/client4.txt \
+    || { cat /tmp/client4.txt; fail "queue memory outside a client's ranges was not refused on both controllers"; }
+grep "every byte verified" /tmp/client4.txt | sed 's/^/tuttid: after a killed client: /'
 grep -q "every byte verified" /tmp/client4.txt || fail "the client after the killed one did not verify"
-sed 's/^/tuttid: after a killed client: /' /tmp/client4.txt
 echo "TUTTID-KILLED-CLIENT-RELEASED"
 stop_tuttid /tmp/serve
 no_iommu_faults "with tuttid clients on VFIO drives"

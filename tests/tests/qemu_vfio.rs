@@ -47,10 +47,12 @@ const IN_USE_CLEARED: &str = "IN-USE-CLEARED: ";
 /// mappings unmapped by the daemon) and a later client verified its bytes.
 const TUTTID_KILLED: &str = "TUTTID-KILLED-CLIENT-RELEASED";
 /// Lines of tuttid's clients on VFIO drives the log must have (before the negative test).
-const TUTTID_LINES: [(&str, &str); 5] = [
+const TUTTID_LINES: [(&str, &str); 7] = [
     ("tuttid: selftest client 1: ", "every byte verified"),
     ("tuttid: selftest client 2: ", "every byte verified"),
     ("tuttid: after a killed client: ", "every byte verified"),
+    ("tuttid: refusals: ", "refused on 2 VFIO controllers"),
+    ("tuttid: killed client: ", "after tuttid released it"),
     ("tuttid: two namespaces: ", "on 2 drives"),
     ("tuttid: one pair: ", "refused naming 0000:00:07.0"),
 ];
@@ -233,6 +235,8 @@ fn console_check_requires_a_clean_log_before_the_negative_test() {
                 IN-USE-CLEARED: 0000:00:07.0 bound after cleanup\n\
                 tuttid: selftest client 1: stored 8 chunks on 2 drives ... every byte verified\n\
                 tuttid: selftest client 2: stored 8 chunks on 2 drives ... every byte verified\n\
+                tuttid: killed client: MemAvailable 900000 KiB before it, 860000 KiB while it held its load, 899000 KiB after tuttid released it\n\
+                tuttid: refusals: selftest client 4: queue memory outside the client's mapped IOVA ranges refused on 2 VFIO controllers\n\
                 tuttid: after a killed client: selftest client 4: ... every byte verified\n\
                 TUTTID-KILLED-CLIENT-RELEASED\n\
                 tuttid: two namespaces: selftest client 5: stored 4 chunks on 2 drives ...\n\
@@ -267,7 +271,8 @@ fn console_check_requires_a_clean_log_before_the_negative_test() {
     let never_cleared = good.replace("IN-USE-CLEARED: 0000:00:07.0 bound after cleanup\n", "");
     assert!(check_console(&never_cleared).unwrap_err().contains("bound after"));
     for (prefix, _) in TUTTID_LINES {
-        let missing: String = good.lines().filter(|l| !l.starts_with(prefix)).map(|l| format!("{l}\n")).collect();
+        let missing: String =
+            good.lines().filter(|l| !l.starts_with(prefix)).map(|l| format!("{l}\n")).collect();
         assert!(
             check_console(&missing).unwrap_err().contains(prefix),
             "a log without a `{prefix}` line fails"
@@ -275,7 +280,7 @@ fn console_check_requires_a_clean_log_before_the_negative_test() {
     }
     let not_released = good.replace("TUTTID-KILLED-CLIENT-RELEASED\n", "");
     assert!(check_console(&not_released).unwrap_err().contains("SIGKILLed"));
-    assert_eq!(summary(good).len(), 17);
+    assert_eq!(summary(good).len(), 19);
     let probes = "probe 0000:00:04.0: 29 probes, 1 differ from the spec\n\
                   probe 0000:00:04.0: read one block (PRP)   ok   got Generic/Successful Completion (0x0000)\n\
                   probe 0000:00:04.0: PRP1 offset not dword aligned   DIFF got ...\n";

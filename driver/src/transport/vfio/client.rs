@@ -182,6 +182,9 @@ mod tests {
         assert!(e.to_string().contains("0000:00:04.0") && e.to_string().contains("not one"), "{e}");
         let fd: OwnedFd = std::fs::File::open("/dev/null").unwrap().into();
         let e = DoorbellBar::open(fd, "0000:00:05.0").err().expect("/dev/null is no device");
-        assert!(e.to_string().contains("0000:00:05.0") && e.to_string().contains("VFIO_DEVICE_GET_INFO"), "{e}");
+        assert!(
+            e.to_string().contains("0000:00:05.0") && e.to_string().contains("VFIO_DEVICE_GET_INFO"),
+            "{e}"
+        );
     }
 }

@@ -195,7 +195,7 @@ impl Device {
     /// Reads a 32-bit register of region `region` at `off` through the fd
     /// (vfio-pci's read path; no mapping needed).
     pub fn region_read32(&self, region: &RegionInfo, off: u64) -> Result<u32> {
-        if off % 4 != 0 || off.checked_add(4).is_none_or(|end| end > region.size) {
+        if !off.is_multiple_of(4) || off.checked_add(4).is_none_or(|end| end > region.size) {
             return Err(DriverError::Vfio(format!(
                 "{}: register read at {off:#x} is outside the {:#x}-byte region or unaligned",
                 self.name, region.size

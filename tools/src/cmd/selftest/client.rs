@@ -143,3 +143,53 @@ fn hold_mid_load(
     }
     anyhow::bail!("--hold: nobody killed this client within {HOLD:?}")
 }
+
+/// On every VFIO controller of the pool: queue memory at an IOVA range this
+/// client reserved but never mapped, or outside every range it holds, must be
+/// refused by the daemon before any command reaches the controller.
+pub fn check_refusals(socket: &Path, seed: u64) -> anyhow::Result<usize> {
+    use tutti_daemon::proto::{ControllerKind, ErrorKind, Request, Response};
+    use tutti_daemon::DaemonError;
+    let c = tutti_daemon::remote::Client::connect(socket, "selftest-refusals", Duration::from_secs(10))?;
+    let Response::Pool(pool) = c.call(Request::Pool)? else {
+        anyhow::bail!("tuttid answered pool with no pool")
+    };
+    let mut checked = 0;
+    for (i, ctrl) in pool.controllers.iter().enumerate() {
+        if !matches!(ctrl.kind, ControllerKind::Vfio { .. }) {
+            continue;
+        }
+        let i = i as u32;
+        let Response::Qid(qid) = c.call(Request::ClaimQueue { ctrl: i, purpose: "refusal check".into() })?
+        else {
+            anyhow::bail!("tuttid answered claim-queue with no queue id")
+        };
+        let Response::Iova(iova) = c.call(Request::ReserveIova { ctrl: i, len: 64 << 10 })? else {
+            anyhow::bail!("tuttid answered reserve-iova with no IOVA")
+        };
+        let refused = |sq: u64, cq: u64, what: &str| -> anyhow::Result<()> {
+            match c.call(Request::CreateQueues { ctrl: i, qid, depth: 16, sq_iova: sq, cq_iova: cq }) {
+                Err(DaemonError::Rejected { kind: ErrorKind::Invalid, message, .. })
+                    if message.contains("not inside IOVA ranges this client reserved and mapped") =>
+                {
+                    Ok(())
+                }
+                Err(e) => {
+                    anyhow::bail!("{}: queues {what}: refused for another reason: {e}", ctrl.info.device)
+                }
+                Ok(r) => anyhow::bail!("{}: queues {what} were created ({r:?})", ctrl.info.device),
+            }
+        };
+        refused(iova, iova + (32 << 10), "in a range reserved but never mapped")?;
+        c.call(Request::Mapped { ctrl: i, iova })?;
+        refused(iova + (1 << 20), iova, "with the SQ outside every range of this client")?;
+        refused(iova, iova + (64 << 10) - 64, "with the CQ running past the end of the range")?;
+        c.call(Request::Unmap { ctrl: i, iova })?;
+        c.call(Request::ReleaseQueue { ctrl: i, qid })?;
+        checked += 1;
+    }
+    println!(
+        "selftest client {seed}: queue memory outside the client's mapped IOVA ranges refused on {checked} VFIO controllers"
+    );
+    Ok(checked)
+}

@@ -79,6 +79,10 @@ pub struct Args {
     /// With --client: stop in the middle of the load and wait to be killed.
     #[arg(long, requires = "client")]
     pub hold: bool,
+    /// With --client: first check that tuttid refuses queue memory outside the IOVA
+    /// ranges this client mapped, on every VFIO controller.
+    #[arg(long, requires = "client")]
+    pub refusals: bool,
     /// Use vfio's unsafe no-IOMMU mode.
     #[arg(long)]
     pub noiommu: bool,
@@ -130,6 +134,9 @@ struct NegativeReport {
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
     if let Some(socket) = &args.client {
+        if args.refusals && client::check_refusals(socket, args.seed)? == 0 {
+            bail!("--refusals: the pool at {} has no VFIO controller", socket.display());
+        }
         return client::run(socket, args.seed, args.chunks, args.hold, args.json);
     }
     if args.emulated && args.gio {
