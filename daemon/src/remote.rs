@@ -70,7 +70,8 @@ impl Client {
         Ok(self.call_fds(req)?.0)
     }
 
-    fn call_fds(&self, req: Request) -> Result<(Response, Vec<OwnedFd>)> {
+    /// One request, its reply and the file descriptors that came with it.
+    pub fn call_fds(&self, req: Request) -> Result<(Response, Vec<OwnedFd>)> {
         let name = req.name();
         let (resp, fds) = self.conn.call::<Request, Response>(&req, &[], self.timeout)?;
         match resp {

@@ -41,6 +41,10 @@ struct ClientState {
     /// IOVA ranges reserved for the client on VFIO controllers: (ctrl, iova) →
     /// (length, whether the client said it mapped the range).
     iovas: HashMap<(u32, u64), (u64, bool)>,
+    /// Live queue pairs on VFIO controllers: (ctrl, qid) → the IOVA ranges
+    /// (their starts) holding the SQ and CQ, which may not be given back while
+    /// the queues exist.
+    queue_ranges: HashMap<(u32, u16), [u64; 2]>,
     pins: HashSet<u64>,
     reservations: HashMap<u64, usize>,
     /// I/O references held for the client's loads (a file may be in several).
@@ -123,15 +127,16 @@ impl Service {
         })
     }
 
-    /// Whether `at..at+len` lies inside one IOVA range of controller `ctrl`
-    /// that `client` reserved and mapped.
-    fn in_client_range(&self, client: u64, ctrl: u32, at: u64, len: u64) -> bool {
+    /// The start of the IOVA range of controller `ctrl` that `client`
+    /// reserved and mapped and that holds all of `at..at+len`, if any.
+    fn client_range(&self, client: u64, ctrl: u32, at: u64, len: u64) -> Option<u64> {
         self.with_client(client, |c| {
-            c.iovas.iter().any(|(&(cc, base), &(l, mapped))| {
-                cc == ctrl && mapped && at >= base && at.checked_add(len).is_some_and(|e| e <= base + l)
+            c.iovas.iter().find_map(|(&(cc, base), &(l, mapped))| {
+                (cc == ctrl && mapped && at >= base && at.checked_add(len).is_some_and(|e| e <= base + l))
+                    .then_some(base)
             })
         })
-        .unwrap_or(false)
+        .flatten()
     }
 
     fn owns_qid(&self, client: u64, ctrl: u32, qid: u16) -> Result<bool, Response> {
@@ -263,6 +268,21 @@ impl Service {
             }
             Request::Unmap { ctrl, iova } if self.served(ctrl)?.vfio.is_some() => {
                 let dev = self.vfio(ctrl)?;
+                // Not while a queue of the client lives there: the controller would go on
+                // reading and writing whatever is mapped at that IOVA next.
+                let busy = self
+                    .with_client(client, |c| {
+                        c.queue_ranges
+                            .iter()
+                            .find(|(k, r)| k.0 == ctrl && r.contains(&iova))
+                            .map(|(k, _)| k.1)
+                    })
+                    .flatten();
+                if let Some(qid) = busy {
+                    return Err(invalid(format!(
+                        "IOVA range {iova:#x} of controller {ctrl} holds the rings of queue {qid}; delete the queues first"
+                    )));
+                }
                 let Some((len, _)) = self.with_client(client, |c| c.iovas.remove(&(ctrl, iova))).flatten()
                 else {
                     return Err(invalid(format!("IOVA {iova:#x} of controller {ctrl} is not this client's")));
@@ -353,19 +373,29 @@ impl Service {
                         )));
                     }
                 }
+                let mut rings = None;
                 if s.vfio.is_some() {
                     let d = depth as u64;
-                    if !self.in_client_range(client, ctrl, sq_iova, d * 64)
-                        || !self.in_client_range(client, ctrl, cq_iova, d * 16)
-                    {
-                        return Err(invalid(format!(
-                            "queue memory at SQ {sq_iova:#x} / CQ {cq_iova:#x} ({depth} entries) is not inside \
-                             IOVA ranges this client reserved and mapped"
-                        )));
+                    match (
+                        self.client_range(client, ctrl, sq_iova, d * 64),
+                        self.client_range(client, ctrl, cq_iova, d * 16),
+                    ) {
+                        (Some(sq), Some(cq)) => rings = Some([sq, cq]),
+                        _ => {
+                            return Err(invalid(format!(
+                                "queue memory at SQ {sq_iova:#x} / CQ {cq_iova:#x} ({depth} entries) is not inside \
+                                 IOVA ranges this client reserved and mapped"
+                            )))
+                        }
                     }
                 }
                 s.ctrl.create_queues_at(qid, depth, sq_iova, cq_iova).map_err(from_driver)?;
-                self.with_client(client, |c| c.qids.insert((ctrl, qid), true));
+                self.with_client(client, |c| {
+                    c.qids.insert((ctrl, qid), true);
+                    if let Some(r) = rings {
+                        c.queue_ranges.insert((ctrl, qid), r);
+                    }
+                });
                 ok(Response::Ok)
             }
             Request::DeleteQueues { ctrl, qid } => {
@@ -376,6 +406,8 @@ impl Service {
                 // Whatever the outcome, the client may not use the queues any more.
                 self.with_client(client, |c| c.qids.insert((ctrl, qid), false));
                 s.ctrl.delete_io_queues(qid).map_err(from_driver)?;
+                // Deleted: the controller no longer touches their rings.
+                self.with_client(client, |c| c.queue_ranges.remove(&(ctrl, qid)));
                 ok(Response::Ok)
             }
             Request::Lookup { identity, hashes } => {
@@ -470,12 +502,17 @@ impl Service {
     /// after that no write of the client can still land in a file that is
     /// freed here, and no read into its (maybe freed) memory can happen.
     fn release(&self, client: u64, state: ClientState) {
+        // IOVA ranges holding rings of queues that could not be deleted stay out of use.
+        let mut live_rings = HashSet::new();
         for (&(ctrl, qid), &exists) in &state.qids {
             let Some(s) = self.ctrls.get(ctrl as usize) else { continue };
             if exists {
                 if let Err(e) = s.ctrl.delete_io_queues(qid) {
                     tracing::error!(client, device = %s.ctrl.name(), qid, error = %e,
                         "deleting a departed client's queues failed; the queue id stays claimed");
+                    if let Some(r) = state.queue_ranges.get(&(ctrl, qid)) {
+                        live_rings.extend(r.iter().map(|&base| (ctrl, base)));
+                    }
                     continue;
                 }
             }
@@ -490,6 +527,11 @@ impl Service {
         // unmap them (and so unpin the pages of a client that died).
         for (&(ctrl, iova), &(len, mapped)) in &state.iovas {
             let Some(dev) = self.ctrls.get(ctrl as usize).and_then(|s| s.vfio.as_ref()) else { continue };
+            if live_rings.contains(&(ctrl, iova)) {
+                tracing::error!(client, device = %dev.bdf(), iova, len,
+                    "a departed client's IOVA range holds rings of queues that could not be deleted; it stays mapped and out of use");
+                continue;
+            }
             match dev.vfio_dma().release_iova(iova, len) {
                 Ok(0) => tracing::debug!(
                     client,

@@ -51,7 +51,7 @@ const TUTTID_LINES: [(&str, &str); 7] = [
     ("tuttid: selftest client 1: ", "every byte verified"),
     ("tuttid: selftest client 2: ", "every byte verified"),
     ("tuttid: after a killed client: ", "every byte verified"),
-    ("tuttid: refusals: ", "refused on 2 VFIO controllers"),
+    ("tuttid: refusals: ", "with live rings kept, on 2 VFIO controllers"),
     ("tuttid: killed client: ", "after tuttid released it"),
     ("tuttid: two namespaces: ", "on 2 drives"),
     ("tuttid: one pair: ", "refused naming 0000:00:07.0"),
@@ -236,7 +236,7 @@ fn console_check_requires_a_clean_log_before_the_negative_test() {
                 tuttid: selftest client 1: stored 8 chunks on 2 drives ... every byte verified\n\
                 tuttid: selftest client 2: stored 8 chunks on 2 drives ... every byte verified\n\
                 tuttid: killed client: pinned pages 700 before it, 9100 while it held its load, 700 after tuttid released it (MemAvailable 1, 2, 3 KiB)\n\
-                tuttid: refusals: selftest client 4: queue memory outside the client's mapped IOVA ranges refused on 2 VFIO controllers\n\
+                tuttid: refusals: selftest client 4: queue memory outside the client's mapped IOVA ranges refused, and a range with live rings kept, on 2 VFIO controllers\n\
                 tuttid: after a killed client: selftest client 4: ... every byte verified\n\
                 TUTTID-KILLED-CLIENT-RELEASED\n\
                 tuttid: two namespaces: selftest client 5: stored 4 chunks on 2 drives ...\n\

@@ -144,12 +144,17 @@ fn hold_mid_load(
     anyhow::bail!("--hold: nobody killed this client within {HOLD:?}")
 }
 
-/// On every VFIO controller of the pool: queue memory at an IOVA range this
-/// client reserved but never mapped, or outside every range it holds, must be
-/// refused by the daemon before any command reaches the controller.
+/// On every VFIO controller of the pool, the daemon's checks of queue memory:
+/// rings in an IOVA range this client reserved but never mapped, or outside
+/// every range it holds, are refused before any command reaches the
+/// controller; rings in a range it mapped are accepted, and that range cannot
+/// be given back while the queues exist; once they are deleted the daemon
+/// unmaps what this process mapped there.
 pub fn check_refusals(socket: &Path, seed: u64) -> anyhow::Result<usize> {
     use tutti_daemon::proto::{ControllerKind, ErrorKind, Request, Response};
     use tutti_daemon::DaemonError;
+    use tutti_driver::transport::vfio::ClientContainer;
+    const RANGE: usize = 64 << 10;
     let c = tutti_daemon::remote::Client::connect(socket, "selftest-refusals", Duration::from_secs(10))?;
     let Response::Pool(pool) = c.call(Request::Pool)? else {
         anyhow::bail!("tuttid answered pool with no pool")
@@ -159,37 +164,68 @@ pub fn check_refusals(socket: &Path, seed: u64) -> anyhow::Result<usize> {
         if !matches!(ctrl.kind, ControllerKind::Vfio { .. }) {
             continue;
         }
+        let dev = &ctrl.info.device;
         let i = i as u32;
+        let refused = |req: Request, needle: &str, what: &str| -> anyhow::Result<()> {
+            match c.call(req) {
+                Err(DaemonError::Rejected { kind: ErrorKind::Invalid, message, .. })
+                    if message.contains(needle) =>
+                {
+                    Ok(())
+                }
+                Err(e) => anyhow::bail!("{dev}: {what}: refused for another reason: {e}"),
+                Ok(r) => anyhow::bail!("{dev}: {what}: accepted ({r:?})"),
+            }
+        };
         let Response::Qid(qid) = c.call(Request::ClaimQueue { ctrl: i, purpose: "refusal check".into() })?
         else {
             anyhow::bail!("tuttid answered claim-queue with no queue id")
         };
-        let Response::Iova(iova) = c.call(Request::ReserveIova { ctrl: i, len: 64 << 10 })? else {
+        let Response::Iova(iova) = c.call(Request::ReserveIova { ctrl: i, len: RANGE as u64 })? else {
             anyhow::bail!("tuttid answered reserve-iova with no IOVA")
         };
-        let refused = |sq: u64, cq: u64, what: &str| -> anyhow::Result<()> {
-            match c.call(Request::CreateQueues { ctrl: i, qid, depth: 16, sq_iova: sq, cq_iova: cq }) {
-                Err(DaemonError::Rejected { kind: ErrorKind::Invalid, message, .. })
-                    if message.contains("not inside IOVA ranges this client reserved and mapped") =>
-                {
-                    Ok(())
-                }
-                Err(e) => {
-                    anyhow::bail!("{}: queues {what}: refused for another reason: {e}", ctrl.info.device)
-                }
-                Ok(r) => anyhow::bail!("{}: queues {what} were created ({r:?})", ctrl.info.device),
-            }
-        };
-        refused(iova, iova + (32 << 10), "in a range reserved but never mapped")?;
-        c.call(Request::Mapped { ctrl: i, iova })?;
-        refused(iova + (1 << 20), iova, "with the SQ outside every range of this client")?;
-        refused(iova, iova + (64 << 10) - 64, "with the CQ running past the end of the range")?;
-        c.call(Request::Unmap { ctrl: i, iova })?;
-        c.call(Request::ReleaseQueue { ctrl: i, qid })?;
+        let create =
+            |sq: u64, cq: u64| Request::CreateQueues { ctrl: i, qid, depth: 16, sq_iova: sq, cq_iova: cq };
+        let outside = "not inside IOVA ranges this client reserved and mapped";
+        let half = (RANGE / 2) as u64;
+        refused(create(iova, iova + half), outside, "queues in a range reserved but never mapped")?;
+
+        // Map memory of ours there, as a client does.
+        let (_, fds) = c.call_fds(Request::VfioFds { ctrl: i })?;
+        let container = fds.into_iter().next().context("vfio-fds sent no container")?;
+        let container = ClientContainer::from_fd(container, dev)?;
+        let layout = std::alloc::Layout::from_size_align(RANGE, 4096)?;
+        // SAFETY: a non-zero size.
+        let mem = unsafe { std::alloc::alloc_zeroed(layout) };
+        anyhow::ensure!(!mem.is_null(), "out of memory");
+        let result = (|| -> anyhow::Result<()> {
+            container.map_dma(mem, iova, RANGE as u64)?;
+            c.call(Request::Mapped { ctrl: i, iova })?;
+            refused(create(iova + (1 << 20), iova), outside, "queues with the SQ outside every range")?;
+            refused(create(iova, iova + RANGE as u64 - 64), outside, "queues with the CQ past the range")?;
+            c.call(create(iova, iova + half)).with_context(|| format!("{dev}: queues in a mapped range"))?;
+            refused(
+                Request::Unmap { ctrl: i, iova },
+                "delete the queues first",
+                "giving back a range with live rings",
+            )?;
+            c.call(Request::DeleteQueues { ctrl: i, qid })?;
+            // Still mapped by this process: the daemon unmaps it as it takes the range back.
+            c.call(Request::Unmap { ctrl: i, iova })?;
+            c.call(Request::ReleaseQueue { ctrl: i, qid })?;
+            Ok(())
+        })();
+        // On an error the device may still reach the memory: leaked rather than freed.
+        if result.is_ok() {
+            // SAFETY: allocated above with this layout; the daemon unmapped it (Unmap succeeded).
+            unsafe { std::alloc::dealloc(mem, layout) };
+        }
+        result?;
         checked += 1;
     }
     println!(
-        "selftest client {seed}: queue memory outside the client's mapped IOVA ranges refused on {checked} VFIO controllers"
+        "selftest client {seed}: queue memory outside the client's mapped IOVA ranges refused, and a range \
+         with live rings kept, on {checked} VFIO controllers"
     );
     Ok(checked)
 }
