@@ -12,6 +12,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 use tutti_driver::controller::{Controller, ControllerOptions};
 use tutti_driver::emulated::{EmulatedConfig, EmulatedController};
+use tutti_driver::transport::vfio::{IommuMode, VfioDevice, VfioOptions};
 use tutti_objstore::{DriveSpec, LocalPool, PoolOptions};
 
 /// Where the pool's drives come from.
@@ -51,7 +52,10 @@ fn open_drives(cfg: &DaemonConfig) -> Result<OpenedDrives> {
     let mut served = Vec::new();
     let mut specs = Vec::new();
     let mut drives = Vec::new();
-    let mut add = |ctrl: Arc<Controller>, emu: Option<EmulatedController>| -> Result<()> {
+    let mut add = |ctrl: Arc<Controller>,
+                   emu: Option<EmulatedController>,
+                   vfio: Option<VfioDevice>|
+     -> Result<()> {
         let c = served.len() as u32;
         // Every usable namespace of a controller is a pool drive.
         let mut any = false;
@@ -65,7 +69,7 @@ fn open_drives(cfg: &DaemonConfig) -> Result<OpenedDrives> {
         if !any {
             return Err(DaemonError::Config(format!("{} has no namespace the pool can use", ctrl.name())));
         }
-        served.push(Served { ctrl, emulated: emu });
+        served.push(Served { ctrl, emulated: emu, vfio });
         Ok(())
     };
     match &cfg.drives {
@@ -73,13 +77,16 @@ fn open_drives(cfg: &DaemonConfig) -> Result<OpenedDrives> {
             for c in list {
                 let emu = EmulatedController::start(c.clone())?;
                 let ctrl = Controller::new(emu.registers(), emu.dma_space(), opts.clone())?;
-                add(ctrl, Some(emu))?;
+                add(ctrl, Some(emu), None)?;
             }
         }
         DriveSource::Vfio { bdfs, noiommu } => {
+            let mode = if *noiommu { IommuMode::NoIommu } else { IommuMode::Type1 };
             for b in bdfs {
-                let spec = DriveSpec::open_vfio(b, *noiommu)?;
-                add(spec.ctrl, None)?;
+                let bdf: tutti_driver::pci::Bdf = b.parse()?;
+                let dev = VfioDevice::open(&bdf, &VfioOptions { mode, ..VfioOptions::default() })?;
+                let ctrl = Controller::new(dev.registers(), dev.dma_space(), opts.clone())?;
+                add(ctrl, None, Some(dev))?;
             }
         }
     }

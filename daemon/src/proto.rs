@@ -19,6 +19,10 @@ pub const MAX_HASHES: usize = 1 << 20;
 pub const MAX_FILES: usize = 1 << 20;
 /// Longest client name.
 pub const MAX_NAME: usize = 256;
+/// Most IOVA ranges one client may hold on one VFIO controller.
+pub const MAX_IOVA_RANGES: usize = 65536;
+/// Largest single mapping or IOVA range (1 TiB).
+pub const MAX_MAP_LEN: u64 = 1 << 40;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Request {
@@ -35,7 +39,24 @@ pub enum Request {
         addr: u64,
         len: u64,
     },
+    /// Give back a mapping (emulated) or an IOVA range (VFIO: whatever is
+    /// still mapped in it is unmapped by the daemon).
     Unmap {
+        ctrl: u32,
+        iova: u64,
+    },
+    /// VFIO controller `ctrl`: its container fd and device fd, in that order.
+    VfioFds {
+        ctrl: u32,
+    },
+    /// VFIO controller `ctrl`: reserve `len` bytes (whole pages) of IOVA space
+    /// for this client to map its own memory at with VFIO_IOMMU_MAP_DMA.
+    ReserveIova {
+        ctrl: u32,
+        len: u64,
+    },
+    /// VFIO controller `ctrl`: the client has mapped the whole range reserved at `iova`.
+    Mapped {
         ctrl: u32,
         iova: u64,
     },
@@ -124,6 +145,9 @@ impl Request {
             Request::Pool => "pool",
             Request::Map { .. } => "map",
             Request::Unmap { .. } => "unmap",
+            Request::VfioFds { .. } => "vfio-fds",
+            Request::ReserveIova { .. } => "reserve-iova",
+            Request::Mapped { .. } => "mapped",
             Request::ClaimQueue { .. } => "claim-queue",
             Request::ReleaseQueue { .. } => "release-queue",
             Request::FreeQueues { .. } => "free-queues",
@@ -196,6 +220,11 @@ pub enum ControllerKind {
     /// An emulated controller in the daemon: its register file comes as an fd
     /// of `register_len` bytes; DMA reaches client memory the daemon maps.
     Emulated { register_len: u64 },
+    /// A controller bound to vfio-pci (type1 IOMMU), IOMMU group `group`. Its
+    /// container and device fds come with [`Request::VfioFds`]: the client
+    /// mmaps the doorbells of BAR0 and maps its own memory at IOVAs the
+    /// daemon reserves ([`Request::ReserveIova`]).
+    Vfio { group: u32 },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -4,19 +4,26 @@
 //! register file (the doorbells of the queues this process leases), and
 //! builds a leased [`Controller`] per controller: queue management and DMA
 //! mappings go to the daemon ([`QueueAdmin`], [`DmaBroker`]), commands and
-//! doorbells stay in this process. The store's control path is the daemon's
+//! doorbells stay in this process.
+//!
+//! On a VFIO controller the daemon sends its container and device fds: this
+//! process mmaps the doorbell pages of BAR0 ([`DoorbellBar`]) and maps its own
+//! memory with VFIO_IOMMU_MAP_DMA ([`VfioMaps`]) at IOVA ranges the daemon
+//! reserves for it; type1 pins the pages of the process that maps them. The store's control path is the daemon's
 //! ([`PoolControl`] over the socket); its data path is this process's own.
 
 use crate::client::Connection;
 use crate::error::{DaemonError, Result};
 use crate::proto::{ControllerKind, ErrorKind, PoolReply, Request, Response, StatusReport, PROTOCOL};
+use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tutti_driver::controller::{Controller, QueueAdmin};
 use tutti_driver::emulated::RegisterFile;
 use tutti_driver::transport::remote::{BrokeredDma, DmaBroker};
+use tutti_driver::transport::vfio::{ClientContainer, DoorbellBar};
 use tutti_driver::transport::{DmaSpace, Registers};
 use tutti_driver::DriverError;
 use tutti_objstore::{
@@ -63,7 +70,8 @@ impl Client {
         Ok(self.call_fds(req)?.0)
     }
 
-    fn call_fds(&self, req: Request) -> Result<(Response, Vec<OwnedFd>)> {
+    /// One request, its reply and the file descriptors that came with it.
+    pub fn call_fds(&self, req: Request) -> Result<(Response, Vec<OwnedFd>)> {
         let name = req.name();
         let (resp, fds) = self.conn.call::<Request, Response>(&req, &[], self.timeout)?;
         match resp {
@@ -167,6 +175,81 @@ impl DmaBroker for RemoteMaps {
     }
     fn unmap_checked(&self, iova: u64) -> tutti_driver::Result<()> {
         self.client.call(Request::Unmap { ctrl: self.ctrl, iova }).map(|_| ()).map_err(driver_err)
+    }
+}
+
+/// DMA mappings of one VFIO controller, made by this process in IOVA ranges
+/// the daemon reserves: reserve → VFIO_IOMMU_MAP_DMA → tell the daemon; and
+/// back: unmap → give the range back (the daemon unmaps whatever is left).
+struct VfioMaps {
+    client: Arc<Client>,
+    ctrl: u32,
+    container: ClientContainer,
+    /// IOVA handed out by `map` → (range start, range length).
+    ranges: Mutex<HashMap<u64, (u64, u64)>>,
+}
+
+const PAGE: u64 = 4096;
+
+impl VfioMaps {
+    /// Gives a reserved range back; the daemon unmaps what is still mapped in it.
+    fn give_back(&self, base: u64) -> tutti_driver::Result<()> {
+        self.client.call(Request::Unmap { ctrl: self.ctrl, iova: base }).map(|_| ()).map_err(driver_err)
+    }
+}
+
+impl DmaBroker for VfioMaps {
+    fn map(&self, addr: u64, len: usize) -> tutti_driver::Result<u64> {
+        let start = addr & !(PAGE - 1);
+        let end = addr
+            .checked_add(len as u64)
+            .and_then(|e| e.checked_next_multiple_of(PAGE))
+            .filter(|_| len > 0)
+            .ok_or_else(|| DriverError::invalid(format!("cannot map {len} bytes at {addr:#x}")))?;
+        let size = end - start;
+        let base = match self.client.call(Request::ReserveIova { ctrl: self.ctrl, len: size }) {
+            Ok(Response::Iova(i)) if i.is_multiple_of(PAGE) => i,
+            Ok(r) => return Err(driver_err(unexpected("reserve-iova", &r))),
+            Err(e) => return Err(driver_err(e)),
+        };
+        if let Err(e) = self.container.map_dma(start as *const u8, base, size) {
+            if let Err(g) = self.give_back(base) {
+                tracing::warn!(iova = base, error = %g, "giving back an IOVA range after a failed map failed");
+            }
+            return Err(e);
+        }
+        if let Err(e) = self.client.call(Request::Mapped { ctrl: self.ctrl, iova: base }) {
+            // The daemon unmaps the range when it takes it back (here or at disconnect).
+            if let Err(g) = self.give_back(base) {
+                tracing::warn!(iova = base, error = %g, "giving back an IOVA range after a refused map failed");
+            }
+            return Err(driver_err(e));
+        }
+        let iova = base + (addr - start);
+        self.ranges
+            .lock()
+            .map_err(|_| DriverError::invalid("VFIO mapping table poisoned"))?
+            .insert(iova, (base, size));
+        Ok(iova)
+    }
+    fn unmap(&self, iova: u64) {
+        if let Err(e) = self.unmap_checked(iova) {
+            tracing::warn!(ctrl = self.ctrl, iova, error = %e, "unmapping client memory failed");
+        }
+    }
+    fn unmap_checked(&self, iova: u64) -> tutti_driver::Result<()> {
+        let range = self
+            .ranges
+            .lock()
+            .map_err(|_| DriverError::invalid("VFIO mapping table poisoned"))?
+            .remove(&iova);
+        let Some((base, size)) = range else {
+            return Err(DriverError::invalid(format!("IOVA {iova:#x} was not mapped here")));
+        };
+        // Unmapped here first: once this returns the device cannot reach the memory,
+        // whatever the daemon answers.
+        self.container.unmap_dma(base, size)?;
+        self.give_back(base)
     }
 }
 
@@ -281,11 +364,13 @@ impl tutti_objstore::io::proxy::LayerService for RemoteLayers {
 /// of this process's memory (slower: a round trip per layer).
 pub fn connect(socket: &Path, name: &str, backend: &Backend, timeout: Duration) -> Result<KvStore> {
     let client = Arc::new(Client::connect(socket, name, timeout)?);
-    // The daemon's emulated controllers reach this process's memory with
-    // process_vm_readv/writev, which Yama may restrict to ancestors.
-    tutti_driver::emulated::allow_peer_access(client.daemon_pid as i32)?;
     let (reply, fds) = client.call_fds(Request::Pool)?;
     let Response::Pool(pool) = reply else { return Err(unexpected("pool", &reply)) };
+    if pool.controllers.iter().any(|c| matches!(c.kind, ControllerKind::Emulated { .. })) {
+        // The daemon's emulated controllers reach this process's memory with
+        // process_vm_readv/writev, which Yama may restrict to ancestors.
+        tutti_driver::emulated::allow_peer_access(client.daemon_pid as i32)?;
+    }
     let ctrls = leased_controllers(&client, &pool, fds)?;
     let mut drives = Vec::with_capacity(pool.drives.len());
     for &(c, nsid) in &pool.drives {
@@ -295,8 +380,20 @@ pub fn connect(socket: &Path, name: &str, backend: &Backend, timeout: Duration) 
         drives.push(DriveSpec::new(ctrl.clone(), nsid));
     }
     let control: Arc<dyn PoolControl> = Arc::new(RemotePool { client: client.clone() });
-    let starved = ctrls.iter().find(|c| c.free_io_queue_pairs() == 0);
-    if let Some(c) = starved {
+    let starved = ctrls.iter().enumerate().find(|(_, c)| c.free_io_queue_pairs() == 0);
+    if let Some((i, c)) = starved {
+        // The daemon moves a starved client's layers only where it can reach the client's
+        // memory itself (emulated drives); on VFIO the client must lease a pair.
+        if pool.controllers.iter().any(|c| matches!(c.kind, ControllerKind::Vfio { .. })) {
+            return Err(DaemonError::Driver(DriverError::NoQueuePair {
+                device: c.name().to_string(),
+                purpose: format!(
+                    "tuttid client (controller {i}: no I/O queue pair left to lease, and tuttid moves a client's layers itself only on emulated drives)"
+                ),
+                granted: c.info().io_queue_pairs,
+                requested: 1,
+            }));
+        }
         tracing::warn!(device = %c.name(), granted = c.info().io_queue_pairs,
             "no I/O queue pair left to lease; tuttid moves this client's layers on its shared pair");
         let service = Arc::new(RemoteLayers { client: client.clone() });
@@ -310,19 +407,40 @@ fn leased_controllers(
     pool: &PoolReply,
     fds: Vec<OwnedFd>,
 ) -> Result<Vec<Arc<Controller>>> {
-    if fds.len() != pool.controllers.len() {
+    let emulated =
+        pool.controllers.iter().filter(|c| matches!(c.kind, ControllerKind::Emulated { .. })).count();
+    if fds.len() != emulated {
         return Err(DaemonError::Unexpected(format!(
-            "{} controllers described but {} register files sent",
-            pool.controllers.len(),
+            "{emulated} emulated controllers described but {} register files sent",
             fds.len()
         )));
     }
-    let mut out = Vec::with_capacity(fds.len());
-    for (i, (c, fd)) in pool.controllers.iter().zip(fds).enumerate() {
-        let ControllerKind::Emulated { register_len } = c.kind;
+    let mut fds = fds.into_iter();
+    let mut out = Vec::with_capacity(pool.controllers.len());
+    for (i, c) in pool.controllers.iter().enumerate() {
         let name = c.info.device.clone();
-        let regs: Arc<dyn Registers> = Arc::new(RegisterFile::from_fd(&name, fd, register_len as usize)?);
-        let broker = Arc::new(RemoteMaps { client: client.clone(), ctrl: i as u32 });
+        let (regs, broker): (Arc<dyn Registers>, Arc<dyn DmaBroker>) = match c.kind {
+            ControllerKind::Emulated { register_len } => {
+                let fd =
+                    fds.next().ok_or_else(|| DaemonError::Unexpected("register files ran out".into()))?;
+                let regs = Arc::new(RegisterFile::from_fd(&name, fd, register_len as usize)?);
+                (regs, Arc::new(RemoteMaps { client: client.clone(), ctrl: i as u32 }))
+            }
+            ControllerKind::Vfio { .. } => {
+                let (reply, got) = client.call_fds(Request::VfioFds { ctrl: i as u32 })?;
+                let [container, device]: [OwnedFd; 2] = got.try_into().map_err(|got: Vec<OwnedFd>| {
+                    DaemonError::Unexpected(format!(
+                        "vfio-fds of {name}: {} file descriptors with {reply:?}; want the container and the device",
+                        got.len()
+                    ))
+                })?;
+                let container = ClientContainer::from_fd(container, &name)?;
+                let regs = Arc::new(DoorbellBar::open(device, &name)?);
+                let maps =
+                    VfioMaps { client: client.clone(), ctrl: i as u32, container, ranges: Mutex::default() };
+                (regs, Arc::new(maps))
+            }
+        };
         let dma: Arc<dyn DmaSpace> = Arc::new(BrokeredDma::new(&name, broker, 4096)?);
         let admin = Arc::new(RemoteQueues { client: client.clone(), ctrl: i as u32 });
         out.push(Controller::leased(regs, dma, c.info.clone(), admin)?);

@@ -5,7 +5,7 @@
 use crate::peer::PeerCred;
 use crate::proto::{
     ClientStatus, ControllerKind, ControllerReply, ControllerStatus, ErrorKind, PoolReply, Request, Response,
-    StatusReport, MAX_FILES, MAX_HASHES, MAX_NAME, PROTOCOL,
+    StatusReport, MAX_FILES, MAX_HASHES, MAX_IOVA_RANGES, MAX_MAP_LEN, MAX_NAME, PROTOCOL,
 };
 use crate::server::Handler;
 use std::collections::{HashMap, HashSet};
@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 use tutti_driver::controller::Controller;
 use tutti_driver::emulated::EmulatedController;
+use tutti_driver::transport::vfio::VfioDevice;
 use tutti_objstore::io::proxy::LayerHost;
 use tutti_objstore::{FileId, LocalPool, PoolControl, Verdict};
 
@@ -23,6 +24,8 @@ pub(crate) struct Served {
     pub ctrl: Arc<Controller>,
     /// Set for emulated controllers (their register file and IOMMU serve clients).
     pub emulated: Option<EmulatedController>,
+    /// Set for controllers bound to vfio-pci (their container and IOVA space serve clients).
+    pub vfio: Option<VfioDevice>,
 }
 
 #[derive(Default)]
@@ -36,6 +39,13 @@ struct ClientState {
     qids: HashMap<(u32, u16), bool>,
     /// IOVAs mapped for the client, per controller.
     maps: HashSet<(u32, u64)>,
+    /// IOVA ranges reserved for the client on VFIO controllers: (ctrl, iova) →
+    /// (length, whether the client said it mapped the range).
+    iovas: HashMap<(u32, u64), (u64, bool)>,
+    /// Live queue pairs on VFIO controllers: (ctrl, qid) → the IOVA ranges
+    /// (their starts) holding the SQ and CQ, which may not be given back while
+    /// the queues exist.
+    queue_ranges: HashMap<(u32, u16), [u64; 2]>,
     pins: HashSet<u64>,
     reservations: HashMap<u64, usize>,
     /// I/O references held for the client's loads (a file may be in several).
@@ -161,6 +171,24 @@ impl Service {
         })
     }
 
+    fn vfio(&self, ctrl: u32) -> Result<&VfioDevice, Response> {
+        self.served(ctrl)?.vfio.as_ref().ok_or_else(|| {
+            invalid(format!("controller {ctrl} is not a VFIO device; the daemon maps client memory for it"))
+        })
+    }
+
+    /// The start of the IOVA range of controller `ctrl` that `client`
+    /// reserved and mapped and that holds all of `at..at+len`, if any.
+    fn client_range(&self, client: u64, ctrl: u32, at: u64, len: u64) -> Option<u64> {
+        self.with_client(client, |c| {
+            c.iovas.iter().find_map(|(&(cc, base), &(l, mapped))| {
+                (cc == ctrl && mapped && at >= base && at.checked_add(len).is_some_and(|e| e <= base + l))
+                    .then_some(base)
+            })
+        })
+        .flatten()
+    }
+
     fn owns_qid(&self, client: u64, ctrl: u32, qid: u16) -> Result<bool, Response> {
         self.with_client(client, |c| c.qids.get(&(ctrl, qid)).copied())
             .flatten()
@@ -186,7 +214,7 @@ impl Service {
                     q.sort();
                     q
                 },
-                mappings: c.maps.len(),
+                mappings: c.maps.len() + c.iovas.len(),
                 pins: c.pins.len(),
                 reservations: c.reservations.len(),
                 loading_files: c.loads.len(),
@@ -223,13 +251,18 @@ impl Service {
         let mut fds = Vec::new();
         let mut controllers = Vec::new();
         for (i, s) in self.ctrls.iter().enumerate() {
+            if let Some(dev) = &s.vfio {
+                // Its fds come with VfioFds (two per controller; a frame carries at most 8).
+                controllers.push(ControllerReply {
+                    kind: ControllerKind::Vfio { group: dev.iommu_group() },
+                    info: s.ctrl.info().clone(),
+                });
+                continue;
+            }
             let Some(emu) = &s.emulated else {
                 return Err(err(
-                    ErrorKind::Protocol,
-                    format!(
-                        "controller {i} ({}) is a VFIO device: clients of a daemon on VFIO drives are not supported yet",
-                        s.ctrl.name()
-                    ),
+                    ErrorKind::Io,
+                    format!("controller {i} ({}) is neither emulated nor a VFIO device", s.ctrl.name()),
                 ));
             };
             let regs = emu.register_file();
@@ -281,13 +314,74 @@ impl Service {
             Request::Stats => ok(self.pool.stats().map(Response::Stats).map_err(from_obj)?),
             Request::Map { ctrl, addr, len } => {
                 let emu = self.emulated(ctrl)?;
-                if len == 0 || len > 1 << 40 || addr.checked_add(len).is_none() {
+                if len == 0 || len > MAX_MAP_LEN || addr.checked_add(len).is_none() {
                     return Err(invalid(format!("mapping {addr:#x}+{len:#x} is empty, too large or wraps")));
                 }
                 let iova =
                     emu.iommu().map_remote(peer.pid, addr, len as usize, client).map_err(from_driver)?;
                 self.with_client(client, |c| c.maps.insert((ctrl, iova)));
                 ok(Response::Iova(iova))
+            }
+            Request::Unmap { ctrl, iova } if self.served(ctrl)?.vfio.is_some() => {
+                let dev = self.vfio(ctrl)?;
+                // Not while a queue of the client lives there: the controller would go on
+                // reading and writing whatever is mapped at that IOVA next.
+                let busy = self
+                    .with_client(client, |c| {
+                        c.queue_ranges
+                            .iter()
+                            .find(|(k, r)| k.0 == ctrl && r.contains(&iova))
+                            .map(|(k, _)| k.1)
+                    })
+                    .flatten();
+                if let Some(qid) = busy {
+                    return Err(invalid(format!(
+                        "IOVA range {iova:#x} of controller {ctrl} holds the rings of queue {qid}; delete the queues first"
+                    )));
+                }
+                let Some((len, _)) = self.with_client(client, |c| c.iovas.remove(&(ctrl, iova))).flatten()
+                else {
+                    return Err(invalid(format!("IOVA {iova:#x} of controller {ctrl} is not this client's")));
+                };
+                // Whatever the client left mapped there goes now; on an error the
+                // range stays out of use (release_iova).
+                dev.vfio_dma().release_iova(iova, len).map_err(from_driver)?;
+                ok(Response::Ok)
+            }
+            Request::VfioFds { ctrl } => {
+                let dev = self.vfio(ctrl)?;
+                let (container, device) = dev.client_fds().map_err(from_driver)?;
+                Ok((Response::Ok, vec![container, device]))
+            }
+            Request::ReserveIova { ctrl, len } => {
+                let dev = self.vfio(ctrl)?;
+                if len == 0 || len > MAX_MAP_LEN {
+                    return Err(invalid(format!(
+                        "IOVA range of {len:#x} bytes is empty or over {MAX_MAP_LEN:#x}"
+                    )));
+                }
+                let held =
+                    self.with_client(client, |c| c.iovas.keys().filter(|k| k.0 == ctrl).count()).unwrap_or(0);
+                if held >= MAX_IOVA_RANGES {
+                    return Err(invalid(format!(
+                        "this client already holds {held} IOVA ranges on controller {ctrl}; at most {MAX_IOVA_RANGES}"
+                    )));
+                }
+                let iova = dev.vfio_dma().reserve_iova(len).map_err(from_driver)?;
+                self.with_client(client, |c| c.iovas.insert((ctrl, iova), (len, false)));
+                ok(Response::Iova(iova))
+            }
+            Request::Mapped { ctrl, iova } => {
+                self.vfio(ctrl)?;
+                let marked = self
+                    .with_client(client, |c| c.iovas.get_mut(&(ctrl, iova)).map(|r| r.1 = true).is_some())
+                    .unwrap_or(false);
+                if !marked {
+                    return Err(invalid(format!(
+                        "IOVA {iova:#x} of controller {ctrl} was not reserved for this client"
+                    )));
+                }
+                ok(Response::Ok)
             }
             Request::Unmap { ctrl, iova } => {
                 let emu = self.emulated(ctrl)?;
@@ -335,8 +429,29 @@ impl Service {
                         )));
                     }
                 }
+                let mut rings = None;
+                if s.vfio.is_some() {
+                    let d = depth as u64;
+                    match (
+                        self.client_range(client, ctrl, sq_iova, d * 64),
+                        self.client_range(client, ctrl, cq_iova, d * 16),
+                    ) {
+                        (Some(sq), Some(cq)) => rings = Some([sq, cq]),
+                        _ => {
+                            return Err(invalid(format!(
+                                "queue memory at SQ {sq_iova:#x} / CQ {cq_iova:#x} ({depth} entries) is not inside \
+                                 IOVA ranges this client reserved and mapped"
+                            )))
+                        }
+                    }
+                }
                 s.ctrl.create_queues_at(qid, depth, sq_iova, cq_iova).map_err(from_driver)?;
-                self.with_client(client, |c| c.qids.insert((ctrl, qid), true));
+                self.with_client(client, |c| {
+                    c.qids.insert((ctrl, qid), true);
+                    if let Some(r) = rings {
+                        c.queue_ranges.insert((ctrl, qid), r);
+                    }
+                });
                 ok(Response::Ok)
             }
             Request::DeleteQueues { ctrl, qid } => {
@@ -347,6 +462,8 @@ impl Service {
                 // Whatever the outcome, the client may not use the queues any more.
                 self.with_client(client, |c| c.qids.insert((ctrl, qid), false));
                 s.ctrl.delete_io_queues(qid).map_err(from_driver)?;
+                // Deleted: the controller no longer touches their rings.
+                self.with_client(client, |c| c.queue_ranges.remove(&(ctrl, qid)));
                 ok(Response::Ok)
             }
             Request::Lookup { identity, hashes } => {
@@ -507,12 +624,17 @@ impl Service {
                 let _ = h.detach();
             }
         }
+        // IOVA ranges holding rings of queues that could not be deleted stay out of use.
+        let mut live_rings = HashSet::new();
         for (&(ctrl, qid), &exists) in &state.qids {
             let Some(s) = self.ctrls.get(ctrl as usize) else { continue };
             if exists {
                 if let Err(e) = s.ctrl.delete_io_queues(qid) {
                     tracing::error!(client, device = %s.ctrl.name(), qid, error = %e,
                         "deleting a departed client's queues failed; the queue id stays claimed");
+                    if let Some(r) = state.queue_ranges.get(&(ctrl, qid)) {
+                        live_rings.extend(r.iter().map(|&base| (ctrl, base)));
+                    }
                     continue;
                 }
             }
@@ -521,6 +643,30 @@ impl Service {
         for s in &self.ctrls {
             if let Some(emu) = &s.emulated {
                 emu.iommu().unmap_owner(client);
+            }
+        }
+        // The client's own MAP_DMAs: the container is shared, so the daemon can
+        // unmap them (and so unpin the pages of a client that died).
+        for (&(ctrl, iova), &(len, mapped)) in &state.iovas {
+            let Some(dev) = self.ctrls.get(ctrl as usize).and_then(|s| s.vfio.as_ref()) else { continue };
+            if live_rings.contains(&(ctrl, iova)) {
+                tracing::error!(client, device = %dev.bdf(), iova, len,
+                    "a departed client's IOVA range holds rings of queues that could not be deleted; it stays mapped and out of use");
+                continue;
+            }
+            match dev.vfio_dma().release_iova(iova, len) {
+                Ok(0) => tracing::debug!(
+                    client,
+                    ctrl,
+                    iova,
+                    len,
+                    mapped,
+                    "a departed client's IOVA range released"
+                ),
+                Ok(unmapped) => tracing::info!(client, device = %dev.bdf(), iova, unmapped,
+                    "unmapped what a departed client had mapped itself (its pages are unpinned); range released"),
+                Err(e) => tracing::error!(client, ctrl, iova, len, error = %e,
+                    "releasing a departed client's IOVA range failed; the range stays out of use"),
             }
         }
         for (id, news) in state.reservations {

@@ -508,6 +508,11 @@ fn malformed_and_foreign_requests_get_clear_errors_and_the_daemon_goes_on() {
     refused(call(&Request::Map { ctrl: 0, addr: 4096, len: 0 }), ErrorKind::Invalid, "empty");
     refused(call(&Request::Map { ctrl: 0, addr: u64::MAX - 10, len: 4096 }), ErrorKind::Invalid, "wraps");
     refused(call(&Request::Unmap { ctrl: 0, iova: 0x1000 }), ErrorKind::Invalid, "not this client's");
+    // The VFIO requests name a controller that is not a VFIO device: refused, nothing sent.
+    refused(call(&Request::VfioFds { ctrl: 0 }), ErrorKind::Invalid, "not a VFIO device");
+    refused(call(&Request::ReserveIova { ctrl: 1, len: 4096 }), ErrorKind::Invalid, "not a VFIO device");
+    refused(call(&Request::Mapped { ctrl: 0, iova: 0x10_0000 }), ErrorKind::Invalid, "not a VFIO device");
+    refused(call(&Request::VfioFds { ctrl: 7 }), ErrorKind::Invalid, "controller 7");
     refused(
         call(&Request::CreateQueues { ctrl: 0, qid: 3, depth: 16, sq_iova: 0, cq_iova: 0 }),
         ErrorKind::Invalid,

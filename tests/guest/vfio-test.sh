@@ -38,6 +38,30 @@ blk_of() {
 no_iommu_faults() {
     if dmesg | grep 'DMAR: \[DMA'; then fail "IOMMU fault in the kernel log $1"; fi
 }
+# The daemon's geometry: small objects (16 tokens x 2 heads x 64 x bf16 = 4 KiB per layer).
+SERVE_GEOMETRY="--layers 4 --kv-heads 2 --head-dim 64 --block-tokens 16"
+# start_tuttid SOCKET DRIVES LOG: tutti serve on vfio-bound DRIVES (formatting them as a new
+# pool); sets $serve to its pid once its socket is up.
+start_tuttid() {
+    rm -f "$1"
+    # shellcheck disable=SC2086
+    tutti serve --socket "$1" --drives "$2" --open create $SERVE_GEOMETRY --log tutti_daemon=info,warn \
+        >"$3.out" 2>"$3.err" &
+    serve=$!
+    for _ in $(seq 600); do
+        [ -S "$1" ] && return 0
+        kill -0 $serve 2>/dev/null || break
+        sleep 0.1
+    done
+    cat "$3.out" "$3.err"
+    fail "tutti serve --drives $2 did not come up"
+}
+stop_tuttid() {
+    kill $serve; wait $serve; rc=$?
+    [ $rc = 0 ] || { cat "$1.out" "$1.err"; fail "tutti serve exited with status $rc on SIGTERM"; }
+}
+# free_pairs SOCKET: the free I/O queue pairs of every controller, one line each.
+free_pairs() { tutti status --socket "$1" --json | grep '"free_pairs"'; }
 
 # The kernel's nvme driver probes asynchronously: wait for the namespaces.
 for _ in $(seq 100); do
@@ -224,6 +248,108 @@ grep -q "every byte verified" /tmp/demo.txt || { cat /tmp/demo.txt; fail "demo o
 grep -q "namespace skipped" /tmp/err || { cat /tmp/err; fail "demo did not say it skipped namespace 3"; }
 sed 's/^/demo: two namespaces: /' /tmp/demo.txt
 no_iommu_faults "on the multi-namespace controller"
+
+step "tuttid on VFIO drives: two client processes at once on $NVME0 and $NVME1"
+SOCK=/tmp/tuttid.sock
+start_tuttid $SOCK $NVME0,$NVME1 /tmp/serve
+grep -q "serving pool" /tmp/serve.out || { cat /tmp/serve.out; fail "tutti serve did not say it serves"; }
+tutti status --socket $SOCK >/tmp/st.txt || { cat /tmp/st.txt; fail "tutti status"; }
+grep -q "controller $NVME0" /tmp/st.txt && grep -q "controller $NVME1" /tmp/st.txt \
+    || { cat /tmp/st.txt; fail "status does not show both controllers"; }
+free_pairs $SOCK >/tmp/pairs.before
+for seed in 1 2; do
+    tutti selftest --client $SOCK --seed $seed --chunks 8 >/tmp/client$seed.txt 2>/tmp/client$seed.err &
+    eval "client$seed=\$!"
+done
+wait $client1; rc1=$?
+wait $client2; rc2=$?
+for seed in 1 2; do
+    cat /tmp/client$seed.txt /tmp/client$seed.err
+    grep -q "^selftest client $seed: .* on 2 drives .*every byte verified" /tmp/client$seed.txt \
+        || fail "tuttid client $seed on VFIO drives did not verify its bytes"
+    sed 's/^/tuttid: /' /tmp/client$seed.txt
+done
+[ $rc1 = 0 ] && [ $rc2 = 0 ] || fail "a tuttid client exited with status $rc1/$rc2"
+no_iommu_faults "with two tuttid clients on VFIO drives"
+
+step "tuttid on VFIO drives: a client SIGKILLed in the middle of a load"
+# It registers 32 MiB of KV memory (1024 blocks of 32 KiB) and maps it itself: type1 pins those
+# pages for as long as they are mapped, whether or not their process is still alive.
+# Pages pinned right now (FOLL_PIN, which type1 uses): /proc/vmstat counts pins and unpins.
+pinned() { awk '/^nr_foll_pin_acquired/ {a=$2} /^nr_foll_pin_released/ {r=$2} END {print a-r}' /proc/vmstat; }
+grep -q '^nr_foll_pin_acquired' /proc/vmstat || fail "this kernel does not count pinned pages in /proc/vmstat"
+mem_kib() { awk '/^MemAvailable:/ {print $2}' /proc/meminfo; }
+before_kib=$(mem_kib)
+before_pins=$(pinned)
+tutti selftest --client $SOCK --seed 3 --chunks 512 --hold >/tmp/client3.txt 2>/tmp/client3.err &
+held=$!
+for _ in $(seq 600); do
+    grep -q "holding mid-load" /tmp/client3.txt && break
+    kill -0 $held 2>/dev/null || break
+    sleep 0.1
+done
+grep -q "holding mid-load" /tmp/client3.txt || { cat /tmp/client3.txt /tmp/client3.err; fail "the held client never got mid-load"; }
+tutti status --socket $SOCK >/tmp/st.txt || fail "tutti status with a held client"
+cat /tmp/st.txt
+grep -q "selftest-client-3 .*queues \[[^]]" /tmp/st.txt || fail "status does not show the held client's queue leases"
+held_kib=$(mem_kib)
+held_pins=$(pinned)
+kill -9 $held; wait $held 2>/dev/null
+gone=0
+for _ in $(seq 100); do
+    tutti status --socket $SOCK --json >/tmp/st.json || fail "tutti status --json after the kill"
+    if ! grep -q selftest-client-3 /tmp/st.json; then gone=1; break; fi
+    sleep 0.1
+done
+[ $gone = 1 ] || { cat /tmp/st.json; fail "the killed client is still listed with its leases"; }
+free_pairs $SOCK >/tmp/pairs.after
+cmp -s /tmp/pairs.before /tmp/pairs.after || { cat /tmp/pairs.before /tmp/pairs.after; fail "the killed client's queue pairs did not come back"; }
+grep -q '"pinned": 0,' /tmp/st.json || { cat /tmp/st.json; fail "the killed client's pins were not dropped"; }
+# It mapped its memory itself (type1 pins the pages of the mapping process); the daemon
+# unmapped that through the shared container after deleting its queues.
+grep -q "unmapped what a departed client had mapped itself" /tmp/serve.err \
+    || { cat /tmp/serve.err; fail "the daemon did not unmap the killed client's own mappings"; }
+# (tracing colours its fields: the escape codes go.)
+grep "unmapped what a departed client had mapped itself" /tmp/serve.err | head -n 3 | tr -d '\033' \
+    | sed -e 's/\[[0-9;]*m//g' -e 's/^/tuttid: daemon: /'
+# Unmapped, the dead client's pages are unpinned and freed: the memory comes back.
+after_kib=$(mem_kib)
+after_pins=$(pinned)
+echo "tuttid: killed client: pinned pages $before_pins before it, $held_pins while it held its load, $after_pins after tuttid released it (MemAvailable $before_kib, $held_kib, $after_kib KiB)"
+# 32 MiB = 8192 pages of registered memory, plus its queues.
+[ $((held_pins - before_pins)) -ge 8192 ] || fail "the held client's 32 MiB do not show as pinned pages (the check below would mean nothing)"
+[ $((after_pins - before_pins)) -lt 512 ] || fail "the killed client's pages are still pinned after tuttid released it"
+if grep -q "stays out of use" /tmp/serve.err; then cat /tmp/serve.err; fail "an IOVA range of the killed client could not be released"; fi
+# This one first checks that queue memory outside its mapped IOVA ranges is refused.
+tutti selftest --client $SOCK --seed 4 --refusals >/tmp/client4.txt 2>/tmp/client4.err \
+    || { cat /tmp/client4.txt /tmp/client4.err; fail "a client after the killed one"; }
+grep "with live rings kept, on 2 VFIO controllers" /tmp/client4.txt | sed 's/^/tuttid: refusals: /'
+grep -q "with live rings kept, on 2 VFIO controllers" /tmp/client4.txt \
+    || { cat /tmp/client4.txt; fail "queue memory outside a client's ranges was not refused on both controllers"; }
+grep "every byte verified" /tmp/client4.txt | sed 's/^/tuttid: after a killed client: /'
+grep -q "every byte verified" /tmp/client4.txt || fail "the client after the killed one did not verify"
+# Every client gave its IOVA ranges back cleanly (none leaked its memory to stay safe).
+if grep -l "unmap not confirmed" /tmp/client*.err; then fail "a client could not give an IOVA range back"; fi
+echo "TUTTID-KILLED-CLIENT-RELEASED"
+stop_tuttid /tmp/serve
+no_iommu_faults "with tuttid clients on VFIO drives"
+
+step "tuttid on the two-namespace controller $MULTINS serves both plain namespaces"
+start_tuttid $SOCK $MULTINS /tmp/serve-multi
+tutti selftest --client $SOCK --seed 5 >/tmp/client5.txt 2>/tmp/client5.err \
+    || { cat /tmp/client5.txt /tmp/client5.err /tmp/serve-multi.err; fail "a client of tuttid on $MULTINS"; }
+grep -q "^selftest client 5: .* on 2 drives .*every byte verified" /tmp/client5.txt \
+    || { cat /tmp/client5.txt; fail "tuttid on $MULTINS did not serve both namespaces"; }
+sed 's/^/tuttid: two namespaces: /' /tmp/client5.txt
+stop_tuttid /tmp/serve-multi
+
+step "tuttid on the one-pair controller $ONEPAIR: a client gets a clear error"
+start_tuttid $SOCK $ONEPAIR /tmp/serve-one
+expect_refusal "tuttid client on one pair" "no I/O queue pair left" tutti selftest --client $SOCK --seed 6
+grep -q "$ONEPAIR" /tmp/out || fail "the one-pair refusal does not name $ONEPAIR"
+echo "tuttid: one pair: a client is refused naming $ONEPAIR"
+stop_tuttid /tmp/serve-one
+no_iommu_faults "with tuttid on the unusual controllers"
 tutti admin unbind $ONEPAIR $MULTINS || fail "admin unbind $ONEPAIR $MULTINS"
 
 step "unmapped IOVA"

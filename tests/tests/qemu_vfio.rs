@@ -8,7 +8,11 @@
 //! target and a process holding the drive or one of its partitions), and no
 //! IOMMU fault was logged before the deliberate unmapped-IOVA test (QEMU's
 //! controller completes a blocked DMA with success status, so the log is the
-//! only witness). Skips with a reason when qemu-system-x86_64, a guest kernel
+//! only witness). tuttid on the VFIO drives serves two client processes at
+//! once (each maps its own memory through the container the daemon passed),
+//! gives back everything of a client SIGKILLed mid-load, serves both plain
+//! namespaces of the multi-namespace controller, and refuses a client on the
+//! one-pair controller naming it. Skips with a reason when qemu-system-x86_64, a guest kernel
 //! or mdadm/dmsetup cannot be had, and fails instead under CI=true
 //! (tests/support/skip.rs).
 
@@ -38,6 +42,20 @@ const IN_USE_CASES: [&str; 6] = [
 ];
 /// ... and this once the same drive, cleaned up, was bound.
 const IN_USE_CLEARED: &str = "IN-USE-CLEARED: ";
+/// The guest prints this once tuttid released a client SIGKILLed mid-load
+/// (status without it, its queue pairs free again, no pins, its own DMA
+/// mappings unmapped by the daemon) and a later client verified its bytes.
+const TUTTID_KILLED: &str = "TUTTID-KILLED-CLIENT-RELEASED";
+/// Lines of tuttid's clients on VFIO drives the log must have (before the negative test).
+const TUTTID_LINES: [(&str, &str); 7] = [
+    ("tuttid: selftest client 1: ", "every byte verified"),
+    ("tuttid: selftest client 2: ", "every byte verified"),
+    ("tuttid: after a killed client: ", "every byte verified"),
+    ("tuttid: refusals: ", "with live rings kept, on 2 VFIO controllers"),
+    ("tuttid: killed client: ", "after tuttid released it"),
+    ("tuttid: two namespaces: ", "on 2 drives"),
+    ("tuttid: one pair: ", "refused naming 0000:00:07.0"),
+];
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
@@ -81,6 +99,15 @@ fn check_console(log: &str) -> Result<(), String> {
             return Err(format!("the guest log has no verified run of `{}`", section.trim_end_matches(": ")));
         }
     }
+    // tuttid and its client processes on the VFIO drives.
+    for (prefix, needle) in TUTTID_LINES {
+        if !log[..begin].lines().any(|l| l.starts_with(prefix) && l.contains(needle)) {
+            return Err(format!("the guest log has no `{prefix}... {needle}` line of tuttid on VFIO drives"));
+        }
+    }
+    if !log[..begin].lines().any(|l| l.trim() == TUTTID_KILLED) {
+        return Err("tuttid did not show the release of a client SIGKILLed mid-load".into());
+    }
     Ok(())
 }
 
@@ -94,6 +121,7 @@ fn summary(log: &str) -> Vec<&str> {
                 || l.starts_with("demo: ")
                 || l.starts_with("bench: ")
                 || l.starts_with("IN-USE-")
+                || l.starts_with("tuttid: ")
                 || l.contains("GUEST-")
                 || (l.starts_with("probe ") && (l.contains(" DIFF ") || l.contains(" probes, ")))
         })
@@ -205,6 +233,14 @@ fn console_check_requires_a_clean_log_before_the_negative_test() {
                 IN-USE-REFUSED: dm holder partition\n\
                 IN-USE-REFUSED: partition open by a process\n\
                 IN-USE-CLEARED: 0000:00:07.0 bound after cleanup\n\
+                tuttid: selftest client 1: stored 8 chunks on 2 drives ... every byte verified\n\
+                tuttid: selftest client 2: stored 8 chunks on 2 drives ... every byte verified\n\
+                tuttid: killed client: pinned pages 700 before it, 9100 while it held its load, 700 after tuttid released it (MemAvailable 1, 2, 3 KiB)\n\
+                tuttid: refusals: selftest client 4: queue memory outside the client's mapped IOVA ranges refused, and a range with live rings kept, on 2 VFIO controllers\n\
+                tuttid: after a killed client: selftest client 4: ... every byte verified\n\
+                TUTTID-KILLED-CLIENT-RELEASED\n\
+                tuttid: two namespaces: selftest client 5: stored 4 chunks on 2 drives ...\n\
+                tuttid: one pair: a client is refused naming 0000:00:07.0\n\
                 TUTTI-NEGATIVE-TEST-BEGIN\n\
                 DMAR: [DMA Write NO_PASID] Request device [00:05.0] fault addr 0x7f00000000\n\
                 0000:00:05.0 qid 1 cid 0: Read completed ... counted as FAILED\n\
@@ -234,7 +270,17 @@ fn console_check_requires_a_clean_log_before_the_negative_test() {
     }
     let never_cleared = good.replace("IN-USE-CLEARED: 0000:00:07.0 bound after cleanup\n", "");
     assert!(check_console(&never_cleared).unwrap_err().contains("bound after"));
-    assert_eq!(summary(good).len(), 12);
+    for (prefix, _) in TUTTID_LINES {
+        let missing: String =
+            good.lines().filter(|l| !l.starts_with(prefix)).map(|l| format!("{l}\n")).collect();
+        assert!(
+            check_console(&missing).unwrap_err().contains(prefix),
+            "a log without a `{prefix}` line fails"
+        );
+    }
+    let not_released = good.replace("TUTTID-KILLED-CLIENT-RELEASED\n", "");
+    assert!(check_console(&not_released).unwrap_err().contains("SIGKILLed"));
+    assert_eq!(summary(good).len(), 19);
     let probes = "probe 0000:00:04.0: 29 probes, 1 differ from the spec\n\
                   probe 0000:00:04.0: read one block (PRP)   ok   got Generic/Successful Completion (0x0000)\n\
                   probe 0000:00:04.0: PRP1 offset not dword aligned   DIFF got ...\n";

@@ -76,6 +76,28 @@ impl Container {
         Ok(c)
     }
 
+    /// A container fd another process opened and set up (a daemon passed it
+    /// with SCM_RIGHTS): checked to be a VFIO container of this API version.
+    pub fn from_fd(fd: OwnedFd, name: &str) -> Result<Container> {
+        let c = Container { fd, name: name.to_string() };
+        let version = ioctl::ioctl_val(c.fd(), ioctl::GET_API_VERSION, 0).map_err(|e| {
+            DriverError::Vfio(format!("{name}: the fd passed as a VFIO container is not one: {e}"))
+        })?;
+        if version != VFIO_API_VERSION as i32 {
+            return Err(DriverError::Vfio(format!(
+                "{name}: the passed container speaks VFIO API version {version}, this driver {VFIO_API_VERSION}"
+            )));
+        }
+        Ok(c)
+    }
+
+    /// A duplicate of the container fd, for a client process.
+    pub fn try_clone_fd(&self) -> Result<OwnedFd> {
+        self.fd
+            .try_clone()
+            .map_err(|e| DriverError::io(format!("{}: duplicating the VFIO container fd", self.name), e))
+    }
+
     fn iommu_type(&self, mode: IommuMode) -> u32 {
         match mode {
             IommuMode::Type1 => VFIO_TYPE1v2_IOMMU,
@@ -145,15 +167,7 @@ impl Container {
     /// Makes `vaddr..vaddr+size` of this process visible to the device at
     /// `iova`, readable and writable. The kernel pins the pages.
     pub fn map_dma(&self, vaddr: *const u8, iova: u64, size: u64) -> Result<()> {
-        let mut map = vfio_iommu_type1_dma_map {
-            argsz: size_of::<vfio_iommu_type1_dma_map>() as u32,
-            flags: VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE,
-            vaddr: vaddr as u64,
-            iova,
-            size,
-        };
-        // SAFETY: a complete vfio_iommu_type1_dma_map; the kernel only reads it.
-        unsafe { ioctl::ioctl_ptr(self.fd(), ioctl::IOMMU_MAP_DMA, &mut map) }.map_err(|e| {
+        self.map_raw(vaddr, iova, size).map_err(|e| {
             let advice = match e.raw_os_error() {
                 Some(libc::ENOMEM) => {
                     "; pinning failed: raise the locked-memory limit (ulimit -l / RLIMIT_MEMLOCK) or free memory"
@@ -169,6 +183,39 @@ impl Container {
         })?;
         tracing::trace!(device = %self.name, iova, size, "dma mapped");
         Ok(())
+    }
+
+    /// VFIO_IOMMU_MAP_DMA with the kernel's error as is.
+    pub fn map_raw(&self, vaddr: *const u8, iova: u64, size: u64) -> std::io::Result<()> {
+        let mut map = vfio_iommu_type1_dma_map {
+            argsz: size_of::<vfio_iommu_type1_dma_map>() as u32,
+            flags: VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE,
+            vaddr: vaddr as u64,
+            iova,
+            size,
+        };
+        // SAFETY: a complete vfio_iommu_type1_dma_map; the kernel only reads it.
+        unsafe { ioctl::ioctl_ptr(self.fd(), ioctl::IOMMU_MAP_DMA, &mut map) }.map(|_| ())
+    }
+
+    /// Removes every mapping inside `iova..iova+size` (type1 v2: none may
+    /// stick out of it) and returns how many bytes were unmapped: 0 when
+    /// nothing was mapped there. The kernel unpins the pages.
+    pub fn unmap_range(&self, iova: u64, size: u64) -> Result<u64> {
+        let mut unmap = vfio_iommu_type1_dma_unmap {
+            argsz: size_of::<vfio_iommu_type1_dma_unmap>() as u32,
+            flags: 0,
+            iova,
+            size,
+        };
+        // SAFETY: a complete vfio_iommu_type1_dma_unmap; the kernel writes back `size`.
+        unsafe { ioctl::ioctl_ptr(self.fd(), ioctl::IOMMU_UNMAP_DMA, &mut unmap) }.map_err(|e| {
+            DriverError::Vfio(format!(
+                "{}: VFIO_IOMMU_UNMAP_DMA of the range {iova:#x}+{size:#x}: {e}",
+                self.name
+            ))
+        })?;
+        Ok(unmap.size)
     }
 
     /// Removes the mapping made at `iova` with `size`; the kernel unpins the pages.

@@ -184,6 +184,34 @@ impl Device {
     pub fn raw_fd(&self) -> i32 {
         self.fd.as_raw_fd()
     }
+
+    /// A duplicate of the device fd, for a client process.
+    pub fn try_clone_fd(&self) -> Result<OwnedFd> {
+        self.fd
+            .try_clone()
+            .map_err(|e| DriverError::io(format!("{}: duplicating the VFIO device fd", self.name), e))
+    }
+
+    /// Reads a 32-bit register of region `region` at `off` through the fd
+    /// (vfio-pci's read path; no mapping needed).
+    pub fn region_read32(&self, region: &RegionInfo, off: u64) -> Result<u32> {
+        if !off.is_multiple_of(4) || off.checked_add(4).is_none_or(|end| end > region.size) {
+            return Err(DriverError::Vfio(format!(
+                "{}: register read at {off:#x} is outside the {:#x}-byte region or unaligned",
+                self.name, region.size
+            )));
+        }
+        let mut buf = [0u8; 4];
+        // SAFETY: `buf` is valid for writes of 4 bytes.
+        let n = unsafe {
+            libc::pread(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), 4, (region.offset + off) as libc::off_t)
+        };
+        if n != 4 {
+            let e = std::io::Error::last_os_error();
+            return Err(DriverError::io(format!("{}: reading BAR0 at {off:#x} ({n} bytes)", self.name), e));
+        }
+        Ok(u32::from_le_bytes(buf))
+    }
 }
 
 /// BAR0 of a VFIO device mapped into this process: the controller's registers

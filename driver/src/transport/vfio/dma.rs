@@ -18,6 +18,9 @@ pub struct VfioDma {
     shared: Arc<Shared>,
     hugepages: HugepagePolicy,
     kind: Kind,
+    /// One page of this process's memory, mapped for an instant to see whether
+    /// an IOVA is free ([`VfioDma::release_iova`]).
+    probe: Mutex<Option<Memory>>,
 }
 
 enum Kind {
@@ -76,7 +79,80 @@ impl VfioDma {
             }
         };
         let name = format!("vfio {} {}", shared.mode.label(), shared.name);
-        Ok(VfioDma { name, shared, hugepages, kind })
+        Ok(VfioDma { name, shared, hugepages, kind, probe: Mutex::new(None) })
+    }
+
+    fn type1_space(&self) -> Result<&Arc<Mutex<IovaAllocator>>> {
+        match &self.kind {
+            Kind::Type1 { iova } => Ok(iova),
+            Kind::NoIommu { .. } => Err(DriverError::Vfio(format!(
+                "{}: no-IOMMU mode has no IOVA space to share with other processes (clients need type1)",
+                self.shared.name
+            ))),
+        }
+    }
+
+    /// Reserves `len` bytes (whole pages, followed by a guard page) of this
+    /// container's IOVA space for another process holding the container fd,
+    /// which maps its own memory there (type1 pins the pages of the process
+    /// that calls MAP_DMA). Disjoint from every range this process maps.
+    pub fn reserve_iova(&self, len: u64) -> Result<u64> {
+        let space = self.type1_space()?;
+        let iova = space
+            .lock()
+            .map_err(|_| DriverError::dma(&self.name, "IOVA allocator poisoned"))?
+            .alloc(len, PAGE as u64)?;
+        tracing::debug!(device = %self.shared.name, iova, len, "IOVA range reserved for a client");
+        Ok(iova)
+    }
+
+    /// Takes back a range from [`reserve_iova`](Self::reserve_iova): unmaps
+    /// whatever is mapped inside it (whoever mapped it), checks that the
+    /// range's first page is free, and returns the range to the allocator.
+    /// Returns the bytes unmapped. On an error the range stays reserved for
+    /// good, so that nothing else is ever mapped where the device may still
+    /// reach another process's pages.
+    pub fn release_iova(&self, iova: u64, len: u64) -> Result<u64> {
+        let space = self.type1_space()?;
+        let size = len
+            .checked_next_multiple_of(PAGE as u64)
+            .ok_or_else(|| DriverError::invalid(format!("IOVA range {iova:#x}+{len:#x} is too large")))?;
+        let unmapped = self.shared.container.unmap_range(iova, size)?;
+        if self.still_mapped(iova)? {
+            return Err(DriverError::Vfio(format!(
+                "{}: IOVA {iova:#x} is still mapped after VFIO_IOMMU_UNMAP_DMA of {iova:#x}+{size:#x} \
+                 ({unmapped:#x} bytes unmapped): the kernel did not let this process remove another \
+                 process's mapping; the range stays out of use",
+                self.shared.name
+            )));
+        }
+        if let Ok(mut s) = space.lock() {
+            s.free(iova, size);
+        }
+        tracing::debug!(device = %self.shared.name, iova, len, unmapped, "client IOVA range released");
+        Ok(unmapped)
+    }
+
+    /// Whether something is mapped at the page `iova`: a one-page MAP_DMA of
+    /// our probe page there fails with EEXIST exactly then (and is undone
+    /// at once otherwise).
+    fn still_mapped(&self, iova: u64) -> Result<bool> {
+        let mut probe = self.probe.lock().map_err(|_| DriverError::dma(&self.name, "probe page poisoned"))?;
+        if probe.is_none() {
+            *probe = Some(Memory::anonymous(PAGE, false)?);
+        }
+        let page = probe.as_ref().map(|m| m.ptr().as_ptr() as *const u8).unwrap_or(std::ptr::null());
+        match self.shared.container.map_raw(page, iova, PAGE as u64) {
+            Ok(()) => {
+                self.shared.container.unmap_dma(iova, PAGE as u64)?;
+                Ok(false)
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(true),
+            Err(e) => Err(DriverError::Vfio(format!(
+                "{}: probing whether IOVA {iova:#x} is mapped (VFIO_IOMMU_MAP_DMA of one page): {e}",
+                self.shared.name
+            ))),
+        }
     }
 
     /// Memory for a buffer of `len` bytes under the hugepage policy.

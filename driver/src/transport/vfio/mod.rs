@@ -14,6 +14,7 @@
 //! - [`IommuMode::NoIommu`], only when asked for: no translation and no
 //!   protection; the device is given physical addresses of hugepages.
 
+mod client;
 mod container;
 mod device;
 mod dma;
@@ -23,6 +24,7 @@ mod ioctl;
 mod iova;
 mod mem;
 
+pub use client::{ClientContainer, DoorbellBar};
 pub use device::Bar0;
 pub use dma::VfioDma;
 pub use faultlog::{FaultLog, IommuFault};
@@ -33,6 +35,7 @@ use crate::transport::{DmaSpace, Registers};
 use container::Container;
 use device::Device;
 use group::Group;
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -96,6 +99,7 @@ pub struct VfioDevice {
     group: u32,
     regs: Arc<Bar0>,
     dma: Arc<VfioDma>,
+    shared: Arc<Shared>,
 }
 
 impl std::fmt::Debug for VfioDevice {
@@ -152,7 +156,7 @@ impl VfioDevice {
         let regs = Arc::new(Bar0::map(shared.clone())?);
         let dma = Arc::new(VfioDma::new(shared.clone(), opts.hugepages)?);
         tracing::info!(device = %bdf, group = shared.group.number(), mode = opts.mode.label(), "opened through VFIO");
-        Ok(VfioDevice { bdf: bdf.clone(), mode: opts.mode, group: group_path.group, regs, dma })
+        Ok(VfioDevice { bdf: bdf.clone(), mode: opts.mode, group: group_path.group, regs, dma, shared })
     }
 
     pub fn bdf(&self) -> &Bdf {
@@ -171,5 +175,30 @@ impl VfioDevice {
     /// The device's DMA space, for `Controller::new`.
     pub fn dma_space(&self) -> Arc<dyn DmaSpace> {
         self.dma.clone()
+    }
+    /// The same DMA space with its calls for other processes' IOVA ranges
+    /// ([`VfioDma::reserve_iova`], [`VfioDma::release_iova`]).
+    pub fn vfio_dma(&self) -> &Arc<VfioDma> {
+        &self.dma
+    }
+
+    /// Duplicates of the container fd and the device fd, for a client
+    /// process of a daemon that owns this device (sent with SCM_RIGHTS): with
+    /// the container it maps its own memory (type1 only), with the device fd
+    /// it maps the doorbells of BAR0 ([`DoorbellBar`]).
+    ///
+    /// What a holder of these fds can do is everything this process can do
+    /// with the device: map and unmap any IOVA of the container (the daemon's
+    /// own ranges included), read and write config space and all of BAR0
+    /// through the fd, reset the device. Give them only to trusted processes.
+    pub fn client_fds(&self) -> Result<(OwnedFd, OwnedFd)> {
+        if self.mode != IommuMode::Type1 {
+            return Err(DriverError::Vfio(format!(
+                "{}: clients of a daemon need type1 (their memory is mapped through the shared \
+                 container); this device is open in no-IOMMU mode",
+                self.bdf
+            )));
+        }
+        Ok((self.shared.container.try_clone_fd()?, self.shared.device.try_clone_fd()?))
     }
 }

@@ -3,7 +3,9 @@
 //! faults; optionally a negative test that points a command at an unmapped IOVA.
 //! The QEMU guest harness runs it; on a real machine it checks a bound drive.
 //! `--probe` adds the conformance probes of [`probe`] (also on `--emulated` drives).
+//! `--client SOCKET` is one engine process on a running tuttid instead ([`client`]).
 
+mod client;
 mod gio;
 mod probe;
 
@@ -30,7 +32,7 @@ const FAULT_LOG_WAIT: Duration = Duration::from_secs(2);
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// PCI addresses of vfio-bound drives, comma separated.
-    #[arg(long, value_delimiter = ',', required_unless_present = "emulated")]
+    #[arg(long, value_delimiter = ',', required_unless_present_any = ["emulated", "client"])]
     pub drives: Vec<String>,
     /// DMA memory per drive (comma separated, matched to --drives; the last repeats).
     #[arg(long, value_delimiter = ',', default_value = "auto")]
@@ -64,6 +66,23 @@ pub struct Args {
     pub emulated: bool,
     #[command(flatten)]
     pub emu: crate::emu::EmulatedArgs,
+    /// Be a client of the tuttid listening at this socket: store a request, load it
+    /// back into other blocks, verify every byte (no drives are opened here).
+    #[arg(long, conflicts_with_all = ["drives", "emulated", "gio", "probe", "iommu_negative"])]
+    pub client: Option<std::path::PathBuf>,
+    /// With --client: the seed of the request's tokens and bytes.
+    #[arg(long, default_value_t = 1, requires = "client")]
+    pub seed: u64,
+    /// With --client: chunks (KV blocks) in the request.
+    #[arg(long, default_value_t = 4, requires = "client", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub chunks: u32,
+    /// With --client: stop in the middle of the load and wait to be killed.
+    #[arg(long, requires = "client")]
+    pub hold: bool,
+    /// With --client: first check that tuttid refuses queue memory outside the IOVA
+    /// ranges this client mapped, on every VFIO controller.
+    #[arg(long, requires = "client")]
+    pub refusals: bool,
     /// Use vfio's unsafe no-IOMMU mode.
     #[arg(long)]
     pub noiommu: bool,
@@ -114,6 +133,12 @@ struct NegativeReport {
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
+    if let Some(socket) = &args.client {
+        if args.refusals && client::check_refusals(socket, args.seed)? == 0 {
+            bail!("--refusals: the pool at {} has no VFIO controller", socket.display());
+        }
+        return client::run(socket, args.seed, args.chunks, args.hold, args.json);
+    }
     if args.emulated && args.gio {
         let emus = (0..2usize)
             .map(|i| {
