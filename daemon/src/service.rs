@@ -28,7 +28,7 @@ pub(crate) struct Served {
     pub vfio: Option<VfioDevice>,
 }
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct ClientState {
     name: String,
     peer: Option<PeerCred>,
@@ -744,10 +744,13 @@ impl Handler for Service {
     }
 
     fn disconnect(&self, client: u64) {
-        let state = self.clients().remove(&client);
+        // The client stays listed (in `tutti status`) until everything it held is given
+        // back, so that a client no longer listed holds nothing.
+        let state = self.clients().get(&client).cloned();
         if let Some(state) = state {
             self.release(client, state);
         }
+        self.clients().remove(&client);
     }
 }
 
