@@ -219,7 +219,11 @@ impl DmaBroker for VfioMaps {
             return Err(e);
         }
         if let Err(e) = self.client.call(Request::Mapped { ctrl: self.ctrl, iova: base }) {
-            // The daemon unmaps the range when it takes it back (here or at disconnect).
+            // Unmapped here before the caller frees the memory; the daemon would also
+            // unmap it when it takes the range back (here or at disconnect).
+            if let Err(u) = self.container.unmap_dma(base, size) {
+                tracing::warn!(iova = base, error = %u, "unmapping after a refused map failed");
+            }
             if let Err(g) = self.give_back(base) {
                 tracing::warn!(iova = base, error = %g, "giving back an IOVA range after a refused map failed");
             }
@@ -246,10 +250,13 @@ impl DmaBroker for VfioMaps {
         let Some((base, size)) = range else {
             return Err(DriverError::invalid(format!("IOVA {iova:#x} was not mapped here")));
         };
-        // Unmapped here first: once this returns the device cannot reach the memory,
-        // whatever the daemon answers.
+        // Unmapped here first: once that worked the device cannot reach the memory,
+        // whatever the daemon answers (it takes the range back at disconnect at the latest).
         self.container.unmap_dma(base, size)?;
-        self.give_back(base)
+        if let Err(e) = self.give_back(base) {
+            tracing::warn!(ctrl = self.ctrl, iova = base, error = %e, "giving an IOVA range back to tuttid failed");
+        }
+        Ok(())
     }
 }
 
