@@ -13,6 +13,32 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Kills the child when dropped if it is still running, so that no daemon or
+/// client outlives a failing test (holding the test's output pipe open).
+struct Reap(std::process::Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+impl std::ops::Deref for Reap {
+    type Target = std::process::Child;
+    fn deref(&self) -> &std::process::Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Reap {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        &mut self.0
+    }
+}
+
 fn tutti() -> Command {
     Command::new(env!("CARGO_BIN_EXE_tutti"))
 }
@@ -35,16 +61,18 @@ fn client_processes_verify_their_bytes_and_a_killed_one_is_released() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let socket = dir.join("s.sock");
-    let mut daemon = tutti()
-        .args(["serve", "--emulated", "2", "--capacity-mib", "16", "--layers", "4", "--kv-heads", "2"])
-        .args(["--head-dim", "64", "--json", "--dir"])
-        .arg(&dir)
-        .arg("--socket")
-        .arg(&socket)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
+    let mut daemon = Reap(
+        tutti()
+            .args(["serve", "--emulated", "2", "--capacity-mib", "16", "--layers", "4", "--kv-heads", "2"])
+            .args(["--head-dim", "64", "--json", "--dir"])
+            .arg(&dir)
+            .arg("--socket")
+            .arg(&socket)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
     let mut line = String::new();
     BufReader::new(daemon.stdout.take().unwrap()).read_line(&mut line).unwrap();
     assert!(line.contains("serving"), "{line}");
@@ -64,12 +92,14 @@ fn client_processes_verify_their_bytes_and_a_killed_one_is_released() {
     }
 
     // One held in the middle of a load, then SIGKILLed: the daemon gives back all it held.
-    let mut held = tutti()
-        .args(["selftest", "--seed", "3", "--hold", "--client"])
-        .arg(&socket)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut held = Reap(
+        tutti()
+            .args(["selftest", "--seed", "3", "--hold", "--client"])
+            .arg(&socket)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let mut line = String::new();
     BufReader::new(held.stdout.take().unwrap()).read_line(&mut line).unwrap();
     assert!(line.contains("holding mid-load"), "{line}");

@@ -12,6 +12,32 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Kills the child when dropped if it is still running, so that no daemon or
+/// client outlives a failing test (holding the test's output pipe open).
+struct Reap(std::process::Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+impl std::ops::Deref for Reap {
+    type Target = std::process::Child;
+    fn deref(&self) -> &std::process::Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Reap {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        &mut self.0
+    }
+}
+
 fn serve(dir: &Path, socket: &str) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_tutti"));
     c.args(["serve", "--emulated", "2", "--capacity-mib", "16", "--layers", "4", "--kv-heads", "2"])
@@ -38,7 +64,8 @@ fn serve_reports_status_refuses_a_second_owner_and_stops_on_sigterm() {
     let dir = std::env::temp_dir().join(format!("tutti-serve-cli-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let mut daemon = serve(&dir, "a.sock").stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
+    let mut daemon =
+        Reap(serve(&dir, "a.sock").stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap());
     let mut line = String::new();
     BufReader::new(daemon.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let hello: Value = serde_json::from_str(&line).expect("one JSON line when serving");
@@ -106,12 +133,14 @@ fn serve_with_idle_exit_leaves_after_its_last_client_and_removes_the_socket() {
     let dir = std::env::temp_dir().join(format!("tutti-serve-idle-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let mut daemon = serve(&dir, "idle.sock")
-        .args(["--idle-exit-s", "1"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
+    let mut daemon = Reap(
+        serve(&dir, "idle.sock")
+            .args(["--idle-exit-s", "1"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
     let mut line = String::new();
     BufReader::new(daemon.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let socket = dir.join("idle.sock");
@@ -135,7 +164,8 @@ fn serve_with_idle_exit_leaves_after_its_last_client_and_removes_the_socket() {
     assert!(wait(&mut daemon).success(), "a clean exit after the idle period");
     assert!(!socket.exists(), "the socket file was removed");
     // The media is free again: a new daemon on it starts (and is stopped at once).
-    let mut again = serve(&dir, "idle.sock").stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
+    let mut again =
+        Reap(serve(&dir, "idle.sock").stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap());
     let mut line = String::new();
     BufReader::new(again.stdout.take().unwrap()).read_line(&mut line).unwrap();
     assert!(line.contains("serving"), "{line}");
