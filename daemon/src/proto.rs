@@ -55,10 +55,13 @@ pub enum Request {
         ctrl: u32,
         len: u64,
     },
-    /// VFIO controller `ctrl`: the client has mapped the whole range reserved at `iova`.
+    /// VFIO controller `ctrl`: the client has mapped the whole range reserved at `iova`,
+    /// from its address `vaddr` (page aligned). The daemon uses `vaddr` only to find the
+    /// client's own IOVAs when it moves that client's layers itself (scarce queue pairs).
     Mapped {
         ctrl: u32,
         iova: u64,
+        vaddr: u64,
     },
     /// Claim an I/O queue id on controller `ctrl` (a lease).
     ClaimQueue {

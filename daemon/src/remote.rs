@@ -218,7 +218,7 @@ impl DmaBroker for VfioMaps {
             }
             return Err(e);
         }
-        if let Err(e) = self.client.call(Request::Mapped { ctrl: self.ctrl, iova: base }) {
+        if let Err(e) = self.client.call(Request::Mapped { ctrl: self.ctrl, iova: base, vaddr: start }) {
             // Unmapped here before the caller frees the memory; the daemon would also
             // unmap it when it takes the range back (here or at disconnect).
             if let Err(u) = self.container.unmap_dma(base, size) {
@@ -387,20 +387,8 @@ pub fn connect(socket: &Path, name: &str, backend: &Backend, timeout: Duration) 
         drives.push(DriveSpec::new(ctrl.clone(), nsid));
     }
     let control: Arc<dyn PoolControl> = Arc::new(RemotePool { client: client.clone() });
-    let starved = ctrls.iter().enumerate().find(|(_, c)| c.free_io_queue_pairs() == 0);
-    if let Some((i, c)) = starved {
-        // The daemon moves a starved client's layers only where it can reach the client's
-        // memory itself (emulated drives); on VFIO the client must lease a pair.
-        if pool.controllers.iter().any(|c| matches!(c.kind, ControllerKind::Vfio { .. })) {
-            return Err(DaemonError::Driver(DriverError::NoQueuePair {
-                device: c.name().to_string(),
-                purpose: format!(
-                    "tuttid client (controller {i}: no I/O queue pair left to lease, and tuttid moves a client's layers itself only on emulated drives)"
-                ),
-                granted: c.info().io_queue_pairs,
-                requested: 1,
-            }));
-        }
+    let starved = ctrls.iter().find(|c| c.free_io_queue_pairs() == 0);
+    if let Some(c) = starved {
         tracing::warn!(device = %c.name(), granted = c.info().io_queue_pairs,
             "no I/O queue pair left to lease; tuttid moves this client's layers on its shared pair");
         let service = Arc::new(RemoteLayers { client: client.clone() });

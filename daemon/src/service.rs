@@ -40,12 +40,14 @@ struct ClientState {
     /// IOVAs mapped for the client, per controller.
     maps: HashSet<(u32, u64)>,
     /// IOVA ranges reserved for the client on VFIO controllers: (ctrl, iova) →
-    /// (length, whether the client said it mapped the range).
-    iovas: HashMap<(u32, u64), (u64, bool)>,
+    /// (length, whether the client said it mapped the range, from which of its addresses).
+    iovas: HashMap<(u32, u64), (u64, bool, u64)>,
     /// Live queue pairs on VFIO controllers: (ctrl, qid) → the IOVA ranges
     /// (their starts) holding the SQ and CQ, which may not be given back while
     /// the queues exist.
     queue_ranges: HashMap<(u32, u16), [u64; 2]>,
+    /// VFIO ranges (ctrl, iova) a proxied registration of the client points into.
+    proxy_ranges: HashSet<(u32, u64)>,
     pins: HashSet<u64>,
     reservations: HashMap<u64, usize>,
     /// I/O references held for the client's loads (a file may be in several).
@@ -128,11 +130,26 @@ impl Service {
         layout: &tutti_objstore::io::proxy::LayoutSpec,
     ) -> Result<(), Response> {
         let mut spaces_of_ctrl: Vec<Arc<dyn tutti_driver::transport::DmaSpace>> = Vec::new();
+        let mut used = HashSet::new();
         for (i, s) in self.ctrls.iter().enumerate() {
-            let emu = s.emulated.as_ref().ok_or_else(|| {
-                invalid(format!("controller {i} is not emulated: proxied transfers need the daemon to reach client memory"))
-            })?;
-            spaces_of_ctrl.push(Arc::new(emu.iommu().space_of(peer.pid, client)));
+            match &s.emulated {
+                Some(emu) => spaces_of_ctrl.push(Arc::new(emu.iommu().space_of(peer.pid, client))),
+                None => {
+                    // VFIO: the client mapped its memory in the controller's container
+                    // itself; the daemon's commands use the client's own IOVAs.
+                    let ranges: Vec<(u64, u64, u64)> = self
+                        .with_client(client, |c| {
+                            c.iovas
+                                .iter()
+                                .filter(|(k, r)| k.0 == i as u32 && r.1)
+                                .map(|(k, r)| (r.2, k.1, r.0))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    used.extend(ranges.iter().map(|r| (i as u32, r.1)));
+                    spaces_of_ctrl.push(Arc::new(ClientRanges { name: s.ctrl.name().to_string(), ranges }));
+                }
+            }
         }
         let spaces: Vec<_> = self.drives.iter().map(|&(c, _)| spaces_of_ctrl[c as usize].clone()).collect();
         let host = match self.proxies().get(&client).cloned() {
@@ -152,6 +169,8 @@ impl Service {
             unsafe { h.attach(layout, &spaces) }.map_err(from_obj)?;
         }
         self.proxies().insert(client, host);
+        // Ranges the proxied registration points into may not be given back until it goes.
+        self.with_client(client, |c| c.proxy_ranges = used);
         Ok(())
     }
 
@@ -181,7 +200,7 @@ impl Service {
     /// reserved and mapped and that holds all of `at..at+len`, if any.
     fn client_range(&self, client: u64, ctrl: u32, at: u64, len: u64) -> Option<u64> {
         self.with_client(client, |c| {
-            c.iovas.iter().find_map(|(&(cc, base), &(l, mapped))| {
+            c.iovas.iter().find_map(|(&(cc, base), &(l, mapped, _))| {
                 (cc == ctrl && mapped && at >= base && at.checked_add(len).is_some_and(|e| e <= base + l))
                     .then_some(base)
             })
@@ -339,7 +358,12 @@ impl Service {
                         "IOVA range {iova:#x} of controller {ctrl} holds the rings of queue {qid}; delete the queues first"
                     )));
                 }
-                let Some((len, _)) = self.with_client(client, |c| c.iovas.remove(&(ctrl, iova))).flatten()
+                if self.with_client(client, |c| c.proxy_ranges.contains(&(ctrl, iova))).unwrap_or(false) {
+                    return Err(invalid(format!(
+                        "IOVA range {iova:#x} of controller {ctrl} holds memory tuttid moves layers into for this client; unregister first"
+                    )));
+                }
+                let Some((len, _, _)) = self.with_client(client, |c| c.iovas.remove(&(ctrl, iova))).flatten()
                 else {
                     return Err(invalid(format!("IOVA {iova:#x} of controller {ctrl} is not this client's")));
                 };
@@ -368,14 +392,22 @@ impl Service {
                     )));
                 }
                 let iova = dev.vfio_dma().reserve_iova(len).map_err(from_driver)?;
-                self.with_client(client, |c| c.iovas.insert((ctrl, iova), (len, false)));
+                self.with_client(client, |c| c.iovas.insert((ctrl, iova), (len, false, 0)));
                 ok(Response::Iova(iova))
             }
-            Request::Mapped { ctrl, iova } => {
+            Request::Mapped { ctrl, iova, vaddr } => {
                 self.vfio(ctrl)?;
+                if !vaddr.is_multiple_of(4096) {
+                    return Err(invalid(format!("mapped address {vaddr:#x} is not page aligned")));
+                }
                 let marked = self
-                    .with_client(client, |c| c.iovas.get_mut(&(ctrl, iova)).map(|r| r.1 = true).is_some())
-                    .unwrap_or(false);
+                    .with_client(client, |c| {
+                        c.iovas.get_mut(&(ctrl, iova)).map(|r| {
+                            r.1 = true;
+                            r.2 = vaddr;
+                        })
+                    })
+                    .is_some_and(|m| m.is_some());
                 if !marked {
                     return Err(invalid(format!(
                         "IOVA {iova:#x} of controller {ctrl} was not reserved for this client"
@@ -544,6 +576,7 @@ impl Service {
                 let Ok(host) = self.proxy(client) else { return ok(Response::Ok) };
                 let mut h = host.lock().map_err(|_| err(ErrorKind::Io, "proxy state poisoned"))?;
                 h.detach().map_err(from_obj)?;
+                self.with_client(client, |c| c.proxy_ranges.clear());
                 ok(Response::Ok)
             }
             Request::ProxyRegisterPairs { pairs } => {
@@ -647,7 +680,7 @@ impl Service {
         }
         // The client's own MAP_DMAs: the container is shared, so the daemon can
         // unmap them (and so unpin the pages of a client that died).
-        for (&(ctrl, iova), &(len, mapped)) in &state.iovas {
+        for (&(ctrl, iova), &(len, mapped, _)) in &state.iovas {
             let Some(dev) = self.ctrls.get(ctrl as usize).and_then(|s| s.vfio.as_ref()) else { continue };
             if live_rings.contains(&(ctrl, iova)) {
                 tracing::error!(client, device = %dev.bdf(), iova, len,
@@ -688,6 +721,44 @@ impl Service {
             }
         }
         tracing::info!(client, name = %state.name, "client released");
+    }
+}
+
+/// A client's memory as its own VFIO mappings place it: (client address,
+/// IOVA, length) of each range it mapped in a controller's container. The
+/// daemon registers a proxied client's layout through it; nothing is mapped
+/// or unmapped here (the client owns the mappings).
+struct ClientRanges {
+    name: String,
+    ranges: Vec<(u64, u64, u64)>,
+}
+
+impl tutti_driver::transport::DmaSpace for ClientRanges {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn alloc(&self, _len: usize) -> tutti_driver::Result<tutti_driver::transport::DmaBuffer> {
+        Err(tutti_driver::DriverError::dma(self.name.clone(), "a client's ranges allocate nothing"))
+    }
+    /// # Safety
+    /// None beyond the trait's: the range is the client's, mapped by the client.
+    unsafe fn map(
+        &self,
+        vaddr: *mut u8,
+        len: usize,
+    ) -> tutti_driver::Result<tutti_driver::transport::DmaMapping> {
+        let a = vaddr as u64;
+        let end = a.checked_add(len as u64);
+        let found = self.ranges.iter().find(|&&(v, _, l)| a >= v && end.is_some_and(|e| e <= v + l));
+        let Some(&(v, iova, _)) = found else {
+            return Err(tutti_driver::DriverError::dma(
+                self.name.clone(),
+                format!("the client mapped no range holding {a:#x}+{len:#x}"),
+            ));
+        };
+        let segments = vec![tutti_driver::transport::IovaSegment { iova: iova + (a - v), len: len as u64 }];
+        // SAFETY: the segment is where the client's own mapping puts this range; nothing to undo.
+        Ok(unsafe { tutti_driver::transport::DmaMapping::from_raw(vaddr, len, segments, Box::new(())) })
     }
 }
 

@@ -537,7 +537,11 @@ fn malformed_and_foreign_requests_get_clear_errors_and_the_daemon_goes_on() {
     // The VFIO requests name a controller that is not a VFIO device: refused, nothing sent.
     refused(call(&Request::VfioFds { ctrl: 0 }), ErrorKind::Invalid, "not a VFIO device");
     refused(call(&Request::ReserveIova { ctrl: 1, len: 4096 }), ErrorKind::Invalid, "not a VFIO device");
-    refused(call(&Request::Mapped { ctrl: 0, iova: 0x10_0000 }), ErrorKind::Invalid, "not a VFIO device");
+    refused(
+        call(&Request::Mapped { ctrl: 0, iova: 0x10_0000, vaddr: 0 }),
+        ErrorKind::Invalid,
+        "not a VFIO device",
+    );
     refused(call(&Request::VfioFds { ctrl: 7 }), ErrorKind::Invalid, "controller 7");
     refused(
         call(&Request::CreateQueues { ctrl: 0, qid: 3, depth: 16, sq_iova: 0, cq_iova: 0 }),

@@ -11,8 +11,8 @@
 //! only witness). tuttid on the VFIO drives serves two client processes at
 //! once (each maps its own memory through the container the daemon passed),
 //! gives back everything of a client SIGKILLed mid-load, serves both plain
-//! namespaces of the multi-namespace controller, and refuses a client on the
-//! one-pair controller naming it. Skips with a reason when qemu-system-x86_64, a guest kernel
+//! namespaces of the multi-namespace controller, and on the one-pair
+//! controller moves a client's layers itself on its one pair. Skips with a reason when qemu-system-x86_64, a guest kernel
 //! or mdadm/dmsetup cannot be had, and fails instead under CI=true
 //! (tests/support/skip.rs).
 
@@ -54,7 +54,7 @@ const TUTTID_LINES: [(&str, &str); 7] = [
     ("tuttid: refusals: ", "with live rings kept, on 2 VFIO controllers"),
     ("tuttid: killed client: ", "after tuttid released it"),
     ("tuttid: two namespaces: ", "on 2 drives"),
-    ("tuttid: one pair: ", "refused naming 0000:00:07.0"),
+    ("tuttid: one pair (0000:00:07.0, proxied): ", "every byte verified"),
 ];
 
 fn repo_root() -> PathBuf {
@@ -240,7 +240,7 @@ fn console_check_requires_a_clean_log_before_the_negative_test() {
                 tuttid: after a killed client: selftest client 4: ... every byte verified\n\
                 TUTTID-KILLED-CLIENT-RELEASED\n\
                 tuttid: two namespaces: selftest client 5: stored 4 chunks on 2 drives ...\n\
-                tuttid: one pair: a client is refused naming 0000:00:07.0\n\
+                tuttid: one pair (0000:00:07.0, proxied): selftest client 6: stored 8 chunks on 1 drives ... every byte verified\n\
                 TUTTI-NEGATIVE-TEST-BEGIN\n\
                 DMAR: [DMA Write NO_PASID] Request device [00:05.0] fault addr 0x7f00000000\n\
                 0000:00:05.0 qid 1 cid 0: Read completed ... counted as FAILED\n\

@@ -200,7 +200,7 @@ pub fn check_refusals(socket: &Path, seed: u64) -> anyhow::Result<usize> {
         anyhow::ensure!(!mem.is_null(), "out of memory");
         let result = (|| -> anyhow::Result<()> {
             container.map_dma(mem, iova, RANGE as u64)?;
-            c.call(Request::Mapped { ctrl: i, iova })?;
+            c.call(Request::Mapped { ctrl: i, iova, vaddr: mem as u64 })?;
             refused(create(iova + (1 << 20), iova), outside, "queues with the SQ outside every range")?;
             refused(create(iova, iova + RANGE as u64 - 64), outside, "queues with the CQ past the range")?;
             c.call(create(iova, iova + half)).with_context(|| format!("{dev}: queues in a mapped range"))?;
