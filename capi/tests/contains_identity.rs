@@ -12,11 +12,7 @@ mod common;
 use common::*;
 use std::ffi::CString;
 use std::ptr::{null, null_mut};
-use std::time::Duration;
 use tutti::*;
-use tutti_daemon::{Daemon, DaemonConfig, DriveSource, SocketMode};
-use tutti_driver::emulated::{EmulatedConfig, NamespaceConfig};
-use tutti_objstore::{Dtype, Geometry, OpenMode, PoolOptions};
 
 fn contains(rt: &Rt, model: &str, salt: &[u8], kind: u32, keys: &[tutti_hash_t]) -> (i32, usize) {
     let model = CString::new(model).unwrap();
@@ -102,25 +98,7 @@ fn an_in_process_runtime_counts_chunks_under_a_named_identity() {
 
 #[test]
 fn a_client_without_kv_memory_counts_another_clients_chunks() {
-    let dir = std::env::temp_dir().join(format!("tutti-capi-contains-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let g = Geometry { layers: LAYERS, kv_heads: 2, head_dim: 64, tokens_per_block: TPB, dtype: Dtype::Bf16 };
-    let drives = (0..2)
-        .map(|i| EmulatedConfig {
-            name: format!("emu{i}"),
-            serial: format!("CAPI-C-{i}"),
-            namespaces: vec![NamespaceConfig::with_bytes(16 << 20, 512)],
-            ..EmulatedConfig::default()
-        })
-        .collect();
-    let daemon = Daemon::start(DaemonConfig {
-        socket: dir.join("tuttid.sock"),
-        mode: SocketMode::Owner,
-        drives: DriveSource::Emulated(drives),
-        pool: PoolOptions::new(g, OpenMode::Create),
-        io_timeout: Duration::from_secs(2),
-    })
-    .unwrap();
+    let (daemon, dir) = start_daemon("contains");
     let socket = CString::new(daemon.socket().to_str().unwrap()).unwrap();
     let connect = |name: &CString| {
         let cfg = tutti_client_config_t {

@@ -11,38 +11,11 @@ mod common;
 
 use common::*;
 use std::ffi::CString;
-use std::path::PathBuf;
 use std::ptr::{null, null_mut};
 use std::time::{Duration, Instant};
 use tutti::*;
-use tutti_daemon::{Daemon, DaemonConfig, DriveSource, SocketMode};
-use tutti_driver::emulated::{EmulatedConfig, NamespaceConfig};
-use tutti_objstore::{Dtype, Geometry, OpenMode, PoolOptions};
 
 const BLOCKS: u32 = 4;
-
-fn start_daemon(tag: &str) -> (Daemon, PathBuf) {
-    let dir = std::env::temp_dir().join(format!("tutti-capi-daemon-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let g = Geometry { layers: LAYERS, kv_heads: 2, head_dim: 64, tokens_per_block: TPB, dtype: Dtype::Bf16 };
-    let drives = (0..2)
-        .map(|i| EmulatedConfig {
-            name: format!("emu{i}"),
-            serial: format!("CAPI-D-{i}"),
-            namespaces: vec![NamespaceConfig::with_bytes(16 << 20, 512)],
-            ..EmulatedConfig::default()
-        })
-        .collect();
-    let d = Daemon::start(DaemonConfig {
-        socket: dir.join("tuttid.sock"),
-        mode: SocketMode::Owner,
-        drives: DriveSource::Emulated(drives),
-        pool: PoolOptions::new(g, OpenMode::Create),
-        io_timeout: Duration::from_secs(2),
-    })
-    .unwrap();
-    (d, dir)
-}
 
 fn client_config(socket: &CString, name: &CString) -> tutti_client_config_t {
     tutti_client_config_t {
@@ -64,19 +37,6 @@ fn connect(cfg: &tutti_client_config_t) -> (i32, Rt) {
     (code, Rt(rt))
 }
 
-/// Bytes of `block` in every layer, K and V (per-layer registration).
-fn block_bytes(mem: &mut Mem, block: usize) -> Vec<u8> {
-    let per = 2 * BLOCKS as usize * OBJ;
-    let mut out = Vec::new();
-    for l in 0..LAYERS as usize {
-        for kv in 0..2 {
-            let o = l * per + kv * BLOCKS as usize * OBJ + block * OBJ;
-            out.extend_from_slice(&mem.bytes()[o..o + OBJ]);
-        }
-    }
-    out
-}
-
 #[test]
 fn two_clients_share_the_daemons_pool_byte_for_byte() {
     let (daemon, dir) = start_daemon("share");
@@ -94,8 +54,8 @@ fn two_clients_share_the_daemons_pool_byte_for_byte() {
     assert_eq!(lookup(&b, &keys, 0).0, 2, "the other client sees the committed chunks");
     let st = load_all(&b, &keys, &[3, 2]);
     assert_eq!((st.done, st.failed), (1, 0));
-    assert_eq!(block_bytes(&mut read, 3), block_bytes(&mut wrote, 0));
-    assert_eq!(block_bytes(&mut read, 2), block_bytes(&mut wrote, 1));
+    assert_eq!(block_bytes(&mut read, 3, BLOCKS), block_bytes(&mut wrote, 0, BLOCKS));
+    assert_eq!(block_bytes(&mut read, 2, BLOCKS), block_bytes(&mut wrote, 1, BLOCKS));
     let status = daemon.status();
     assert_eq!(status.clients.len(), 2, "{status:?}");
     assert!(status.clients.iter().all(|c| !c.queues.is_empty()), "each client leased its own queue pairs");

@@ -40,19 +40,6 @@ fn unregister(rt: &Rt) {
     ok(unsafe { tutti_unregister_kv(rt.0) });
 }
 
-/// Bytes of `block` in every layer, K and V.
-fn block_bytes(mem: &mut Mem, block: usize) -> Vec<u8> {
-    let per = 2 * BLOCKS as usize * OBJ;
-    let mut out = Vec::new();
-    for l in 0..LAYERS as usize {
-        for kv in 0..2 {
-            let o = l * per + kv * BLOCKS as usize * OBJ + block * OBJ;
-            out.extend_from_slice(&mem.bytes()[o..o + OBJ]);
-        }
-    }
-    out
-}
-
 /// Opens a runtime that must be refused as a second owner; returns the message.
 fn refused(cfg: &tutti_runtime_config_t) -> String {
     let mut rt = null_mut();
@@ -78,7 +65,7 @@ fn second_runtime_on_live_media_is_refused_and_the_first_keeps_its_bytes() {
     let mut mem = register_filled(&a, BLOCKS, 0);
     let rep = store_all(&a, &keys, &[0, 1]);
     assert_eq!(rep.stored, 2);
-    let expected = [block_bytes(&mut mem, 0), block_bytes(&mut mem, 1)];
+    let expected = [block_bytes(&mut mem, 0, BLOCKS), block_bytes(&mut mem, 1, BLOCKS)];
 
     // Runtime B, same directory, same process: refused in every mode, naming the media and us.
     let me = format!("pid {}", std::process::id());
@@ -93,7 +80,7 @@ fn second_runtime_on_live_media_is_refused_and_the_first_keeps_its_bytes() {
     let st = load_all(&a, &keys, &[0, 1]);
     assert_eq!(st.failed, 0);
     for (b, want) in expected.iter().enumerate() {
-        assert!(block_bytes(&mut mem, b) == *want, "block {b}: runtime A got bytes it did not store");
+        assert!(block_bytes(&mut mem, b, BLOCKS) == *want, "block {b}: runtime A got bytes it did not store");
     }
     unregister(&a);
     drop(a);
@@ -187,11 +174,11 @@ fn second_process_on_live_media_is_refused_naming_it() {
     let rt = Rt::open(&config_in(&cdir, TUTTI_OPEN_EXISTING));
     let keys = hashes(1, 99);
     let mut mem = register_filled(&rt, BLOCKS, 100);
-    let want = block_bytes(&mut mem, 0);
+    let want = block_bytes(&mut mem, 0, BLOCKS);
     mem.bytes().fill(0);
     assert_eq!(lookup(&rt, &keys, 0).0, 1);
     assert_eq!(load_all(&rt, &keys, &[0]).failed, 0);
-    assert!(block_bytes(&mut mem, 0) == want, "the holder's chunk lost its bytes");
+    assert!(block_bytes(&mut mem, 0, BLOCKS) == want, "the holder's chunk lost its bytes");
     unregister(&rt);
     drop(rt);
     let _ = std::fs::remove_dir_all(&dir);

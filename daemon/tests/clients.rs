@@ -10,6 +10,9 @@
 // (clippy.toml's allow-*-in-tests covers only the latter).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../../tests/support/reap.rs"]
+mod reap;
+
 #[path = "../../objstore/tests/common/mod.rs"]
 mod common;
 
@@ -192,34 +195,8 @@ fn role_entry() {
 }
 
 /// Starts this binary in `role`; its stdout lines come through the channel.
-/// Kills the child when dropped if it is still running, so that no child
-/// outlives a failing test.
-struct Reap(Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
-impl std::ops::Deref for Reap {
-    type Target = Child;
-    fn deref(&self) -> &Child {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for Reap {
-    fn deref_mut(&mut self) -> &mut Child {
-        &mut self.0
-    }
-}
-
 /// `test` is the calling test: the child runs it again and takes the role at its start.
-fn spawn(test: &str, role: &str, dir: &Path, seed: u64) -> (Reap, mpsc::Receiver<String>) {
+fn spawn(test: &str, role: &str, dir: &Path, seed: u64) -> (reap::Reap, mpsc::Receiver<String>) {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args(["--exact", test, "--nocapture", "--test-threads=1"])
         .env("TUTTI_TEST_ROLE", role)
@@ -238,7 +215,7 @@ fn spawn(test: &str, role: &str, dir: &Path, seed: u64) -> (Reap, mpsc::Receiver
             }
         }
     });
-    (Reap(child), rx)
+    (reap::Reap(child), rx)
 }
 
 /// Waits (bounded) for a line from a child.

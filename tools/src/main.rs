@@ -2,6 +2,7 @@
 
 mod cmd;
 mod emu;
+mod geometry_flags;
 mod pattern;
 mod plot;
 mod progress;

@@ -7,37 +7,14 @@
 // (clippy.toml's allow-*-in-tests covers only the latter).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../../tests/support/reap.rs"]
+mod reap;
+
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// Kills the child when dropped if it is still running, so that no daemon or
-/// client outlives a failing test (holding the test's output pipe open).
-struct Reap(std::process::Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
-impl std::ops::Deref for Reap {
-    type Target = std::process::Child;
-    fn deref(&self) -> &std::process::Child {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for Reap {
-    fn deref_mut(&mut self) -> &mut std::process::Child {
-        &mut self.0
-    }
-}
 
 fn tutti() -> Command {
     Command::new(env!("CARGO_BIN_EXE_tutti"))
@@ -61,7 +38,7 @@ fn client_processes_verify_their_bytes_and_a_killed_one_is_released() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let socket = dir.join("s.sock");
-    let mut daemon = Reap(
+    let mut daemon = reap::Reap(
         tutti()
             .args(["serve", "--emulated", "2", "--capacity-mib", "16", "--layers", "4", "--kv-heads", "2"])
             .args(["--head-dim", "64", "--json", "--dir"])
@@ -92,7 +69,7 @@ fn client_processes_verify_their_bytes_and_a_killed_one_is_released() {
     }
 
     // One held in the middle of a load, then SIGKILLed: the daemon gives back all it held.
-    let mut held = Reap(
+    let mut held = reap::Reap(
         tutti()
             .args(["selftest", "--seed", "3", "--hold", "--client"])
             .arg(&socket)

@@ -6,37 +6,14 @@
 // (clippy.toml's allow-*-in-tests covers only the latter).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../../tests/support/reap.rs"]
+mod reap;
+
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// Kills the child when dropped if it is still running, so that no daemon or
-/// client outlives a failing test (holding the test's output pipe open).
-struct Reap(std::process::Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
-impl std::ops::Deref for Reap {
-    type Target = std::process::Child;
-    fn deref(&self) -> &std::process::Child {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for Reap {
-    fn deref_mut(&mut self) -> &mut std::process::Child {
-        &mut self.0
-    }
-}
 
 fn serve(dir: &Path, socket: &str) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_tutti"));
@@ -65,7 +42,7 @@ fn serve_reports_status_refuses_a_second_owner_and_stops_on_sigterm() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let mut daemon =
-        Reap(serve(&dir, "a.sock").stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap());
+        reap::Reap(serve(&dir, "a.sock").stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap());
     let mut line = String::new();
     BufReader::new(daemon.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let hello: Value = serde_json::from_str(&line).expect("one JSON line when serving");
@@ -133,7 +110,7 @@ fn serve_with_idle_exit_leaves_after_its_last_client_and_removes_the_socket() {
     let dir = std::env::temp_dir().join(format!("tutti-serve-idle-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let mut daemon = Reap(
+    let mut daemon = reap::Reap(
         serve(&dir, "idle.sock")
             .args(["--idle-exit-s", "1"])
             .stdout(Stdio::piped())
@@ -165,7 +142,7 @@ fn serve_with_idle_exit_leaves_after_its_last_client_and_removes_the_socket() {
     assert!(!socket.exists(), "the socket file was removed");
     // The media is free again: a new daemon on it starts (and is stopped at once).
     let mut again =
-        Reap(serve(&dir, "idle.sock").stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap());
+        reap::Reap(serve(&dir, "idle.sock").stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap());
     let mut line = String::new();
     BufReader::new(again.stdout.take().unwrap()).read_line(&mut line).unwrap();
     assert!(line.contains("serving"), "{line}");

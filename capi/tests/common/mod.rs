@@ -207,3 +207,45 @@ pub fn load_all(rt: &Rt, keys: &[tutti_hash_t], blocks: &[u32]) -> tutti_job_sta
     }
     st
 }
+
+/// Bytes of `block` in every layer, K and V, of a per-layer registration of
+/// `blocks` blocks (`register_per_layer`, `register_filled`).
+pub fn block_bytes(mem: &mut Mem, block: usize, blocks: u32) -> Vec<u8> {
+    let per = 2 * blocks as usize * OBJ;
+    let mut out = Vec::new();
+    for l in 0..LAYERS as usize {
+        for kv in 0..2 {
+            let o = l * per + kv * blocks as usize * OBJ + block * OBJ;
+            out.extend_from_slice(&mem.bytes()[o..o + OBJ]);
+        }
+    }
+    out
+}
+
+/// A tuttid in this process on 2 emulated RAM drives with this suite's
+/// geometry, its socket in a fresh directory named after `tag` (returned, to
+/// remove when done).
+pub fn start_daemon(tag: &str) -> (tutti_daemon::Daemon, std::path::PathBuf) {
+    use tutti_driver::emulated::{EmulatedConfig, NamespaceConfig};
+    use tutti_objstore::{Dtype, Geometry, OpenMode, PoolOptions};
+    let dir = std::env::temp_dir().join(format!("tutti-capi-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let g = Geometry { layers: LAYERS, kv_heads: 2, head_dim: 64, tokens_per_block: TPB, dtype: Dtype::Bf16 };
+    let drives = (0..2)
+        .map(|i| EmulatedConfig {
+            name: format!("emu{i}"),
+            serial: format!("CAPI-{tag}-{i}"),
+            namespaces: vec![NamespaceConfig::with_bytes(16 << 20, 512)],
+            ..EmulatedConfig::default()
+        })
+        .collect();
+    let d = tutti_daemon::Daemon::start(tutti_daemon::DaemonConfig {
+        socket: dir.join("tuttid.sock"),
+        mode: tutti_daemon::SocketMode::Owner,
+        drives: tutti_daemon::DriveSource::Emulated(drives),
+        pool: PoolOptions::new(g, OpenMode::Create),
+        io_timeout: std::time::Duration::from_secs(2),
+    })
+    .expect("tuttid starts");
+    (d, dir)
+}

@@ -17,8 +17,8 @@ use tutti_driver::controller::{Controller, ControllerOptions};
 use tutti_driver::emulated::EmulatedController;
 use tutti_driver::transport::vfio::{IommuMode, VfioDevice, VfioOptions};
 use tutti_objstore::{
-    chain_hashes, Backend, DriveSpec, Dtype, Geometry, GioConfig, HostKvMemory, KvLayout, KvStore,
-    LayoutKind, OpenMode, PoolInfo, PoolOptions, StoreOptions, TableSizes,
+    chain_hashes, Backend, DriveSpec, Geometry, GioConfig, HostKvMemory, KvLayout, KvStore, LayoutKind,
+    OpenMode, PoolInfo, PoolOptions, StoreOptions, TableSizes,
 };
 
 /// Default deadline of every wait on the drives (`--timeout`).
@@ -59,18 +59,8 @@ pub struct Args {
     /// Tokens of the request whose KV is stored and retrieved.
     #[arg(long, default_value_t = 16384)]
     pub tokens: u32,
-    #[arg(long, default_value_t = 32)]
-    pub layers: u32,
-    #[arg(long, default_value_t = 8)]
-    pub kv_heads: u32,
-    #[arg(long, default_value_t = 128)]
-    pub head_dim: u32,
-    /// Tokens per KV block (one GPU file per block).
-    #[arg(long, default_value_t = 16)]
-    pub block_tokens: u32,
-    /// f32, f16, bf16, fp8_e4m3, fp8_e5m2, i8.
-    #[arg(long, default_value = "bf16")]
-    pub dtype: String,
+    #[command(flatten)]
+    pub geometry: crate::geometry_flags::GeometryArgs,
     /// Model name, part of the cache identity.
     #[arg(long, default_value = "llama-3-8b")]
     pub model: String,
@@ -248,18 +238,6 @@ impl Rig {
     }
 }
 
-fn geometry(args: &Args) -> anyhow::Result<Geometry> {
-    let g = Geometry {
-        layers: args.layers,
-        kv_heads: args.kv_heads,
-        head_dim: args.head_dim,
-        tokens_per_block: args.block_tokens,
-        dtype: args.dtype.parse::<Dtype>()?,
-    };
-    g.validate()?;
-    Ok(g)
-}
-
 /// Runs `f(block)` for every block on two threads.
 fn for_blocks(n: u32, f: impl Fn(u32) -> anyhow::Result<()> + Sync) -> anyhow::Result<()> {
     std::thread::scope(|s| {
@@ -354,7 +332,7 @@ fn too_small(files: u32, blocks: u32, tokens_per_block: u32, emulated: bool, dri
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let g = geometry(args)?;
+    let g = args.geometry.geometry()?;
     if args.tokens < g.tokens_per_block {
         bail!("--tokens {} is less than one block of {} tokens", args.tokens, g.tokens_per_block);
     }

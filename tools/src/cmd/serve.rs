@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tutti_daemon::{Daemon, DaemonConfig, DriveSource, SocketMode};
-use tutti_objstore::{Dtype, Geometry, OpenMode, PoolOptions};
+use tutti_objstore::{OpenMode, PoolOptions};
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum OpenFlag {
@@ -41,18 +41,8 @@ pub struct Args {
     pub emu: EmulatedArgs,
     #[arg(long, value_enum, default_value_t = OpenFlag::OpenOrCreate)]
     pub open: OpenFlag,
-    /// The pool's KV geometry: layers per model (rank).
-    #[arg(long, default_value_t = 32)]
-    pub layers: u32,
-    #[arg(long, default_value_t = 8)]
-    pub kv_heads: u32,
-    #[arg(long, default_value_t = 128)]
-    pub head_dim: u32,
-    /// Tokens per KV block.
-    #[arg(long, default_value_t = 16)]
-    pub block_tokens: u32,
-    #[arg(long, default_value = "bf16")]
-    pub dtype: String,
+    #[command(flatten)]
+    pub geometry: crate::geometry_flags::GeometryArgs,
     /// Deadline of every admin and metadata command, in milliseconds.
     #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
     pub io_timeout_ms: u64,
@@ -121,14 +111,7 @@ fn group_id(name: &str) -> anyhow::Result<u32> {
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let geometry = Geometry {
-        layers: args.layers,
-        kv_heads: args.kv_heads,
-        head_dim: args.head_dim,
-        tokens_per_block: args.block_tokens,
-        dtype: args.dtype.parse::<Dtype>()?,
-    };
-    geometry.validate()?;
+    let geometry = args.geometry.geometry()?;
     let mode = match &args.group {
         Some(g) => SocketMode::Group(group_id(g)?),
         None => SocketMode::Owner,

@@ -30,7 +30,7 @@ use measure::{Method, Run};
 use report::{bandwidth_chart, cpu_chart, text, MethodInfo, Ratio, Report, Scenario, Sweep, NOTES};
 use std::path::PathBuf;
 use std::time::Instant;
-use tutti_objstore::{Dtype, Geometry};
+use tutti_objstore::Geometry;
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = "The block-count sweep stores --sweep-layers layers per block, not the model's 32: \
@@ -50,21 +50,8 @@ pub struct Args {
     /// Skip the block-count sweep.
     #[arg(long)]
     pub no_sweep: bool,
-    /// Model layers (the defaults are Llama-3-8B's geometry).
-    #[arg(long, default_value_t = 32)]
-    pub layers: u32,
-    /// KV heads per layer.
-    #[arg(long, default_value_t = 8)]
-    pub kv_heads: u32,
-    /// Dimension of each head.
-    #[arg(long, default_value_t = 128)]
-    pub head_dim: u32,
-    /// Tokens per KV block.
-    #[arg(long, default_value_t = 16)]
-    pub block_tokens: u32,
-    /// f32, f16, bf16, fp8_e4m3, fp8_e5m2, i8.
-    #[arg(long, default_value = "bf16")]
-    pub dtype: String,
+    #[command(flatten)]
+    pub geometry: crate::geometry_flags::GeometryArgs,
     /// Emulated drives the pool stripes over.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=16))]
     pub emulated: u32,
@@ -100,14 +87,7 @@ pub struct Args {
 const REP_BUDGET: std::time::Duration = std::time::Duration::from_secs(1);
 
 fn geometry(a: &Args, layers: u32) -> anyhow::Result<Geometry> {
-    let g = Geometry {
-        layers,
-        kv_heads: a.kv_heads,
-        head_dim: a.head_dim,
-        tokens_per_block: a.block_tokens,
-        dtype: a.dtype.parse::<Dtype>()?,
-    };
-    g.validate()?;
+    let g = a.geometry.with_layers(layers)?;
     if !g.object_bytes().is_multiple_of(512) {
         bail!(
             "objects of {} bytes: the emulated drives need multiples of their 512-byte blocks",
@@ -118,7 +98,7 @@ fn geometry(a: &Args, layers: u32) -> anyhow::Result<Geometry> {
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let g = geometry(args, args.layers)?;
+    let g = geometry(args, args.geometry.layers)?;
     let gs = geometry(args, args.sweep_layers).context("--sweep-layers")?;
     if args.request_blocks == 0 {
         bail!("--request-blocks must be at least 1");
