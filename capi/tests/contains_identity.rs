@@ -101,16 +101,7 @@ fn a_client_without_kv_memory_counts_another_clients_chunks() {
     let (daemon, dir) = start_daemon("contains");
     let socket = CString::new(daemon.socket().to_str().unwrap()).unwrap();
     let connect = |name: &CString| {
-        let cfg = tutti_client_config_t {
-            struct_size: std::mem::size_of::<tutti_client_config_t>() as u32,
-            executor: TUTTI_EXECUTOR_GIO_HOST,
-            socket: socket.as_ptr(),
-            client_name: name.as_ptr(),
-            control_timeout_ms: 5000,
-            io_timeout_ms: 0,
-            host_lane_blocks: 0,
-            geometry: geometry(),
-        };
+        let cfg = client_config(&socket, name);
         let mut rt = null_mut();
         // SAFETY: a valid config and out pointer.
         ok(unsafe { tutti_runtime_connect(&cfg, &mut rt) });

@@ -17,19 +17,6 @@ use tutti::*;
 
 const BLOCKS: u32 = 4;
 
-fn client_config(socket: &CString, name: &CString) -> tutti_client_config_t {
-    tutti_client_config_t {
-        struct_size: std::mem::size_of::<tutti_client_config_t>() as u32,
-        executor: TUTTI_EXECUTOR_GIO_HOST,
-        socket: socket.as_ptr(),
-        client_name: name.as_ptr(),
-        control_timeout_ms: 5000,
-        io_timeout_ms: 0,
-        host_lane_blocks: 0,
-        geometry: geometry(),
-    }
-}
-
 fn connect(cfg: &tutti_client_config_t) -> (i32, Rt) {
     let mut rt = null_mut();
     // SAFETY: a valid config and out pointer.

@@ -21,8 +21,9 @@ pub enum DriveSource {
     /// Emulated controllers started by the daemon (file media is locked for
     /// as long as the daemon runs: a second owner is refused).
     Emulated(Vec<EmulatedConfig>),
-    /// NVMe controllers bound to vfio-pci, by PCI address.
-    Vfio { bdfs: Vec<String>, noiommu: bool },
+    /// NVMe controllers bound to vfio-pci, each with the namespaces to use
+    /// (empty: every usable one; each one named must be usable).
+    Vfio { drives: Vec<(tutti_driver::pci::Bdf, Vec<u32>)>, noiommu: bool },
 }
 
 #[derive(Clone, Debug)]
@@ -52,15 +53,19 @@ fn open_drives(cfg: &DaemonConfig) -> Result<OpenedDrives> {
     let mut served = Vec::new();
     let mut specs = Vec::new();
     let mut drives = Vec::new();
+    // `only`: the namespaces asked for (each must be usable); empty: every usable one.
     let mut add = |ctrl: Arc<Controller>,
                    emu: Option<EmulatedController>,
-                   vfio: Option<VfioDevice>|
+                   vfio: Option<VfioDevice>,
+                   only: &[u32]|
      -> Result<()> {
         let c = served.len() as u32;
-        // Every usable namespace of a controller is a pool drive.
         let mut any = false;
+        for &nsid in only {
+            ctrl.data_namespace(nsid)?;
+        }
         for ns in &ctrl.info().namespaces {
-            if ctrl.data_namespace(ns.nsid).is_ok() {
+            if (only.is_empty() || only.contains(&ns.nsid)) && ctrl.data_namespace(ns.nsid).is_ok() {
                 specs.push(DriveSpec::new(ctrl.clone(), ns.nsid));
                 drives.push((c, ns.nsid));
                 any = true;
@@ -77,16 +82,15 @@ fn open_drives(cfg: &DaemonConfig) -> Result<OpenedDrives> {
             for c in list {
                 let emu = EmulatedController::start(c.clone())?;
                 let ctrl = Controller::new(emu.registers(), emu.dma_space(), opts.clone())?;
-                add(ctrl, Some(emu), None)?;
+                add(ctrl, Some(emu), None, &[])?;
             }
         }
-        DriveSource::Vfio { bdfs, noiommu } => {
+        DriveSource::Vfio { drives: list, noiommu } => {
             let mode = if *noiommu { IommuMode::NoIommu } else { IommuMode::Type1 };
-            for b in bdfs {
-                let bdf: tutti_driver::pci::Bdf = b.parse()?;
-                let dev = VfioDevice::open(&bdf, &VfioOptions { mode, ..VfioOptions::default() })?;
+            for (bdf, only) in list {
+                let dev = VfioDevice::open(bdf, &VfioOptions { mode, ..VfioOptions::default() })?;
                 let ctrl = Controller::new(dev.registers(), dev.dma_space(), opts.clone())?;
-                add(ctrl, None, Some(dev))?;
+                add(ctrl, None, Some(dev), only)?;
             }
         }
     }

@@ -8,7 +8,8 @@
 
 use serde::{Deserialize, Serialize};
 use tutti_driver::controller::ControllerInfo;
-use tutti_objstore::io::proxy::{LayoutSpec, RemoteOutcome};
+use tutti_objstore::io::proxy::LayoutSpec;
+use tutti_objstore::io::{Direction, LayerOutcome, Pair};
 use tutti_objstore::{BlockHash, ControlStats, FileId, IdentityId, Lookup, PoolShape, Reserved, Verdict};
 
 /// Bumped on any change a peer of the other version would misread.
@@ -123,16 +124,16 @@ pub enum Request {
     },
     ProxyDetach,
     ProxyRegisterPairs {
-        pairs: Vec<(u32, u32)>,
+        pairs: Vec<Pair>,
     },
     ProxyUnregisterPairs {
         handle: u64,
     },
-    /// Layer `layer` of `pairs` ((file, block)); `store` writes, else reads.
+    /// Layer `layer` of `pairs`, moved in direction `dir`.
     ProxySubmit {
         layer: u32,
-        pairs: Vec<(u32, u32)>,
-        store: bool,
+        pairs: Vec<Pair>,
+        dir: Direction,
         registered: Option<u64>,
     },
     ProxyPoll {
@@ -214,7 +215,7 @@ pub enum Response {
     Status(Box<StatusReport>),
     /// A pair-list handle or transfer token (None: none was made, or full for now).
     Handle(Option<u64>),
-    Outcome(Option<RemoteOutcome>),
+    Outcome(Option<LayerOutcome>),
 }
 
 /// How a client reaches one controller.

@@ -26,6 +26,7 @@ use tutti_driver::transport::remote::{BrokeredDma, DmaBroker};
 use tutti_driver::transport::vfio::{ClientContainer, DoorbellBar};
 use tutti_driver::transport::{DmaSpace, Registers};
 use tutti_driver::DriverError;
+use tutti_objstore::io::{Direction, LayerOutcome, Pair};
 use tutti_objstore::{
     Backend, BlockHash, ControlStats, DriveSpec, FileId, IdentityId, KvStore, Lookup, ObjError, PoolControl,
     Reserved, Verdict,
@@ -333,7 +334,7 @@ impl tutti_objstore::io::proxy::LayerService for RemoteLayers {
     fn detach(&self) -> tutti_objstore::Result<()> {
         self.client.call(Request::ProxyDetach).map(|_| ()).map_err(obj_err)
     }
-    fn register_pairs(&self, pairs: &[(u32, u32)]) -> tutti_objstore::Result<Option<u64>> {
+    fn register_pairs(&self, pairs: &[Pair]) -> tutti_objstore::Result<Option<u64>> {
         match self.client.call(Request::ProxyRegisterPairs { pairs: pairs.to_vec() }).map_err(obj_err)? {
             Response::Handle(h) => Ok(h),
             r => Err(obj_err(unexpected("proxy-register-pairs", &r))),
@@ -345,17 +346,17 @@ impl tutti_objstore::io::proxy::LayerService for RemoteLayers {
     fn submit(
         &self,
         layer: u32,
-        pairs: &[(u32, u32)],
-        store: bool,
+        pairs: &[Pair],
+        dir: Direction,
         registered: Option<u64>,
     ) -> tutti_objstore::Result<Option<u64>> {
-        let req = Request::ProxySubmit { layer, pairs: pairs.to_vec(), store, registered };
+        let req = Request::ProxySubmit { layer, pairs: pairs.to_vec(), dir, registered };
         match self.client.call(req).map_err(obj_err)? {
             Response::Handle(h) => Ok(h),
             r => Err(obj_err(unexpected("proxy-submit", &r))),
         }
     }
-    fn poll(&self, token: u64) -> tutti_objstore::Result<Option<tutti_objstore::io::proxy::RemoteOutcome>> {
+    fn poll(&self, token: u64) -> tutti_objstore::Result<Option<LayerOutcome>> {
         match self.client.call(Request::ProxyPoll { token }).map_err(obj_err)? {
             Response::Outcome(o) => Ok(o),
             r => Err(obj_err(unexpected("proxy-poll", &r))),

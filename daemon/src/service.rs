@@ -590,7 +590,8 @@ impl Service {
                 h.unregister_pairs(handle).map_err(from_obj)?;
                 ok(Response::Ok)
             }
-            Request::ProxySubmit { layer, pairs, store, registered } => {
+            Request::ProxySubmit { layer, pairs, dir, registered } => {
+                let store = dir == tutti_objstore::Direction::Store;
                 // Only files this client may move: its reservations' files for a store, files
                 // it holds a load reference on for a load.
                 let allowed = self
@@ -598,7 +599,7 @@ impl Service {
                         if store {
                             return true; // checked below against the pool's reservations
                         }
-                        pairs.iter().all(|(f, _)| c.loads.contains_key(f))
+                        pairs.iter().all(|p| c.loads.contains_key(&p.file))
                     })
                     .unwrap_or(false);
                 if !allowed {
@@ -608,7 +609,7 @@ impl Service {
                     let mine: Vec<u64> = self
                         .with_client(client, |c| c.reservations.keys().copied().collect())
                         .unwrap_or_default();
-                    let files: Vec<FileId> = pairs.iter().map(|&(f, _)| f).collect();
+                    let files: Vec<FileId> = pairs.iter().map(|p| p.file).collect();
                     if !self.pool.reserved_by(&mine, &files) {
                         return Err(invalid(
                             "proxy-submit stores into files no reservation of this client holds",
@@ -617,7 +618,7 @@ impl Service {
                 }
                 let host = self.proxy(client)?;
                 let mut h = host.lock().map_err(|_| err(ErrorKind::Io, "proxy state poisoned"))?;
-                ok(Response::Handle(h.submit(layer, &pairs, store, registered).map_err(from_obj)?))
+                ok(Response::Handle(h.submit(layer, &pairs, dir, registered).map_err(from_obj)?))
             }
             Request::ProxyPoll { token } => {
                 let host = self.proxy(client)?;

@@ -475,6 +475,7 @@ fn controllers_granting_one_queue_pair_still_serve_every_client() {
 fn malformed_and_foreign_requests_get_clear_errors_and_the_daemon_goes_on() {
     role_entry();
     use tutti_daemon::proto::{ErrorKind, Request, Response};
+    use tutti_objstore::io::{Direction, Pair};
     use tutti_objstore::{BlockHash, IdentityId, Verdict};
     let dir = TempDir::new("malformed");
     let daemon = Daemon::start(config(&dir.0, 16, OpenMode::Create)).unwrap();
@@ -542,12 +543,22 @@ fn malformed_and_foreign_requests_get_clear_errors_and_the_daemon_goes_on() {
     // The proxied data path checks what it is asked to move.
     refused(call(&Request::ProxyPoll { token: 5 }), ErrorKind::Invalid, "proxy-attach first");
     refused(
-        call(&Request::ProxySubmit { layer: 0, pairs: vec![(0, 0)], store: false, registered: None }),
+        call(&Request::ProxySubmit {
+            layer: 0,
+            pairs: vec![Pair { file: 0, block: 0 }],
+            dir: Direction::Load,
+            registered: None,
+        }),
         ErrorKind::Invalid,
         "no load reference",
     );
     refused(
-        call(&Request::ProxySubmit { layer: 0, pairs: vec![(0, 0)], store: true, registered: None }),
+        call(&Request::ProxySubmit {
+            layer: 0,
+            pairs: vec![Pair { file: 0, block: 0 }],
+            dir: Direction::Store,
+            registered: None,
+        }),
         ErrorKind::Invalid,
         "no reservation",
     );

@@ -15,6 +15,26 @@ pub enum SglFlag {
     Off,
 }
 
+/// Where a pool's drives come from (`demo`, `serve`): emulated ones by
+/// default, or NVMe drives bound to vfio-pci with `--drives`.
+#[derive(Args, Clone, Debug)]
+pub struct PoolDriveArgs {
+    /// Number of emulated drives (ignored with --drives).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=32))]
+    pub emulated: u32,
+    /// PCI addresses of VFIO-bound drives to run on instead (comma separated).
+    /// Every usable namespace of each becomes a pool drive; `BDF/NSID` takes
+    /// only that namespace. Their contents are overwritten when a pool is
+    /// created on them.
+    #[arg(long, value_delimiter = ',')]
+    pub drives: Vec<String>,
+    /// Use vfio's unsafe no-IOMMU mode (with --drives; machines without an IOMMU, testing only).
+    #[arg(long)]
+    pub noiommu: bool,
+    #[command(flatten)]
+    pub emu: EmulatedArgs,
+}
+
 #[derive(Args, Clone, Debug)]
 pub struct EmulatedArgs {
     /// Logical block size of each emulated namespace (512 or 4096).

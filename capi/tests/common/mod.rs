@@ -249,3 +249,17 @@ pub fn start_daemon(tag: &str) -> (tutti_daemon::Daemon, std::path::PathBuf) {
     .expect("tuttid starts");
     (d, dir)
 }
+
+/// A client config for the tuttid at `socket`, this suite's geometry.
+pub fn client_config(socket: &std::ffi::CString, name: &std::ffi::CString) -> tutti_client_config_t {
+    tutti_client_config_t {
+        struct_size: std::mem::size_of::<tutti_client_config_t>() as u32,
+        executor: TUTTI_EXECUTOR_GIO_HOST,
+        socket: socket.as_ptr(),
+        client_name: name.as_ptr(),
+        control_timeout_ms: 5000,
+        io_timeout_ms: 0,
+        host_lane_blocks: 0,
+        geometry: geometry(),
+    }
+}

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use tutti_driver::spec::SglDescriptor;
 
 /// Which way a transfer goes.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Direction {
     /// Drives → KV memory (retrieve).
@@ -39,7 +39,7 @@ pub enum Direction {
 }
 
 /// One (file, engine block) pair of a layer transfer.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Pair {
     pub file: FileId,
     pub block: u32,
@@ -52,7 +52,7 @@ pub struct Pair {
 /// ("late DMA"). Such a failure must be kept apart from one whose outcome is
 /// known, because the store may reuse a file only if no write into it can
 /// still land (see [`Index::quarantine`](crate::index::Index::quarantine)).
-#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FailureKind {
     /// The command did not and will not move its data: the controller
@@ -66,7 +66,7 @@ pub enum FailureKind {
 }
 
 /// Why one pair of a layer transfer failed.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PairFailure {
     pub kind: FailureKind,
     pub why: String,
@@ -131,7 +131,7 @@ pub(crate) fn sorted_failures(failed: HashMap<u32, PairFailure>) -> Vec<(u32, Pa
 }
 
 /// How one layer transfer ended.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LayerOutcome {
     /// Indices (into the submitted pairs) that failed, with the first reason
     /// for each and whether the device may still act on it.

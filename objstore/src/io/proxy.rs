@@ -10,7 +10,7 @@
 //! engine's memory made through DMA spaces that reach that engine.
 
 use super::direct::DirectIo;
-use super::{Direction, FailureKind, LayerIo, LayerOutcome, Pair, PairFailure};
+use super::{Direction, LayerIo, LayerOutcome, Pair};
 use crate::error::{ObjError, Result};
 use crate::geometry::Geometry;
 use crate::hash::CacheIdentity;
@@ -48,68 +48,21 @@ impl LayoutSpec {
     }
 }
 
-/// One layer transfer's outcome, as it crosses a process boundary.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct RemoteOutcome {
-    /// (pair index, unknown outcome?, why)
-    pub failed: Vec<(u32, bool, String)>,
-    pub commands: u64,
-    pub host_calls: u64,
-    pub host_built: u64,
-    pub host_pairs: u64,
-    pub recoveries: u64,
-    pub recovery_failures: u64,
-}
-
-impl From<LayerOutcome> for RemoteOutcome {
-    fn from(o: LayerOutcome) -> Self {
-        RemoteOutcome {
-            failed: o.failed.into_iter().map(|(i, f)| (i, f.kind == FailureKind::Unknown, f.why)).collect(),
-            commands: o.commands,
-            host_calls: o.host_calls,
-            host_built: o.host_built,
-            host_pairs: o.host_pairs,
-            recoveries: o.recoveries,
-            recovery_failures: o.recovery_failures,
-        }
-    }
-}
-
-impl From<RemoteOutcome> for LayerOutcome {
-    fn from(o: RemoteOutcome) -> Self {
-        LayerOutcome {
-            failed: o
-                .failed
-                .into_iter()
-                .map(|(i, unknown, why)| {
-                    (i, if unknown { PairFailure::unknown(why) } else { PairFailure::definite(why) })
-                })
-                .collect(),
-            commands: o.commands,
-            host_calls: o.host_calls,
-            host_built: o.host_built,
-            host_pairs: o.host_pairs,
-            recoveries: o.recoveries,
-            recovery_failures: o.recovery_failures,
-        }
-    }
-}
-
 /// The I/O calls of an engine's store, served by another process.
 pub trait LayerService: Send + Sync {
     fn attach(&self, layout: &LayoutSpec) -> Result<()>;
     fn detach(&self) -> Result<()>;
-    fn register_pairs(&self, pairs: &[(u32, u32)]) -> Result<Option<u64>>;
+    fn register_pairs(&self, pairs: &[Pair]) -> Result<Option<u64>>;
     fn unregister_pairs(&self, handle: u64) -> Result<()>;
-    /// Starts layer `layer` of `pairs` ((file, block)); `None` when full for now.
+    /// Starts layer `layer` of `pairs`; `None` when full for now.
     fn submit(
         &self,
         layer: u32,
-        pairs: &[(u32, u32)],
-        store: bool,
+        pairs: &[Pair],
+        dir: Direction,
         registered: Option<u64>,
     ) -> Result<Option<u64>>;
-    fn poll(&self, token: u64) -> Result<Option<RemoteOutcome>>;
+    fn poll(&self, token: u64) -> Result<Option<LayerOutcome>>;
 }
 
 /// The store's I/O path over a [`LayerService`].
@@ -121,10 +74,6 @@ impl ProxyIo {
     pub fn new(service: Arc<dyn LayerService>) -> Self {
         ProxyIo { service }
     }
-}
-
-fn pairs_of(pairs: &[Pair]) -> Vec<(u32, u32)> {
-    pairs.iter().map(|p| (p.file, p.block)).collect()
 }
 
 impl LayerIo for ProxyIo {
@@ -141,7 +90,7 @@ impl LayerIo for ProxyIo {
         self.service.detach()
     }
     fn register_pairs(&mut self, pairs: &[Pair]) -> Result<Option<u64>> {
-        self.service.register_pairs(&pairs_of(pairs))
+        self.service.register_pairs(pairs)
     }
     fn unregister_pairs(&mut self, handle: u64) -> Result<()> {
         self.service.unregister_pairs(handle)
@@ -153,13 +102,13 @@ impl LayerIo for ProxyIo {
         dir: Direction,
         registered: Option<u64>,
     ) -> Result<Option<u64>> {
-        self.service.submit(layer, &pairs_of(pairs), dir == Direction::Store, registered)
+        self.service.submit(layer, pairs, dir, registered)
     }
     fn progress(&mut self) -> Result<()> {
         Ok(())
     }
     fn poll(&mut self, token: u64) -> Result<Option<LayerOutcome>> {
-        Ok(self.service.poll(token)?.map(LayerOutcome::from))
+        self.service.poll(token)
     }
 }
 
@@ -229,7 +178,8 @@ impl LayerHost {
         Ok(())
     }
 
-    fn check(&self, pairs: &[(u32, u32)]) -> Result<Vec<Pair>> {
+    /// Pairs within the pool's files and the engine's registered blocks.
+    fn check(&self, pairs: &[Pair]) -> Result<()> {
         let reg = self.reg.as_ref().ok_or(ObjError::NotRegistered)?;
         if pairs.len() > MAX_PROXY_PAIRS {
             return Err(ObjError::invalid(
@@ -237,25 +187,19 @@ impl LayerHost {
                 format!("{} pairs; at most {MAX_PROXY_PAIRS}", pairs.len()),
             ));
         }
-        let blocks = reg.layout.num_blocks();
-        let files = self.map.files();
-        pairs
-            .iter()
-            .map(|&(file, block)| {
-                if file >= files || block >= blocks {
-                    return Err(ObjError::invalid(
-                        "pairs",
-                        format!("(file {file}, block {block}) is outside {files} files and {blocks} blocks"),
-                    ));
-                }
-                Ok(Pair { file, block })
-            })
-            .collect()
+        let (files, blocks) = (self.map.files(), reg.layout.num_blocks());
+        match pairs.iter().find(|p| p.file >= files || p.block >= blocks) {
+            Some(p) => Err(ObjError::invalid(
+                "pairs",
+                format!("(file {}, block {}) is outside {files} files and {blocks} blocks", p.file, p.block),
+            )),
+            None => Ok(()),
+        }
     }
 
-    pub fn register_pairs(&mut self, pairs: &[(u32, u32)]) -> Result<Option<u64>> {
-        let pairs = self.check(pairs)?;
-        let h = self.io.register_pairs(&pairs)?;
+    pub fn register_pairs(&mut self, pairs: &[Pair]) -> Result<Option<u64>> {
+        self.check(pairs)?;
+        let h = self.io.register_pairs(pairs)?;
         self.lists.extend(h);
         Ok(h)
     }
@@ -272,8 +216,8 @@ impl LayerHost {
     pub fn submit(
         &mut self,
         layer: u32,
-        pairs: &[(u32, u32)],
-        store: bool,
+        pairs: &[Pair],
+        dir: Direction,
         registered: Option<u64>,
     ) -> Result<Option<u64>> {
         if layer >= self.geometry.layers {
@@ -282,14 +226,13 @@ impl LayerHost {
         if registered.is_some_and(|h| !self.lists.contains(&h)) {
             return Err(ObjError::invalid("registered", "not a pair list of this engine"));
         }
-        let pairs = self.check(pairs)?;
-        let dir = if store { Direction::Store } else { Direction::Load };
-        let token = self.io.submit(layer, &pairs, dir, registered)?;
+        self.check(pairs)?;
+        let token = self.io.submit(layer, pairs, dir, registered)?;
         self.in_flight.extend(token);
         Ok(token)
     }
 
-    pub fn poll(&mut self, token: u64) -> Result<Option<RemoteOutcome>> {
+    pub fn poll(&mut self, token: u64) -> Result<Option<LayerOutcome>> {
         if !self.in_flight.contains(&token) {
             return Err(ObjError::Unknown { what: "transfer", id: token });
         }
@@ -297,7 +240,7 @@ impl LayerHost {
         if out.is_some() {
             self.in_flight.retain(|&t| t != token);
         }
-        Ok(out.map(RemoteOutcome::from))
+        Ok(out)
     }
 
     /// Transfers not finished yet.

@@ -6,7 +6,7 @@
 //! cached prefix found and verified again.
 
 use crate::cmd::ExecFlag;
-use crate::emu::EmulatedArgs;
+use crate::emu::{EmulatedArgs, PoolDriveArgs};
 use crate::pattern::kv_object;
 use crate::progress::byte_bar;
 use crate::report::{bytes, print_json};
@@ -42,20 +42,8 @@ pub enum BackendFlag {
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Number of emulated drives (ignored with --drives).
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=32))]
-    pub emulated: u32,
-    /// PCI addresses of VFIO-bound drives to run on instead (comma separated).
-    /// Every usable namespace of each becomes a pool drive; `BDF/NSID` takes
-    /// only that namespace. Their contents are overwritten: the demo formats
-    /// them as a new pool.
-    #[arg(long, value_delimiter = ',')]
-    pub drives: Vec<String>,
-    /// Use vfio's unsafe no-IOMMU mode (with --drives).
-    #[arg(long)]
-    pub noiommu: bool,
     #[command(flatten)]
-    pub emu: EmulatedArgs,
+    pub pool_drives: PoolDriveArgs,
     /// Tokens of the request whose KV is stored and retrieved.
     #[arg(long, default_value_t = 16384)]
     pub tokens: u32,
@@ -166,12 +154,12 @@ enum Rig {
 
 impl Rig {
     fn start(args: &Args, per_drive: u64) -> anyhow::Result<Rig> {
-        if !args.drives.is_empty() {
+        if !args.pool_drives.drives.is_empty() {
             let opts = VfioOptions {
-                mode: if args.noiommu { IommuMode::NoIommu } else { IommuMode::Type1 },
+                mode: if args.pool_drives.noiommu { IommuMode::NoIommu } else { IommuMode::Type1 },
                 ..VfioOptions::default()
             };
-            let devices = super::identify::group_drives(&args.drives)?
+            let devices = super::identify::group_drives(&args.pool_drives.drives)?
                 .into_iter()
                 .map(|(bdf, nsids)| {
                     let dev = VfioDevice::open(&bdf, &opts)
@@ -181,9 +169,9 @@ impl Rig {
                 .collect::<anyhow::Result<Vec<_>>>()?;
             return Ok(Rig::Vfio { devices });
         }
-        let mut emu = args.emu.clone();
+        let mut emu = args.pool_drives.emu.clone();
         emu.capacity_mib = emu.capacity_mib.max(per_drive.div_ceil(1 << 20));
-        let emus = (0..args.emulated as usize)
+        let emus = (0..args.pool_drives.emulated as usize)
             .map(|i| Ok(EmulatedController::start(emu.config(i)?)?))
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(Rig::Emulated { emus, args: emu })
@@ -339,7 +327,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let blocks = args.tokens / g.tokens_per_block;
     let request_bytes = blocks as u64 * g.file_bytes();
     // Each emulated namespace holds its share of the request, plus room for metadata.
-    let namespaces = args.emulated as u64 * args.emu.emu_namespaces as u64;
+    let namespaces = args.pool_drives.emulated as u64 * args.pool_drives.emu.emu_namespaces as u64;
     let per_drive = request_bytes.div_ceil(namespaces) + request_bytes / 8 + (64 << 20);
     let rig = Rig::start(args, per_drive)?;
     let backend = match args.backend {

@@ -1,7 +1,7 @@
 //! `tutti serve`: run tuttid, the process that owns the drives and the pool
 //! and serves engine processes (clients) on a Unix socket.
 
-use crate::emu::EmulatedArgs;
+use crate::emu::PoolDriveArgs;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -28,17 +28,8 @@ pub struct Args {
     /// that group. Without it the socket is 0600: only this user (and root) may connect.
     #[arg(long)]
     pub group: Option<String>,
-    /// Emulated drives to start (ignored with --drives).
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=32))]
-    pub emulated: u32,
-    /// NVMe drives bound to vfio-pci, by PCI address (comma separated), instead of emulated ones.
-    #[arg(long, value_delimiter = ',')]
-    pub drives: Vec<String>,
-    /// Use vfio's no-IOMMU mode (machines without an IOMMU; testing only).
-    #[arg(long)]
-    pub noiommu: bool,
     #[command(flatten)]
-    pub emu: EmulatedArgs,
+    pub pool_drives: PoolDriveArgs,
     #[arg(long, value_enum, default_value_t = OpenFlag::OpenOrCreate)]
     pub open: OpenFlag,
     #[command(flatten)]
@@ -116,12 +107,16 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         Some(g) => SocketMode::Group(group_id(g)?),
         None => SocketMode::Owner,
     };
-    let drives = if args.drives.is_empty() {
-        let list =
-            (0..args.emulated as usize).map(|i| args.emu.config(i)).collect::<anyhow::Result<Vec<_>>>()?;
+    let drives = if args.pool_drives.drives.is_empty() {
+        let list = (0..args.pool_drives.emulated as usize)
+            .map(|i| args.pool_drives.emu.config(i))
+            .collect::<anyhow::Result<Vec<_>>>()?;
         DriveSource::Emulated(list)
     } else {
-        DriveSource::Vfio { bdfs: args.drives.clone(), noiommu: args.noiommu }
+        DriveSource::Vfio {
+            drives: super::identify::group_drives(&args.pool_drives.drives)?,
+            noiommu: args.pool_drives.noiommu,
+        }
     };
     let open = match args.open {
         OpenFlag::Create => OpenMode::Create,

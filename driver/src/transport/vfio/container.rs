@@ -220,23 +220,11 @@ impl Container {
 
     /// Removes the mapping made at `iova` with `size`; the kernel unpins the pages.
     pub fn unmap_dma(&self, iova: u64, size: u64) -> Result<()> {
-        let mut unmap = vfio_iommu_type1_dma_unmap {
-            argsz: size_of::<vfio_iommu_type1_dma_unmap>() as u32,
-            flags: 0,
-            iova,
-            size,
-        };
-        // SAFETY: a complete vfio_iommu_type1_dma_unmap; the kernel writes back `size`.
-        unsafe { ioctl::ioctl_ptr(self.fd(), ioctl::IOMMU_UNMAP_DMA, &mut unmap) }.map_err(|e| {
-            DriverError::Vfio(format!(
-                "{}: VFIO_IOMMU_UNMAP_DMA of {size:#x} bytes at {iova:#x}: {e}",
-                self.name
-            ))
-        })?;
-        if unmap.size != size {
+        let unmapped = self.unmap_range(iova, size)?;
+        if unmapped != size {
             return Err(DriverError::Vfio(format!(
-                "{}: VFIO_IOMMU_UNMAP_DMA at {iova:#x} unmapped {:#x} of {size:#x} bytes",
-                self.name, unmap.size
+                "{}: VFIO_IOMMU_UNMAP_DMA at {iova:#x} unmapped {unmapped:#x} of {size:#x} bytes",
+                self.name
             )));
         }
         tracing::trace!(device = %self.name, iova, size, "dma unmapped");
