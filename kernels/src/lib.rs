@@ -15,9 +15,11 @@
 #![warn(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod abi;
+pub mod cubin;
 mod error;
 pub mod host;
 pub mod nvrtc;
+pub mod sass;
 
 pub use error::KernelError;
 
@@ -32,3 +34,10 @@ pub const KERNEL_WAIT: &str = "tt_gio_wait";
 pub const KERNELS: [&str; 3] = [KERNEL_ISSUE, KERNEL_PERSISTENT, KERNEL_WAIT];
 /// Threads per block the issue kernels are compiled for (`TT_GIO_BLOCK_THREADS`).
 pub const GPU_BLOCK_THREADS: u32 = 512;
+
+/// The parameter sizes (bytes, in order) every launcher passes each kernel:
+/// `tt_gio_issue(ctx)`, `tt_gio_persistent(ctx)`,
+/// `tt_gio_wait(ctx, ids, seqs, n, timeout_ns, done)`. The cubin's own
+/// parameter tables must match (`kernels/tests/sass.rs`).
+pub const KERNEL_PARAMS: [(&str, &[u32]); 3] =
+    [(KERNEL_ISSUE, &[8]), (KERNEL_PERSISTENT, &[8]), (KERNEL_WAIT, &[8, 8, 8, 4, 8, 8])];
