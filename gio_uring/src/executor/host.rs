@@ -1,12 +1,20 @@
 //! The host executor: the CUDA kernels compiled as C++ (by `tutti-kernels`'
 //! build script) and run with one host thread per CUDA thread.
+//!
+//! With [`DoorbellMode::Relay`] its kernels ring doorbells through a
+//! [`DoorbellRelay`]'s mailboxes, as the CUDA executor does where a BAR
+//! cannot be mapped for the GPU: that fallback runs against emulated
+//! controllers in CI this way.
 
+use super::relay::{DoorbellRelay, RelayConfig, Watch};
 use super::{ExecBinding, ExecMode, ExecShape, Executor};
 use crate::error::{GioError, Result};
 use crate::mem::{ExecMemory, HostMapping, HostMemory, HostRange, MemKind};
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
+use tutti_driver::transport::DoorbellKind;
 use tutti_kernels::abi::ExecCtx;
 use tutti_kernels::host::{HostArgs, HostKernel, HostLaunch};
 
@@ -20,13 +28,32 @@ pub struct HostExecutorConfig {
     pub block_lanes: u32,
     /// Launch mode: kernels allowed to run at once.
     pub max_launches: u32,
+    /// How the kernels reach doorbell registers.
+    pub doorbells: DoorbellMode,
 }
 
 impl Default for HostExecutorConfig {
     /// Three blocks of one warp: ~100 threads, what two cores carry comfortably.
     fn default() -> Self {
-        HostExecutorConfig { mode: ExecMode::Launch, blocks: 3, block_lanes: 32, max_launches: 2 }
+        HostExecutorConfig {
+            mode: ExecMode::Launch,
+            blocks: 3,
+            block_lanes: 32,
+            max_launches: 2,
+            doorbells: DoorbellMode::Direct,
+        }
     }
+}
+
+/// How an executor's kernels ring NVMe doorbells.
+#[derive(Clone, Debug, Default)]
+pub enum DoorbellMode {
+    /// They store into the doorbell registers themselves.
+    #[default]
+    Direct,
+    /// They store into mailboxes a [`DoorbellRelay`] thread forwards (every
+    /// doorbell, BAR or emulated).
+    Relay(RelayConfig),
 }
 
 #[derive(Default)]
@@ -42,6 +69,7 @@ pub struct HostExecutor {
     cfg: HostExecutorConfig,
     name: String,
     state: Mutex<State>,
+    relay: Option<DoorbellRelay>,
 }
 
 struct Identity(u64);
@@ -49,6 +77,15 @@ struct Identity(u64);
 impl HostMapping for Identity {
     fn exec_addr(&self) -> u64 {
         self.0
+    }
+}
+
+/// A relayed doorbell: the executor address is the mailbox's host address.
+struct Relayed(Watch);
+
+impl HostMapping for Relayed {
+    fn exec_addr(&self) -> u64 {
+        self.0.mailbox().as_ptr() as u64
     }
 }
 
@@ -63,8 +100,17 @@ impl HostExecutor {
         if cfg.blocks == 0 || cfg.max_launches == 0 {
             return Err(GioError::invalid("blocks and max_launches must be at least 1"));
         }
-        let name = format!("host ({:?}, {} x {} lanes)", cfg.mode, cfg.blocks, cfg.block_lanes);
-        Ok(HostExecutor { cfg, name, state: Mutex::default() })
+        let (relay, via) = match &cfg.doorbells {
+            DoorbellMode::Direct => (None, ""),
+            DoorbellMode::Relay(rc) => (Some(DoorbellRelay::new(rc.clone())?), ", doorbell relay"),
+        };
+        let name = format!("host ({:?}, {} x {} lanes{via})", cfg.mode, cfg.blocks, cfg.block_lanes);
+        Ok(HostExecutor { cfg, name, state: Mutex::default(), relay })
+    }
+
+    /// The doorbell relay, in [`DoorbellMode::Relay`].
+    pub fn relay(&self) -> Option<&DoorbellRelay> {
+        self.relay.as_ref()
     }
 
     fn state(&self) -> Result<std::sync::MutexGuard<'_, State>> {
@@ -110,6 +156,26 @@ impl Executor for HostExecutor {
 
     unsafe fn map_host(&self, ptr: *mut u8, _len: usize, _range: HostRange) -> Result<Box<dyn HostMapping>> {
         Ok(Box::new(Identity(ptr as u64)))
+    }
+
+    unsafe fn map_doorbell(
+        &self,
+        doorbell: NonNull<u32>,
+        kind: DoorbellKind,
+    ) -> Result<Box<dyn HostMapping>> {
+        match &self.relay {
+            None => Ok(Box::new(Identity(doorbell.as_ptr() as u64))),
+            // SAFETY: the caller keeps the doorbell valid until the mapping, which owns the
+            // watch, is dropped.
+            Some(relay) => Ok(Box::new(Relayed(unsafe { relay.watch(doorbell, kind)? }))),
+        }
+    }
+
+    fn flush_doorbells(&self) -> Result<()> {
+        if let Some(relay) = &self.relay {
+            relay.flush()?;
+        }
+        Ok(())
     }
 
     fn start(&self, binding: ExecBinding) -> Result<()> {

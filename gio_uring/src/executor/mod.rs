@@ -8,14 +8,17 @@
 mod cuda;
 mod cuda_mem;
 mod host;
+mod relay;
 
 pub use cuda::{CudaExecutor, CudaExecutorConfig};
-pub use host::{HostExecutor, HostExecutorConfig};
+pub use host::{DoorbellMode, HostExecutor, HostExecutorConfig};
+pub use relay::{DoorbellRelay, RelayConfig, RelayStats, Watch, MAILBOX_IDLE, MAILBOX_STRIDE};
 
 use crate::error::Result;
 use crate::mem::{ExecMemory, HostMapping, HostRange, MemKind};
 use std::ptr::NonNull;
 use std::time::Duration;
+use tutti_driver::transport::DoorbellKind;
 use tutti_kernels::abi::Control;
 
 /// Launch mode or SQPOLL mode.
@@ -67,6 +70,26 @@ pub trait Executor: Send + Sync {
     /// # Safety
     /// `ptr..ptr+len` must stay valid until the mapping is dropped.
     unsafe fn map_host(&self, ptr: *mut u8, len: usize, range: HostRange) -> Result<Box<dyn HostMapping>>;
+    /// Makes one doorbell register reachable: by default mapped like any host
+    /// range (`Io` for a BAR); an executor may hand out a relay mailbox instead
+    /// (see `relay.rs`).
+    ///
+    /// # Safety
+    /// `doorbell` must stay valid until the mapping is dropped.
+    unsafe fn map_doorbell(&self, doorbell: NonNull<u32>, kind: DoorbellKind) -> Result<Box<dyn HostMapping>> {
+        let range = match kind {
+            DoorbellKind::Mmio => HostRange::Io,
+            DoorbellKind::Memory => HostRange::Memory,
+        };
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.map_host(doorbell.as_ptr().cast(), 4, range) }
+    }
+    /// Makes every doorbell value the kernels stored reach its register before
+    /// it returns (queue recovery calls it before deleting queue pairs). Only
+    /// an executor that relays doorbells has anything to do.
+    fn flush_doorbells(&self) -> Result<()> {
+        Ok(())
+    }
     /// Called once the context is laid out; a persistent executor starts here.
     fn start(&self, binding: ExecBinding) -> Result<()>;
     /// Parts were pushed to the submission ring, to be run with `sm_budget`.

@@ -15,7 +15,6 @@ use std::ptr::NonNull;
 use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex};
 use tutti_driver::spec::SglSupport;
-use tutti_driver::transport::DoorbellKind;
 use tutti_kernels::abi::{
     self, Control, DriveDesc, ExecCtx, Iocb, LayerTableDesc, NvmeQueue, PairListDesc, QueueGate,
 };
@@ -212,15 +211,16 @@ pub(super) fn build(
         for q in &d.queues {
             let depth = q.depth();
             let ql = &layout.queues[qi];
-            let io = if q.doorbell_kind() == DoorbellKind::Mmio { HostRange::Io } else { HostRange::Memory };
+            let kind = q.doorbell_kind();
+            let doorbell = |p: *mut u32| NonNull::new(p).ok_or_else(|| GioError::invalid("null doorbell"));
             // SAFETY: the queue memory and doorbells belong to `q`, which the GioUring owns
             // and drops after these mappings (field order).
             let (sqm, cqm, sdb, cdb) = unsafe {
                 (
                     exec.map_host(q.sq_ptr(), depth as usize * 64, HostRange::Memory)?,
                     exec.map_host(q.cq_ptr(), depth as usize * 16, HostRange::Memory)?,
-                    exec.map_host(q.sq_doorbell_ptr().cast(), 4, io)?,
-                    exec.map_host(q.cq_doorbell_ptr().cast(), 4, io)?,
+                    exec.map_doorbell(doorbell(q.sq_doorbell_ptr())?, kind)?,
+                    exec.map_doorbell(doorbell(q.cq_doorbell_ptr())?, kind)?,
                 )
             };
             let desc = NvmeQueue {

@@ -117,6 +117,13 @@ impl GioUring {
             std::thread::sleep((deadline - now).min(Duration::from_millis(1)));
         }
 
+        // A relayed doorbell value still in its mailbox belongs to the queues about to be
+        // deleted: forward it now, or it would reach the recreated ones.
+        if let Err(e) = self.exec.flush_doorbells() {
+            self.open(queues.clone());
+            tracing::warn!(drive, name = %info.name, error = %e, "drive recovery gave up: doorbells not flushed");
+            return Err(e);
+        }
         let pairs = &self.drives[drive as usize].queues;
         let mut report = RecoveryReport {
             drive,
