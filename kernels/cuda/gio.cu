@@ -4,14 +4,17 @@
  *   tt_gio_issue       launch mode: each block takes IOCB parts from the
  *                      submission ring until it is empty, then returns.
  *   tt_gio_persistent  SQPOLL mode: the same, but an empty ring is polled
- *                      until the host sets control->stop.
+ *                      until the host sets control->stop; blocks at or above
+ *                      control->active_blocks (when non-zero) take no work.
  *   tt_gio_wait        waits (on the engine's stream) until IOCBs have
  *                      completed a given issue, or a timeout passes;
  *                      adds the number completed to *done.
  *
  * Blocks must be a multiple of 32 threads. On the GPU the grid must be
  * co-resident (sized from the occupancy of the SM partition): blocks wait on
- * each other's progress through the NVMe queues.
+ * each other's progress through the NVMe queues. A persistent grid also
+ * leaves room in its partition for a block of tt_gio_wait, which would
+ * otherwise never become resident.
  */
 #include "gio_iocb.cuh"
 #include "gio_queue.cuh"
@@ -39,7 +42,10 @@ TT_DEVICE void tt_gio_run(const struct tt_exec_ctx* ctx, bool persistent) {
     for (;;) {
         if (tid == 0) {
             uint64_t v = 0;
-            if (tt_ring_pop(ctx->sq_ring, &v)) {
+            /* The host's SM budget in persistent mode: blocks at or above it idle (but still stop). */
+            const uint32_t active = persistent ? tt_ld_relaxed_u32(&ctx->control->active_blocks) : 0u;
+            const bool benched = active != 0u && tt_block_idx() >= active;
+            if (!benched && tt_ring_pop(ctx->sq_ring, &v)) {
                 sh.what = TT_RUN_WORK;
                 sh.entry = v;
             } else {

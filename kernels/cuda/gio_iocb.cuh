@@ -294,7 +294,14 @@ TT_NOINLINE void tt_process_part(const struct tt_exec_ctx* ctx, uint32_t b, uint
     tt_syncthreads();
     if (tid == 0) {
         tt_atomic_add_u64(&ctx->control->parts_done, 1);
-        if (tt_atomic_add_u32(&iocb->hdr.parts_left, 0xFFFFFFFFu) == 1u) tt_post_iocb(ctx, b);
+        /* Release: the statuses this part's lanes observed (acquire loads, then the barrier)
+         * are ordered before the decrement; atomics alone are relaxed on the GPU. */
+        tt_fence_system();
+        if (tt_atomic_add_u32(&iocb->hdr.parts_left, 0xFFFFFFFFu) == 1u) {
+            /* Acquire: the last part sees every other part's statuses before it posts. */
+            tt_fence_system();
+            tt_post_iocb(ctx, b);
+        }
     }
 }
 

@@ -139,6 +139,8 @@ TT_DEVICE uint32_t tt_cq_drain(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q
         /* The entries were read before the controller may overwrite them. */
         tt_fence_system();
         tt_st_mmio_u32(q->cq_db, (uint32_t)(head % depth));
+        /* ... and this doorbell before the next holder's (as after the SQ doorbell). */
+        tt_fence_system();
         tt_atomic_add_u64(&q->cq_doorbells, 1);
     }
     return n;

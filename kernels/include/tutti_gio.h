@@ -32,7 +32,7 @@ typedef long long int64_t;
 #include <stdint.h>
 #endif
 
-#define TT_ABI_VERSION 3u
+#define TT_ABI_VERSION 4u
 
 /* One IOCB carries at most this many IOCTXs: one per thread of two 1024-thread blocks. */
 #define TT_IOCB_MAX_IOCTX 2048u
@@ -197,7 +197,9 @@ struct tt_control {
     uint64_t parts_done;    /* executor: IOCB parts processed */
     uint64_t iocbs_done;    /* executor: completions posted */
     uint64_t lost_posts;    /* executor: completions that found the completion ring full */
-    uint64_t rsvd[4];
+    uint32_t active_blocks; /* host: persistent blocks >= this take no new work (0: every block) */
+    uint32_t rsvd0;
+    uint64_t rsvd[3];
 };
 
 /* One drive (namespace) as the executor sees it. 32 bytes. */

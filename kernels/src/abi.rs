@@ -6,7 +6,7 @@
 
 use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
-pub const ABI_VERSION: u32 = 3;
+pub const ABI_VERSION: u32 = 4;
 pub const IOCB_MAX_IOCTX: usize = 2048;
 pub const IOCTX_INDEX_BITS: u32 = 11;
 pub const IOCB_MAX_PAIRS: usize = 1024;
@@ -175,7 +175,10 @@ pub struct Control {
     pub parts_done: u64,
     pub iocbs_done: u64,
     pub lost_posts: u64,
-    pub rsvd: [u64; 4],
+    /// Persistent blocks with an index at or above this take no new work (0: every block).
+    pub active_blocks: u32,
+    pub rsvd0: u32,
+    pub rsvd: [u64; 3],
 }
 
 /// `struct tt_drive`.

@@ -51,7 +51,7 @@ fn layouts() -> Vec<Layout> {
         layout!(Iocb => "tt_iocb" { hdr, pairs, ioctx }),
         layout!(RingCell => "tt_ring_cell" { seq, value }),
         layout!(RingHeader => "tt_ring" { head, pad0, tail, pad1, capacity, mask, pad2 }),
-        layout!(Control => "tt_control" { stop, running, parts_done, iocbs_done, lost_posts, rsvd }),
+        layout!(Control => "tt_control" { stop, running, parts_done, iocbs_done, lost_posts, active_blocks, rsvd0, rsvd }),
         layout!(DriveDesc => "tt_drive" { first_queue, nqueues, nsid, lba_shift, max_lbas, flags, rsvd }),
         layout!(NvmeQueue => "tt_nvmeq" { sq, cq, sq_db, cq_db, slot_owner, slot_time, slot_ready, slot_turn,
             depth, qid, drive, cid_shift, gate, pad0, ticket, hole, pad1, sq_tail, tail_lock, dead, pad2, cq_head,

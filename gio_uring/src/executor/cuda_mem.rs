@@ -1,7 +1,32 @@
 //! CUDA contexts and the memory the CUDA executor hands to `GioUring`.
 //!
-//! Written against the CUDA driver API through `cudarc::driver::sys`, and —
-//! like the rest of the CUDA executor — compiled but never run here (no GPU).
+//! Written against the CUDA driver API through `cudarc::driver::sys`. No GPU
+//! has run it; what runs it is the stand-in driver (`cuda-standin/`, the
+//! `executor_*` tests there), which models the CUDA semantics this file is
+//! built around:
+//!
+//! - **One thread at a time, and the caller's context restored.** A green
+//!   context may be current to one thread at a time, and the executor is
+//!   called from any thread. Every driver call goes through [`CudaCtx::enter`],
+//!   which takes the context's one lock, pushes the context
+//!   (`cuCtxPushCurrent`) and pops it again when the guard drops, so the
+//!   calling thread gets back whatever context it had. Nothing here calls
+//!   `cuCtxSetCurrent`.
+//! - **No legacy default stream.** Host -> device writes, device -> host reads
+//!   and zeroing go through one non-blocking copy stream, through a pinned
+//!   staging buffer, and are waited for (with a deadline) before the call
+//!   returns. A pageable `cuMemcpyHtoD` or a `cuMemsetD8` may return before
+//!   the data lands, and the legacy stream is not ordered with the
+//!   executor's non-blocking kernel streams.
+//! - **Nothing freed under a running kernel.** `cuMemFree`, `cuMemFreeHost`
+//!   and `cuMemHostUnregister` wait for the device, so with a persistent
+//!   kernel they would block until it stops (and memory freed under a kernel
+//!   is a use after free). While the executor's kernels may run, frees go to
+//!   a deferred list, released once the streams are idle (stop, or an idle
+//!   moment in launch mode).
+//! - **Poisoned after a failed stop.** When kernels are still running after
+//!   the stop deadline, nothing of this context is ever freed again: memory,
+//!   streams, module and the context itself are leaked on purpose.
 
 use crate::error::{GioError, Result};
 use crate::mem::{check_range, ExecMemory, HostMapping, HostRange};
@@ -9,7 +34,12 @@ use cudarc::driver::sys;
 use std::collections::HashMap;
 use std::ffi::CStr;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Pinned staging for copies to and from device memory (larger copies go in pieces).
+const STAGING_BYTES: usize = 1 << 20;
 
 /// Turns a driver API result into our error, with the error's name.
 pub(super) fn check(call: &'static str, rc: sys::CUresult) -> Result<()> {
@@ -29,30 +59,300 @@ pub(super) fn check(call: &'static str, rc: sys::CUresult) -> Result<()> {
     Err(GioError::Cuda { call, code })
 }
 
+/// Something whose release waits for the device.
+enum Deferred {
+    Device(sys::CUdeviceptr),
+    Host(*mut std::ffi::c_void),
+    Unregister(*mut std::ffi::c_void),
+}
+
+/// What the context's lock guards: the driver calls themselves, and the copy path.
+struct Driver {
+    /// Non-blocking stream for every host <-> device copy and memset.
+    copy: sys::CUstream,
+    /// Pinned host memory the copies go through (`STAGING_BYTES`).
+    staging: Option<NonNull<u8>>,
+    /// Released once no kernel of the executor can be running.
+    deferred: Vec<Deferred>,
+}
+
 /// The context everything of one executor lives in: a green context's, or
 /// the device's primary context. Released last (memory holds an `Arc`).
 pub(super) struct CudaCtx {
-    pub ctx: sys::CUcontext,
-    pub device: sys::CUdevice,
-    pub green: Option<sys::CUgreenCtx>,
+    ctx: sys::CUcontext,
+    device: sys::CUdevice,
+    green: Option<sys::CUgreenCtx>,
+    driver: Mutex<Driver>,
+    /// The executor's kernels may be running: frees are deferred.
+    live: AtomicBool,
+    /// A stop failed: kernels may still use everything; nothing is freed.
+    poisoned: AtomicBool,
+    /// Deadline of one copy or memset.
+    copy_timeout: Duration,
 }
 
-// SAFETY: driver API handles may be used from any thread once the context is made
-// current on it, which `bind` does before every call.
+// SAFETY: the handles are used only under `driver`'s lock with the context pushed
+// on the calling thread (`enter`); the staging pointer is touched only under that lock.
 unsafe impl Send for CudaCtx {}
 // SAFETY: as above.
 unsafe impl Sync for CudaCtx {}
 
+/// The context current on this thread and the driver lock held; the caller's
+/// context comes back on drop.
+pub(super) struct Current<'a> {
+    ctx: &'a CudaCtx,
+    driver: MutexGuard<'a, Driver>,
+}
+
 impl CudaCtx {
-    /// Makes the context current on the calling thread.
-    pub fn bind(&self) -> Result<()> {
+    /// Wraps a context this value now owns (primary: released with
+    /// `cuDevicePrimaryCtxRelease`; green: destroyed with `cuGreenCtxDestroy`),
+    /// and makes its copy stream and staging buffer.
+    pub fn new(
+        ctx: sys::CUcontext,
+        device: sys::CUdevice,
+        green: Option<sys::CUgreenCtx>,
+        copy_timeout: Duration,
+    ) -> Result<Arc<Self>> {
+        let cuda = Arc::new(CudaCtx {
+            ctx,
+            device,
+            green,
+            driver: Mutex::new(Driver { copy: std::ptr::null_mut(), staging: None, deferred: Vec::new() }),
+            live: AtomicBool::new(false),
+            poisoned: AtomicBool::new(false),
+            copy_timeout,
+        });
+        {
+            let mut cur = cuda.enter()?;
+            cur.driver.copy = cur.stream()?;
+            let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+            // SAFETY: valid out pointer; the context is current.
+            check("cuMemHostAlloc (staging)", unsafe { sys::cuMemHostAlloc(&mut p, STAGING_BYTES, 0) })?;
+            cur.driver.staging = NonNull::new(p.cast::<u8>());
+        }
+        Ok(cuda)
+    }
+
+    /// Takes the driver lock and makes this context current on the calling
+    /// thread until the guard drops.
+    pub fn enter(&self) -> Result<Current<'_>> {
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(self.poisoned_err());
+        }
+        self.enter_any()
+    }
+
+    /// `enter`, also for a poisoned context (what teardown and logging need).
+    fn enter_any(&self) -> Result<Current<'_>> {
+        let driver =
+            self.driver.lock().map_err(|_| GioError::invalid("CUDA driver lock poisoned by a panic"))?;
         // SAFETY: `ctx` is a live context owned by this value.
-        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.ctx) })
+        check("cuCtxPushCurrent", unsafe { sys::cuCtxPushCurrent_v2(self.ctx) })?;
+        Ok(Current { ctx: self, driver })
+    }
+
+    pub fn poisoned_err(&self) -> GioError {
+        GioError::Executor {
+            executor: "cuda".into(),
+            what: "poisoned: a stop failed with kernels still running; the executor refuses further calls \
+                   and leaks its memory rather than free it under them"
+                .into(),
+        }
+    }
+
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Acquire)
+    }
+
+    /// From now on nothing of this context is freed.
+    pub fn poison(&self) {
+        self.poisoned.store(true, Ordering::Release);
+    }
+
+    /// Kernels may run from now on: frees are deferred until [`Self::settle`].
+    pub fn set_live(&self) {
+        self.live.store(true, Ordering::Release);
+    }
+
+    /// No kernel of the executor runs any more (its streams drained): releases
+    /// what was deferred; later frees happen at once.
+    pub fn settle(&self) -> Result<()> {
+        let mut cur = self.enter()?;
+        self.live.store(false, Ordering::Release);
+        cur.release_deferred();
+        Ok(())
+    }
+
+    /// Frees `what` now, later, or never (poisoned).
+    fn release(&self, what: Deferred) {
+        if self.is_poisoned() {
+            return;
+        }
+        let Ok(mut cur) = self.enter_any() else {
+            tracing::warn!("CUDA context unavailable: leaking an allocation");
+            return;
+        };
+        if self.live.load(Ordering::Acquire) {
+            cur.driver.deferred.push(what);
+        } else {
+            cur.free(what);
+        }
+    }
+}
+
+impl Current<'_> {
+    /// A non-blocking stream of the (green) context.
+    pub fn stream(&self) -> Result<sys::CUstream> {
+        let flags = sys::CUstream_flags_enum::CU_STREAM_NON_BLOCKING as u32;
+        let mut s: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: valid out pointer; the context (or its green context) is live and current.
+        let rc = unsafe {
+            match self.ctx.green {
+                Some(g) => sys::cuGreenCtxStreamCreate(&mut s, g, flags, 0),
+                None => sys::cuStreamCreate(&mut s, flags),
+            }
+        };
+        check("creating a stream", rc)?;
+        Ok(s)
+    }
+
+    /// Waits for `stream` to drain, up to `timeout`, polling (never an unbounded synchronize).
+    pub fn drain(&self, stream: sys::CUstream, timeout: Duration) -> Result<bool> {
+        let start = Instant::now();
+        let mut nap = Duration::from_micros(20);
+        loop {
+            // SAFETY: a live stream of this context.
+            match unsafe { sys::cuStreamQuery(stream) } {
+                sys::CUresult::CUDA_SUCCESS => return Ok(true),
+                sys::CUresult::CUDA_ERROR_NOT_READY if start.elapsed() < timeout => {
+                    std::thread::sleep(nap);
+                    nap = (nap * 2).min(Duration::from_millis(1));
+                }
+                sys::CUresult::CUDA_ERROR_NOT_READY => return Ok(false),
+                rc => return check("cuStreamQuery", rc).map(|_| false),
+            }
+        }
+    }
+
+    /// Waits for the copy stream; an error if a copy did not finish in time.
+    fn copied(&self) -> Result<()> {
+        if self.drain(self.driver.copy, self.ctx.copy_timeout)? {
+            Ok(())
+        } else {
+            Err(GioError::Executor {
+                executor: "cuda".into(),
+                what: format!(
+                    "a copy to or from device memory did not finish within {:?}",
+                    self.ctx.copy_timeout
+                ),
+            })
+        }
+    }
+
+    fn staging(&self) -> Result<NonNull<u8>> {
+        self.driver.staging.ok_or_else(|| GioError::invalid("CUDA staging buffer missing"))
+    }
+
+    /// Zeroes `len` bytes of device memory at `dev`, landed on return.
+    pub fn zero(&self, dev: sys::CUdeviceptr, len: usize) -> Result<()> {
+        // SAFETY: `dev..dev+len` is device memory of this context (callers' contract).
+        check("cuMemsetD8Async", unsafe { sys::cuMemsetD8Async(dev, 0, len, self.driver.copy) })?;
+        self.copied()
+    }
+
+    /// Copies `bytes` to device memory at `dev`, landed on return.
+    pub fn write(&self, dev: sys::CUdeviceptr, bytes: &[u8]) -> Result<()> {
+        let staging = self.staging()?;
+        for (k, piece) in bytes.chunks(STAGING_BYTES).enumerate() {
+            // SAFETY: `piece` fits the staging buffer; the previous copy out of it has finished.
+            unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), staging.as_ptr(), piece.len()) };
+            let at = dev + (k * STAGING_BYTES) as u64;
+            // SAFETY: pinned source of `piece.len()` bytes; destination inside the caller's allocation.
+            check("cuMemcpyHtoDAsync", unsafe {
+                sys::cuMemcpyHtoDAsync_v2(at, staging.as_ptr().cast(), piece.len(), self.driver.copy)
+            })?;
+            self.copied()?;
+        }
+        Ok(())
+    }
+
+    /// Copies device memory at `dev` into `out`.
+    pub fn read(&self, dev: sys::CUdeviceptr, out: &mut [u8]) -> Result<()> {
+        let staging = self.staging()?;
+        for (k, piece) in out.chunks_mut(STAGING_BYTES).enumerate() {
+            let at = dev + (k * STAGING_BYTES) as u64;
+            // SAFETY: pinned destination of at least `piece.len()` bytes; source inside the allocation.
+            check("cuMemcpyDtoHAsync", unsafe {
+                sys::cuMemcpyDtoHAsync_v2(staging.as_ptr().cast(), at, piece.len(), self.driver.copy)
+            })?;
+            self.copied()?;
+            // SAFETY: the copy into staging has finished; `piece` is a separate slice.
+            unsafe { std::ptr::copy_nonoverlapping(staging.as_ptr(), piece.as_mut_ptr(), piece.len()) };
+        }
+        Ok(())
+    }
+
+    /// Whether every stream in `streams` is idle now (no waiting).
+    pub fn idle(&self, streams: &[sys::CUstream]) -> bool {
+        // SAFETY: live streams of this context.
+        streams.iter().all(|&s| unsafe { sys::cuStreamQuery(s) } == sys::CUresult::CUDA_SUCCESS)
+    }
+
+    /// Releases what was deferred (the caller knows no kernel runs).
+    pub fn release_deferred(&mut self) {
+        for d in std::mem::take(&mut self.driver.deferred) {
+            self.free(d);
+        }
+    }
+
+    pub fn deferred(&self) -> usize {
+        self.driver.deferred.len()
+    }
+
+    fn free(&self, what: Deferred) {
+        // SAFETY: each pointer came from the matching allocation call of this context and is
+        // released exactly once (it left its owner when it was handed to `release`).
+        let (call, rc) = unsafe {
+            match what {
+                Deferred::Device(p) => ("cuMemFree", sys::cuMemFree_v2(p)),
+                Deferred::Host(p) => ("cuMemFreeHost", sys::cuMemFreeHost(p)),
+                Deferred::Unregister(p) => ("cuMemHostUnregister", sys::cuMemHostUnregister(p)),
+            }
+        };
+        if let Err(e) = check(call, rc) {
+            tracing::warn!(error = %e, "releasing CUDA memory failed");
+        }
+    }
+}
+
+impl Drop for Current<'_> {
+    fn drop(&mut self) {
+        let mut popped: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: pops the context `enter` pushed on this thread.
+        let rc = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+        if rc != sys::CUresult::CUDA_SUCCESS || popped != self.ctx.ctx {
+            tracing::error!(?rc, "cuCtxPopCurrent did not pop the executor's context");
+        }
     }
 }
 
 impl Drop for CudaCtx {
     fn drop(&mut self) {
+        if self.is_poisoned() {
+            tracing::error!("CUDA context of a poisoned executor left allocated (kernels may still use it)");
+            return;
+        }
+        if let Ok(mut cur) = self.enter_any() {
+            cur.release_deferred();
+            if let Some(s) = cur.driver.staging.take() {
+                cur.free(Deferred::Host(s.as_ptr().cast()));
+            }
+            if !cur.driver.copy.is_null() {
+                // SAFETY: created in `new`, destroyed once; no copy is pending (every copy is waited for).
+                let _ = unsafe { sys::cuStreamDestroy_v2(cur.driver.copy) };
+            }
+        }
         // SAFETY: each handle is released exactly once, here. A context obtained from
         // cuCtxFromGreenCtx is owned by the green context and not destroyed separately.
         let rc = unsafe {
@@ -84,30 +384,33 @@ unsafe impl Sync for Pinned {}
 
 impl Pinned {
     pub fn new(ctx: &Arc<CudaCtx>, len: usize) -> Result<Self> {
-        ctx.bind()?;
+        let cur = ctx.enter()?;
         let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
         // SAFETY: valid out pointer; the context is current.
-        check("cuMemHostAlloc", unsafe { sys::cuMemHostAlloc(&mut p, len, flags) })?;
+        check("cuMemHostAlloc", unsafe { sys::cuMemHostAlloc(&mut p, len.max(1), flags) })?;
         let host = NonNull::new(p.cast::<u8>())
             .ok_or_else(|| GioError::Cuda { call: "cuMemHostAlloc", code: "null".into() })?;
-        // Constructed before the next call so that `Drop` frees it on error.
-        let mut mem = Pinned { ctx: ctx.clone(), host, dev: 0, len };
         // SAFETY: `len` bytes were just allocated at `host`.
         unsafe { std::ptr::write_bytes(host.as_ptr(), 0, len) };
         let mut dev: sys::CUdeviceptr = 0;
         // SAFETY: `p` is a DEVICEMAP allocation of this context.
-        check("cuMemHostGetDevicePointer", unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, p, 0) })?;
-        mem.dev = dev;
+        let rc = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, p, 0) };
+        drop(cur);
+        // Constructed before the check so that `Drop` frees it on error.
+        let mem = Pinned { ctx: ctx.clone(), host, dev, len };
+        check("cuMemHostGetDevicePointer", rc)?;
         Ok(mem)
+    }
+
+    pub fn host(&self) -> NonNull<u8> {
+        self.host
     }
 }
 
 impl Drop for Pinned {
     fn drop(&mut self) {
-        let _ = self.ctx.bind();
-        // SAFETY: allocated by cuMemHostAlloc in `new`, freed once.
-        let _ = check("cuMemFreeHost", unsafe { sys::cuMemFreeHost(self.host.as_ptr().cast()) });
+        self.ctx.release(Deferred::Host(self.host.as_ptr().cast()));
     }
 }
 
@@ -135,7 +438,7 @@ impl ExecMemory for Pinned {
     }
 }
 
-/// Device memory, reached by the host through copies.
+/// Device memory, reached by the host through copies on the copy stream.
 pub(super) struct Device {
     ctx: Arc<CudaCtx>,
     dev: u64,
@@ -144,22 +447,22 @@ pub(super) struct Device {
 
 impl Device {
     pub fn new(ctx: &Arc<CudaCtx>, len: usize) -> Result<Self> {
-        ctx.bind()?;
+        let cur = ctx.enter()?;
         let mut dev: sys::CUdeviceptr = 0;
         // SAFETY: valid out pointer; the context is current.
         check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut dev, len.max(1)) })?;
+        let zeroed = cur.zero(dev, len);
+        drop(cur);
+        // Constructed before the check so that `Drop` frees it on error.
         let mem = Device { ctx: ctx.clone(), dev, len };
-        // SAFETY: `dev` is an allocation of at least `len` bytes.
-        check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(dev, 0, len) })?;
+        zeroed?;
         Ok(mem)
     }
 }
 
 impl Drop for Device {
     fn drop(&mut self) {
-        let _ = self.ctx.bind();
-        // SAFETY: allocated by cuMemAlloc in `new`, freed once.
-        let _ = check("cuMemFree", unsafe { sys::cuMemFree_v2(self.dev) });
+        self.ctx.release(Deferred::Device(self.dev));
     }
 }
 
@@ -175,19 +478,11 @@ impl ExecMemory for Device {
     }
     fn write_bytes(&self, offset: usize, bytes: &[u8]) -> Result<()> {
         check_range(self.len, offset, bytes.len())?;
-        self.ctx.bind()?;
-        // SAFETY: destination range inside the allocation (checked); synchronous copy.
-        check("cuMemcpyHtoD", unsafe {
-            sys::cuMemcpyHtoD_v2(self.dev + offset as u64, bytes.as_ptr().cast(), bytes.len())
-        })
+        self.ctx.enter()?.write(self.dev + offset as u64, bytes)
     }
     fn read_bytes(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         check_range(self.len, offset, out.len())?;
-        self.ctx.bind()?;
-        // SAFETY: source range inside the allocation (checked); synchronous copy.
-        check("cuMemcpyDtoH", unsafe {
-            sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), self.dev + offset as u64, out.len())
-        })
+        self.ctx.enter()?.read(self.dev + offset as u64, out)
     }
 }
 
@@ -205,6 +500,22 @@ pub(super) struct Registry {
     map: Mutex<HashMap<usize, Registered>>,
 }
 
+/// Why [`Registry::map`] failed.
+pub(super) enum MapError {
+    /// The driver refused to register a BAR page (IOMEMORY): the caller may
+    /// fall back to the doorbell relay.
+    IoRefused(GioError),
+    Other(GioError),
+}
+
+impl From<MapError> for GioError {
+    fn from(e: MapError) -> Self {
+        match e {
+            MapError::IoRefused(e) | MapError::Other(e) => e,
+        }
+    }
+}
+
 impl Registry {
     pub fn new(ctx: &Arc<CudaCtx>) -> Arc<Self> {
         Arc::new(Registry { ctx: ctx.clone(), map: Mutex::default() })
@@ -217,11 +528,12 @@ impl Registry {
         ptr: *mut u8,
         len: usize,
         range: HostRange,
-    ) -> Result<Box<dyn HostMapping>> {
+    ) -> Result<Box<dyn HostMapping>, MapError> {
         const PAGE: usize = 4096;
         let start = ptr as usize & !(PAGE - 1);
         let end = (ptr as usize + len.max(1)).next_multiple_of(PAGE);
-        let mut map = self.map.lock().map_err(|_| GioError::invalid("registry lock poisoned"))?;
+        let mut map =
+            self.map.lock().map_err(|_| MapError::Other(GioError::invalid("registry lock poisoned")))?;
         let hit = map.iter_mut().find(|(&base, r)| base <= start && end <= base + r.len);
         let (base, dev) = match hit {
             Some((&base, r)) => {
@@ -229,32 +541,35 @@ impl Registry {
                 (base, r.dev)
             }
             None => {
-                self.ctx.bind()?;
+                let cur = self.ctx.enter().map_err(MapError::Other)?;
                 // IOMEMORY tells the driver the range is device registers (a BAR), which it
                 // maps uncached for the GPU's stores (DESIGN.md: doorbells written by the GPU).
                 let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP
                     | if range == HostRange::Io { sys::CU_MEMHOSTREGISTER_IOMEMORY } else { 0 };
                 // SAFETY: the caller keeps the range mapped; page-aligned as the driver requires.
                 let rc = unsafe { sys::cuMemHostRegister_v2(start as *mut _, end - start, flags) };
-                check("cuMemHostRegister", rc).map_err(|e| match range {
-                    // Some drivers refuse remap_pfn_range mappings (open-gpu-kernel-modules #732).
-                    HostRange::Io => GioError::Executor {
-                        executor: "cuda".into(),
-                        what: format!(
-                            "cannot map the drive's doorbell page for the GPU ({e}); this driver may not \
-                                       support registering PCI BARs (IOMEMORY)"
-                        ),
-                    },
-                    HostRange::Memory => e,
-                })?;
+                if let Err(e) = check("cuMemHostRegister", rc) {
+                    return Err(match range {
+                        // Some drivers refuse remap_pfn_range mappings (open-gpu-kernel-modules #732).
+                        HostRange::Io => MapError::IoRefused(GioError::Executor {
+                            executor: "cuda".into(),
+                            what: format!(
+                                "cannot map the drive's doorbell page for the GPU ({e}); this driver may not \
+                                 support registering PCI BARs (IOMEMORY)"
+                            ),
+                        }),
+                        HostRange::Memory => MapError::Other(e),
+                    });
+                }
                 let mut dev: sys::CUdeviceptr = 0;
                 // SAFETY: `start` was just registered with DEVICEMAP.
                 let rc = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, start as *mut _, 0) };
                 if let Err(e) = check("cuMemHostGetDevicePointer", rc) {
-                    // SAFETY: registered just above.
+                    // SAFETY: registered just above, nothing uses it yet.
                     let _ = unsafe { sys::cuMemHostUnregister(start as *mut _) };
-                    return Err(e);
+                    return Err(MapError::Other(e));
                 }
+                drop(cur);
                 map.insert(start, Registered { len: end - start, dev, refs: 1 });
                 (start, dev)
             }
@@ -268,9 +583,8 @@ impl Registry {
         r.refs -= 1;
         if r.refs == 0 {
             map.remove(&base);
-            let _ = self.ctx.bind();
-            // SAFETY: registered by `map`, unregistered once when the last mapping goes.
-            let _ = check("cuMemHostUnregister", unsafe { sys::cuMemHostUnregister(base as *mut _) });
+            drop(map);
+            self.ctx.release(Deferred::Unregister(base as *mut _));
         }
     }
 }

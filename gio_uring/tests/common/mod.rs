@@ -10,7 +10,56 @@ use std::time::Duration;
 use tutti_driver::controller::{Controller, ControllerOptions};
 use tutti_driver::emulated::{CostModel, EmulatedConfig, EmulatedController, NamespaceConfig};
 use tutti_driver::transport::DmaBuffer;
-use tutti_gio_uring::{DriveQueues, ExecMode, GioOptions, GioUring, HostExecutor, HostExecutorConfig};
+use tutti_gio_uring::{
+    CudaExecutor, CudaExecutorConfig, DriveQueues, ExecMode, Executor, GioOptions, GioUring, HostExecutor,
+    HostExecutorConfig,
+};
+
+/// Whether the suite runs on the CUDA executor: `TUTTI_TEST_EXECUTOR=cuda`,
+/// with `TUTTI_CUDA_DRIVER` naming the driver library (in CI the stand-in,
+/// `target/debug/libtutti_cuda_standin.so`). Anything else: the host executor.
+pub fn on_cuda() -> bool {
+    std::env::var("TUTTI_TEST_EXECUTOR").is_ok_and(|v| v == "cuda")
+}
+
+/// The CUDA executor the suite runs on, sized like the host executor it
+/// replaces: `blocks` SMs of a green context, one block of 32 threads each
+/// (every CUDA thread is a host thread under the stand-in).
+pub fn cuda_config(mode: ExecMode, blocks: u32) -> CudaExecutorConfig {
+    let driver = std::env::var_os("TUTTI_CUDA_DRIVER")
+        .expect("TUTTI_TEST_EXECUTOR=cuda needs TUTTI_CUDA_DRIVER (the driver library's absolute path)");
+    CudaExecutorConfig {
+        mode,
+        sm_count: Some(blocks.clamp(1, 4)),
+        driver: Some(driver.into()),
+        block_threads: 32,
+        blocks_per_sm: Some(1),
+        stop_timeout: Duration::from_secs(30),
+        ..Default::default()
+    }
+}
+
+/// The executor of a test rig: the host executor, or the CUDA one (`on_cuda`).
+pub fn executor(mode: ExecMode, blocks: u32) -> Arc<dyn Executor> {
+    if on_cuda() {
+        Arc::new(
+            CudaExecutor::new(cuda_config(mode, blocks)).expect("CUDA executor (TUTTI_TEST_EXECUTOR=cuda)"),
+        )
+    } else {
+        Arc::new(
+            HostExecutor::new(HostExecutorConfig { mode, blocks, ..Default::default() })
+                .expect("host executor"),
+        )
+    }
+}
+
+/// For a test that checks the host executor itself: says so when the suite
+/// runs on CUDA (the test still runs, on the host executor).
+pub fn host_only(why: &str) {
+    if on_cuda() {
+        println!("HOST-EXECUTOR: {}: {why}", std::thread::current().name().unwrap_or("?"));
+    }
+}
 
 /// A ring over emulated controllers. Fields drop in order: the ring first
 /// (stops the executor, deletes the queue pairs), then controllers.
@@ -85,10 +134,8 @@ pub fn rig(spec: RigSpec) -> Rig {
         emus.push(emu);
         ctrls.push(ctrl);
     }
-    let exec =
-        HostExecutor::new(HostExecutorConfig { mode: spec.mode, blocks: spec.blocks, ..Default::default() })
-            .expect("host executor");
-    let ring = GioUring::init_with(spec.opts, drives, Arc::new(exec)).expect("gio_uring init");
+    let ring =
+        GioUring::init_with(spec.opts, drives, executor(spec.mode, spec.blocks)).expect("gio_uring init");
     Rig { ring, ctrls, emus }
 }
 

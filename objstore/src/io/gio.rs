@@ -46,8 +46,9 @@ use std::time::{Duration, Instant};
 use tutti_driver::command::DataPtr;
 use tutti_driver::controller::Controller;
 use tutti_gio_uring::{
-    ioctx, DataRef, DriveQueues, Executor, GioError, GioUring, HostExecutor, HostExecutorConfig, IoStatus,
-    IocbId, IocbResult, Kv, LayerGeometry, LayerTable, Op, PairListId, PoolDrive, TableId, TableKind,
+    ioctx, CudaExecutor, CudaExecutorConfig, DataRef, DriveQueues, Executor, GioError, GioUring,
+    HostExecutor, HostExecutorConfig, IoStatus, IocbId, IocbResult, Kv, LayerGeometry, LayerTable, Op,
+    PairListId, PoolDrive, TableId, TableKind,
 };
 use tutti_kernels::abi::IOCB_MAX_IOCTX;
 
@@ -56,8 +57,11 @@ use tutti_kernels::abi::IOCB_MAX_IOCTX;
 pub struct GioConfig {
     /// The ring: IOCB pool depth and executor timeouts.
     pub ring: tutti_gio_uring::GioOptions,
-    /// The host executor (used when `executor` is `None`).
+    /// The host executor (used when `cuda` is `None`).
     pub host: HostExecutorConfig,
+    /// Run the I/O kernels on a GPU (`CudaExecutor`) instead of host lanes
+    /// (boxed: it is large next to the other backends).
+    pub cuda: Option<Box<CudaExecutorConfig>>,
     /// Raw queue pairs the executor drives on each drive.
     pub queues_per_drive: u32,
     pub queue_depth: u32,
@@ -79,6 +83,7 @@ impl Default for GioConfig {
         GioConfig {
             ring: tutti_gio_uring::GioOptions { depth: 128, ..Default::default() },
             host: HostExecutorConfig::default(),
+            cuda: None,
             queues_per_drive: 2,
             queue_depth: 256,
             sm_budget: 3,
@@ -183,7 +188,10 @@ fn gio(e: GioError) -> ObjError {
 
 impl GioIo {
     pub fn new(drives: &[(Arc<Controller>, u32)], cfg: &GioConfig) -> Result<Self> {
-        let exec: Arc<dyn Executor> = Arc::new(HostExecutor::new(cfg.host.clone()).map_err(gio)?);
+        let exec: Arc<dyn Executor> = match &cfg.cuda {
+            Some(c) => Arc::new(CudaExecutor::new((**c).clone()).map_err(gio)?),
+            None => Arc::new(HostExecutor::new(cfg.host.clone()).map_err(gio)?),
+        };
         Self::with_executor(drives, cfg, exec)
     }
 

@@ -17,6 +17,12 @@ use tutti_objstore::{
 
 pub const WAIT: Duration = Duration::from_secs(30);
 
+/// Whether the suite runs on the CUDA executor (`TUTTI_TEST_EXECUTOR=cuda`,
+/// with `TUTTI_CUDA_DRIVER` naming the driver library: the stand-in in CI).
+pub fn on_cuda() -> bool {
+    std::env::var("TUTTI_TEST_EXECUTOR").is_ok_and(|v| v == "cuda")
+}
+
 /// One emulated drive's configuration.
 #[derive(Clone, Debug)]
 pub struct DriveCfg {
@@ -114,6 +120,22 @@ pub fn options(g: Geometry, mode: OpenMode) -> StoreOptions {
     // One block of 32 lanes: plenty for test sizes, and few threads per store.
     gio.host.blocks = 1;
     gio.sm_budget = 1;
+    if on_cuda() {
+        // The same shape on the CUDA executor: one SM of a green context, one block of 32 threads.
+        let cuda = gio.cuda.get_or_insert_with(Default::default);
+        cuda.mode = gio.host.mode;
+        cuda.sm_count = Some(1);
+        cuda.block_threads = 32;
+        cuda.blocks_per_sm = Some(1);
+        cuda.stop_timeout = Duration::from_secs(30);
+        cuda.driver = Some(
+            std::env::var_os("TUTTI_CUDA_DRIVER")
+                .expect(
+                    "TUTTI_TEST_EXECUTOR=cuda needs TUTTI_CUDA_DRIVER (the driver library's absolute path)",
+                )
+                .into(),
+        );
+    }
     StoreOptions { pool: PoolOptions::new(g, mode), backend: Backend::Gio(gio) }
 }
 
