@@ -37,6 +37,8 @@
 //!   later calls fail, and nothing the kernels may still touch is freed.
 
 use super::cuda_mem::{check, CudaCtx, Device, MapError, Pinned, Registry};
+use super::host::DoorbellMode;
+use super::relay::{DoorbellRelay, RelayConfig, Watch};
 use super::{ExecBinding, ExecMode, ExecShape, Executor};
 use crate::error::{GioError, Result};
 use crate::mem::{ExecMemory, HostMapping, HostRange, MemKind};
@@ -44,9 +46,11 @@ use cudarc::driver::sys;
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
+use tutti_driver::transport::DoorbellKind;
 use tutti_kernels::{nvrtc, GPU_BLOCK_THREADS, KERNEL_ISSUE, KERNEL_PERSISTENT, KERNEL_WAIT};
 
 /// Green contexts (cuGreenCtxCreate) need 12.4, their streams 12.5.
@@ -78,6 +82,11 @@ pub struct CudaExecutorConfig {
     pub block_threads: u32,
     /// At most this many blocks per SM (`None`: what occupancy allows).
     pub blocks_per_sm: Option<u32>,
+    /// How the kernels ring doorbells. `Direct`: they store into the
+    /// registers (a BAR page registered with IOMEMORY), and fall back to a
+    /// relay with default settings where the driver refuses that
+    /// registration. `Relay`: always through the relay.
+    pub doorbells: DoorbellMode,
 }
 
 impl Default for CudaExecutorConfig {
@@ -91,6 +100,7 @@ impl Default for CudaExecutorConfig {
             driver: None,
             block_threads: GPU_BLOCK_THREADS,
             blocks_per_sm: None,
+            doorbells: DoorbellMode::Direct,
         }
     }
 }
@@ -104,6 +114,26 @@ struct Kernels {
     /// so `enqueue_wait` may launch on another context's stream.
     library: sys::CUlibrary,
     wait_any: sys::CUkernel,
+}
+
+/// The doorbell relay and its mailbox region as the GPU sees it.
+struct Relay {
+    relay: DoorbellRelay,
+    /// Device address of the mailbox region (registered with DEVICEMAP).
+    mailboxes: u64,
+    _region: Box<dyn HostMapping>,
+}
+
+/// A relayed doorbell: the kernels store into its mailbox.
+struct Relayed {
+    _watch: Watch,
+    exec: u64,
+}
+
+impl HostMapping for Relayed {
+    fn exec_addr(&self) -> u64 {
+        self.exec
+    }
 }
 
 /// Pinned mapped memory `wait_kernel` hands to `tt_gio_wait`: ids, seqs, done.
@@ -133,6 +163,10 @@ pub struct CudaExecutor {
     state: Mutex<State>,
     /// Allocated before the kernels start; freed only after they stopped.
     wait: Mutex<Option<WaitScratch>>,
+    /// Made when doorbells are relayed (configured, or a fallback).
+    relay: Mutex<Option<Relay>>,
+    /// `name` with the relay named, once doorbells are relayed.
+    relayed_name: OnceLock<String>,
 }
 
 // SAFETY: CUDA handles are used only inside `CudaCtx::enter` (the context pushed on the
@@ -400,7 +434,49 @@ impl CudaExecutor {
             registry,
             state: Mutex::default(),
             wait: Mutex::new(None),
+            relay: Mutex::new(None),
+            relayed_name: OnceLock::new(),
         })
+    }
+
+    /// The doorbell relay's counters, once doorbells are relayed.
+    pub fn relay_stats(&self) -> Option<super::RelayStats> {
+        self.relay.lock().ok()?.as_ref().map(|r| r.relay.stats())
+    }
+
+    /// Watches `doorbell` through the relay, starting it (and mapping its
+    /// mailboxes for the GPU) on first use.
+    ///
+    /// # Safety
+    /// `doorbell` stays valid until the returned mapping is dropped.
+    unsafe fn relay_doorbell(
+        &self,
+        doorbell: NonNull<u32>,
+        kind: DoorbellKind,
+        why: &str,
+    ) -> Result<Box<dyn HostMapping>> {
+        let mut relay = self.relay.lock().map_err(|_| self.err("relay lock poisoned"))?;
+        if relay.is_none() {
+            let cfg = match &self.cfg.doorbells {
+                DoorbellMode::Relay(c) => c.clone(),
+                DoorbellMode::Direct => RelayConfig::default(),
+            };
+            let r = DoorbellRelay::new(cfg)?;
+            let (ptr, len) = r.mailboxes();
+            // SAFETY: the region lives as long as the relay, which outlives this mapping
+            // (both are dropped together, the mapping first).
+            let region = unsafe { self.registry.map(ptr, len, HostRange::Memory) }.map_err(GioError::from)?;
+            let mailboxes = region.exec_addr();
+            *relay = Some(Relay { relay: r, mailboxes, _region: region });
+            let _ =
+                self.relayed_name.set(format!("{}, doorbells relayed by a host thread ({why})", self.name));
+            tracing::warn!(executor = %self.name, why, "NVMe doorbells go through the host relay thread");
+        }
+        let r = relay.as_ref().ok_or_else(|| self.err("relay missing"))?;
+        // SAFETY: the caller's contract, passed on; the watch lives in the mapping.
+        let watch = unsafe { r.relay.watch(doorbell, kind)? };
+        let exec = r.mailboxes + watch.offset() as u64;
+        Ok(Box::new(Relayed { _watch: watch, exec }))
     }
 
     fn err(&self, what: impl Into<String>) -> GioError {
@@ -634,7 +710,7 @@ fn load(cubin: &[u8]) -> Result<Kernels> {
 
 impl Executor for CudaExecutor {
     fn name(&self) -> &str {
-        &self.name
+        self.relayed_name.get().unwrap_or(&self.name)
     }
     fn mode(&self) -> ExecMode {
         self.cfg.mode
@@ -651,12 +727,44 @@ impl Executor for CudaExecutor {
     }
 
     unsafe fn map_host(&self, ptr: *mut u8, len: usize, range: HostRange) -> Result<Box<dyn HostMapping>> {
+        self.live_check()?;
         // SAFETY: forwarded contract.
-        match unsafe { self.registry.map(ptr, len, range) } {
-            Ok(m) => Ok(m),
-            Err(MapError::IoRefused(e)) => Err(e),
-            Err(MapError::Other(e)) => Err(e),
+        Ok(unsafe { self.registry.map(ptr, len, range) }?)
+    }
+
+    unsafe fn map_doorbell(
+        &self,
+        doorbell: NonNull<u32>,
+        kind: DoorbellKind,
+    ) -> Result<Box<dyn HostMapping>> {
+        self.live_check()?;
+        if matches!(self.cfg.doorbells, DoorbellMode::Relay(_)) {
+            // SAFETY: forwarded contract.
+            return unsafe { self.relay_doorbell(doorbell, kind, "configured") };
         }
+        let range = match kind {
+            DoorbellKind::Mmio => HostRange::Io,
+            DoorbellKind::Memory => HostRange::Memory,
+        };
+        // SAFETY: forwarded contract.
+        match unsafe { self.registry.map(doorbell.as_ptr().cast(), 4, range) } {
+            Ok(m) => Ok(m),
+            // The driver will not map the doorbell page for the GPU (a BAR on a kernel whose
+            // driver refuses IOMEMORY registration, or any doorbell page it would not
+            // register): the host relays instead.
+            Err(MapError::IoRefused(e) | MapError::Other(e)) => {
+                tracing::warn!(executor = %self.name, error = %e, "doorbell registration refused; relaying");
+                // SAFETY: forwarded contract.
+                unsafe { self.relay_doorbell(doorbell, kind, &format!("registration refused: {e}")) }
+            }
+        }
+    }
+
+    fn flush_doorbells(&self) -> Result<()> {
+        if let Some(r) = self.relay.lock().map_err(|_| self.err("relay lock poisoned"))?.as_ref() {
+            r.relay.flush()?;
+        }
+        Ok(())
     }
 
     fn start(&self, binding: ExecBinding) -> Result<()> {
@@ -833,6 +941,12 @@ impl Drop for CudaExecutor {
             if let Ok(mut w) = self.wait.lock() {
                 if let Some(s) = w.take() {
                     std::mem::forget(s);
+                }
+            }
+            // Kernels may still store into the mailboxes: the relay and its region stay.
+            if let Ok(mut r) = self.relay.lock() {
+                if let Some(r) = r.take() {
+                    std::mem::forget(r);
                 }
             }
             return;
