@@ -12,10 +12,19 @@ void run_wait(const tt_host_args* a) { tt_gio_wait(a->ctx, a->ids, a->seqs, a->n
 extern "C" {
 
 /* Kernel ids, as in kernels/src/host.rs. */
+static tt_host_kernel_fn kernel_fn(uint32_t kernel) {
+    return kernel == 1 ? run_issue : kernel == 2 ? run_persistent : kernel == 3 ? run_wait : nullptr;
+}
+
 void* tt_host_launch(uint32_t kernel, uint32_t grid, uint32_t block, const tt_host_args* args, char* err,
                      size_t errlen) {
-    tt_host_kernel_fn fn = kernel == 1 ? run_issue : kernel == 2 ? run_persistent : kernel == 3 ? run_wait : nullptr;
-    return tt_host_launch_fn(fn, grid, block, args, err, errlen);
+    return tt_host_launch_fn(kernel_fn(kernel), grid, block, args, err, errlen);
+}
+
+/* Blocks first .. first+count-1 of a grid of `grid` blocks. */
+void* tt_host_launch_blocks(uint32_t kernel, uint32_t grid, uint32_t first, uint32_t count, uint32_t block,
+                            const tt_host_args* args, char* err, size_t errlen) {
+    return tt_host_launch_blocks_fn(kernel_fn(kernel), grid, first, count, block, args, err, errlen);
 }
 
 /* The executor's ring operations, callable from Rust tests and benches. */

@@ -1,6 +1,8 @@
 // runtime.cpp — runs CUDA-style kernels on host threads.
 //
-// A launch of grid x block lanes creates one pthread per lane. Lanes of a warp
+// A launch of grid x block lanes creates one pthread per lane (or a launch of
+// some consecutive blocks of a grid: the CUDA stand-in starts each block as an
+// SM has room for it). Lanes of a warp
 // (32 consecutive threads of a block) meet at a barrier for every collective;
 // lanes of a block meet at another for __syncthreads. A lane that returns
 // drops out of both barriers, so lanes still running never wait for it.
@@ -60,6 +62,7 @@ struct Launch {
     tt_host_kernel_fn fn;
     tt_host_args args;
     uint32_t grid;
+    uint32_t first; /* block index of blocks[0] within the grid */
     uint32_t block_dim;
     std::vector<std::unique_ptr<Block>> blocks;
     std::vector<Lane> lanes;
@@ -77,7 +80,7 @@ void* lane_main(void* p) {
     if (l->gate.load(std::memory_order_acquire) == kGo) {
         Block* b = l->blocks[lane->block].get();
         Warp* w = b->warps[lane->thread / 32].get();
-        tt_host_lane = tt_host_lane_ctx{lane->thread, lane->block, l->block_dim, l->grid, b, w, 0};
+        tt_host_lane = tt_host_lane_ctx{lane->thread, l->first + lane->block, l->block_dim, l->grid, b, w, 0};
         l->fn(&l->args);
         w->bar.arrive_and_drop();
         b->bar.arrive_and_drop();
@@ -132,14 +135,22 @@ uint64_t tt_host_now_ns(void) {
 
 extern "C" void* tt_host_launch_fn(tt_host_kernel_fn fn, uint32_t grid, uint32_t block, const tt_host_args* args,
                                    char* err, size_t errlen) {
+    return tt_host_launch_blocks_fn(fn, grid, 0, grid, block, args, err, errlen);
+}
+
+extern "C" void* tt_host_launch_blocks_fn(tt_host_kernel_fn fn, uint32_t grid, uint32_t first, uint32_t count,
+                                          uint32_t block, const tt_host_args* args, char* err, size_t errlen) {
     if (!fn || !args) {
         set_err(err, errlen, "no kernel or no arguments", 0);
         return nullptr;
     }
-    if (grid == 0 || block == 0 || block % 32 != 0 || (uint64_t)grid * block > kMaxLanes) {
-        char msg[160];
-        snprintf(msg, sizeof msg, "invalid launch shape %u x %u (block a multiple of 32, at most %u lanes)", grid,
-                 block, kMaxLanes);
+    if (grid == 0 || count == 0 || first >= grid || count > grid - first || block == 0 || block % 32 != 0 ||
+        (uint64_t)count * block > kMaxLanes) {
+        char msg[200];
+        snprintf(msg, sizeof msg,
+                 "invalid launch shape: blocks %u..%u of a grid of %u, %u threads each (block a multiple of 32, "
+                 "at most %u lanes)",
+                 first, first + count, grid, block, kMaxLanes);
         set_err(err, errlen, msg, 0);
         return nullptr;
     }
@@ -152,9 +163,10 @@ extern "C" void* tt_host_launch_fn(tt_host_kernel_fn fn, uint32_t grid, uint32_t
         l->fn = fn;
         l->args = *args;
         l->grid = grid;
+        l->first = first;
         l->block_dim = block;
-        for (uint32_t b = 0; b < grid; b++) l->blocks.push_back(std::make_unique<Block>(block));
-        l->lanes.resize((size_t)grid * block);
+        for (uint32_t b = 0; b < count; b++) l->blocks.push_back(std::make_unique<Block>(block));
+        l->lanes.resize((size_t)count * block);
     } catch (...) {
         delete l;
         set_err(err, errlen, "out of memory", 0);
@@ -165,7 +177,7 @@ extern "C" void* tt_host_launch_fn(tt_host_kernel_fn fn, uint32_t grid, uint32_t
     pthread_attr_setstacksize(&attr, kLaneStack);
     size_t started = 0;
     int rc = 0;
-    for (uint32_t b = 0; b < grid && rc == 0; b++) {
+    for (uint32_t b = 0; b < count && rc == 0; b++) {
         for (uint32_t t = 0; t < block; t++) {
             Lane& lane = l->lanes[(size_t)b * block + t];
             lane = Lane{l, b, t, {}};

@@ -50,6 +50,10 @@ extern "C" {
  * `err` when the shape is invalid or threads cannot be created (no lane runs then). */
 void* tt_host_launch_fn(tt_host_kernel_fn fn, uint32_t grid, uint32_t block, const struct tt_host_args* args,
                         char* err, size_t errlen);
+/* Starts blocks first .. first+count-1 of a grid of `grid` blocks (block x count lanes): the
+ * kernel sees its block index within the whole grid and grid_dim = grid. Same errors as above. */
+void* tt_host_launch_blocks_fn(tt_host_kernel_fn fn, uint32_t grid, uint32_t first, uint32_t count, uint32_t block,
+                               const struct tt_host_args* args, char* err, size_t errlen);
 /* 1 once every lane of the launch has returned. */
 int tt_host_launch_finished(void* launch);
 /* Waits for every lane, then frees the launch. */

@@ -47,6 +47,14 @@ pub enum HostKernel {
 }
 
 impl HostKernel {
+    /// Every kernel of the host build.
+    pub const ALL: [HostKernel; 3] = [HostKernel::Issue, HostKernel::Persistent, HostKernel::Wait];
+
+    /// The kernel whose entry point is called `name`.
+    pub fn from_name(name: &str) -> Option<HostKernel> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             HostKernel::Issue => crate::KERNEL_ISSUE,
@@ -57,9 +65,11 @@ impl HostKernel {
 }
 
 extern "C" {
-    fn tt_host_launch(
+    fn tt_host_launch_blocks(
         kernel: u32,
         grid: u32,
+        first: u32,
+        count: u32,
         block: u32,
         args: *const HostArgs,
         err: *mut c_char,
@@ -93,11 +103,40 @@ impl HostLaunch {
         block: u32,
         args: HostArgs,
     ) -> Result<Self, KernelError> {
+        // SAFETY: forwarded contract.
+        unsafe { Self::start_blocks(kernel, grid, 0, grid, block, args) }
+    }
+
+    /// Starts blocks `first .. first + count` of a grid of `grid` blocks of
+    /// `block` lanes: each lane sees its block index within the whole grid and
+    /// a grid of `grid` blocks. How a launch is run block by block as an SM has
+    /// room for each (the CUDA stand-in's residency model).
+    ///
+    /// # Safety
+    /// As for [`HostLaunch::start`].
+    pub unsafe fn start_blocks(
+        kernel: HostKernel,
+        grid: u32,
+        first: u32,
+        count: u32,
+        block: u32,
+        args: HostArgs,
+    ) -> Result<Self, KernelError> {
         let mut err = [0 as c_char; 256];
         // SAFETY: `args` is a valid struct for the duration of the call (the runtime copies it);
         // `err` is a writable buffer of the length passed. The caller upholds the pointer contract.
-        let handle =
-            unsafe { tt_host_launch(kernel as u32, grid, block, &args, err.as_mut_ptr(), err.len()) };
+        let handle = unsafe {
+            tt_host_launch_blocks(
+                kernel as u32,
+                grid,
+                first,
+                count,
+                block,
+                &args,
+                err.as_mut_ptr(),
+                err.len(),
+            )
+        };
         match NonNull::new(handle) {
             Some(handle) => Ok(HostLaunch { handle, kernel }),
             None => {
