@@ -742,6 +742,11 @@ impl Executor for CudaExecutor {
             // SAFETY: forwarded contract.
             return unsafe { self.relay_doorbell(doorbell, kind, "configured") };
         }
+        // Once one doorbell page was refused, the others go the same way (one path per executor).
+        if self.relayed_name.get().is_some() {
+            // SAFETY: forwarded contract.
+            return unsafe { self.relay_doorbell(doorbell, kind, "fallback") };
+        }
         let range = match kind {
             DoorbellKind::Mmio => HostRange::Io,
             DoorbellKind::Memory => HostRange::Memory,
