@@ -481,7 +481,7 @@ pub unsafe extern "C" fn cuLaunchKernel(
         if gx == 0 || bx == 0 || bx > max_threads(k) {
             return Err(bad(format!("grid {gx}, block {bx} (at most {} threads per block)", max_threads(k))));
         }
-        if bx % 32 != 0 {
+        if !bx.is_multiple_of(32) {
             return Err(bad(format!(
                 "block of {bx} threads: the stand-in runs whole warps (a multiple of 32)"
             )));

@@ -214,7 +214,7 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
         st.need_init()?;
         let (_, a) = st.memory.device_range(ptr, 0, "pointer")?;
         let host = a.kind != MemKind::Device;
-        // SAFETY (all arms): `data` is valid for the attribute's type (contract), checked non-null.
+        // SAFETY: in every arm `data` is valid for the attribute's type (contract); `out` refuses NULL.
         unsafe {
             match attribute {
                 CU_POINTER_ATTRIBUTE_MEMORY_TYPE => out(

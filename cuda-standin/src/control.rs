@@ -98,7 +98,7 @@ impl Standin {
         if present() != 1 {
             return Err(StandinError::Library(format!("{} is not the tutti CUDA stand-in", path.display())));
         }
-        // SAFETY (each transmute): the symbols have these signatures in api_control.rs.
+        // SAFETY: each symbol has the signature it is transmuted to (api_control.rs).
         unsafe {
             Ok(Standin {
                 reset: std::mem::transmute::<*mut c_void, extern "C" fn()>(sym(handle, "tt_standin_reset")?),
