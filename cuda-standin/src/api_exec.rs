@@ -49,6 +49,10 @@ pub extern "C" fn cuStreamDestroy_v2(stream: CUstream) -> CUresult {
             .remove(&(stream as usize))
             .ok_or_else(|| fail(CUresult::CUDA_ERROR_INVALID_HANDLE, format!("no stream {stream:p}")))?;
         s.destroy();
+        st.retired.retain(|r| r.busy());
+        if s.busy() {
+            st.retired.push(s);
+        }
         Ok(())
     })
 }

@@ -32,10 +32,12 @@ impl Context {
         ctx
     }
 
-    /// Every stream of this context, its legacy stream first.
+    /// Every stream of this context, its legacy stream first, and destroyed
+    /// ones whose work still runs (destroying a stream does not end its work).
     pub fn streams(&self, st: &State) -> Vec<Arc<Stream>> {
         let mut v = vec![self.legacy.clone()];
         v.extend(st.streams.values().filter(|s| s.ctx == self.handle).cloned());
+        v.extend(st.retired.iter().filter(|s| s.ctx == self.handle && s.busy()).cloned());
         v
     }
 }

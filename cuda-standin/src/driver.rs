@@ -128,6 +128,8 @@ pub(crate) struct State {
     /// Resource descriptors: the SMs they name.
     pub descs: HashMap<usize, Vec<u32>>,
     pub streams: HashMap<usize, Arc<Stream>>,
+    /// Destroyed streams whose work has not all run yet (still device work).
+    pub retired: Vec<Arc<Stream>>,
     pub events: HashMap<usize, Arc<Event>>,
     pub modules: HashMap<usize, Module>,
     pub functions: HashMap<usize, Function>,
@@ -264,6 +266,7 @@ pub(crate) fn driver() -> &'static Driver {
             greens: HashMap::new(),
             descs: HashMap::new(),
             streams: HashMap::new(),
+            retired: Vec::new(),
             events: HashMap::new(),
             modules: HashMap::new(),
             functions: HashMap::new(),

@@ -186,6 +186,12 @@ impl Stream {
         }
     }
 
+    /// Work enqueued has not all run yet.
+    pub fn busy(&self) -> bool {
+        let q = self.lock();
+        q.completed < q.enqueued
+    }
+
     /// What the stream is running now, for messages.
     pub fn running(&self) -> Option<String> {
         self.lock().running.clone()

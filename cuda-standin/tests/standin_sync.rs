@@ -35,14 +35,21 @@ fn cu_mem_free_behind_a_running_kernel_fails_after_the_deadline_with_a_violation
     // SAFETY: a live stream.
     assert_eq!(unsafe { sys::cuStreamSynchronize(io) }, CUresult::CUDA_ERROR_TIMEOUT);
     assert_eq!(env.standin.violations().len(), 3);
+    // Destroying the stream does not end its kernel: freeing still waits for it.
+    // SAFETY: a live stream.
+    ok(unsafe { sys::cuStreamDestroy_v2(io) });
+    // SAFETY: an allocation of this context.
+    assert_eq!(unsafe { sys::cuMemFree_v2(scratch) }, CUresult::CUDA_ERROR_TIMEOUT);
+    assert_eq!(env.standin.violations().len(), 4);
 
     ctx.stop();
-    sync(io);
+    // SAFETY: no arguments; waits for the destroyed stream's kernel too.
+    ok(unsafe { sys::cuCtxSynchronize() });
     // SAFETY: the allocation was not freed by the failed call; nothing runs now.
     ok(unsafe { sys::cuMemFree_v2(scratch) });
     // SAFETY: as above.
     ok(unsafe { sys::cuModuleUnload(m) });
-    assert_eq!(env.standin.violations().len(), 3, "no violation once the kernel returned");
+    assert_eq!(env.standin.violations().len(), 4, "no violation once the kernel returned");
 }
 
 #[test]
