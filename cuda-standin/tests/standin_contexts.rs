@@ -12,7 +12,7 @@ use tutti_kernels::KERNEL_WAIT;
 
 /// A green context of `n` SMs and its context.
 fn green(n: u32) -> (sys::CUgreenCtx, sys::CUcontext) {
-    // SAFETY (block): plain driver calls with valid out pointers, following the documented sequence.
+    // SAFETY: plain driver calls with valid out pointers, following the documented sequence.
     unsafe {
         let (mut all, mut part, mut rest): (sys::CUdevResource, sys::CUdevResource, sys::CUdevResource) =
             (std::mem::zeroed(), std::mem::zeroed(), std::mem::zeroed());

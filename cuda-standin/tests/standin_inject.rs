@@ -56,9 +56,7 @@ fn iomemory_failures_hit_only_doorbell_registrations() {
     ok(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, base as *mut _, 0) });
     assert_eq!(dev, base as u64);
     unregister();
-    // SAFETY: no longer registered.
-    assert_eq!(
-        unsafe { sys::cuMemHostUnregister(base as *mut _) },
-        CUresult::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED
-    );
+    // SAFETY: no longer registered: the driver only looks the address up.
+    let again = unsafe { sys::cuMemHostUnregister(base as *mut _) };
+    assert_eq!(again, CUresult::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
 }
