@@ -53,14 +53,6 @@ pub fn executor(mode: ExecMode, blocks: u32) -> Arc<dyn Executor> {
     }
 }
 
-/// For a test that checks the host executor itself: says so when the suite
-/// runs on CUDA (the test still runs, on the host executor).
-pub fn host_only(why: &str) {
-    if on_cuda() {
-        println!("HOST-EXECUTOR: {}: {why}", std::thread::current().name().unwrap_or("?"));
-    }
-}
-
 /// A ring over emulated controllers. Fields drop in order: the ring first
 /// (stops the executor, deletes the queue pairs), then controllers.
 pub struct Rig {
