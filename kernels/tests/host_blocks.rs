@@ -12,7 +12,8 @@ use tutti_kernels::host::{HostArgs, HostKernel, HostLaunch};
 fn counted(grid: u32, first: u32, count: u32, n: usize) -> u32 {
     // SAFETY: all-zero is a valid IOCB (done_seq 0 completes seq 0).
     let mut iocb: Box<Iocb> = unsafe { Box::new_zeroed().assume_init() };
-    let mut ctx = ExecCtx { iocbs: &raw mut *iocb as u64, niocbs: 1, max_backoff_ns: 1000, ..Default::default() };
+    let mut ctx =
+        ExecCtx { iocbs: &raw mut *iocb as u64, niocbs: 1, max_backoff_ns: 1000, ..Default::default() };
     let (ids, seqs) = (vec![0u32; n], vec![0u32; n]);
     let mut done = 0u32;
     let args = HostArgs {
