@@ -11,7 +11,7 @@ mod common;
 
 use common::*;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tutti_driver::controller::{Controller, ControllerOptions};
 use tutti_driver::emulated::{EmulatedConfig, EmulatedController, NamespaceConfig};
 use tutti_driver::spec::SglDescriptor;
@@ -79,8 +79,34 @@ fn run(ring: &GioUring, ctxs: &[IoCtx]) -> IocbResult {
     ring.wait_cqe(&ids, Duration::from_secs(60)).unwrap().remove(0)
 }
 
+/// Writes one command and reads it back; only a relay that forwards lets it complete.
+fn one_round_trip(rig: &Rig, seed: u64) {
+    let src = rig.ctrls[0].dma().alloc(CMD).unwrap();
+    let dst = rig.ctrls[0].dma().alloc(CMD).unwrap();
+    fill(&src, seed);
+    let r = run(&rig.ring, &[rw(Op::Write, 0, 0, &src)]);
+    assert!(r.is_ok(), "write: {:?}", r.failures);
+    let r = run(&rig.ring, &[rw(Op::Read, 0, 0, &dst)]);
+    assert!(r.is_ok(), "read: {:?}", r.failures);
+    assert_eq!(first_diff(&bytes(&src), &bytes(&dst)), None);
+}
+
 fn kernel_doorbell_writes(stats: &[QueueStats]) -> u64 {
     stats.iter().map(|s| s.sq_doorbells + s.cq_doorbells).sum()
+}
+
+/// Waits (bounded) until the kernels' doorbell counters reach `at_least`. A lane
+/// counts its doorbell store after making it, and stores the CQ head after it
+/// completed the commands, so both can trail the completions a wait returned.
+fn kernel_doorbell_writes_reaching(ring: &GioUring, at_least: u64) -> Vec<QueueStats> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = ring.queue_stats().unwrap();
+        if kernel_doorbell_writes(&stats) >= at_least || Instant::now() >= deadline {
+            return stats;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// Writes `n` commands per drive, reads them back into zeroed buffers and
@@ -110,16 +136,15 @@ fn round_trip(mode: ExecMode) {
         assert_eq!(first_diff(&bytes(s), &bytes(t)), None, "drive {d}: read back differs");
     }
 
-    let stats = rig.ring.queue_stats().unwrap();
-    let written = kernel_doorbell_writes(&stats);
     let rs = relay.stats();
+    let stats = kernel_doorbell_writes_reaching(&rig.ring, rs.relayed);
+    let written = kernel_doorbell_writes(&stats);
     // Every doorbell the controllers saw was written by the relay: the kernels stored only
     // into mailboxes (had they written the registers, the relay would have seen nothing).
     // The relay may merge several stores of one doorbell made between two of its passes.
     assert!(rs.relayed > 0, "the relay forwarded nothing: {rs:?}");
     assert!(rs.relayed <= written, "relayed {} > {written} doorbell stores by the kernels", rs.relayed);
     assert!(stats.iter().all(|s| s.sq_doorbells > 0 && s.cq_doorbells > 0), "{stats:?}");
-    assert_eq!(relay.flush().unwrap(), 0, "a doorbell value was left in a mailbox");
     assert!(rs.running);
 }
 
@@ -148,6 +173,11 @@ fn a_stopped_relay_makes_commands_time_out_and_recovery_flushes_its_mailboxes() 
     fill(&src, 7);
     let r = run(&rig.ring, &[rw(Op::Write, 0, 0, &src)]);
     assert!(r.is_ok(), "{:?}", r.failures);
+    // The write's CQ head store may trail its completion: let it happen and be forwarded,
+    // so that below only the tail of the next command is left in a mailbox.
+    let stats = kernel_doorbell_writes_reaching(&rig.ring, 2);
+    assert_eq!((stats[0].sq_doorbells, stats[0].cq_doorbells), (1, 1));
+    relay.flush().unwrap();
 
     relay.stop().unwrap();
     assert!(!relay.stats().running);
@@ -182,13 +212,14 @@ fn the_same_tail_after_a_queue_recovery_is_relayed() {
     let r = run(&rig.ring, &[rw(Op::Read, 0, 0, &dst)]);
     assert!(r.is_ok(), "after recovery: {:?}", r.failures);
     assert_eq!(first_diff(&bytes(&src)[..CMD], &bytes(&dst)[..CMD]), None);
-    assert!(exec.relay().unwrap().stats().relayed >= 4);
+    assert!(exec.relay().unwrap().stats().relayed >= 2);
 }
 
 #[test]
 fn dropping_the_ring_unwatches_every_doorbell_and_the_relay_stops() {
     let (rig, exec) = relay_rig(ExecMode::Persistent, 1, 2, opts());
     assert_eq!(exec.relay().unwrap().stats().watched, 4);
+    one_round_trip(&rig, 11);
     drop(rig);
     let relay = exec.relay().unwrap();
     assert_eq!(relay.stats().watched, 0, "a mapping dropped with the ring left its doorbell watched");
@@ -203,4 +234,10 @@ fn a_relay_too_small_for_the_queues_is_refused_by_name() {
         .err()
         .expect("four doorbells in three mailboxes");
     assert!(e.to_string().contains("all 3 mailboxes are in use"), "{e}");
+    // Exactly enough mailboxes: two per queue pair.
+    let (rig, exec) =
+        relay_rig_with(ExecMode::Launch, 1, 2, opts(), RelayConfig { capacity: 4, ..Default::default() })
+            .unwrap();
+    one_round_trip(&rig, 12);
+    assert_eq!(exec.relay().unwrap().stats().watched, 4);
 }
