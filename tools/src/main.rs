@@ -44,6 +44,8 @@ enum Command {
     Serve(cmd::serve::Args),
     /// Show what a running tuttid serves: clients, queue leases, pool usage, stores and loads in flight.
     Status(cmd::status::Args),
+    /// Compile the I/O kernels with NVRTC; report registers, spills and parameter tables, write the cubin, check the SASS.
+    Kernels(cmd::kernels::Args),
     /// Microbenchmarks (SGL vs PRP, retrieval, command rate), each against a baseline from the same run.
     Bench(cmd::bench::Args),
 }
@@ -66,6 +68,7 @@ fn main() -> std::process::ExitCode {
         Command::Bench(a) => cmd::bench::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Status(a) => cmd::status::run(a),
+        Command::Kernels(a) => cmd::kernels::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -4,6 +4,7 @@ pub mod admin;
 pub mod bench;
 pub mod demo;
 pub mod identify;
+pub mod kernels;
 pub mod profile;
 pub mod selftest;
 pub mod serve;
