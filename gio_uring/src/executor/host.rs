@@ -6,7 +6,7 @@
 //! cannot be mapped for the GPU: that fallback runs against emulated
 //! controllers in CI this way.
 
-use super::relay::{DoorbellRelay, RelayConfig, Watch};
+use super::relay::{DoorbellMode, DoorbellRelay, Watch};
 use super::{ExecBinding, ExecMode, ExecShape, Executor};
 use crate::error::{GioError, Result};
 use crate::mem::{ExecMemory, HostMapping, HostMemory, HostRange, MemKind};
@@ -43,17 +43,6 @@ impl Default for HostExecutorConfig {
             doorbells: DoorbellMode::Direct,
         }
     }
-}
-
-/// How an executor's kernels ring NVMe doorbells.
-#[derive(Clone, Debug, Default)]
-pub enum DoorbellMode {
-    /// They store into the doorbell registers themselves.
-    #[default]
-    Direct,
-    /// They store into mailboxes a [`DoorbellRelay`] thread forwards (every
-    /// doorbell, BAR or emulated).
-    Relay(RelayConfig),
 }
 
 #[derive(Default)]

@@ -11,8 +11,8 @@ mod host;
 mod relay;
 
 pub use cuda::{CudaExecutor, CudaExecutorConfig};
-pub use host::{DoorbellMode, HostExecutor, HostExecutorConfig};
-pub use relay::{DoorbellRelay, RelayConfig, RelayStats, Watch, MAILBOX_IDLE, MAILBOX_STRIDE};
+pub use host::{HostExecutor, HostExecutorConfig};
+pub use relay::{DoorbellMode, DoorbellRelay, RelayConfig, RelayStats, Watch, MAILBOX_IDLE, MAILBOX_STRIDE};
 
 use crate::error::Result;
 use crate::mem::{ExecMemory, HostMapping, HostRange, MemKind};
@@ -76,7 +76,11 @@ pub trait Executor: Send + Sync {
     ///
     /// # Safety
     /// `doorbell` must stay valid until the mapping is dropped.
-    unsafe fn map_doorbell(&self, doorbell: NonNull<u32>, kind: DoorbellKind) -> Result<Box<dyn HostMapping>> {
+    unsafe fn map_doorbell(
+        &self,
+        doorbell: NonNull<u32>,
+        kind: DoorbellKind,
+    ) -> Result<Box<dyn HostMapping>> {
         let range = match kind {
             DoorbellKind::Mmio => HostRange::Io,
             DoorbellKind::Memory => HostRange::Memory,

@@ -62,6 +62,10 @@
 //!   beyond the last tail the controller saw (slots are freed only by the
 //!   SQHD the controller reports), and the CQ head by at most depth-1 beyond
 //!   the last head it saw (the controller posts no more than that).
+//! - The relay only ever delays a store, never makes one early, and a late
+//!   doorbell is always allowed: a late tail delays commands, a late head
+//!   delays the reuse of completion slots (the controller waits while the CQ
+//!   is full, §4.1).
 //! - SQ tail against CQ head, and across queues: no order is kept and none is
 //!   needed. The two registers are independent (§3.1 SQyTDBL, CQyHDBL): a CQ head frees
 //!   completion slots, a tail offers commands, and in direct mode different
@@ -97,6 +101,18 @@ pub const MAILBOX_STRIDE: usize = 64;
 
 /// Longest `stop` waits for the relay thread to leave.
 const STOP_DEADLINE: Duration = Duration::from_secs(5);
+
+/// How an executor's kernels ring NVMe doorbells.
+#[derive(Clone, Debug, Default)]
+pub enum DoorbellMode {
+    /// They store into the doorbell registers themselves.
+    #[default]
+    Direct,
+    /// They store into mailboxes a [`DoorbellRelay`] thread forwards. The host
+    /// executor relays every doorbell (BAR or emulated register), so the
+    /// fallback runs against emulated controllers.
+    Relay(RelayConfig),
+}
 
 /// Tunables of a [`DoorbellRelay`].
 #[derive(Clone, Debug)]
