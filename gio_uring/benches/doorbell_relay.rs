@@ -79,7 +79,17 @@ struct Row {
     wakeups: u64,
 }
 
+/// The 1-minute load average, which says how much the other threads of the
+/// machine disturbed the run.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "unknown".into())
+}
+
 fn bench(c: &mut Criterion) {
+    let load_at_start = load_average();
     let mut rows = Vec::new();
     for (mode, label) in [(ExecMode::Launch, "launch"), (ExecMode::Persistent, "persistent")] {
         let mut g = c.benchmark_group(format!("doorbell_relay/{label}"));
@@ -119,12 +129,15 @@ fn bench(c: &mut Criterion) {
         }
         g.finish();
     }
-    report(&rows);
+    report(&rows, &load_at_start);
 }
 
-fn report(rows: &[Row]) {
+fn report(rows: &[Row], load_at_start: &str) {
+    let load_at_end = load_average();
     let mut modes = Vec::new();
-    println!("\ndoorbell relay: time per batch of {READS} x 4 KiB reads (relay / direct)");
+    println!(
+        "\ndoorbell relay: time per batch of {READS} x 4 KiB reads (relay / direct); load average {load_at_start} -> {load_at_end}"
+    );
     for Row { mode, direct, relay, relayed, wakeups } in rows {
         let ratio = relay / direct;
         println!(
@@ -141,7 +154,7 @@ fn report(rows: &[Row]) {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/perf");
     if dir.is_dir() {
         let json = format!(
-            "{{\n  \"bench\": \"gio_uring/benches/doorbell_relay.rs\",\n  \"workload\": \"one IOCB of {READS} reads of 4 KiB, one emulated controller, two queue pairs, host executor 2 x 32 lanes\",\n  \"caveat\": \"executor lanes, emulated controller and relay are host threads sharing the cores: the relay thread's CPU cost and extra hop, not PCIe\",\n  \"cores\": {},\n  \"results\": [\n{}\n  ]\n}}\n",
+            "{{\n  \"bench\": \"gio_uring/benches/doorbell_relay.rs\",\n  \"workload\": \"one IOCB of {READS} reads of 4 KiB, one emulated controller, two queue pairs, host executor 2 x 32 lanes\",\n  \"method\": \"mean wall time per batch (issue to completion) over every batch criterion ran, warm-up included; direct, then relay, in one process\",\n  \"caveat\": \"executor lanes, emulated controller and relay are host threads sharing the cores: the relay thread's CPU cost and extra hop, not PCIe\",\n  \"cores\": {},\n  \"load_average_start\": \"{load_at_start}\",\n  \"load_average_end\": \"{load_at_end}\",\n  \"results\": [\n{}\n  ]\n}}\n",
             std::thread::available_parallelism().map_or(0, |n| n.get()),
             modes.join(",\n")
         );
