@@ -37,8 +37,7 @@
 //!   later calls fail, and nothing the kernels may still touch is freed.
 
 use super::cuda_mem::{check, CudaCtx, Device, MapError, Pinned, Registry};
-use super::host::DoorbellMode;
-use super::relay::{DoorbellRelay, RelayConfig, Watch};
+use super::relay::{DoorbellMode, DoorbellRelay, RelayConfig, Watch};
 use super::{ExecBinding, ExecMode, ExecShape, Executor};
 use crate::error::{GioError, Result};
 use crate::mem::{ExecMemory, HostMapping, HostRange, MemKind};
