@@ -152,12 +152,14 @@ pub struct GioIo {
 /// published), but a dead queue is never deleted or reset in this process,
 /// so nothing bounds what its controller does; a file costs less than
 /// wrong bytes served as a hit. `QueueRecovering` is definite: the executor
-/// refused the command before it took a ticket on the queue.
+/// refused the command before it took a ticket on the queue; so is
+/// `StagingTimeout` (no staging slot came free: the command was never built).
 pub(crate) fn failure_kind(status: IoStatus) -> FailureKind {
     match status {
         IoStatus::Nvme(_)
         | IoStatus::Translation(_)
         | IoStatus::Invalid(_)
+        | IoStatus::StagingTimeout
         | IoStatus::QueueRecovering { .. } => FailureKind::Definite,
         IoStatus::Success
         | IoStatus::Pending
