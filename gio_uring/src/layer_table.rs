@@ -294,7 +294,10 @@ impl LayerTable {
     /// executor copies it in 8-byte words). Every chunk's entry is set.
     pub fn set_kv(&mut self, block: u32, layer: u32, kv: Kv, addr: u64) -> Result<()> {
         if self.kind != TableKind::Staged {
-            return Err(GioError::table(format!("a {:?} table holds data pointers, not KV addresses", self.kind)));
+            return Err(GioError::table(format!(
+                "a {:?} table holds data pointers, not KV addresses",
+                self.kind
+            )));
         }
         self.check(block, layer, 0)?;
         if addr == 0 || !addr.is_multiple_of(8) {

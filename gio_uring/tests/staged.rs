@@ -88,7 +88,12 @@ fn run(rig: &Rig, table: TableId, op: Op) -> Vec<IoStatus> {
 }
 
 fn staged_rig(sgl: SglSupport) -> Rig {
-    rig(RigSpec { sgl, ns_bytes: 16 << 20, opts: GioOptions { depth: 16, ..Default::default() }, ..Default::default() })
+    rig(RigSpec {
+        sgl,
+        ns_bytes: 16 << 20,
+        opts: GioOptions { depth: 16, ..Default::default() },
+        ..Default::default()
+    })
 }
 
 /// Writes a pattern through staging, clears the KV memory, reads it back:

@@ -104,10 +104,7 @@ impl GioUring {
             .get(id.0 as usize)
             .and_then(Option::as_ref)
             .ok_or_else(|| GioError::table(format!("table {} is not registered", id.0)))?;
-        slot.staging
-            .as_ref()
-            .ok_or_else(|| GioError::table(format!("table {} is not staged", id.0)))?
-            .stats()
+        slot.staging.as_ref().ok_or_else(|| GioError::table(format!("table {} is not staged", id.0)))?.stats()
     }
 
     fn build_staging(&self, table: &LayerTable, slots: u32) -> Result<Staging> {
@@ -124,11 +121,9 @@ impl GioUring {
         let mut spaces: Vec<Arc<dyn DmaSpace>> = Vec::new();
         let mut space_of: Vec<usize> = Vec::with_capacity(pool.len());
         for &d in &pool {
-            let q = self
-                .drives
-                .get(d as usize)
-                .and_then(|dq| dq.queues.first())
-                .ok_or_else(|| GioError::table(format!("drive {d} has no queue pair to reach its controller")))?;
+            let q = self.drives.get(d as usize).and_then(|dq| dq.queues.first()).ok_or_else(|| {
+                GioError::table(format!("drive {d} has no queue pair to reach its controller"))
+            })?;
             let space = q.controller().dma().clone();
             let key = Arc::as_ptr(&space) as *const ();
             match spaces.iter().position(|s| Arc::as_ptr(s) as *const () == key) {
@@ -200,10 +195,17 @@ impl GioUring {
         let cells_at = RING_AT + size_of::<RingHeader>();
         let dptr_at = (cells_at + capacity as usize * size_of::<RingCell>()).next_multiple_of(64);
         let desc_mem = self.exec.alloc(MemKind::Private, dptr_at + words.len() * 8)?;
-        let ring = RingHeader { head: 0, tail: slots as u64, capacity, mask: capacity - 1, ..Default::default() };
+        let ring =
+            RingHeader { head: 0, tail: slots as u64, capacity, mask: capacity - 1, ..Default::default() };
         // Vyukov cells: cell i starts at seq i; a pushed value at position p has seq p + 1.
         let cells: Vec<RingCell> = (0..capacity as u64)
-            .map(|i| if i < slots as u64 { RingCell { seq: i + 1, value: i } } else { RingCell { seq: i, value: 0 } })
+            .map(|i| {
+                if i < slots as u64 {
+                    RingCell { seq: i + 1, value: i }
+                } else {
+                    RingCell { seq: i, value: 0 }
+                }
+            })
             .collect();
         desc_mem.write_bytes(RING_AT, ring.as_bytes())?;
         desc_mem.write_bytes(cells_at, cells.as_bytes())?;
