@@ -38,3 +38,5 @@ pub use store::{
     thread_cpu_ns, Backend, JobId, JobStatus, KvStore, Lookup, PoolInfo, StoreId, StoreOptions, StoreReport,
     StoreStats,
 };
+/// The CUDA executor's settings ([`GioExecutor::Cuda`]).
+pub use tutti_gio_uring::CudaExecutorConfig;

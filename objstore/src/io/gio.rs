@@ -222,7 +222,13 @@ impl GioIo {
     pub fn new(drives: &[(Arc<Controller>, u32)], cfg: &GioConfig) -> Result<Self> {
         let exec: Arc<dyn Executor> = match &cfg.executor {
             GioExecutor::Host => Arc::new(HostExecutor::new(cfg.host.clone()).map_err(gio)?),
-            GioExecutor::Cuda(c) => Arc::new(CudaExecutor::new(c.clone()).map_err(gio)?),
+            GioExecutor::Cuda(c) => Arc::new(CudaExecutor::new(c.clone()).map_err(|e| match e {
+                // No driver or no GPU: the configuration cannot be served here, named as such.
+                GioError::NoCuda(why) => {
+                    ObjError::invalid("executor", format!("the CUDA executor: no CUDA: {why}"))
+                }
+                e => gio(e),
+            })?),
         };
         Self::with_executor(drives, cfg, exec, matches!(cfg.executor, GioExecutor::Cuda(_)))
     }
