@@ -3,6 +3,9 @@
 //! for byte and `tutti_data_path` says it is staged and why; CUDA memory and
 //! the CUDA executor fail with clear statuses where they cannot work.
 
+// Test code: a panic is how a test fails (the shared fixtures expect() too).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::*;
