@@ -15,7 +15,8 @@ overridden in the extra config. Keys of ``kv_connector_extra_config``:
                             which move on the staged data path) or ``"direct"`` (CPU baseline)
 ``cuda_device``             ``"gio_cuda"``: the CUDA device ordinal (default 0)
 ``cuda_sm_count``           ``"gio_cuda"``: SMs of the I/O green context (default 0: all)
-``cuda_driver``             ``"gio_cuda"``: the CUDA driver library (default: libcuda.so)
+``cuda_driver``             ``"gio_cuda"``: the CUDA driver library (default: libcuda.so; refused
+                            until the CUDA executor can load another)
 ``staging_slots``           pinned staging slots of the staged data path (default 256)
 ``open_mode``               ``"open_or_create"`` (default), ``"open"`` or ``"create"``
 ``io_timeout_ms``           per NVMe command deadline (default: libtutti's 2000)
