@@ -190,3 +190,68 @@ fn staged_tables_are_registered_only_with_staging() {
     let direct = LayerTable::new(g, TableKind::Sgl).unwrap();
     assert!(rig.ring.register_staged_table(&direct, 4).unwrap_err().to_string().contains("register_table"));
 }
+
+#[test]
+fn a_failed_read_leaves_kv_untouched_and_a_lost_one_withholds_its_slot() {
+    use tutti_driver::emulated::FaultMatch;
+    let opts = GioOptions {
+        depth: 16,
+        command_timeout: Duration::from_millis(300),
+        submit_timeout: Duration::from_secs(3),
+        ..Default::default()
+    };
+    let rig = rig(RigSpec { ns_bytes: 16 << 20, opts, ..Default::default() });
+    let g = geometry();
+    let mut mem = Kv8::new(&g);
+    mem.fill(0xabc);
+    let want = mem.bytes();
+    let table = rig.ring.register_staged_table(&staged_table(&g, &mem), 4).unwrap();
+    assert_eq!(run(&rig, table, Op::Write), vec![]);
+
+    let sentinel = 0x5A5A_5A5A_5A5A_5A5Au64;
+    mem.0.iter_mut().for_each(|w| *w = sentinel);
+    // Drive 0 fails its first read; drive 1 executes its first read (into the slot) and never
+    // completes it.
+    let read = FaultMatch { opcode: Some(0x02), ..Default::default() };
+    rig.emus[0].faults().fail_next(read.clone(), Status::UNRECOVERED_READ_ERROR);
+    rig.emus[1].faults().drop_next(read);
+    let ids = rig.ring.submit_layer(table, 0, &pairs(), Op::Read, 3).unwrap();
+    let results = rig.ring.wait_cqe(&ids, Duration::from_secs(60)).unwrap();
+    assert_eq!(results.len(), 1, "one IOCB of 48 pairs");
+    let mut statuses: Vec<IoStatus> = results[0].failures.iter().map(|f| f.status).collect();
+    statuses.sort_by_key(|s| format!("{s:?}"));
+    assert_eq!(statuses, vec![IoStatus::CompletionTimeout, IoStatus::Nvme(Status::UNRECOVERED_READ_ERROR)]);
+
+    // Every chunk of layer 0 holds its bytes, except the two that failed: untouched.
+    let chunks = g.chunks();
+    let failed: Vec<(u32, u32, u32)> = results[0]
+        .failures
+        .iter()
+        .map(|f| (pairs()[(f.index / (2 * chunks)) as usize].1, (f.index / chunks) % 2, f.index % chunks))
+        .collect();
+    let got = mem.bytes();
+    let base = mem.0.as_ptr() as u64;
+    for (_, block) in pairs() {
+        for kv in [Kv::K, Kv::V] {
+            for c in 0..chunks {
+                let (off, len) = g.chunk(c);
+                let at = (mem.addr(&g, block, 0, kv) - base + off) as usize;
+                let region = &got[at..at + len as usize];
+                if failed.contains(&(block, kv as u32, c)) {
+                    assert!(
+                        region.iter().all(|&b| b == 0x5A),
+                        "failed chunk (block {block}, {kv:?}, {c}) untouched"
+                    );
+                } else {
+                    assert_eq!(region, &want[at..at + len as usize], "chunk (block {block}, {kv:?}, {c})");
+                }
+            }
+        }
+    }
+    let stats = rig.ring.staging_stats(table).unwrap();
+    assert_eq!(stats.withheld, 1, "the slot of the command of unknown outcome is never handed out again");
+    // The three slots left carry a whole layer again.
+    rig.emus.iter().for_each(|e| e.faults().clear());
+    assert_eq!(run(&rig, table, Op::Read), vec![]);
+    assert!(first_diff(&mem.bytes(), &want).is_none());
+}
