@@ -375,21 +375,7 @@ impl KvStore {
         model: &str,
         tenant_salt: &[u8],
     ) -> Result<TableSizes> {
-        for r in layout.regions() {
-            if !memory.contains(r.addr, r.len) {
-                return Err(ObjError::invalid(
-                    "layout",
-                    format!(
-                        "region {:#x}+{:#x} is outside the {:#x}-byte host memory",
-                        r.addr,
-                        r.len,
-                        memory.len()
-                    ),
-                ));
-            }
-        }
-        // SAFETY: every region lies inside `memory`, which the registration keeps alive.
-        unsafe { self.register_inner(layout, model, tenant_salt, Some(memory), KvMemoryKind::Host) }
+        self.register_host_as(memory, layout, model, tenant_salt, KvMemoryKind::Host)
     }
 
     /// [`register_host`](Self::register_host) with the memory's kind:
