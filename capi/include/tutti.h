@@ -49,11 +49,14 @@
 // `tutti_job_status_t`; minor 2 added outcome-unknown failures
 // (`tutti_stats_t::quarantined_files`, `tutti_job_status_t::unknown` and
 // `unknown_bitmap`) and `tutti_emulated_delay_next`; minor 3 added clients
-// of tuttid (`tutti_runtime_connect`, `tutti_client_config_t`).
+// of tuttid (`tutti_runtime_connect`, `tutti_client_config_t`); minor 4
+// added the staged data path (`TUTTI_MEMORY_CUDA` accepted with
+// `TUTTI_EXECUTOR_GIO_CUDA`, `TUTTI_MEMORY_HOST_STAGED`, the CUDA and staging
+// fields of `tutti_runtime_config_t`, `tutti_data_path`).
 #define TUTTI_ABI_VERSION 1
 
 // The minor version of ABI 1 this library implements (see `TUTTI_ABI_VERSION`).
-#define TUTTI_ABI_MINOR 3
+#define TUTTI_ABI_MINOR 4
 
 // 32-bit float KV.
 #define TUTTI_DTYPE_F32 1
@@ -88,6 +91,12 @@
 // settles them.
 #define TUTTI_EXECUTOR_DIRECT 2
 
+// ABI 1.4: gio_uring with its CUDA executor (`cuda_device`, `cuda_sm_count`).
+// CUDA KV memory (`TUTTI_MEMORY_CUDA`) moves on the staged data path. On a
+// machine without a CUDA driver or GPU, `tutti_runtime_open` fails with
+// `TUTTI_E_UNSUPPORTED`, naming what is missing.
+#define TUTTI_EXECUTOR_GIO_CUDA 3
+
 // Format the drives as a new, empty pool.
 #define TUTTI_OPEN_CREATE 1
 
@@ -96,6 +105,19 @@
 
 // Open the pool the drives hold, or format them if every one is blank.
 #define TUTTI_OPEN_OR_CREATE 3
+
+// No KV memory is registered.
+#define TUTTI_DATA_PATH_NONE 0
+
+// The drives DMA straight into the registered KV memory.
+#define TUTTI_DATA_PATH_DIRECT 1
+
+// The drives DMA into pinned host staging slots; the executor copies each
+// chunk between a slot and the KV memory.
+#define TUTTI_DATA_PATH_STAGED 2
+
+// Bytes of `tutti_data_path_t::p2p_missing`, NUL included.
+#define TUTTI_DATA_PATH_REASON_BYTES 256
 
 #if defined(TUTTI_FAULT_INJECTION)
 // Longest deferral `tutti_emulated_delay_next` accepts, in ms.
@@ -117,11 +139,21 @@
 // Caller-given K and V bases per layer and one block stride.
 #define TUTTI_LAYOUT_STRIDED 3
 
-// Host memory of this process.
+// Host memory of this process, mapped for the drives (direct DMA).
 #define TUTTI_MEMORY_HOST 1
 
-// CUDA device memory (needs the CUDA executor; not in this build).
+// CUDA device memory of the runtime's GPU (ABI 1.4: needs
+// `TUTTI_EXECUTOR_GIO_CUDA`; moved on the staged data path, since vfio
+// type1 cannot map it for the drives). Other executors refuse it with
+// `TUTTI_E_UNSUPPORTED` (gio on the host) or `TUTTI_E_INVALID_ARG`
+// (direct), naming why.
 #define TUTTI_MEMORY_CUDA 2
+
+// ABI 1.4: host memory of this process that the drives must not touch: it
+// is never mapped for them, and the executor copies every chunk through
+// staging slots (the staged data path, testable without a GPU). Needs a
+// gio executor.
+#define TUTTI_MEMORY_HOST_STAGED 3
 
 // Most SGL descriptors one registration's table may hold:
 // `num_blocks × layers × 2 × chunks` (`tutti_runtime_info_t::chunks`) must
@@ -242,6 +274,27 @@ typedef struct tutti_client_config_t {
     // The geometry this process's KV has; the pool's must be the same.
     struct tutti_geometry_t geometry;
 } tutti_client_config_t;
+
+// ABI 1.4. Set `struct_size = sizeof(tutti_data_path_t)`.
+typedef struct tutti_data_path_t {
+    uint32_t struct_size;
+    // `TUTTI_DATA_PATH_*`.
+    uint32_t mode;
+    // `TUTTI_MEMORY_*` of the registration (0 when none).
+    uint32_t memory;
+    // STAGED: staging slots (one chunk each).
+    uint32_t staging_slots;
+    // STAGED: bytes of one slot.
+    uint64_t staging_slot_bytes;
+    // STAGED: times a command waited for a free slot (backpressure).
+    uint64_t staging_waits;
+    // STAGED: slots taken out of use after a command of unknown outcome.
+    uint64_t staging_withheld;
+    // STAGED: bytes the executor copied between slots and KV memory.
+    uint64_t staged_bytes;
+    // STAGED: what direct DMA lacks, NUL-terminated (cut at 255 bytes); else empty.
+    char p2p_missing[TUTTI_DATA_PATH_REASON_BYTES];
+} tutti_data_path_t;
 
 // A 128-bit chunk key, little endian (see `tutti_chain_hashes`).
 typedef struct tutti_hash_t {
@@ -411,6 +464,24 @@ typedef struct tutti_runtime_config_t {
     uint32_t io_timeout_ms;
     // Host executor: lane blocks of 32 lanes (0 = 1).
     uint32_t host_lane_blocks;
+    // Alignment padding of ABI 1.0..1.3 (ignored; set 0).
+    uint32_t rsvd0;
+    // ABI 1.4, GIO_CUDA: the CUDA device ordinal.
+    uint32_t cuda_device;
+    // ABI 1.4, GIO_CUDA: SMs of the I/O partition (a green context); 0 runs
+    // in the primary context with every SM.
+    uint32_t cuda_sm_count;
+    // ABI 1.4, GIO_CUDA, nullable: the CUDA driver library to load instead
+    // of `libcuda.so` from the loader path.
+    const char *cuda_driver;
+    // ABI 1.4: staging slots (one chunk each, pinned host memory) for KV
+    // memory the drives cannot reach (`TUTTI_MEMORY_CUDA`,
+    // `TUTTI_MEMORY_HOST_STAGED`); 0 = 256. More commands than slots wait.
+    uint32_t staging_slots;
+    // ABI 1.4, GIO_CUDA: threads per block of the I/O kernels, a multiple of 32
+    // up to 512 (0 = 512). Fewer suit a stand-in driver that runs every GPU
+    // thread as a host thread.
+    uint32_t cuda_block_threads;
 } tutti_runtime_config_t;
 
 // What the runtime's pool is. Set `struct_size = sizeof(tutti_runtime_info_t)`.
@@ -571,6 +642,13 @@ int32_t tutti_last_error_copy(char *buf, size_t capacity, size_t *needed);
 // `config` is NULL or points to a `tutti_client_config_t` whose string
 // fields are NULL or NUL-terminated; `out` is NULL or writable.
 int32_t tutti_runtime_connect(const struct tutti_client_config_t *config, struct tutti_runtime_t **out);
+
+// Reports the data path of the runtime's current registration.
+//
+// # Safety
+// `rt` is a runtime handle (checked); `out` is NULL or points to a
+// `tutti_data_path_t` with `struct_size` set.
+int32_t tutti_data_path(struct tutti_runtime_t *rt, struct tutti_data_path_t *out);
 
 #if defined(TUTTI_FAULT_INJECTION)
 // Makes the next `count` NVMe Read (`TUTTI_DIR_LOAD`) or Write

@@ -10,7 +10,8 @@ use tutti_driver::controller::{Controller, ControllerOptions};
 use tutti_driver::emulated::{EmulatedConfig, EmulatedController, MediaConfig, NamespaceConfig};
 use tutti_driver::DriverError;
 use tutti_objstore::{
-    Backend, DriveSpec, Dtype, Geometry, GioConfig, ObjError, OpenMode, PoolOptions, StoreOptions,
+    Backend, DriveSpec, Dtype, Geometry, GioConfig, GioExecutor, ObjError, OpenMode, PoolOptions,
+    StoreOptions,
 };
 
 /// 32-bit float KV.
@@ -38,6 +39,11 @@ pub const TUTTI_EXECUTOR_GIO_HOST: u32 = 1;
 /// (quarantined files, `unknown_bitmap`); the gio executor recovers the drive and
 /// settles them.
 pub const TUTTI_EXECUTOR_DIRECT: u32 = 2;
+/// ABI 1.4: gio_uring with its CUDA executor (`cuda_device`, `cuda_sm_count`).
+/// CUDA KV memory (`TUTTI_MEMORY_CUDA`) moves on the staged data path. On a
+/// machine without a CUDA driver or GPU, `tutti_runtime_open` fails with
+/// `TUTTI_E_UNSUPPORTED`, naming what is missing.
+pub const TUTTI_EXECUTOR_GIO_CUDA: u32 = 3;
 
 /// Format the drives as a new, empty pool.
 pub const TUTTI_OPEN_CREATE: u32 = 1;
@@ -106,12 +112,65 @@ pub struct tutti_runtime_config_t {
     pub io_timeout_ms: u32,
     /// Host executor: lane blocks of 32 lanes (0 = 1).
     pub host_lane_blocks: u32,
+    /// Alignment padding of ABI 1.0..1.3 (ignored; set 0).
+    pub rsvd0: u32,
+    /// ABI 1.4, GIO_CUDA: the CUDA device ordinal.
+    pub cuda_device: u32,
+    /// ABI 1.4, GIO_CUDA: SMs of the I/O partition (a green context); 0 runs
+    /// in the primary context with every SM.
+    pub cuda_sm_count: u32,
+    /// ABI 1.4, GIO_CUDA, nullable: the CUDA driver library to load instead
+    /// of `libcuda.so` from the loader path.
+    pub cuda_driver: *const c_char,
+    /// ABI 1.4: staging slots (one chunk each, pinned host memory) for KV
+    /// memory the drives cannot reach (`TUTTI_MEMORY_CUDA`,
+    /// `TUTTI_MEMORY_HOST_STAGED`); 0 = 256. More commands than slots wait.
+    pub staging_slots: u32,
+    /// ABI 1.4, GIO_CUDA: threads per block of the I/O kernels, a multiple of 32
+    /// up to 512 (0 = 512). Fewer suit a stand-in driver that runs every GPU
+    /// thread as a host thread.
+    pub cuda_block_threads: u32,
 }
 
-// SAFETY: repr(C) with `struct_size: u32` first.
+impl Default for tutti_runtime_config_t {
+    fn default() -> Self {
+        tutti_runtime_config_t {
+            struct_size: 0,
+            drives: 0,
+            emulated_count: 0,
+            emulated_lba_size: 0,
+            emulated_capacity_bytes: 0,
+            emulated_dir: std::ptr::null(),
+            vfio_bdfs: std::ptr::null(),
+            vfio_count: 0,
+            vfio_noiommu: 0,
+            executor: 0,
+            open_mode: 0,
+            geometry: tutti_geometry_t::default(),
+            io_timeout_ms: 0,
+            host_lane_blocks: 0,
+            rsvd0: 0,
+            cuda_device: 0,
+            cuda_sm_count: 0,
+            cuda_driver: std::ptr::null(),
+            staging_slots: 0,
+            cuda_block_threads: 0,
+        }
+    }
+}
+
+// SAFETY: repr(C) with `struct_size: u32` first; `rsvd0` makes the old tail
+// padding a field, so the struct has none.
 unsafe impl SizePrefixed for tutti_runtime_config_t {
     const NAME: &'static str = "tutti_runtime_config_t";
+    const SIZES: &'static [u32] = &[
+        std::mem::offset_of!(tutti_runtime_config_t, cuda_device) as u32,
+        std::mem::size_of::<tutti_runtime_config_t>() as u32,
+    ];
 }
+
+/// Most staging slots a runtime may ask for.
+const MAX_STAGING_SLOTS: u32 = 1 << 16;
 
 pub(crate) fn dtype(code: u32) -> Result<Dtype> {
     u8::try_from(code).ok().and_then(Dtype::from_code).ok_or_else(|| {
@@ -243,7 +302,11 @@ impl RuntimeConfig {
         };
         let io_timeout_ms = if c.io_timeout_ms == 0 { DEFAULT_IO_TIMEOUT_MS } else { c.io_timeout_ms };
         let io_timeout = Duration::from_millis(io_timeout_ms as u64);
-        let backend = backend_for(c.executor, c.io_timeout_ms, c.host_lane_blocks)?;
+        let mut backend = backend_for(c.executor, c.io_timeout_ms, c.host_lane_blocks)?;
+        if let Backend::Gio(gio) = &mut backend {
+            // SAFETY: forwarded from the caller.
+            unsafe { gio_extras(c, gio)? };
+        }
         let geometry = c.geometry.to_geometry()?;
         Ok(RuntimeConfig {
             source,
@@ -252,6 +315,58 @@ impl RuntimeConfig {
             io_timeout,
         })
     }
+}
+
+/// The ABI 1.4 fields: staging slots, and the CUDA executor's settings.
+///
+/// # Safety
+/// `c.cuda_driver` is NULL or a NUL-terminated string.
+unsafe fn gio_extras(c: &tutti_runtime_config_t, gio: &mut GioConfig) -> Result<()> {
+    gio.staging_slots = match c.staging_slots {
+        0 => 256,
+        n if n > MAX_STAGING_SLOTS => {
+            return Err(CapiError::invalid("staging_slots", format!("{n} is more than {MAX_STAGING_SLOTS}")))
+        }
+        n => n,
+    };
+    if c.executor != TUTTI_EXECUTOR_GIO_CUDA {
+        return Ok(());
+    }
+    let device = i32::try_from(c.cuda_device).map_err(|_| {
+        CapiError::invalid("cuda_device", format!("{} is not a device ordinal", c.cuda_device))
+    })?;
+    let driver = if c.cuda_driver.is_null() {
+        None
+    } else {
+        // SAFETY: forwarded from the caller.
+        let d = unsafe { ptr::str_in(c.cuda_driver, "cuda_driver", 4096)? };
+        if d.is_empty() {
+            return Err(CapiError::invalid(
+                "cuda_driver",
+                "the empty string names no library (NULL: libcuda.so)",
+            ));
+        }
+        Some(PathBuf::from(d))
+    };
+    let block_threads = match c.cuda_block_threads {
+        0 => tutti_objstore::CudaExecutorConfig::default().block_threads,
+        n if n % 32 == 0 && n <= 512 => n,
+        n => {
+            return Err(CapiError::invalid(
+                "cuda_block_threads",
+                format!("{n} is not a multiple of 32 in 32..=512"),
+            ))
+        }
+    };
+    let cuda = tutti_objstore::CudaExecutorConfig {
+        device,
+        sm_count: (c.cuda_sm_count != 0).then_some(c.cuda_sm_count),
+        driver,
+        block_threads,
+        ..Default::default()
+    };
+    gio.executor = GioExecutor::Cuda(Box::new(cuda));
+    Ok(())
 }
 
 /// The I/O path for `executor` (`TUTTI_EXECUTOR_*`) with commands timing out
@@ -267,7 +382,7 @@ pub(crate) fn backend_for(executor: u32, io_timeout_ms: u32, lane_blocks: u32) -
         ));
     }
     match executor {
-        TUTTI_EXECUTOR_GIO_HOST => {
+        TUTTI_EXECUTOR_GIO_HOST | TUTTI_EXECUTOR_GIO_CUDA => {
             let mut gio = GioConfig::default();
             gio.ring.command_timeout = io_timeout;
             gio.ring.submit_timeout = io_timeout.saturating_mul(2);
@@ -280,7 +395,9 @@ pub(crate) fn backend_for(executor: u32, io_timeout_ms: u32, lane_blocks: u32) -
         TUTTI_EXECUTOR_DIRECT => Ok(Backend::Direct { queue_depth: 64, recover_queues: false }),
         n => Err(CapiError::invalid(
             "executor",
-            format!("{n} is not TUTTI_EXECUTOR_GIO_HOST (1) or TUTTI_EXECUTOR_DIRECT (2)"),
+            format!(
+                "{n} is not TUTTI_EXECUTOR_GIO_HOST (1), TUTTI_EXECUTOR_DIRECT (2) or TUTTI_EXECUTOR_GIO_CUDA (3)"
+            ),
         )),
     }
 }

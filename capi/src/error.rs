@@ -84,6 +84,8 @@ fn obj_code(e: &ObjError) -> i32 {
         ObjError::Invalid { field: "registration" | "job" | "store", .. } => TUTTI_E_BUSY,
         // The drives hold no pool, another pool, or a pool of another shape.
         ObjError::Invalid { field: "drives", .. } => TUTTI_E_POOL,
+        // The CUDA executor on a machine without a CUDA driver or GPU.
+        ObjError::Invalid { field: "executor", .. } => TUTTI_E_UNSUPPORTED,
         ObjError::Invalid { .. } => TUTTI_E_INVALID_ARG,
         ObjError::Driver(_) | ObjError::Gio(_) | ObjError::Drive { .. } | ObjError::Peer(_) => TUTTI_E_IO,
         ObjError::Pool { .. } => TUTTI_E_POOL,

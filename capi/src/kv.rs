@@ -1,13 +1,23 @@
 //! Registering the engine's KV memory, and the chunk index: chained hashes,
 //! lookup (with pins) and unpin.
 
+use crate::config::{TUTTI_EXECUTOR_DIRECT, TUTTI_EXECUTOR_GIO_CUDA, TUTTI_EXECUTOR_GIO_HOST};
 use crate::error::{guard, CapiError, Result};
 use crate::ptr::{self, SizePrefixed, TUTTI_MAX_BLOCKS_PER_CALL, TUTTI_MAX_TOKENS_PER_CALL};
 use crate::runtime::{lock, tutti_runtime_t, Registered, Runtime};
 use crate::status::TUTTI_OK;
 use std::ffi::c_char;
 use tutti_objstore::layout::LayoutKind;
-use tutti_objstore::{hash, BlockHash, CacheIdentity, KvLayout, LayerBases, TableSizes};
+use tutti_objstore::{hash, BlockHash, CacheIdentity, KvLayout, KvMemoryKind, LayerBases, TableSizes};
+
+fn executor_name(e: u32) -> &'static str {
+    match e {
+        TUTTI_EXECUTOR_GIO_HOST => "TUTTI_EXECUTOR_GIO_HOST",
+        TUTTI_EXECUTOR_DIRECT => "TUTTI_EXECUTOR_DIRECT",
+        TUTTI_EXECUTOR_GIO_CUDA => "TUTTI_EXECUTOR_GIO_CUDA",
+        _ => "another executor",
+    }
+}
 
 /// vLLM flash-attn: per layer one tensor `[2, num_blocks, block_size, kv_heads, head_dim]`.
 pub const TUTTI_LAYOUT_VLLM_PER_LAYER: u32 = 1;
@@ -16,10 +26,19 @@ pub const TUTTI_LAYOUT_CONTIGUOUS: u32 = 2;
 /// Caller-given K and V bases per layer and one block stride.
 pub const TUTTI_LAYOUT_STRIDED: u32 = 3;
 
-/// Host memory of this process.
+/// Host memory of this process, mapped for the drives (direct DMA).
 pub const TUTTI_MEMORY_HOST: u32 = 1;
-/// CUDA device memory (needs the CUDA executor; not in this build).
+/// CUDA device memory of the runtime's GPU (ABI 1.4: needs
+/// `TUTTI_EXECUTOR_GIO_CUDA`; moved on the staged data path, since vfio
+/// type1 cannot map it for the drives). Other executors refuse it with
+/// `TUTTI_E_UNSUPPORTED` (gio on the host) or `TUTTI_E_INVALID_ARG`
+/// (direct), naming why.
 pub const TUTTI_MEMORY_CUDA: u32 = 2;
+/// ABI 1.4: host memory of this process that the drives must not touch: it
+/// is never mapped for them, and the executor copies every chunk through
+/// staging slots (the staged data path, testable without a GPU). Needs a
+/// gio executor.
+pub const TUTTI_MEMORY_HOST_STAGED: u32 = 3;
 
 /// Most SGL descriptors one registration's table may hold:
 /// `num_blocks × layers × 2 × chunks` (`tutti_runtime_info_t::chunks`) must
@@ -185,21 +204,25 @@ pub unsafe extern "C" fn tutti_register_kv(
                 Some(ptr::sized_out(sizes)?)
             }
         };
-        match c.memory {
-            TUTTI_MEMORY_HOST => {}
+        let memory = match c.memory {
+            TUTTI_MEMORY_HOST => KvMemoryKind::Host,
             TUTTI_MEMORY_CUDA => {
-                return Err(CapiError::Unsupported(
-                    "memory: CUDA device memory needs the CUDA executor, which this build does not run"
-                        .into(),
-                ))
+                if rt.executor != TUTTI_EXECUTOR_GIO_CUDA {
+                    return Err(CapiError::Unsupported(format!(
+                        "memory: CUDA device memory needs TUTTI_EXECUTOR_GIO_CUDA (3); this runtime runs {}",
+                        executor_name(rt.executor)
+                    )));
+                }
+                KvMemoryKind::Cuda
             }
+            TUTTI_MEMORY_HOST_STAGED => KvMemoryKind::HostUnmapped,
             n => {
                 return Err(CapiError::invalid(
                     "memory",
-                    format!("{n} is not a TUTTI_MEMORY_* value (1..=2)"),
+                    format!("{n} is not a TUTTI_MEMORY_* value (1..=3)"),
                 ))
             }
-        }
+        };
         // SAFETY: forwarded from the caller.
         let model = unsafe { ptr::str_in(c.model, "model", 1024)? };
         // SAFETY: forwarded from the caller.
@@ -207,8 +230,9 @@ pub unsafe extern "C" fn tutti_register_kv(
             unsafe { ptr::slice_in(c.tenant_salt, c.tenant_salt_len, "tenant_salt", MAX_SALT as u64)? };
         // SAFETY: forwarded from the caller.
         let kv = unsafe { layout_of(&rt, c)? };
-        // SAFETY: the caller keeps the memory alive and dedicated (this function's contract).
-        let t: TableSizes = unsafe { rt.store.register(kv, model, salt)? };
+        // SAFETY: the caller keeps the memory alive and dedicated (this function's contract);
+        // CUDA memory is refused above unless the executor is the GPU's.
+        let t: TableSizes = unsafe { rt.store.register_as(kv, model, salt, memory)? };
         *lock(&rt.registered, "registration")? =
             Some(Registered { model: model.to_string(), num_blocks: c.num_blocks });
         if let Some(s) = sizes {

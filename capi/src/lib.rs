@@ -21,6 +21,7 @@
 
 mod client;
 mod config;
+mod data_path;
 mod error;
 #[cfg(feature = "fault-injection")]
 mod faults;
@@ -38,6 +39,7 @@ mod store;
 
 pub use client::{tutti_client_config_t, tutti_runtime_connect};
 pub use config::*;
+pub use data_path::*;
 pub use error::CapiError;
 #[cfg(feature = "fault-injection")]
 pub use faults::*;
@@ -72,11 +74,14 @@ const EMPTY: &str = "\0";
 /// `tutti_job_status_t`; minor 2 added outcome-unknown failures
 /// (`tutti_stats_t::quarantined_files`, `tutti_job_status_t::unknown` and
 /// `unknown_bitmap`) and `tutti_emulated_delay_next`; minor 3 added clients
-/// of tuttid (`tutti_runtime_connect`, `tutti_client_config_t`).
+/// of tuttid (`tutti_runtime_connect`, `tutti_client_config_t`); minor 4
+/// added the staged data path (`TUTTI_MEMORY_CUDA` accepted with
+/// `TUTTI_EXECUTOR_GIO_CUDA`, `TUTTI_MEMORY_HOST_STAGED`, the CUDA and staging
+/// fields of `tutti_runtime_config_t`, `tutti_data_path`).
 pub const TUTTI_ABI_VERSION: u32 = 1;
 
 /// The minor version of ABI 1 this library implements (see `TUTTI_ABI_VERSION`).
-pub const TUTTI_ABI_MINOR: u32 = 3;
+pub const TUTTI_ABI_MINOR: u32 = 4;
 
 /// The ABI version of the loaded library (`TUTTI_ABI_VERSION` it was built with).
 ///

@@ -80,6 +80,21 @@ pub(crate) unsafe fn sized_out<'a, T: SizePrefixed>(p: *mut T) -> Result<&'a mut
     Ok(unsafe { &mut *p })
 }
 
+/// A size-prefixed input struct of any of its versions: the caller's bytes,
+/// with the fields its version lacks at their defaults.
+///
+/// # Safety
+/// `p` is NULL or points to `struct_size` readable bytes (the caller's version of `T`).
+pub(crate) unsafe fn sized_in_prefix<T: SizePrefixed + Default>(p: *const T) -> Result<T> {
+    // SAFETY: forwarded.
+    let len = unsafe { check_size(p)? } as usize;
+    let mut val = T::default();
+    // SAFETY: the caller has `len` readable bytes; `len <= size_of::<T>()` (the last
+    // of `SIZES`); any bytes are a valid `T` prefix (trait contract).
+    unsafe { std::ptr::copy_nonoverlapping(p as *const u8, &mut val as *mut T as *mut u8, len) };
+    Ok(val)
+}
+
 /// An output struct that may be any of its versions: `val` starts as the
 /// caller's bytes (its inputs) with the fields its version lacks at their
 /// defaults; `commit` writes back only the caller's `struct_size` bytes.

@@ -132,7 +132,7 @@ pub unsafe extern "C" fn tutti_runtime_open(
         let out = unsafe { ptr::out(out, "out")? };
         *out = std::ptr::null_mut();
         // SAFETY: forwarded from the caller.
-        let cfg = unsafe { RuntimeConfig::from_c(ptr::sized_in(config)?)? };
+        let cfg = unsafe { RuntimeConfig::from_c(&ptr::sized_in_prefix(config)?)? };
         let (rig, specs) = cfg.start_drives()?;
         let geometry = cfg.options.pool.geometry;
         let store = KvStore::open(specs, cfg.options)?;

@@ -49,14 +49,19 @@ fn stats(rt: &Rt) -> tutti_stats_t {
 
 #[test]
 fn versions_and_sizes_of_each_minor() {
-    assert_eq!((tutti_abi_version(), tutti_abi_minor()), (1, 3));
-    assert_eq!((TUTTI_ABI_VERSION, TUTTI_ABI_MINOR), (1, 3));
+    assert_eq!((tutti_abi_version(), tutti_abi_minor()), (1, 4));
+    assert_eq!((TUTTI_ABI_VERSION, TUTTI_ABI_MINOR), (1, 4));
     // Each minor's structs end where the next one's fields begin.
     assert_eq!(offset_of!(tutti_stats_t, host_calls), STATS_V0);
     assert_eq!(offset_of!(tutti_job_status_t, host_calls), STATUS_V0);
     assert_eq!(offset_of!(tutti_stats_t, quarantined_files), STATS_V1);
     assert_eq!(offset_of!(tutti_job_status_t, unknown), STATUS_V1);
     assert_eq!((size_of::<tutti_stats_t>(), size_of::<tutti_job_status_t>()), (192, 136));
+    // 1.4 appended the CUDA executor and staging fields to the runtime config,
+    // after the 1.3 struct's tail padding (now `rsvd0`).
+    assert_eq!(offset_of!(tutti_runtime_config_t, rsvd0), 84);
+    assert_eq!(offset_of!(tutti_runtime_config_t, cuda_device), 88);
+    assert_eq!(size_of::<tutti_runtime_config_t>(), 112);
 }
 
 #[test]

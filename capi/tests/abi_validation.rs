@@ -65,7 +65,13 @@ fn runtime_open_rejects_each_bad_field() {
     bad(&|c| c.emulated_capacity_bytes = 0, TUTTI_E_INVALID_ARG, "emulated_capacity_bytes");
     bad(&|c| c.emulated_capacity_bytes = u64::MAX, TUTTI_E_INVALID_ARG, "emulated_capacity_bytes");
     bad(&|c| c.emulated_capacity_bytes = (16 << 20) + 1, TUTTI_E_INVALID_ARG, "multiple of 512");
-    bad(&|c| c.executor = 3, TUTTI_E_INVALID_ARG, "executor");
+    bad(&|c| c.executor = 4, TUTTI_E_INVALID_ARG, "executor");
+    bad(&|c| c.staging_slots = 1 << 20, TUTTI_E_INVALID_ARG, "staging_slots");
+    bad(
+        &|c| (c.executor, c.cuda_device) = (TUTTI_EXECUTOR_GIO_CUDA, u32::MAX),
+        TUTTI_E_INVALID_ARG,
+        "cuda_device",
+    );
     bad(&|c| c.open_mode = 0, TUTTI_E_INVALID_ARG, "open_mode");
     bad(&|c| c.geometry.dtype = 0, TUTTI_E_INVALID_ARG, "dtype");
     bad(&|c| c.geometry.dtype = 1 << 20, TUTTI_E_INVALID_ARG, "dtype");

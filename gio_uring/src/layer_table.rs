@@ -16,7 +16,10 @@
 //! possibly shorter. The data
 //! pointer of chunk `c` of object (layer, kv) of engine block `b` is entry
 //! `((b·L + layer)·2 + kv)·chunks + c` — a 16-byte SGL descriptor (an SGL
-//! table) or PRP1/PRP2 (a PRP table).
+//! table) or PRP1/PRP2 (a PRP table). A staged table's entry instead names the
+//! chunk's KV memory as the executor addresses it, `{address, length}`: the
+//! drives cannot reach that memory, so each command moves through a staging
+//! slot (`GioUring::register_staged_table`).
 
 use crate::error::{GioError, Result};
 use tutti_driver::command::{prp, DataPtr};
@@ -199,6 +202,9 @@ pub enum TableKind {
     Sgl,
     /// Each entry is PRP1/PRP2 (PSDT 00b).
     Prp,
+    /// Each entry is the executor address and length of the chunk's KV
+    /// memory; data moves through staging slots the drives can reach.
+    Staged,
 }
 
 /// A layer table being built on the host; `GioUring::register_table` uploads
@@ -268,6 +274,11 @@ impl LayerTable {
                 }
                 [prp1, prp2]
             }
+            (TableKind::Staged, other) => {
+                return Err(GioError::table(format!(
+                    "a staged table holds KV addresses (set_kv), not the data pointer {other:?}"
+                )))
+            }
             (kind, other) => {
                 return Err(GioError::table(format!(
                     "a {kind:?} table cannot hold the data pointer {other:?}"
@@ -275,6 +286,35 @@ impl LayerTable {
             }
         };
         self.entries[i] = words;
+        Ok(())
+    }
+
+    /// Staged tables: object (layer, kv) of `block` is at executor address
+    /// `addr` (KV memory the drives cannot reach; 8-byte aligned, as the
+    /// executor copies it in 8-byte words). Every chunk's entry is set.
+    pub fn set_kv(&mut self, block: u32, layer: u32, kv: Kv, addr: u64) -> Result<()> {
+        if self.kind != TableKind::Staged {
+            return Err(GioError::table(format!(
+                "a {:?} table holds data pointers, not KV addresses",
+                self.kind
+            )));
+        }
+        self.check(block, layer, 0)?;
+        if addr == 0 || !addr.is_multiple_of(8) {
+            return Err(GioError::table(format!(
+                "object (block {block}, layer {layer}, {kv:?}) at {addr:#x}: staged objects must be non-null \
+                 and 8-byte aligned"
+            )));
+        }
+        let g = self.geometry.clone();
+        if addr.checked_add(g.object_bytes).is_none() {
+            return Err(GioError::table(format!("object at {addr:#x} wraps the address space")));
+        }
+        for c in 0..g.chunks() {
+            let (off, len) = g.chunk(c);
+            let i = g.entry_index(block, layer, kv, c) as usize;
+            self.entries[i] = [addr + off, len];
+        }
         Ok(())
     }
 
@@ -314,6 +354,11 @@ impl LayerTable {
                     }
                 },
                 TableKind::Prp => prp_inline(&part, page, c, len)?,
+                TableKind::Staged => {
+                    return Err(GioError::table(
+                        "a staged table holds KV addresses: use set_kv, not IOVA segments",
+                    ))
+                }
             };
             self.set_entry(block, layer, kv, c, ptr)?;
         }
@@ -327,6 +372,7 @@ impl LayerTable {
             kind: match self.kind {
                 TableKind::Sgl => abi::TABLE_SGL,
                 TableKind::Prp => abi::TABLE_PRP,
+                TableKind::Staged => abi::TABLE_STAGED,
             },
             layers: g.layers,
             ndrives: g.pool_drives(),
@@ -495,6 +541,21 @@ mod tests {
         let mut t = LayerTable::new(big, TableKind::Prp).unwrap();
         let err = t.set_object(0, 0, Kv::K, &seg, 4096).unwrap_err().to_string();
         assert!(err.contains("needs 4 PRP entries") && err.contains("prp::build"), "{err}");
+    }
+
+    #[test]
+    fn staged_entries_name_kv_memory_per_chunk() {
+        let mut t = LayerTable::new(geometry(2, 2), TableKind::Staged).unwrap();
+        t.set_kv(2, 1, Kv::V, 0x7f00_0000_0000).unwrap();
+        for c in 0..4 {
+            let i = t.geometry().entry_index(2, 1, Kv::V, c) as usize;
+            assert_eq!(t.entries()[i], [0x7f00_0000_0000 + c as u64 * (16 << 10), 16 << 10]);
+        }
+        assert!(t.set_kv(0, 0, Kv::K, 0x1004).unwrap_err().to_string().contains("8-byte aligned"));
+        let sgl = DataPtr::Sgl(SglDescriptor::data_block(0x1000, 16 << 10));
+        assert!(t.set_entry(0, 0, Kv::K, 0, sgl).unwrap_err().to_string().contains("set_kv"));
+        let mut direct = LayerTable::new(geometry(2, 2), TableKind::Sgl).unwrap();
+        assert!(direct.set_kv(0, 0, Kv::K, 0x1000).is_err());
     }
 
     #[test]

@@ -47,7 +47,7 @@ pub use drive::{DriveInfo, DriveQueues};
 pub use error::{GioError, Result};
 pub use executor::{CudaExecutor, CudaExecutorConfig, ExecMode, Executor, HostExecutor, HostExecutorConfig};
 pub use gio_uring::{
-    pairs_per_iocb, ExecutorStats, GioOptions, GioUring, QueueStats, RecoveryReport, TableInfo,
+    pairs_per_iocb, ExecutorStats, GioOptions, GioUring, QueueStats, RecoveryReport, StagingStats, TableInfo,
 };
 pub use handle::{IocbId, PairListId, TableId};
 pub use iocb::{ioctx, DataRef, IocbResult, IoctxFailure, Op};

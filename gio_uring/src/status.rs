@@ -15,6 +15,9 @@ pub enum IoStatus {
     CompletionTimeout,
     /// No submission slot became free within the submit timeout (the queue is now dead).
     SubmitTimeout,
+    /// A staged command found no free staging slot within the submit timeout;
+    /// it was never sent.
+    StagingTimeout,
     /// The IOCTX (or a layer table) named something that does not exist.
     Translation(Translation),
     /// The command was malformed; it was never sent.
@@ -76,6 +79,7 @@ impl IoStatus {
             abi::KIND_TIMEOUT => match detail {
                 abi::TIMEOUT_COMPLETION => IoStatus::CompletionTimeout,
                 abi::TIMEOUT_SUBMIT => IoStatus::SubmitTimeout,
+                abi::TIMEOUT_STAGING => IoStatus::StagingTimeout,
                 _ => unknown,
             },
             abi::KIND_TRANSLATION => IoStatus::Translation(match detail {
@@ -124,6 +128,9 @@ impl std::fmt::Display for IoStatus {
             IoStatus::CompletionTimeout => f.write_str("timed out waiting for its completion"),
             IoStatus::SubmitTimeout => {
                 f.write_str("timed out waiting for a submission slot (queue now dead)")
+            }
+            IoStatus::StagingTimeout => {
+                f.write_str("timed out waiting for a free staging slot; not sent (more staging slots help)")
             }
             IoStatus::Translation(t) => write!(
                 f,
@@ -191,6 +198,10 @@ mod tests {
         assert_eq!(
             IoStatus::from_raw(abi::status(abi::KIND_QUEUE_RECOVERING, 2)),
             IoStatus::QueueRecovering { queue: 2 }
+        );
+        assert_eq!(
+            IoStatus::from_raw(abi::status(abi::KIND_TIMEOUT, abi::TIMEOUT_STAGING)),
+            IoStatus::StagingTimeout
         );
         assert_eq!(IoStatus::from_raw(0x7700_0001), IoStatus::Unknown(0x7700_0001));
     }

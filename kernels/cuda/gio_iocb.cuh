@@ -78,6 +78,8 @@ TT_DEVICE uint32_t tt_build_explicit(const struct tt_exec_ctx* ctx, uint32_t b, 
         const uint32_t t = tt_ld_relaxed_u8(&io->table);
         if (t >= ctx->ntables || ctx->tables[t].kind == TT_TABLE_UNUSED) return tt_xlate(TT_XLATE_TABLE);
         const struct tt_layer_table* tb = &ctx->tables[t];
+        /* A staged table's entries are KV addresses, not data pointers: only layer IOCBs use them. */
+        if (tb->kind == TT_TABLE_STAGED) return tt_xlate(TT_XLATE_TABLE);
         const uint32_t idx = tt_ld_relaxed_u32(&io->table_index);
         if (idx >= tb->entry_count) return tt_xlate(TT_XLATE_INDEX);
         d0 = tb->entries[2 * (uint64_t)idx];
@@ -152,7 +154,8 @@ TT_DEVICE void tt_layer_pairs(const struct tt_exec_ctx* ctx, struct tt_iocb* ioc
  * The tutti_gio.h comment on tt_layer_table gives the placement formula. The
  * IOCTX is filled in too, so the host can see what each command was. */
 TT_DEVICE uint32_t tt_build_layer(const struct tt_exec_ctx* ctx, const struct tt_layer_req* req, uint32_t bi,
-                                  uint32_t i, struct tt_ioctx* io, struct tt_sqe* sqe, uint32_t* queue) {
+                                  uint32_t i, struct tt_ioctx* io, struct tt_sqe* sqe, uint32_t* queue,
+                                  uint32_t* pool_drive_out) {
     tt_st_relaxed_u32(&io->status, TT_STATUS_PENDING);
     const struct tt_layer_table* tb = req->tb;
     if (!tb) return tt_xlate(TT_XLATE_TABLE);
@@ -170,6 +173,7 @@ TT_DEVICE uint32_t tt_build_layer(const struct tt_exec_ctx* ctx, const struct tt
     if (block >= tb->blocks) return tt_xlate(TT_XLATE_BLOCK);
     const uint32_t j = 2u * req->layer + kv;
     const uint32_t pool_drive = (uint32_t)(((uint64_t)file + j) % tb->ndrives);
+    *pool_drive_out = pool_drive;
     const uint32_t drive = tb->drive[pool_drive];
     if (drive >= ctx->ndrives) return tt_xlate(TT_XLATE_DRIVE);
     const struct tt_drive* d = &ctx->drives[drive];
@@ -190,6 +194,7 @@ TT_DEVICE uint32_t tt_build_layer(const struct tt_exec_ctx* ctx, const struct tt
     const uint64_t d0 = tb->entries[2 * idx];
     const uint64_t d1 = tb->entries[2 * idx + 1];
     const bool sgl = tb->kind == TT_TABLE_SGL;
+    const bool staged = tb->kind == TT_TABLE_STAGED;
     tt_st_relaxed_u64(&io->dptr[0], d0);
     tt_st_relaxed_u64(&io->dptr[1], d1);
     tt_st_relaxed_u64(&io->slba, slba);
@@ -203,6 +208,8 @@ TT_DEVICE uint32_t tt_build_layer(const struct tt_exec_ctx* ctx, const struct tt
     if (sgl ? (uint32_t)d1 == 0 : d0 == 0) return tt_xlate(TT_XLATE_EMPTY);
     if (sgl && (uint32_t)(d1 >> 60) == TT_SGL_TYPE_DATA_BLOCK && (uint64_t)(uint32_t)d1 != ((uint64_t)nlb << d->lba_shift))
         return tt_xlate(TT_XLATE_LENGTH);
+    /* Staged: { KV address, length }; the data pointer is the staging slot's, set once one is taken. */
+    if (staged && d1 != ((uint64_t)nlb << d->lba_shift)) return tt_xlate(TT_XLATE_LENGTH);
     const uint32_t st = tt_check_rw(d, req->opcode, nlb, sgl, d0, d1);
     if (st != TT_STATUS_SUCCESS) return st;
     tt_sqe_rw(sqe, req->opcode, sgl, d->nsid, d0, d1, slba, nlb, 0);
@@ -219,6 +226,141 @@ TT_DEVICE void tt_post_iocb(const struct tt_exec_ctx* ctx, uint32_t b) {
         tt_atomic_add_u64(&ctx->control->iocbs_done, 1);
     else
         tt_atomic_add_u64(&ctx->control->lost_posts, 1);
+}
+
+/* Copies `bytes` (a multiple of 8, both ends 8-byte aligned) word by word through the
+ * device-visible accessors: one side is memory a drive DMAs (the staging slot). */
+TT_DEVICE void tt_copy_words(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
+    uint64_t* d = (uint64_t*)dst;
+    const uint64_t* s = (const uint64_t*)src;
+    for (uint64_t k = 0; k < bytes / 8u; k++) tt_st_relaxed_u64(&d[k], tt_ld_relaxed_u64(&s[k]));
+}
+
+/* Points `sqe` at staging slot `slot` as pool drive `pd` sees it, for `bytes` bytes. */
+TT_DEVICE void tt_stage_dptr(const struct tt_staging* sg, uint32_t pd, uint32_t slot, uint64_t bytes,
+                             struct tt_sqe* sqe) {
+    const uint64_t* w = &sg->dptr[((uint64_t)pd * sg->nslots + slot) * 4u];
+    if ((sg->sgl_drives >> pd) & 1u) {
+        /* SGL Data Block (§4.4): address, then length in bits 31:0 of word 1. */
+        sqe->w[0] |= (uint64_t)1u << 14;
+        sqe->w[3] = w[0];
+        sqe->w[4] = (w[1] & ~0xFFFFFFFFull) | (uint32_t)bytes;
+    } else {
+        /* §4.3: PRP2 is the second page when the transfer ends there, else the list. */
+        const uint64_t pages = (bytes + ((uint64_t)1 << sg->page_shift) - 1u) >> sg->page_shift;
+        sqe->w[0] &= ~((uint64_t)3u << 14);
+        sqe->w[3] = w[0];
+        sqe->w[4] = pages <= 1u ? 0 : (pages == 2u ? w[2] : w[3]);
+    }
+}
+
+/* Whether a staging slot may be handed out again after its command ended with
+ * `status`: not when the drive may still move data through it. */
+TT_DEVICE bool tt_stage_reusable(uint32_t status) {
+    const uint32_t kind = status >> TT_STATUS_KIND_SHIFT;
+    return status != TT_STATUS_PENDING && kind != TT_KIND_TIMEOUT && kind != TT_KIND_QUEUE_DEAD;
+}
+
+TT_DEVICE void tt_stage_release(struct tt_staging* sg, uint32_t slot, uint32_t status) {
+    if (!tt_stage_reusable(status) || !tt_ring_push(sg->free, slot)) tt_atomic_add_u64(&sg->withheld, 1);
+}
+
+/*
+ * A part of a layer IOCB through a staged table. Each lane runs its IOCTX of a
+ * round to the end before the next round — take a slot, (write) copy the KV
+ * chunk into it and fence, submit, wait, (read) copy the slot out to KV memory
+ * and fence, give the slot back — so a lane never holds a slot while it waits
+ * for another, and a staging pool smaller than the work only slows it down.
+ * Lanes that found no free slot try again in the next pass of the warp
+ * (submission is a warp collective), until the submit deadline.
+ */
+TT_DEVICE void tt_process_staged(const struct tt_exec_ctx* ctx, uint32_t b, const struct tt_layer_req* req,
+                                 uint32_t part, uint32_t nparts, uint32_t count) {
+    struct tt_iocb* iocb = &ctx->iocbs[b];
+    struct tt_staging* sg = req->tb->staging;
+    const bool read = req->opcode == TT_OPC_READ;
+    const uint32_t tid = tt_thread_idx();
+    const uint32_t bdim = tt_block_dim();
+    const uint32_t stride = nparts * bdim;
+    for (uint32_t base = part * bdim;; base += stride) {
+        const uint32_t i = base + tid;
+        const bool have = i < count;
+        if (!tt_warp_any(have)) break;
+        struct tt_sqe sqe;
+        uint32_t queue = 0, pd = 0;
+        bool pending = false;
+        const uint32_t ref = tt_ioctx_ref(b, have ? i : 0);
+        struct tt_ioctx* io = &iocb->ioctx[have ? i : 0];
+        if (have) {
+            uint32_t st = sg ? tt_build_layer(ctx, req, b, i, io, &sqe, &queue, &pd) : tt_xlate(TT_XLATE_TABLE);
+            if (st == TT_STATUS_SUCCESS && tt_ld_relaxed_u32(&ctx->queues[queue].dead))
+                st = TT_STATUS(TT_KIND_QUEUE_DEAD, queue);
+            if (st == TT_STATUS_SUCCESS)
+                pending = true;
+            else
+                tt_finish_ioctx(ctx, ref, st, 0);
+        }
+        uint8_t* kv = (uint8_t*)tt_ld_relaxed_u64(&io->dptr[0]);
+        const uint64_t bytes = tt_ld_relaxed_u64(&io->dptr[1]);
+        const uint64_t deadline = tt_now_ns() + ctx->submit_timeout_ns;
+        uint32_t sleep = 32;
+        bool waited = false;
+        while (tt_warp_any(pending)) {
+            int32_t target = -1;
+            uint32_t slot = 0;
+            if (pending) {
+                uint64_t v = 0;
+                if (tt_ring_pop(sg->free, &v) && v < sg->nslots) {
+                    slot = (uint32_t)v;
+                    uint8_t* mem = sg->base + (uint64_t)slot * sg->slot_bytes;
+                    if (!read) {
+                        tt_copy_words(mem, kv, bytes);
+                        /* The slot's bytes reach the system before the SQE and its doorbell. */
+                        tt_fence_system();
+                        tt_atomic_add_u64(&sg->staged_bytes, bytes);
+                    }
+                    tt_stage_dptr(sg, pd, slot, bytes, &sqe);
+                    target = (int32_t)queue;
+                } else if (tt_now_ns() > deadline) {
+                    tt_finish_ioctx(ctx, ref, TT_STATUS(TT_KIND_TIMEOUT, TT_TIMEOUT_STAGING), 0);
+                    pending = false;
+                } else if (!waited) {
+                    waited = true;
+                    tt_atomic_add_u64(&sg->waits, 1);
+                }
+            }
+            if (!tt_warp_enter(ctx, target) && target >= 0) {
+                tt_finish_ioctx(ctx, ref, TT_STATUS(TT_KIND_QUEUE_RECOVERING, queue), 0);
+                tt_stage_release(sg, slot, TT_STATUS_SUCCESS);
+                target = -1;
+                pending = false;
+            }
+            const uint64_t ticket = tt_warp_reserve(ctx, target);
+            if (target >= 0) {
+                pending = false;
+                const uint32_t st = tt_sq_submit(ctx, queue, ticket, &sqe, ref, io);
+                if (st != TT_STATUS_PENDING) {
+                    /* Never published: the drive never saw the slot. */
+                    tt_finish_ioctx(ctx, ref, st, 0);
+                    tt_queue_leave(ctx, queue);
+                    tt_stage_release(sg, slot, TT_STATUS_SUCCESS);
+                } else {
+                    tt_wait_ioctx(ctx, b, i);
+                    const uint32_t done = tt_ld_acquire_u32(&io->status);
+                    if (read && done == TT_STATUS_SUCCESS) {
+                        tt_copy_words(kv, sg->base + (uint64_t)slot * sg->slot_bytes, bytes);
+                        /* KV bytes land before this part counts as finished (and the IOCB is posted). */
+                        tt_fence_system();
+                        tt_atomic_add_u64(&sg->staged_bytes, bytes);
+                    }
+                    tt_queue_leave(ctx, tt_ld_relaxed_u32(&io->queue));
+                    tt_stage_release(sg, slot, done);
+                }
+            } else if (pending) {
+                tt_backoff(&sleep, ctx->max_backoff_ns);
+            }
+        }
+    }
 }
 
 /* Runs part `part` of `nparts` of IOCB `b` with every thread of the block. */
@@ -238,6 +380,10 @@ TT_NOINLINE void tt_process_part(const struct tt_exec_ctx* ctx, uint32_t b, uint
     const uint32_t bdim = tt_block_dim();
     const uint32_t stride = nparts * bdim;
     if (tid == 0) tt_atomic_cas_u64(&iocb->hdr.start_ns, 0, tt_now_ns());
+    /* A staged table runs its own loop; the loops below then have nothing to do. */
+    const bool staged = layer && req.tb && req.tb->kind == TT_TABLE_STAGED;
+    if (staged) tt_process_staged(ctx, b, &req, part, nparts, count);
+    const uint32_t direct = staged ? 0u : count;
 
     /* Bit r: the IOCTX of this lane's round r was admitted to its queue
      * (tt_warp_enter) and must leave it once finished. count <= 2048 and
@@ -248,7 +394,7 @@ TT_NOINLINE void tt_process_part(const struct tt_exec_ctx* ctx, uint32_t b, uint
      * the ticket reservation is a warp collective. */
     for (uint32_t base = part * bdim;; base += stride, round++) {
         const uint32_t i = base + tid;
-        const bool have = i < count;
+        const bool have = i < direct;
         if (!tt_warp_any(have)) break;
         struct tt_sqe sqe;
         uint32_t queue = 0;
@@ -256,7 +402,8 @@ TT_NOINLINE void tt_process_part(const struct tt_exec_ctx* ctx, uint32_t b, uint
         const uint32_t ref = tt_ioctx_ref(b, have ? i : 0);
         if (have) {
             struct tt_ioctx* io = &iocb->ioctx[i];
-            uint32_t st = layer ? tt_build_layer(ctx, &req, b, i, io, &sqe, &queue)
+            uint32_t pd = 0;
+            uint32_t st = layer ? tt_build_layer(ctx, &req, b, i, io, &sqe, &queue, &pd)
                                 : tt_build_explicit(ctx, b, i, io, &sqe, &queue);
             if (st == TT_STATUS_SUCCESS && tt_ld_relaxed_u32(&ctx->queues[queue].dead))
                 st = TT_STATUS(TT_KIND_QUEUE_DEAD, queue);
@@ -282,8 +429,8 @@ TT_NOINLINE void tt_process_part(const struct tt_exec_ctx* ctx, uint32_t b, uint
     }
 
     round = 0;
-    for (uint32_t base = part * bdim; base < count; base += stride, round++) {
-        if (base + tid < count) {
+    for (uint32_t base = part * bdim; base < direct; base += stride, round++) {
+        if (base + tid < direct) {
             tt_wait_ioctx(ctx, b, base + tid);
             /* tt_sq_submit recorded the queue of every IOCTX it submitted. */
             if (round < 64u && ((admitted >> round) & 1u))

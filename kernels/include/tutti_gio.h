@@ -64,6 +64,7 @@ typedef long long int64_t;
 
 #define TT_TIMEOUT_COMPLETION 1u /* submitted, no completion before the command deadline */
 #define TT_TIMEOUT_SUBMIT 2u     /* no submission slot before the submit deadline */
+#define TT_TIMEOUT_STAGING 3u    /* no free staging slot before the submit deadline */
 
 #define TT_XLATE_DRIVE 1u  /* drive index not configured */
 #define TT_XLATE_TABLE 2u  /* no such layer table */
@@ -97,6 +98,10 @@ typedef long long int64_t;
 #define TT_TABLE_UNUSED 0u
 #define TT_TABLE_SGL 1u
 #define TT_TABLE_PRP 2u
+/* Entries are { executor address of the chunk's KV memory, its length in bytes }: the
+ * drives cannot reach that memory, so each command moves through a staging slot
+ * (tt_layer_table.staging) that the lane copies to (write) or from (read). */
+#define TT_TABLE_STAGED 3u
 
 /* tt_drive.flags */
 #define TT_DRIVE_SGL 0x1u       /* the controller accepts SGLs (Identify SGLS != 0) */
@@ -281,6 +286,35 @@ struct tt_nvmeq {
 };
 
 /*
+ * Staging for a TT_TABLE_STAGED table: `nslots` slots of `slot_bytes` bytes of
+ * pinned host memory, page aligned, mapped for every pool drive (the data
+ * pointer of slot s as pool drive d sees it is dptr[(d * nslots + s) * 4 ..]:
+ * { SGL address or PRP1, SGL descriptor word 1 (length set per command),
+ * PRP: the slot's second page, PRP: its list } — SGL when bit d of sgl_drives
+ * is set) and for the executor at `base` (slot s at base + s * slot_bytes).
+ * Free slot indices sit in the ring `free` (capacity >= nslots): a lane pops
+ * one before it builds a command, waits (bounded by the submit deadline) when
+ * none is free, and pushes it back once the command has finished and its data
+ * was copied. A slot whose command ended without a known outcome (expired,
+ * stranded on a dead queue) may still be written by its drive: it is never
+ * handed out again (`withheld`).
+ */
+struct tt_staging {
+    struct tt_ring* free;  /* executor memory: free slot indices */
+    uint8_t* base;         /* executor address of slot 0 */
+    const uint64_t* dptr;  /* [pool drives][nslots][4], executor memory */
+    uint32_t nslots;
+    uint32_t slot_bytes;   /* a multiple of 4096, at least one chunk */
+    uint32_t sgl_drives;   /* bit d: pool drive d takes SGL descriptors, else PRPs */
+    uint32_t page_shift;   /* PRP page size (the controllers' memory page size) */
+    /* executor counters */
+    uint64_t waits;        /* times a lane found no free slot */
+    uint64_t withheld;     /* slots never returned: their command's outcome is unknown */
+    uint64_t staged_bytes; /* bytes copied between slots and KV memory */
+    uint64_t rsvd[4];
+};
+
+/*
  * Device-resident table that turns (layer, file, block) into commands.
  * Pool of `ndrives` drives, L = `layers`; a file holds 2L objects, object
  * j = 2 * layer + kv (kv 0 = K, 1 = V). Sizes are kept in table units of
@@ -293,6 +327,7 @@ struct tt_nvmeq {
  * c * chunk_units >> r LBAs into the object; the host guarantees both sizes
  * are whole LBAs of every pool drive. The data pointer of chunk c of engine
  * block b is entries[((b * L + layer) * 2 + kv) * chunks + c].
+ * A TT_TABLE_STAGED table's entries name KV memory instead; see tt_staging.
  */
 struct tt_layer_table {
     uint32_t kind; /* TT_TABLE_* */
@@ -309,6 +344,7 @@ struct tt_layer_table {
     uint64_t entry_count;
     uint32_t drive[TT_TABLE_MAX_DRIVES]; /* executor drive index of pool drive d */
     uint64_t data_start_lba[TT_TABLE_MAX_DRIVES];
+    struct tt_staging* staging; /* TT_TABLE_STAGED: executor memory; else 0 */
 };
 
 /*
@@ -351,6 +387,7 @@ static_assert(sizeof(struct tt_ring) == 192, "tt_ring is 192 bytes");
 static_assert(sizeof(struct tt_nvmeq) == 384, "tt_nvmeq is 384 bytes");
 static_assert(sizeof(struct tt_qgate) == 64, "tt_qgate is 64 bytes");
 static_assert(sizeof(struct tt_pair_list) == 16, "tt_pair_list is 16 bytes");
+static_assert(sizeof(struct tt_staging) == 96, "tt_staging is 96 bytes");
 static_assert(TT_IOCB_MAX_IOCTX == (1u << TT_IOCTX_INDEX_BITS), "IOCTX index bits");
 #endif
 

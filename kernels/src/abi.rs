@@ -29,6 +29,7 @@ pub const KIND_QUEUE_RECOVERING: u32 = 0x06;
 
 pub const TIMEOUT_COMPLETION: u32 = 1;
 pub const TIMEOUT_SUBMIT: u32 = 2;
+pub const TIMEOUT_STAGING: u32 = 3;
 
 pub const XLATE_DRIVE: u32 = 1;
 pub const XLATE_TABLE: u32 = 2;
@@ -56,6 +57,7 @@ pub const IOCB_LAYER_LIST: u32 = 2;
 pub const TABLE_UNUSED: u32 = 0;
 pub const TABLE_SGL: u32 = 1;
 pub const TABLE_PRP: u32 = 2;
+pub const TABLE_STAGED: u32 = 3;
 
 pub const DRIVE_SGL: u32 = 0x1;
 pub const DRIVE_SGL_DWORD: u32 = 0x2;
@@ -266,12 +268,38 @@ pub struct LayerTableDesc {
     pub entry_count: u64,
     pub drive: [u32; TABLE_MAX_DRIVES],
     pub data_start_lba: [u64; TABLE_MAX_DRIVES],
+    /// `TABLE_STAGED`: executor address of its [`StagingDesc`]; else 0.
+    pub staging: u64,
 }
 
 impl Default for LayerTableDesc {
     fn default() -> Self {
         LayerTableDesc::new_zeroed()
     }
+}
+
+/// `struct tt_staging`: the staging slots of a `TABLE_STAGED` layer table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct StagingDesc {
+    /// Executor address of the ring of free slot indices.
+    pub free: u64,
+    /// Executor address of slot 0.
+    pub base: u64,
+    /// Executor address of `[pool drives][nslots][4]` data pointer words.
+    pub dptr: u64,
+    pub nslots: u32,
+    pub slot_bytes: u32,
+    /// Bit d: pool drive d takes SGL descriptors (else PRPs).
+    pub sgl_drives: u32,
+    pub page_shift: u32,
+    /// Executor: times a lane found no free slot.
+    pub waits: u64,
+    /// Executor: slots kept out of use after a command of unknown outcome.
+    pub withheld: u64,
+    /// Executor: bytes copied between slots and KV memory.
+    pub staged_bytes: u64,
+    pub rsvd: [u64; 4],
 }
 
 /// `struct tt_pair_list`: a registered (file, block) pair list.
@@ -314,4 +342,5 @@ const _: () = assert!(size_of::<RingHeader>() == 192);
 const _: () = assert!(size_of::<NvmeQueue>() == 384);
 const _: () = assert!(size_of::<QueueGate>() == 64);
 const _: () = assert!(size_of::<PairListDesc>() == 16);
+const _: () = assert!(size_of::<StagingDesc>() == 96);
 const _: () = assert!(IOCB_MAX_IOCTX == 1 << IOCTX_INDEX_BITS);

@@ -27,14 +27,16 @@ pub use error::{ObjError, Result};
 pub use geometry::{Dtype, Geometry};
 pub use hash::{chain_hashes, BlockHash, CacheIdentity, IdentityId};
 pub use index::FileId;
-pub use io::gio::GioConfig;
+pub use io::gio::{GioConfig, GioExecutor};
 pub use io::{Direction, FailureKind, PairFailure};
 pub use layout::{KvLayout, LayerBases, LayoutKind};
 pub use local::LocalPool;
 pub use memory::HostKvMemory;
 pub use pool::{OpenMode, PoolOptions};
-pub use registration::TableSizes;
+pub use registration::{DataPath, KvMemoryKind, TableSizes};
 pub use store::{
     thread_cpu_ns, Backend, JobId, JobStatus, KvStore, Lookup, PoolInfo, StoreId, StoreOptions, StoreReport,
     StoreStats,
 };
+/// The CUDA executor's settings ([`GioExecutor::Cuda`]).
+pub use tutti_gio_uring::CudaExecutorConfig;

@@ -27,6 +27,64 @@ use std::sync::Arc;
 use tutti_driver::spec::SglDescriptor;
 use tutti_driver::transport::{DmaMapping, DmaSpace, IovaSegment};
 
+/// What the registered KV memory is, which decides whether the drives can
+/// DMA into it (direct) or the executor must stage every chunk.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvMemoryKind {
+    /// Host memory the drives may map: direct (P2P-style) DMA.
+    #[default]
+    Host,
+    /// Host memory the drives must not touch (testing the staged path on a
+    /// machine without a GPU): never mapped into a drive's DMA space.
+    HostUnmapped,
+    /// CUDA device memory: the executor's address space.
+    Cuda,
+}
+
+impl KvMemoryKind {
+    /// Why the drives cannot DMA straight into memory of this kind, when they
+    /// cannot: the data path is then staged. Probed at registration.
+    pub fn p2p_obstacle(self) -> Option<String> {
+        match self {
+            KvMemoryKind::Host => None,
+            KvMemoryKind::HostUnmapped => {
+                Some("host KV memory registered as not DMA-mappable (host-staged test kind)".into())
+            }
+            KvMemoryKind::Cuda => {
+                let why = if std::path::Path::new("/dev/iommu").exists() {
+                    "tutti binds drives through vfio type1 containers and has no iommufd dma-buf import path"
+                } else {
+                    "/dev/iommu is absent (kernel without iommufd)"
+                };
+                Some(format!(
+                    "CUDA memory: vfio type1 cannot map it; dma-buf import through iommufd not available: {why}"
+                ))
+            }
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvMemoryKind::Host => "host",
+            KvMemoryKind::HostUnmapped => "host (unmapped)",
+            KvMemoryKind::Cuda => "cuda",
+        }
+    }
+}
+
+/// The data path in force for a registration.
+#[derive(Clone, PartialEq, Eq, Debug, serde::Serialize)]
+pub struct DataPath {
+    /// `direct` (drives DMA into KV memory) or `staged` (through pinned host staging).
+    pub mode: &'static str,
+    pub memory: KvMemoryKind,
+    /// When staged: what is missing for direct (P2P) DMA.
+    pub p2p_missing: Option<String>,
+    /// When staged: the staging slots and their counters (gio_uring path).
+    pub staging: Option<tutti_gio_uring::StagingStats>,
+}
+
 /// One view's table; `descs[index(b, layer, kv, c)]`.
 pub struct SglTable {
     pub descs: Vec<SglDescriptor>,
@@ -59,6 +117,9 @@ pub(crate) struct Registration {
     pub table_of_drive: Vec<usize>,
     pub sizes: TableSizes,
     pub chunks: u32,
+    /// What the KV memory is; when it is not `Host` the registration is
+    /// staged: nothing is mapped for the drives and there are no SGL tables.
+    pub memory_kind: KvMemoryKind,
     /// Per drive, per layout region. Dropped before `_memory`.
     _mappings: Vec<Vec<DmaMapping>>,
     _memory: Option<Arc<HostKvMemory>>,
@@ -105,6 +166,7 @@ impl Registration {
         spaces: &[Arc<dyn DmaSpace>],
         map: &StripeMap,
         memory: Option<Arc<HostKvMemory>>,
+        memory_kind: KvMemoryKind,
     ) -> Result<Self> {
         if identity.geometry != *layout.geometry() || identity.layout != layout.kind() {
             return Err(ObjError::invalid(
@@ -116,7 +178,24 @@ impl Registration {
             return Err(ObjError::invalid("layout", "its geometry differs from the pool's"));
         }
         // Bounded before anything is mapped or allocated.
-        table_descriptors(&layout, map.chunks())?;
+        let descriptors = table_descriptors(&layout, map.chunks())?;
+        if let Some(why) = memory_kind.p2p_obstacle() {
+            // Staged: the drives never see this memory; the executor copies
+            // each chunk through staging slots (io::gio builds that table).
+            tracing::info!(memory = memory_kind.name(), %why, "KV memory registered for the staged data path");
+            return Ok(Registration {
+                identity_id: identity.id(),
+                layout,
+                identity,
+                tables: Vec::new(),
+                table_of_drive: Vec::new(),
+                sizes: TableSizes { descriptors, ..Default::default() },
+                chunks: map.chunks(),
+                memory_kind,
+                _mappings: Vec::new(),
+                _memory: memory,
+            });
+        }
         // One mapping per distinct DMA space: drives sharing an IOMMU domain
         // (one VFIO container) share one `DmaSpace` and see one set of IOVAs.
         let mut mappings: Vec<Vec<DmaMapping>> = Vec::new();
@@ -168,12 +247,19 @@ impl Registration {
             table_of_drive,
             sizes,
             chunks: map.chunks(),
+            memory_kind,
             _mappings: mappings,
             _memory: memory,
         })
     }
 
+    /// Whether the data path is staged (the drives cannot reach the KV memory).
+    pub fn staged(&self) -> bool {
+        self.memory_kind != KvMemoryKind::Host
+    }
+
     /// The descriptor for chunk `c` of object `(block, layer, kv)` as drive `d` sees it.
+    /// Only for direct registrations (a staged one has no tables).
     pub fn descriptor(&self, d: u32, block: u32, layer: u32, kv: u32, c: u32) -> SglDescriptor {
         let t = &self.tables[self.table_of_drive[d as usize]];
         t.descs[table_index(self.layout.geometry().layers, self.chunks, block, layer, kv, c)]
@@ -275,7 +361,14 @@ mod tests {
         other.alloc(8192).map(std::mem::forget).unwrap(); // shift b's IOVAs
                                                           // SAFETY: `mem` is kept alive by the registration.
         let r = unsafe {
-            Registration::new(layout, id, &[shared.clone(), other, shared], &map, Some(mem.clone()))
+            Registration::new(
+                layout,
+                id,
+                &[shared.clone(), other, shared],
+                &map,
+                Some(mem.clone()),
+                KvMemoryKind::Host,
+            )
         }
         .unwrap();
         assert_eq!(r.table_of_drive, vec![0, 1, 0]);

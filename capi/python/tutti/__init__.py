@@ -28,6 +28,7 @@ from .errors import (
 )
 from .jobs import Job, JobStatus, Store, StoreReport
 from .runtime import (
+    DataPath,
     Geometry,
     Lookup,
     Runtime,
@@ -42,6 +43,7 @@ from .tensors import HostTensor, TensorView, view
 
 __all__ = [
     "AbiMismatch",
+    "DataPath",
     "BadHandle",
     "BufferTooSmall",
     "Busy",

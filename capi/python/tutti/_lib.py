@@ -1,6 +1,6 @@
 """Loading libtutti.so and declaring its C ABI for ctypes.
 
-The declarations mirror ``capi/include/tutti.h`` (ABI version 1.2); the test
+The declarations mirror ``capi/include/tutti.h`` (ABI version 1.4); the test
 suite compiles a C program against that header and checks every struct's
 size and field offsets against the ones here, so the two cannot drift apart
 unnoticed.
@@ -38,10 +38,11 @@ from pathlib import Path
 from .errors import OK, IN_PROGRESS, AbiMismatch, LibraryNotFound, exception_class
 
 ABI_VERSION = 1
-# The structs here are those of ABI 1.3 (1.1: the host-work counters; 1.2:
-# quarantined files and unknown-outcome blocks; 1.3: clients of tuttid); a
-# library of an older minor would refuse their sizes or lack the calls.
-ABI_MINOR = 3
+# The structs here are those of ABI 1.4 (1.1: the host-work counters; 1.2:
+# quarantined files and unknown-outcome blocks; 1.3: clients of tuttid; 1.4:
+# the staged data path, the CUDA executor); a library of an older minor would
+# refuse their sizes or lack the calls.
+ABI_MINOR = 4
 LIB_NAME = "libtutti.so"
 
 # Constants of tutti.h.
@@ -49,11 +50,17 @@ DTYPE = {"f32": 1, "f16": 2, "bf16": 3, "fp8_e4m3": 4, "fp8_e5m2": 5, "i8": 6}
 DTYPE_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1, "i8": 1}
 DRIVES_EMULATED = 1
 DRIVES_VFIO = 2
-EXECUTOR = {"gio": 1, "direct": 2}
+EXECUTOR = {"gio": 1, "direct": 2, "gio_cuda": 3}
 OPEN_MODE = {"create": 1, "open": 2, "open_or_create": 3}
 LAYOUT = {"vllm_per_layer": 1, "contiguous": 2, "strided": 3}
 MEMORY_HOST = 1
 MEMORY_CUDA = 2
+MEMORY_HOST_STAGED = 3
+# register_kv(memory=...): host memory the drives map (direct), CUDA device
+# memory (staged; needs executor "gio_cuda"), host memory kept from the drives (staged).
+MEMORY = {"host": MEMORY_HOST, "cuda": MEMORY_CUDA, "host_staged": MEMORY_HOST_STAGED}
+DATA_PATH = {0: "none", 1: "direct", 2: "staged"}
+DATA_PATH_REASON_BYTES = 256
 DIR_LOAD = 1
 DIR_STORE = 2
 LOOKUP_PIN = 1
@@ -89,6 +96,29 @@ class RuntimeConfig(Structure):
         ("geometry", Geometry),
         ("io_timeout_ms", c_uint32),
         ("host_lane_blocks", c_uint32),
+        # ABI 1.4 (rsvd0 was the 1.3 struct's tail padding)
+        ("rsvd0", c_uint32),
+        ("cuda_device", c_uint32),
+        ("cuda_sm_count", c_uint32),
+        ("cuda_driver", c_char_p),
+        ("staging_slots", c_uint32),
+        ("cuda_block_threads", c_uint32),
+    ]
+
+
+class DataPath(Structure):
+    """tutti_data_path_t (ABI 1.4): direct or staged, and what direct DMA lacks."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("mode", c_uint32),
+        ("memory", c_uint32),
+        ("staging_slots", c_uint32),
+        ("staging_slot_bytes", c_uint64),
+        ("staging_waits", c_uint64),
+        ("staging_withheld", c_uint64),
+        ("staged_bytes", c_uint64),
+        ("p2p_missing", c_char * DATA_PATH_REASON_BYTES),
     ]
 
 
@@ -237,6 +267,7 @@ SIZED_STRUCTS = {
     "tutti_job_status_t": JobStatus,
     "tutti_store_report_t": StoreReport,
     "tutti_stats_t": Stats,
+    "tutti_data_path_t": DataPath,
 }
 PLAIN_STRUCTS = {"tutti_hash_t": Hash, "tutti_geometry_t": Geometry}
 
@@ -263,6 +294,7 @@ _PROTOTYPES = {
     "tutti_runtime_connect": (_i32, [POINTER(ClientConfig), POINTER(_rt)]),
     "tutti_runtime_close": (_i32, [_rt]),
     "tutti_runtime_info": (_i32, [_rt, POINTER(RuntimeInfo)]),
+    "tutti_data_path": (_i32, [_rt, POINTER(DataPath)]),
     "tutti_get_stats": (_i32, [_rt, POINTER(Stats)]),
     "tutti_register_kv": (_i32, [_rt, POINTER(KvLayout), POINTER(TableSizes)]),
     "tutti_unregister_kv": (_i32, [_rt]),

@@ -172,6 +172,25 @@ class Stats:
 
 
 @dataclass
+class DataPath:
+    """How the registered KV memory moves (``Runtime.data_path``).
+
+    ``mode`` is ``"none"`` (nothing registered), ``"direct"`` (the drives DMA into the KV
+    memory) or ``"staged"`` (through pinned host staging slots the executor copies);
+    ``p2p_missing`` says, when staged, what direct DMA lacks.
+    """
+
+    mode: str
+    memory: str | None
+    p2p_missing: str
+    staging_slots: int = 0
+    staging_slot_bytes: int = 0
+    staging_waits: int = 0
+    staging_withheld: int = 0
+    staged_bytes: int = 0
+
+
+@dataclass
 class Lookup:
     """A lookup result: ``hits`` leading chunks are stored; ``pin`` holds them against eviction."""
 
@@ -210,7 +229,18 @@ class Runtime(_Handle):
         open_mode: str = "open_or_create",
         io_timeout_ms: int = 0,
         host_lane_blocks: int = 0,
+        cuda_device: int = 0,
+        cuda_sm_count: int = 0,
+        cuda_driver: str | None = None,
+        staging_slots: int = 0,
+        cuda_block_threads: int = 0,
     ):
+        """``executor="gio_cuda"`` runs the I/O kernels on CUDA device ``cuda_device`` (on
+        ``cuda_sm_count`` SMs of a green context; 0: all SMs); on a machine without a CUDA
+        driver opening fails with :class:`~tutti.errors.Unsupported`; ``cuda_driver`` loads
+        that driver library instead of ``libcuda.so`` and ``cuda_block_threads`` (0: 512) sets
+        the kernels' block size. ``staging_slots`` (0: 256) bounds the staged data path of KV
+        memory the drives cannot reach."""
         if bool(emulated_drives) == bool(vfio):
             raise ValueError("give either emulated_drives (a count) or vfio (PCI addresses), not both or neither")
         if executor not in _lib.EXECUTOR:
@@ -237,6 +267,11 @@ class Runtime(_Handle):
             geometry=geometry.to_c(),
             io_timeout_ms=io_timeout_ms,
             host_lane_blocks=host_lane_blocks,
+            cuda_device=cuda_device,
+            cuda_sm_count=cuda_sm_count,
+            cuda_driver=cuda_driver.encode() if cuda_driver is not None else None,
+            staging_slots=staging_slots,
+            cuda_block_threads=cuda_block_threads,
         )
         out = c_void_p()
         lib().call("tutti_runtime_open", byref(cfg), byref(out))
@@ -301,6 +336,22 @@ class Runtime(_Handle):
             pool_id=bytes(out.pool_id),
         )
 
+    def data_path(self) -> DataPath:
+        """Direct or staged, for the current registration (``mode="none"`` without one)."""
+        out = sized(_lib.DataPath)
+        lib().call("tutti_data_path", self._p(), byref(out))
+        memories = {v: k for k, v in _lib.MEMORY.items()}
+        return DataPath(
+            mode=_lib.DATA_PATH.get(out.mode, str(out.mode)),
+            memory=memories.get(out.memory) if out.memory else None,
+            p2p_missing=out.p2p_missing.decode(errors="replace"),
+            staging_slots=out.staging_slots,
+            staging_slot_bytes=out.staging_slot_bytes,
+            staging_waits=out.staging_waits,
+            staging_withheld=out.staging_withheld,
+            staged_bytes=out.staged_bytes,
+        )
+
     def stats(self) -> Stats:
         out = sized(_lib.Stats)
         lib().call("tutti_get_stats", self._p(), byref(out))
@@ -325,12 +376,15 @@ class Runtime(_Handle):
         """Registers the engine's KV memory (see tutti.h ``tutti_kv_layout_t`` for each kind).
 
         ``keepalive`` is held by the runtime until the memory is unregistered:
-        pass the tensors whose addresses are registered.
+        pass the tensors whose addresses are registered. ``memory`` is ``"host"`` (the
+        drives DMA into it), ``"cuda"`` (device memory of the runtime's GPU; staged, needs
+        ``executor="gio_cuda"``) or ``"host_staged"`` (host memory kept from the drives:
+        the staged path without a GPU). :meth:`data_path` says which path is in force.
         """
         if kind not in _lib.LAYOUT:
             raise ValueError(f"layout kind {kind!r} is not one of {', '.join(_lib.LAYOUT)}")
-        if memory not in ("host", "cuda"):
-            raise ValueError(f"memory {memory!r} is not 'host' or 'cuda'")
+        if memory not in _lib.MEMORY:
+            raise ValueError(f"memory {memory!r} is not one of {', '.join(_lib.MEMORY)}")
         k = (c_uint64 * len(k_bases))(*k_bases) if k_bases else None
         v = (c_uint64 * len(v_bases))(*v_bases) if v_bases else None
         salt = (c_uint8 * len(tenant_salt)).from_buffer_copy(tenant_salt) if tenant_salt else None
@@ -343,7 +397,7 @@ class Runtime(_Handle):
             v_bases=v,
             base=base,
             block_stride=block_stride,
-            memory=_lib.MEMORY_HOST if memory == "host" else _lib.MEMORY_CUDA,
+            memory=_lib.MEMORY[memory],
             model=model.encode(),
             tenant_salt=salt,
             tenant_salt_len=len(tenant_salt),

@@ -37,6 +37,7 @@ pub fn config() -> tutti_runtime_config_t {
         geometry: geometry(),
         io_timeout_ms: 0,
         host_lane_blocks: 0,
+        ..Default::default()
     }
 }
 

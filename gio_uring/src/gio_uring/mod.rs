@@ -12,6 +12,7 @@ mod complete;
 mod layout;
 mod pairs;
 mod recover;
+mod staging;
 mod submit;
 mod table_registry;
 
@@ -30,6 +31,7 @@ use std::time::Duration;
 use tutti_kernels::abi::{Control, Iocb, NvmeQueue, QueueGate};
 
 pub use recover::RecoveryReport;
+pub use staging::StagingStats;
 pub use submit::pairs_per_iocb;
 pub use table_registry::TableInfo;
 

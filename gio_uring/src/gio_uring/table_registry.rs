@@ -12,6 +12,8 @@ use zerocopy::IntoBytes;
 pub(crate) struct TableSlot {
     info: TableInfo,
     _entries: Box<dyn ExecMemory>,
+    /// A staged table's slots; dropped after the entries.
+    pub(super) staging: Option<super::staging::Staging>,
 }
 
 /// What `submit_layer` needs to know about a registered table.
@@ -28,10 +30,20 @@ pub struct TableInfo {
 impl GioUring {
     /// Uploads `table` to executor memory after checking it against the drives:
     /// pool drives exist, have the LBA sizes the table places them with, carry a whole chunk in one
-    /// command, support SGLs if the table is SGL, and hold every object.
+    /// command, support SGLs if the table is SGL, and hold every object. A staged table needs its
+    /// staging slots: [`GioUring::register_staged_table`].
     pub fn register_table(&self, table: &LayerTable) -> Result<TableId> {
+        if table.kind() == TableKind::Staged {
+            return Err(GioError::table(
+                "a staged table needs staging slots: register it with register_staged_table",
+            ));
+        }
+        self.check_table(table)?;
+        self.install_table(table, None)
+    }
+
+    pub(super) fn check_table(&self, table: &LayerTable) -> Result<()> {
         let g = table.geometry();
-        let drive_map: Vec<u32> = (0..self.drive_info.len() as u32).collect();
         for (i, pd) in g.drives.iter().enumerate() {
             let d = self.drive_info.get(pd.drive as usize).ok_or_else(|| {
                 GioError::table(format!(
@@ -68,6 +80,17 @@ impl GioUring {
                 )));
             }
         }
+        Ok(())
+    }
+
+    /// Writes `table` (and its staging, if any) where the executor reads it.
+    pub(super) fn install_table(
+        &self,
+        table: &LayerTable,
+        staging: Option<super::staging::Staging>,
+    ) -> Result<TableId> {
+        let g = table.geometry();
+        let drive_map: Vec<u32> = (0..self.drive_info.len() as u32).collect();
         let mut tables = self.tables.lock().map_err(|_| GioError::invalid("table lock poisoned"))?;
         let slot = tables
             .iter()
@@ -76,7 +99,8 @@ impl GioUring {
         let bytes = table.entries().as_bytes();
         let mem = self.exec.alloc(MemKind::Private, bytes.len())?;
         mem.write_bytes(0, bytes)?;
-        let desc = table.descriptor(mem.exec_addr(), &drive_map);
+        let mut desc = table.descriptor(mem.exec_addr(), &drive_map);
+        desc.staging = staging.as_ref().map_or(0, |st| st.exec_addr());
         self.private.write_obj(self.layout.tables + slot * size_of::<LayerTableDesc>(), &desc)?;
         let info = TableInfo {
             layers: g.layers,
@@ -85,7 +109,7 @@ impl GioUring {
             chunks: g.chunks(),
             ioctx_per_pair: g.ioctx_per_pair(),
         };
-        tables[slot] = Some(TableSlot { info, _entries: mem });
+        tables[slot] = Some(TableSlot { info, _entries: mem, staging });
         Ok(TableId(slot as u8))
     }
 

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tutti_driver::controller::{Controller, ControllerOptions};
 use tutti_driver::emulated::{CostModel, EmulatedConfig, EmulatedController, NamespaceConfig};
+use tutti_driver::spec::SglSupport;
 use tutti_driver::transport::DmaBuffer;
 use tutti_gio_uring::{
     CudaExecutor, CudaExecutorConfig, DriveQueues, ExecMode, Executor, GioOptions, GioUring, HostExecutor,
@@ -75,6 +76,8 @@ pub struct RigSpec {
     pub mdts: u8,
     pub per_command: Duration,
     pub opts: GioOptions,
+    /// SGL support the controllers report (PRP-only with `SglSupport::None`).
+    pub sgl: SglSupport,
 }
 
 impl Default for RigSpec {
@@ -91,6 +94,7 @@ impl Default for RigSpec {
             mdts: 5,
             per_command: Duration::ZERO,
             opts: GioOptions { depth: 16, ..Default::default() },
+            sgl: EmulatedConfig::default().sgl,
         }
     }
 }
@@ -115,6 +119,7 @@ pub fn rig(spec: RigSpec) -> Rig {
             max_queue_entries: 4096,
             mdts: spec.mdts,
             cost: CostModel { per_command: spec.per_command, bytes_per_sec: None },
+            sgl: spec.sgl,
             ..EmulatedConfig::default()
         };
         let emu = EmulatedController::start(cfg).expect("emulated controller starts");

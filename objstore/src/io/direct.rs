@@ -22,7 +22,7 @@ use super::{
     LayerOutcome, Pair, PairFailure,
 };
 use crate::error::{ObjError, Result};
-use crate::registration::Registration;
+use crate::registration::{KvMemoryKind, Registration};
 use crate::stripe::StripeMap;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -299,7 +299,22 @@ impl LayerIo for DirectIo {
         Ok(())
     }
 
+    fn accepts(&self, kind: KvMemoryKind) -> Result<()> {
+        match kind.p2p_obstacle() {
+            None => Ok(()),
+            Some(why) => Err(ObjError::invalid(
+                "memory",
+                format!(
+                    "{} KV memory needs the staged data path, which the direct backend cannot run: the host \
+                     CPU would have to copy every chunk (and cannot copy CUDA memory); use the gio backend ({why})",
+                    kind.name()
+                ),
+            )),
+        }
+    }
+
     fn attach(&mut self, reg: &Arc<Registration>, map: &StripeMap) -> Result<()> {
+        self.accepts(reg.memory_kind)?;
         self.attached = Some((reg.clone(), map.clone()));
         Ok(())
     }

@@ -38,6 +38,7 @@ use super::{
     LayerOutcome, Pair, PairFailure,
 };
 use crate::error::{ObjError, Result};
+use crate::registration::KvMemoryKind as MemoryKind;
 use crate::registration::Registration;
 use crate::stripe::StripeMap;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -45,10 +46,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tutti_driver::command::DataPtr;
 use tutti_driver::controller::Controller;
+use tutti_gio_uring::mem::{HostMapping, HostRange};
 use tutti_gio_uring::{
-    ioctx, CudaExecutor, CudaExecutorConfig, DataRef, DriveQueues, Executor, GioError, GioUring,
-    HostExecutor, HostExecutorConfig, IoStatus, IocbId, IocbResult, Kv, LayerGeometry, LayerTable, Op,
-    PairListId, PoolDrive, TableId, TableKind,
+    ioctx, CudaExecutor, DataRef, DriveQueues, Executor, GioError, GioUring, HostExecutor,
+    HostExecutorConfig, IoStatus, IocbId, IocbResult, Kv, LayerGeometry, LayerTable, Op, PairListId,
+    PoolDrive, TableId, TableKind,
 };
 use tutti_kernels::abi::IOCB_MAX_IOCTX;
 
@@ -57,11 +59,14 @@ use tutti_kernels::abi::IOCB_MAX_IOCTX;
 pub struct GioConfig {
     /// The ring: IOCB pool depth and executor timeouts.
     pub ring: tutti_gio_uring::GioOptions,
-    /// The host executor (used when `cuda` is `None`).
+    /// Which executor runs the kernels.
+    pub executor: GioExecutor,
+    /// The host executor (used with [`GioExecutor::Host`]).
     pub host: HostExecutorConfig,
-    /// Run the I/O kernels on a GPU (`CudaExecutor`) instead of host lanes
-    /// (boxed: it is large next to the other backends).
-    pub cuda: Option<Box<CudaExecutorConfig>>,
+    /// Staging slots (one chunk each, pinned host memory) of a staged
+    /// registration: commands in flight at once for KV memory the drives
+    /// cannot reach; more wait for a free slot.
+    pub staging_slots: u32,
     /// Raw queue pairs the executor drives on each drive.
     pub queues_per_drive: u32,
     pub queue_depth: u32,
@@ -82,8 +87,9 @@ impl Default for GioConfig {
     fn default() -> Self {
         GioConfig {
             ring: tutti_gio_uring::GioOptions { depth: 128, ..Default::default() },
+            executor: GioExecutor::Host,
             host: HostExecutorConfig::default(),
-            cuda: None,
+            staging_slots: 256,
             queues_per_drive: 2,
             queue_depth: 256,
             sm_budget: 3,
@@ -94,10 +100,32 @@ impl Default for GioConfig {
     }
 }
 
+/// The executor of the gio_uring path.
+#[derive(Clone, Debug, Default)]
+pub enum GioExecutor {
+    /// Kernels on host threads (`GioConfig::host`).
+    #[default]
+    Host,
+    /// Kernels on a GPU. Without a CUDA driver opening the store fails with
+    /// the executor's `NoCuda` error.
+    Cuda(Box<tutti_gio_uring::CudaExecutorConfig>),
+}
+
 enum Attached {
     None,
-    Layer { table: TableId, per_iocb: usize, per_pair: u32 },
-    Explicit { reg: Arc<Registration>, map: StripeMap },
+    /// `_kv`: the executor's mappings of staged host KV memory, dropped
+    /// after the table is unregistered.
+    Layer {
+        table: TableId,
+        per_iocb: usize,
+        per_pair: u32,
+        staged: bool,
+        _kv: Vec<Box<dyn HostMapping>>,
+    },
+    Explicit {
+        reg: Arc<Registration>,
+        map: StripeMap,
+    },
 }
 
 /// One submitted layer: its IOCBs, and the first pair of each.
@@ -142,6 +170,8 @@ pub struct GioIo {
     results: HashMap<IocbId, IocbResult>,
     next_token: u64,
     mode: String,
+    /// The executor is a GPU's: it can copy CUDA KV memory.
+    gpu: bool,
 }
 
 /// Whether the drive may still act on an IOCTX that ended with `status`.
@@ -157,12 +187,14 @@ pub struct GioIo {
 /// published), but a dead queue is never deleted or reset in this process,
 /// so nothing bounds what its controller does; a file costs less than
 /// wrong bytes served as a hit. `QueueRecovering` is definite: the executor
-/// refused the command before it took a ticket on the queue.
+/// refused the command before it took a ticket on the queue; so is
+/// `StagingTimeout` (no staging slot came free: the command was never built).
 pub(crate) fn failure_kind(status: IoStatus) -> FailureKind {
     match status {
         IoStatus::Nvme(_)
         | IoStatus::Translation(_)
         | IoStatus::Invalid(_)
+        | IoStatus::StagingTimeout
         | IoStatus::QueueRecovering { .. } => FailureKind::Definite,
         IoStatus::Success
         | IoStatus::Pending
@@ -188,18 +220,27 @@ fn gio(e: GioError) -> ObjError {
 
 impl GioIo {
     pub fn new(drives: &[(Arc<Controller>, u32)], cfg: &GioConfig) -> Result<Self> {
-        let exec: Arc<dyn Executor> = match &cfg.cuda {
-            Some(c) => Arc::new(CudaExecutor::new((**c).clone()).map_err(gio)?),
-            None => Arc::new(HostExecutor::new(cfg.host.clone()).map_err(gio)?),
+        let exec: Arc<dyn Executor> = match &cfg.executor {
+            GioExecutor::Host => Arc::new(HostExecutor::new(cfg.host.clone()).map_err(gio)?),
+            GioExecutor::Cuda(c) => Arc::new(CudaExecutor::new((**c).clone()).map_err(|e| match e {
+                // No driver or no GPU: the configuration cannot be served here, named as such.
+                GioError::NoCuda(why) => {
+                    ObjError::invalid("executor", format!("the CUDA executor: no CUDA: {why}"))
+                }
+                e => gio(e),
+            })?),
         };
-        Self::with_executor(drives, cfg, exec)
+        Self::with_executor(drives, cfg, exec, matches!(cfg.executor, GioExecutor::Cuda(_)))
     }
 
-    /// gio_uring over `drives` (pool order) run by `exec` (e.g. a `CudaExecutor`).
+    /// gio_uring over `drives` (pool order) run by `exec` (e.g. a `CudaExecutor`);
+    /// `gpu`: the executor addresses CUDA device memory (registrations of
+    /// [`MemoryKind::Cuda`] need it).
     pub fn with_executor(
         drives: &[(Arc<Controller>, u32)],
         cfg: &GioConfig,
         exec: Arc<dyn Executor>,
+        gpu: bool,
     ) -> Result<Self> {
         // Each controller's free pairs shared out among the pool's namespaces
         // on it (a controller that grants few, several namespaces of one
@@ -228,6 +269,7 @@ impl GioIo {
             results: HashMap::new(),
             next_token: 1,
             mode: "gio_uring (no KV memory registered)".into(),
+            gpu,
         })
     }
 
@@ -243,6 +285,85 @@ impl GioIo {
             return Some("a drive does not support SGLs".into());
         }
         None
+    }
+
+    /// A staged table over the registration's KV memory, with the executor
+    /// mappings host memory needs (CUDA memory is already the executor's).
+    fn build_staged_table(
+        &self,
+        reg: &Registration,
+        map: &StripeMap,
+    ) -> Result<(LayerTable, Vec<Box<dyn HostMapping>>)> {
+        let regions = reg.layout.regions();
+        let mut maps: Vec<Box<dyn HostMapping>> = Vec::new();
+        let mut bases = Vec::with_capacity(regions.len());
+        for r in regions {
+            match reg.memory_kind {
+                MemoryKind::Cuda => bases.push(r.addr),
+                MemoryKind::Host | MemoryKind::HostUnmapped => {
+                    // SAFETY: the registration keeps the region allocated while attached
+                    // (KvStore::register's contract); the mapping is dropped at detach.
+                    let m = unsafe {
+                        self.ring.executor().map_host(r.addr as *mut u8, r.len as usize, HostRange::Memory)
+                    }
+                    .map_err(gio)?;
+                    bases.push(m.exec_addr());
+                    maps.push(m);
+                }
+            }
+        }
+        let g = reg.layout.geometry();
+        let obj = g.object_bytes();
+        let mut table = LayerTable::new(Self::geometry(reg, map), TableKind::Staged).map_err(gio)?;
+        Self::check_chunks(&table, map)?;
+        for b in 0..reg.layout.num_blocks() {
+            for layer in 0..g.layers {
+                for (kv, k) in [(0, Kv::K), (1, Kv::V)] {
+                    let addr = reg.layout.object_addr(b, layer, kv);
+                    let (region, off) = reg.layout.region_of(addr, obj).ok_or_else(|| {
+                        ObjError::invalid("layout", format!("object at {addr:#x} outside every region"))
+                    })?;
+                    table.set_kv(b, layer, k, bases[region] + off).map_err(gio)?;
+                }
+            }
+        }
+        Ok((table, maps))
+    }
+
+    fn geometry(reg: &Registration, map: &StripeMap) -> LayerGeometry {
+        LayerGeometry {
+            layers: reg.layout.geometry().layers,
+            files: map.files(),
+            blocks: reg.layout.num_blocks(),
+            object_bytes: map.object_bytes(),
+            max_transfer: map.chunk_bytes(),
+            drives: (0..map.drive_count())
+                .map(|d| PoolDrive {
+                    drive: d,
+                    data_start_lba: map.drive(d).data_start_lba,
+                    lba_size: map.drive(d).lba_size,
+                })
+                .collect(),
+        }
+    }
+
+    fn check_chunks(table: &LayerTable, map: &StripeMap) -> Result<()> {
+        if table.geometry().chunks() != map.chunks() {
+            return Err(ObjError::Gio(format!(
+                "gio_uring splits objects into {} commands, the pool into {}",
+                table.geometry().chunks(),
+                map.chunks()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Staging counters of a staged registration.
+    pub fn staging(&self) -> Option<tutti_gio_uring::StagingStats> {
+        match &self.attached {
+            Attached::Layer { table, staged: true, .. } => self.ring.staging_stats(*table).ok(),
+            _ => None,
+        }
     }
 
     fn build_table(reg: &Registration, map: &StripeMap) -> Result<LayerTable> {
@@ -491,10 +612,30 @@ impl LayerIo for GioIo {
         self.mode.clone()
     }
 
-    fn detach(&mut self) -> Result<()> {
-        if let Attached::Layer { table, .. } = std::mem::replace(&mut self.attached, Attached::None) {
-            self.ring.unregister_table(table).map_err(gio)?;
+    fn staging(&self) -> Option<tutti_gio_uring::StagingStats> {
+        GioIo::staging(self)
+    }
+
+    fn accepts(&self, kind: MemoryKind) -> Result<()> {
+        if kind == MemoryKind::Cuda && !self.gpu {
+            return Err(ObjError::invalid(
+                "memory",
+                format!(
+                    "CUDA KV memory needs the CUDA executor, and this store runs the {}: configure the gio \
+                     backend with GioExecutor::Cuda",
+                    self.ring.executor().name()
+                ),
+            ));
         }
+        Ok(())
+    }
+
+    fn detach(&mut self) -> Result<()> {
+        if let Attached::Layer { table, .. } = &self.attached {
+            // On failure the table (and the executor's mappings of its memory) stays attached.
+            self.ring.unregister_table(*table).map_err(gio)?;
+        }
+        self.attached = Attached::None;
         self.mode = "gio_uring (no KV memory registered)".into();
         Ok(())
     }
@@ -502,6 +643,21 @@ impl LayerIo for GioIo {
     fn attach(&mut self, reg: &Arc<Registration>, map: &StripeMap) -> Result<()> {
         self.detach()?;
         let exec = self.ring.executor().name().to_string();
+        if reg.staged() {
+            let (table, kv) = self.build_staged_table(reg, map)?;
+            let id = self.ring.register_staged_table(&table, self.cfg.staging_slots).map_err(gio)?;
+            let per_pair = table.geometry().ioctx_per_pair();
+            let per_iocb = tutti_gio_uring::pairs_per_iocb(per_pair) as usize;
+            self.attached = Attached::Layer { table: id, per_iocb, per_pair, staged: true, _kv: kv };
+            self.mode = format!(
+                "gio_uring layer IOCBs on the {exec}, staged: the executor copies each chunk between {} KV \
+                 memory and {} pinned staging slots",
+                reg.memory_kind.name(),
+                self.cfg.staging_slots
+            );
+            tracing::info!(mode = %self.mode, "gio_uring path attached");
+            return Ok(());
+        }
         match self.layer_obstacle(reg) {
             None => {
                 let table = Self::build_table(reg, map)?;
@@ -509,7 +665,8 @@ impl LayerIo for GioIo {
                 let per_pair = table.geometry().ioctx_per_pair();
                 // gio_uring's own split, so IOCB k's first pair is known here.
                 let per_iocb = tutti_gio_uring::pairs_per_iocb(per_pair) as usize;
-                self.attached = Attached::Layer { table: id, per_iocb, per_pair };
+                self.attached =
+                    Attached::Layer { table: id, per_iocb, per_pair, staged: false, _kv: Vec::new() };
                 self.mode =
                     format!("gio_uring layer IOCBs on the {exec}: the executor expands (file, block) pairs");
             }
@@ -580,7 +737,7 @@ impl LayerIo for GioIo {
         };
         let transfer = match &self.attached {
             Attached::None => return Err(ObjError::NotRegistered),
-            Attached::Layer { table, per_iocb, per_pair } => {
+            Attached::Layer { table, per_iocb, per_pair, .. } => {
                 let (table, per_iocb, per_pair) = (*table, *per_iocb, *per_pair);
                 let budget = self.cfg.sm_budget;
                 // With a registered list nothing here touches the pairs: O(IOCBs) per layer.

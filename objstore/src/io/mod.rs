@@ -167,6 +167,15 @@ pub(crate) trait LayerIo: Send {
     fn attach(&mut self, reg: &Arc<Registration>, map: &StripeMap) -> Result<()>;
     /// Forgets the registration (its memory is about to be unmapped).
     fn detach(&mut self) -> Result<()>;
+    /// Whether this path can move KV memory of `kind`; checked before a
+    /// registration touches anything.
+    fn accepts(&self, _kind: crate::registration::KvMemoryKind) -> Result<()> {
+        Ok(())
+    }
+    /// The staging slots of a staged registration and their counters.
+    fn staging(&self) -> Option<tutti_gio_uring::StagingStats> {
+        None
+    }
     /// A job (or every job of a store session) is about to move `pairs` for
     /// each of its layers. A path whose executor can keep them does so now,
     /// once per job or session, and returns a handle

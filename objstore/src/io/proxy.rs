@@ -15,7 +15,7 @@ use crate::error::{ObjError, Result};
 use crate::geometry::Geometry;
 use crate::hash::CacheIdentity;
 use crate::layout::{KvLayout, LayerBases};
-use crate::registration::Registration;
+use crate::registration::{KvMemoryKind, Registration};
 use crate::stripe::StripeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -83,7 +83,22 @@ impl LayerIo for ProxyIo {
     fn mode(&self) -> String {
         "moved by the pool's owner on its shared queue pair (no queue pair was left to lease)".into()
     }
+    fn accepts(&self, kind: KvMemoryKind) -> Result<()> {
+        if kind.p2p_obstacle().is_some() {
+            return Err(ObjError::invalid(
+                "memory",
+                format!(
+                    "{} KV memory needs the staged data path; layers moved by the pool's owner address the \
+                     client's memory directly (lease a queue pair for this process instead)",
+                    kind.name()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     fn attach(&mut self, reg: &Arc<Registration>, _map: &StripeMap) -> Result<()> {
+        self.accepts(reg.memory_kind)?;
         self.service.attach(&LayoutSpec::of(&reg.layout))
     }
     fn detach(&mut self) -> Result<()> {
@@ -163,7 +178,9 @@ impl LayerHost {
         self.io.detach()?;
         self.reg = None;
         // SAFETY: forwarded from the caller: the spaces map the engine's memory.
-        let reg = Arc::new(unsafe { Registration::new(layout, identity, spaces, &self.map, None)? });
+        let reg = Arc::new(unsafe {
+            Registration::new(layout, identity, spaces, &self.map, None, KvMemoryKind::Host)?
+        });
         self.io.attach(&reg, &self.map)?;
         self.reg = Some(reg);
         Ok(())

@@ -41,7 +41,7 @@ use crate::layout::KvLayout;
 use crate::local::LocalPool;
 use crate::memory::HostKvMemory;
 use crate::pool::PoolOptions;
-use crate::registration::{Registration, TableSizes};
+use crate::registration::{DataPath, KvMemoryKind, Registration, TableSizes};
 use crate::stripe::{DriveShape, StripeMap};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -116,6 +116,9 @@ pub struct PoolInfo {
     pub backend: String,
     /// How layers are moved (e.g. whether the executor expands them).
     pub io_mode: String,
+    /// Direct or staged, and for staged what direct DMA lacks; `None`
+    /// until KV memory is registered.
+    pub data_path: Option<DataPath>,
     pub replay: Vec<ReplayStats>,
 }
 
@@ -321,8 +324,14 @@ impl KvStore {
     }
 
     pub fn info(&self) -> PoolInfo {
-        let (backend, io_mode) =
-            self.io.lock().map(|io| (io.name().to_string(), io.mode())).unwrap_or_default();
+        let (backend, io_mode, staging) =
+            self.io.lock().map(|io| (io.name().to_string(), io.mode(), io.staging())).unwrap_or_default();
+        let data_path = self.reg.read().ok().and_then(|r| r.clone()).map(|r| DataPath {
+            mode: if r.staged() { "staged" } else { "direct" },
+            memory: r.memory_kind,
+            p2p_missing: r.memory_kind.p2p_obstacle(),
+            staging,
+        });
         PoolInfo {
             pool: self.name.clone(),
             formatted_now: self.formatted,
@@ -349,6 +358,7 @@ impl KvStore {
             slots_per_file: self.map.slots_per_file(),
             backend,
             io_mode,
+            data_path,
             replay: self.replay.clone(),
         }
     }
@@ -365,6 +375,23 @@ impl KvStore {
         model: &str,
         tenant_salt: &[u8],
     ) -> Result<TableSizes> {
+        self.register_host_as(memory, layout, model, tenant_salt, KvMemoryKind::Host)
+    }
+
+    /// [`register_host`](Self::register_host) with the memory's kind:
+    /// [`KvMemoryKind::HostUnmapped`] keeps it out of every drive's DMA space
+    /// and moves it on the staged data path (tests of that path without a GPU).
+    pub fn register_host_as(
+        &self,
+        memory: Arc<HostKvMemory>,
+        layout: KvLayout,
+        model: &str,
+        tenant_salt: &[u8],
+        kind: KvMemoryKind,
+    ) -> Result<TableSizes> {
+        if kind == KvMemoryKind::Cuda {
+            return Err(ObjError::invalid("memory", "host memory registered as CUDA memory"));
+        }
         for r in layout.regions() {
             if !memory.contains(r.addr, r.len) {
                 return Err(ObjError::invalid(
@@ -379,7 +406,26 @@ impl KvStore {
             }
         }
         // SAFETY: every region lies inside `memory`, which the registration keeps alive.
-        unsafe { self.register_inner(layout, model, tenant_salt, Some(memory)) }
+        unsafe { self.register_inner(layout, model, tenant_salt, Some(memory), kind) }
+    }
+
+    /// [`register`](Self::register) for memory of `kind`: `Host` is mapped for
+    /// the drives (direct DMA); `Cuda` (device memory of the executor's GPU)
+    /// and `HostUnmapped` go through staging slots, which needs the gio
+    /// backend (the direct backend refuses them, naming why).
+    ///
+    /// # Safety
+    /// As [`register`](Self::register); `Cuda` regions must be device memory
+    /// of the CUDA executor's context.
+    pub unsafe fn register_as(
+        &self,
+        layout: KvLayout,
+        model: &str,
+        tenant_salt: &[u8],
+        kind: KvMemoryKind,
+    ) -> Result<TableSizes> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.register_inner(layout, model, tenant_salt, None, kind) }
     }
 
     /// Registers the engine's KV memory described by `layout` under a cache
@@ -392,7 +438,7 @@ impl KvStore {
     /// drives must not touch, until the store is unregistered or dropped.
     pub unsafe fn register(&self, layout: KvLayout, model: &str, tenant_salt: &[u8]) -> Result<TableSizes> {
         // SAFETY: forwarded from the caller.
-        unsafe { self.register_inner(layout, model, tenant_salt, None) }
+        unsafe { self.register_inner(layout, model, tenant_salt, None, KvMemoryKind::Host) }
     }
 
     unsafe fn register_inner(
@@ -401,6 +447,7 @@ impl KvStore {
         model: &str,
         tenant_salt: &[u8],
         memory: Option<Arc<HostKvMemory>>,
+        kind: KvMemoryKind,
     ) -> Result<TableSizes> {
         if *layout.geometry() != self.geometry {
             return Err(ObjError::invalid(
@@ -412,10 +459,11 @@ impl KvStore {
             return Err(ObjError::invalid("model", "the cache identity needs a model name"));
         }
         self.ensure_idle()?;
+        lock(&self.io, "io")?.accepts(kind)?;
         let identity = CacheIdentity::new(model, self.geometry, layout.kind(), tenant_salt);
         let spaces: Vec<_> = self.drives.iter().map(|d| d.spec.ctrl.dma().clone()).collect();
         // SAFETY: forwarded from the caller.
-        let reg = Arc::new(unsafe { Registration::new(layout, identity, &spaces, &self.map, memory)? });
+        let reg = Arc::new(unsafe { Registration::new(layout, identity, &spaces, &self.map, memory, kind)? });
         // The old registration goes first, whether or not the new one is accepted.
         let mut slot = self.reg.write().map_err(|_| ObjError::Poisoned("registration"))?;
         let mut io = lock(&self.io, "io")?;

@@ -11,8 +11,8 @@ use tutti_driver::controller::{Controller, ControllerOptions};
 use tutti_driver::emulated::{CostModel, EmulatedConfig, EmulatedController, MediaConfig, NamespaceConfig};
 use tutti_driver::spec::SglSupport;
 use tutti_objstore::{
-    Backend, DriveSpec, Dtype, Geometry, GioConfig, HostKvMemory, KvLayout, KvStore, LayoutKind, OpenMode,
-    PoolOptions, StoreOptions,
+    Backend, DriveSpec, Dtype, Geometry, GioConfig, GioExecutor, HostKvMemory, KvLayout, KvStore, LayoutKind,
+    OpenMode, PoolOptions, StoreOptions,
 };
 
 pub const WAIT: Duration = Duration::from_secs(30);
@@ -122,7 +122,7 @@ pub fn options(g: Geometry, mode: OpenMode) -> StoreOptions {
     gio.sm_budget = 1;
     if on_cuda() {
         // The same shape on the CUDA executor: one SM of a green context, one block of 32 threads.
-        let cuda = gio.cuda.get_or_insert_with(Default::default);
+        let mut cuda = Box::<tutti_objstore::CudaExecutorConfig>::default();
         cuda.mode = gio.host.mode;
         cuda.sm_count = Some(1);
         cuda.block_threads = 32;
@@ -135,6 +135,7 @@ pub fn options(g: Geometry, mode: OpenMode) -> StoreOptions {
                 )
                 .into(),
         );
+        gio.executor = GioExecutor::Cuda(cuda);
     }
     StoreOptions { pool: PoolOptions::new(g, mode), backend: Backend::Gio(gio) }
 }

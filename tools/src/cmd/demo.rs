@@ -521,6 +521,12 @@ fn print(r: &Report) {
     }
     println!("KV: {g}, {} layout", r.layout);
     println!("I/O: {}", p.io_mode);
+    if let Some(dp) = &p.data_path {
+        match &dp.p2p_missing {
+            Some(why) => println!("data path: {} ({})", dp.mode, why),
+            None => println!("data path: {}", dp.mode),
+        }
+    }
     println!(
         "request: {} tokens = {} blocks = {} of KV ({} already cached)",
         r.request_tokens,

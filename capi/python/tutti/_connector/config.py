@@ -10,7 +10,14 @@ overridden in the extra config. Keys of ``kv_connector_extra_config``:
 ``emulated_dir``            keep emulated media in files here (survives restarts)
 ``vfio_drives``             list of PCI addresses of NVMe drives bound to vfio-pci
 ``vfio_noiommu``            use vfio's no-IOMMU mode (machines without an IOMMU)
-``executor``                ``"gio"`` (gio_uring, default) or ``"direct"`` (CPU baseline)
+``executor``                ``"gio"`` (gio_uring on host lanes, default), ``"gio_cuda"``
+                            (gio_uring's CUDA executor: needed for KV caches on the GPU,
+                            which move on the staged data path) or ``"direct"`` (CPU baseline)
+``cuda_device``             ``"gio_cuda"``: the CUDA device ordinal (default 0)
+``cuda_sm_count``           ``"gio_cuda"``: SMs of the I/O green context (default 0: all)
+``cuda_driver``             ``"gio_cuda"``: the CUDA driver library (default: libcuda.so; refused
+                            until the CUDA executor can load another)
+``staging_slots``           pinned staging slots of the staged data path (default 256)
 ``open_mode``               ``"open_or_create"`` (default), ``"open"`` or ``"create"``
 ``io_timeout_ms``           per NVMe command deadline (default: libtutti's 2000)
 ``layer_timeout_ms``        how long a layer load or a step's saves may take (default 30000)
@@ -73,6 +80,10 @@ KNOWN_KEYS = {
     "vfio_drives",
     "vfio_noiommu",
     "executor",
+    "cuda_device",
+    "cuda_sm_count",
+    "cuda_driver",
+    "staging_slots",
     "open_mode",
     "io_timeout_ms",
     "layer_timeout_ms",
@@ -131,6 +142,10 @@ class ConnectorConfig:
     tp_size: int = 1
     pp_size: int = 1
     multiprocess: bool = False
+    cuda_device: int = 0
+    cuda_sm_count: int = 0
+    cuda_driver: str | None = None
+    staging_slots: int = 0
 
     @property
     def uses_daemon(self) -> bool:
@@ -160,12 +175,20 @@ class ConnectorConfig:
             self.io_timeout_ms,
             self.daemon,
             self.daemon_socket,
+            self.cuda_device,
+            self.cuda_sm_count,
+            self.cuda_driver,
+            self.staging_slots,
         )
 
     def runtime_kwargs(self) -> dict:
         kw: dict[str, Any] = dict(
             executor=self.executor, open_mode=self.open_mode, io_timeout_ms=self.io_timeout_ms
         )
+        if self.staging_slots:
+            kw.update(staging_slots=self.staging_slots)
+        if self.executor == "gio_cuda":
+            kw.update(cuda_device=self.cuda_device, cuda_sm_count=self.cuda_sm_count, cuda_driver=self.cuda_driver)
         if self.vfio_drives:
             kw.update(vfio=self.vfio_drives, vfio_noiommu=self.vfio_noiommu)
         else:
@@ -316,8 +339,15 @@ def from_vllm(vllm_config: Any) -> ConnectorConfig:
             f"started on demand); or, for one process, {SINGLE_PROCESS_HINT}"
         )
     executor = str(extra.get("executor", "gio"))
-    if executor not in ("gio", "direct"):
-        raise ConfigError(f"kv_connector_extra_config['executor'] = {executor!r}: use 'gio' or 'direct'")
+    if executor not in ("gio", "gio_cuda", "direct"):
+        raise ConfigError(
+            f"kv_connector_extra_config['executor'] = {executor!r}: use 'gio', 'gio_cuda' or 'direct'"
+        )
+    if executor == "gio_cuda" and daemon != "off":
+        raise ConfigError(
+            "kv_connector_extra_config['executor'] = 'gio_cuda' runs the pool in this process; a tuttid "
+            "client ('daemon_socket' or \"daemon\": \"auto\") moves its layers with the host executor"
+        )
     open_mode = str(extra.get("open_mode", "open_or_create"))
     if open_mode not in ("open", "create", "open_or_create"):
         raise ConfigError(
@@ -359,4 +389,8 @@ def from_vllm(vllm_config: Any) -> ConnectorConfig:
         tp_size=tp,
         pp_size=pp,
         multiprocess=multiprocess,
+        cuda_device=_int(extra, "cuda_device", 0),
+        cuda_sm_count=_int(extra, "cuda_sm_count", 0),
+        cuda_driver=str(extra["cuda_driver"]) if extra.get("cuda_driver") else None,
+        staging_slots=_int(extra, "staging_slots", 0),
     )

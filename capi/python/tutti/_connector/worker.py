@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import Timeout, TuttiError
+from ..errors import Timeout, TuttiError, Unsupported
 from ..jobs import JobStatus
 from ..runtime import Geometry, Job, Runtime, Store
 from ..tensors import mark_written, view
@@ -264,24 +264,34 @@ class WorkerSide:
         memory = "cuda" if on_gpu else "host"
         salt = self.salt + (b"\0tutti-kv-order:" + tag.encode() if tag else b"")
         k = [d.k_base for d in by_layer]
-        if kind == "vllm_per_layer":
-            self.rt.register_kv(
-                kind, num_blocks, model=self.model, k_bases=k, memory=memory, tenant_salt=salt,
-                keepalive=kv_caches,
-            )
-        else:
-            self.rt.register_kv(
-                kind, num_blocks, model=self.model, k_bases=k, v_bases=[d.v_base for d in by_layer],
-                block_stride=block_stride, memory=memory, tenant_salt=salt, keepalive=kv_caches,
-            )
+        try:
+            if kind == "vllm_per_layer":
+                self.rt.register_kv(
+                    kind, num_blocks, model=self.model, k_bases=k, memory=memory, tenant_salt=salt,
+                    keepalive=kv_caches,
+                )
+            else:
+                self.rt.register_kv(
+                    kind, num_blocks, model=self.model, k_bases=k, v_bases=[d.v_base for d in by_layer],
+                    block_stride=block_stride, memory=memory, tenant_salt=salt, keepalive=kv_caches,
+                )
+        except Unsupported as e:
+            if not on_gpu:
+                raise
+            raise LayoutError(
+                f"vLLM's KV cache is on the GPU and this tutti runtime cannot move CUDA memory ({e}); set "
+                "kv_connector_extra_config['executor'] = 'gio_cuda' (the CUDA executor, staged data path)"
+            ) from e
         self.layers = index
         self.num_blocks = num_blocks
         self.on_gpu = on_gpu
         self.layout_tag = tag
         self.kv_caches = kv_caches
         self.identity = (self.model, salt, kind)
-        log.info("tutti: registered %d layers × %d blocks (%s %s, %s memory)", len(names), num_blocks, kind,
-                 tag or "NHD", memory)
+        path = self.rt.data_path() if hasattr(self.rt, "data_path") else None
+        log.info("tutti: registered %d layers × %d blocks (%s %s, %s memory, %s data path%s)", len(names),
+                 num_blocks, kind, tag or "NHD", memory, path.mode if path else "?",
+                 f": {path.p2p_missing}" if path and path.p2p_missing else "")
 
     def layer_of(self, layer_name: str) -> int | None:
         return self.layers.get(layer_name)

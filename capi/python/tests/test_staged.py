@@ -1,0 +1,142 @@
+"""The staged data path through the binding and the vLLM connector.
+
+Host memory registered as ``memory="host_staged"`` is never mapped for the drives: every
+byte moves through staging slots the executor copies, and ``Runtime.data_path`` says so.
+CUDA memory is refused, with the reason, by runtimes that cannot move it; the connector
+registers vLLM's GPU KV caches as CUDA memory and names the executor to configure.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+import tutti
+from conftest import GEOMETRY, NUM_BLOCKS, block_bytes, fill_block, vllm_layers
+from tutti._connector.config import ConfigError, from_vllm
+from tutti._connector.worker import LayoutError
+from tutti.vllm import KVConnectorRole, TuttiConnector
+from vllm_standins import EXTRA, layer_name, vllm_config
+
+
+def _register(rt, layers, memory):
+    return rt.register_kv(
+        "vllm_per_layer", NUM_BLOCKS, model="m", k_bases=[t.data_ptr() for t in layers], memory=memory,
+        keepalive=layers,
+    )
+
+
+def test_host_staged_memory_round_trips_through_staging(library, geometry):
+    with tutti.Runtime(geometry, emulated_drives=2, emulated_capacity_bytes=8 << 20, open_mode="create",
+                       staging_slots=3) as rt:
+        assert rt.data_path().mode == "none"
+        layers = vllm_layers(geometry)
+        _register(rt, layers, "host_staged")
+        hashes = tutti.chain_hashes(list(range(100, 116)), geometry.tokens_per_block)
+        src = [2, 5, 7, 11]
+        written = {b: fill_block(geometry, layers, NUM_BLOCKS, b, seed=b + 3) for b in src}
+        with rt.begin_store(hashes, src) as st:
+            with st.submit() as job:
+                assert job.wait().failed == 0
+            assert st.commit().stored == 4
+        dst = [20, 21, 22, 23]
+        with rt.lookup(hashes) as found:
+            assert found.hits == 4
+            with rt.load(hashes, dst) as job:
+                assert job.wait().failed == 0
+        for s, d in zip(src, dst):
+            assert block_bytes(geometry, layers, NUM_BLOCKS, d) == written[s], f"block {s} -> {d}"
+        path = rt.data_path()
+        assert (path.mode, path.memory, path.staging_slots) == ("staged", "host_staged", 3)
+        assert path.staged_bytes == 2 * 4 * 2 * geometry.layers * geometry.object_bytes
+        assert "not DMA-mappable" in path.p2p_missing
+
+
+def test_plain_host_memory_is_direct(runtime, geometry):
+    _register(runtime, vllm_layers(geometry), "host")
+    path = runtime.data_path()
+    assert (path.mode, path.memory, path.p2p_missing, path.staging_slots) == ("direct", "host", "", 0)
+
+
+def test_memory_a_runtime_cannot_move_is_refused_naming_why(library, geometry):
+    layers = vllm_layers(geometry)
+    with tutti.Runtime(geometry, emulated_drives=2, emulated_capacity_bytes=8 << 20, open_mode="create",
+                       executor="direct") as rt:
+        with pytest.raises(tutti.InvalidArgument, match="direct backend cannot run"):
+            _register(rt, layers, "host_staged")
+        with pytest.raises(tutti.errors.Unsupported, match="TUTTI_EXECUTOR_GIO_CUDA"):
+            _register(rt, layers, "cuda")
+        assert rt.data_path().mode == "none"
+    with pytest.raises(ValueError, match="host_staged"):
+        with tutti.Runtime(geometry, emulated_drives=1, emulated_capacity_bytes=8 << 20) as rt:
+            _register(rt, layers, "gpu")
+
+
+def test_the_cuda_executor_without_a_driver_is_unsupported(library, geometry):
+    try:
+        rt = tutti.Runtime(geometry, emulated_drives=2, emulated_capacity_bytes=8 << 20, open_mode="create",
+                           executor="gio_cuda", cuda_device=0)
+    except tutti.errors.Unsupported as e:
+        assert "no CUDA" in str(e)
+        return
+    # A machine with a GPU: the CUDA executor runs the staged path.
+    with rt:
+        _register(rt, vllm_layers(geometry), "host_staged")
+        assert rt.data_path().mode == "staged"
+
+
+class _CudaTensor:
+    """A vLLM KV tensor that says it lives on the GPU (its memory is host memory here)."""
+
+    def __init__(self, t: tutti.HostTensor):
+        self._t = t
+        self.shape = t.shape
+        self.device = SimpleNamespace(type="cuda", index=0)
+
+    def data_ptr(self):
+        return self._t.data_ptr()
+
+    def stride(self):
+        return self._t.stride()
+
+    def element_size(self):
+        return self._t.element_size()
+
+
+def _gpu_caches(g):
+    return {layer_name(i): _CudaTensor(t) for i, t in enumerate(vllm_layers(g))}
+
+
+def test_connector_registers_gpu_caches_as_cuda_memory(library, geometry, monkeypatch):
+    c = TuttiConnector(vllm_config(geometry, dict(EXTRA)), KVConnectorRole.WORKER)
+    try:
+        rt = c._worker.rt
+        calls = []
+        monkeypatch.setattr(rt, "register_kv", lambda *a, **kw: calls.append(kw))
+        c.register_kv_caches(_gpu_caches(geometry))
+        assert [kw["memory"] for kw in calls] == ["cuda"], calls
+    finally:
+        c.shutdown()
+
+
+def test_connector_refuses_gpu_caches_without_the_cuda_executor_naming_the_key(library, geometry):
+    c = TuttiConnector(vllm_config(geometry, dict(EXTRA)), KVConnectorRole.WORKER)
+    try:
+        with pytest.raises(LayoutError, match=r"executor'\] = 'gio_cuda'") as e:
+            c.register_kv_caches(_gpu_caches(geometry))
+        assert "TUTTI_EXECUTOR_GIO_CUDA" in str(e.value)
+    finally:
+        c.shutdown()
+
+
+def test_connector_config_names_the_cuda_executor_options(library, geometry):
+    cfg = from_vllm(vllm_config(geometry, dict(EXTRA, executor="gio_cuda", cuda_device=1, cuda_sm_count=8,
+                                               staging_slots=64)))
+    kw = cfg.runtime_kwargs()
+    assert (kw["executor"], kw["cuda_device"], kw["cuda_sm_count"], kw["staging_slots"]) == ("gio_cuda", 1, 8, 64)
+    assert kw["cuda_driver"] is None
+    with pytest.raises(ConfigError, match="gio_cuda"):
+        from_vllm(vllm_config(geometry, dict(EXTRA, executor="cuda")))
+    with pytest.raises(ConfigError, match="cuda_sm_count"):
+        from_vllm(vllm_config(geometry, dict(EXTRA, executor="gio_cuda", cuda_sm_count=-1)))

@@ -1,0 +1,257 @@
+//! Staged layer tables: KV memory the drives cannot reach, moved through
+//! staging slots by the executor.
+//!
+//! The KV memory here is ordinary host memory never mapped into the emulated
+//! controllers' IOMMUs, so the IOMMU itself proves the point: a table that
+//! aims the drives at it directly fails with a DMA error and leaves it
+//! untouched, while a staged table over the same memory moves every byte.
+//! The two controllers have their own IOMMUs, so the staging slots sit at
+//! different IOVAs per drive.
+
+// Test code: a panic is how a test fails, in helpers as in #[test] functions
+// (clippy.toml's allow-*-in-tests covers only the latter).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use std::time::Duration;
+use tutti_driver::command::DataPtr;
+use tutti_driver::spec::{SglDescriptor, SglSupport, Status};
+use tutti_gio_uring::{
+    GioOptions, IoStatus, Kv, LayerGeometry, LayerTable, Op, PoolDrive, TableId, TableKind,
+};
+
+const LAYERS: u32 = 2;
+const BLOCKS: u32 = 48;
+
+/// Objects of 24 KiB split at 16 KiB: a 4-page chunk (a PRP list) and a 2-page one.
+fn geometry() -> LayerGeometry {
+    LayerGeometry {
+        layers: LAYERS,
+        files: BLOCKS,
+        blocks: BLOCKS,
+        object_bytes: 24 << 10,
+        max_transfer: 16 << 10,
+        drives: (0..2).map(|d| PoolDrive { drive: d, data_start_lba: 64, lba_size: 512 }).collect(),
+    }
+}
+
+/// KV memory the drives were never given: a plain, 8-byte aligned host allocation.
+struct Kv8(Vec<u64>);
+
+impl Kv8 {
+    fn new(g: &LayerGeometry) -> Self {
+        Kv8(vec![0; (g.blocks as u64 * g.layers as u64 * 2 * g.object_bytes / 8) as usize])
+    }
+    fn addr(&self, g: &LayerGeometry, block: u32, layer: u32, kv: Kv) -> u64 {
+        let obj = ((block * g.layers + layer) * 2 + kv as u32) as u64;
+        self.0.as_ptr() as u64 + obj * g.object_bytes
+    }
+    fn fill(&mut self, seed: u64) {
+        for (i, w) in self.0.iter_mut().enumerate() {
+            *w = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (i as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        }
+    }
+    fn bytes(&self) -> Vec<u8> {
+        self.0.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+}
+
+fn staged_table(g: &LayerGeometry, mem: &Kv8) -> LayerTable {
+    let mut t = LayerTable::new(g.clone(), TableKind::Staged).unwrap();
+    for b in 0..g.blocks {
+        for l in 0..g.layers {
+            for kv in [Kv::K, Kv::V] {
+                t.set_kv(b, l, kv, mem.addr(g, b, l, kv)).unwrap();
+            }
+        }
+    }
+    t
+}
+
+fn pairs() -> Vec<(u32, u32)> {
+    // File f into engine block (f * 7) % BLOCKS: not the identity.
+    (0..BLOCKS).map(|f| (f, (f * 7) % BLOCKS)).collect()
+}
+
+fn run(rig: &Rig, table: TableId, op: Op) -> Vec<IoStatus> {
+    let mut failures = Vec::new();
+    for layer in 0..LAYERS {
+        let ids = rig.ring.submit_layer(table, layer, &pairs(), op, 3).unwrap();
+        for r in rig.ring.wait_cqe(&ids, Duration::from_secs(60)).unwrap() {
+            assert_eq!(r.completed, r.count, "{op:?} layer {layer}: every IOCTX finishes");
+            failures.extend(r.failures.iter().map(|f| f.status));
+        }
+    }
+    failures
+}
+
+fn staged_rig(sgl: SglSupport) -> Rig {
+    rig(RigSpec {
+        sgl,
+        ns_bytes: 16 << 20,
+        opts: GioOptions { depth: 16, ..Default::default() },
+        ..Default::default()
+    })
+}
+
+/// Writes a pattern through staging, clears the KV memory, reads it back:
+/// every byte of every (block, layer, K|V) comes back.
+fn staged_round_trip(sgl: SglSupport, slots: u32) -> tutti_gio_uring::StagingStats {
+    let rig = staged_rig(sgl);
+    let g = geometry();
+    let mut mem = Kv8::new(&g);
+    mem.fill(0x5eed);
+    let want = mem.bytes();
+    let table = rig.ring.register_staged_table(&staged_table(&g, &mem), slots).unwrap();
+    assert_eq!(run(&rig, table, Op::Write), vec![], "staged writes");
+    mem.0.iter_mut().for_each(|w| *w = 0);
+    assert_eq!(run(&rig, table, Op::Read), vec![], "staged reads");
+    let got = mem.bytes();
+    assert!(first_diff(&got, &want).is_none(), "first differing byte at {:?}", first_diff(&got, &want));
+    let stats = rig.ring.staging_stats(table).unwrap();
+    let moved = 2 * LAYERS as u64 * BLOCKS as u64 * 2 * g.object_bytes;
+    assert_eq!(stats.staged_bytes, moved, "every byte went through a slot, once per direction");
+    assert_eq!(stats.withheld, 0);
+    rig.ring.unregister_table(table).unwrap();
+    stats
+}
+
+#[test]
+fn staged_layers_move_every_byte_on_sgl_drives() {
+    let stats = staged_round_trip(SglSupport::Supported, 64);
+    assert_eq!((stats.slots, stats.slot_bytes), (64, 16 << 10), "one 16 KiB chunk per slot");
+}
+
+#[test]
+fn staged_layers_move_every_byte_on_prp_only_drives() {
+    // 16 KiB slots: PRP1 + a list for full chunks, PRP1 + PRP2 for the 8 KiB tails.
+    staged_round_trip(SglSupport::None, 64);
+}
+
+#[test]
+fn staging_smaller_than_a_layer_applies_backpressure_and_completes() {
+    // A layer is 48 pairs x 2 x 2 = 192 commands; 3 slots carry them all.
+    let stats = staged_round_trip(SglSupport::Supported, 3);
+    assert!(stats.waits > 0, "lanes waited for slots: {stats:?}");
+}
+
+#[test]
+fn the_iommu_refuses_kv_memory_it_was_never_given_and_staging_moves_it() {
+    let rig = staged_rig(SglSupport::Supported);
+    let g = geometry();
+    // Put known data on the drives through staging first.
+    let mut mem = Kv8::new(&g);
+    mem.fill(0xfeed);
+    let want = mem.bytes();
+    let staged = rig.ring.register_staged_table(&staged_table(&g, &mem), 16).unwrap();
+    assert_eq!(run(&rig, staged, Op::Write), vec![]);
+
+    // A direct table aims the drives at the same memory by its host address.
+    let sentinel = 0xA5A5_A5A5_A5A5_A5A5u64;
+    mem.0.iter_mut().for_each(|w| *w = sentinel);
+    let mut direct = LayerTable::new(g.clone(), TableKind::Sgl).unwrap();
+    for b in 0..g.blocks {
+        for l in 0..g.layers {
+            for kv in [Kv::K, Kv::V] {
+                for c in 0..g.chunks() {
+                    let (off, len) = g.chunk(c);
+                    let d = SglDescriptor::data_block(mem.addr(&g, b, l, kv) + off, len as u32);
+                    direct.set_entry(b, l, kv, c, DataPtr::Sgl(d)).unwrap();
+                }
+            }
+        }
+    }
+    let direct = rig.ring.register_table(&direct).unwrap();
+    let failures = run(&rig, direct, Op::Read);
+    let commands = (LAYERS * BLOCKS * 2 * g.chunks()) as usize;
+    assert_eq!(failures.len(), commands, "every direct command fails");
+    assert!(
+        failures.iter().all(|s| *s == IoStatus::Nvme(Status::DATA_TRANSFER_ERROR)),
+        "the emulated IOMMU faults the DMA: {:?}",
+        failures.first()
+    );
+    assert!(mem.0.iter().all(|&w| w == sentinel), "no byte of the KV memory was touched");
+
+    // The staged table over the same memory reads every byte.
+    assert_eq!(run(&rig, staged, Op::Read), vec![]);
+    assert!(first_diff(&mem.bytes(), &want).is_none());
+}
+
+#[test]
+fn staged_tables_are_registered_only_with_staging() {
+    let rig = staged_rig(SglSupport::Supported);
+    let g = geometry();
+    let mem = Kv8::new(&g);
+    let t = staged_table(&g, &mem);
+    assert!(rig.ring.register_table(&t).unwrap_err().to_string().contains("register_staged_table"));
+    assert!(rig.ring.register_staged_table(&t, 0).unwrap_err().to_string().contains("staging slots"));
+    let direct = LayerTable::new(g, TableKind::Sgl).unwrap();
+    assert!(rig.ring.register_staged_table(&direct, 4).unwrap_err().to_string().contains("register_table"));
+}
+
+#[test]
+fn a_failed_read_leaves_kv_untouched_and_a_lost_one_withholds_its_slot() {
+    use tutti_driver::emulated::FaultMatch;
+    let opts = GioOptions {
+        depth: 16,
+        command_timeout: Duration::from_millis(300),
+        submit_timeout: Duration::from_secs(3),
+        ..Default::default()
+    };
+    let rig = rig(RigSpec { ns_bytes: 16 << 20, opts, ..Default::default() });
+    let g = geometry();
+    let mut mem = Kv8::new(&g);
+    mem.fill(0xabc);
+    let want = mem.bytes();
+    let table = rig.ring.register_staged_table(&staged_table(&g, &mem), 4).unwrap();
+    assert_eq!(run(&rig, table, Op::Write), vec![]);
+
+    let sentinel = 0x5A5A_5A5A_5A5A_5A5Au64;
+    mem.0.iter_mut().for_each(|w| *w = sentinel);
+    // Drive 0 fails its first read; drive 1 executes its first read (into the slot) and never
+    // completes it.
+    let read = FaultMatch { opcode: Some(0x02), ..Default::default() };
+    rig.emus[0].faults().fail_next(read.clone(), Status::UNRECOVERED_READ_ERROR);
+    rig.emus[1].faults().drop_next(read);
+    let ids = rig.ring.submit_layer(table, 0, &pairs(), Op::Read, 3).unwrap();
+    let results = rig.ring.wait_cqe(&ids, Duration::from_secs(60)).unwrap();
+    assert_eq!(results.len(), 1, "one IOCB of 48 pairs");
+    let mut statuses: Vec<IoStatus> = results[0].failures.iter().map(|f| f.status).collect();
+    statuses.sort_by_key(|s| format!("{s:?}"));
+    assert_eq!(statuses, vec![IoStatus::CompletionTimeout, IoStatus::Nvme(Status::UNRECOVERED_READ_ERROR)]);
+
+    // Every chunk of layer 0 holds its bytes, except the two that failed: untouched.
+    let chunks = g.chunks();
+    let failed: Vec<(u32, u32, u32)> = results[0]
+        .failures
+        .iter()
+        .map(|f| (pairs()[(f.index / (2 * chunks)) as usize].1, (f.index / chunks) % 2, f.index % chunks))
+        .collect();
+    let got = mem.bytes();
+    let base = mem.0.as_ptr() as u64;
+    for (_, block) in pairs() {
+        for kv in [Kv::K, Kv::V] {
+            for c in 0..chunks {
+                let (off, len) = g.chunk(c);
+                let at = (mem.addr(&g, block, 0, kv) - base + off) as usize;
+                let region = &got[at..at + len as usize];
+                if failed.contains(&(block, kv as u32, c)) {
+                    assert!(
+                        region.iter().all(|&b| b == 0x5A),
+                        "failed chunk (block {block}, {kv:?}, {c}) untouched"
+                    );
+                } else {
+                    assert_eq!(region, &want[at..at + len as usize], "chunk (block {block}, {kv:?}, {c})");
+                }
+            }
+        }
+    }
+    let stats = rig.ring.staging_stats(table).unwrap();
+    assert_eq!(stats.withheld, 1, "the slot of the command of unknown outcome is never handed out again");
+    // The three slots left carry a whole layer again.
+    rig.emus.iter().for_each(|e| e.faults().clear());
+    assert_eq!(run(&rig, table, Op::Read), vec![]);
+    assert!(first_diff(&mem.bytes(), &want).is_none());
+}
