@@ -155,7 +155,8 @@ fn recovery_never_takes_a_queue_from_a_command_in_flight() {
     fill(&data, 5);
 
     // A write the controller holds for a while, admitted to the queue (it took its ticket).
-    let hold = Duration::from_millis(1200);
+    // Long enough that the refusal below is seen before it ends, even on a loaded machine.
+    let hold = Duration::from_millis(3000);
     rig.emus[0].faults().delay_execution_next(write_at(0), hold);
     let held = ring.get_iocb(1).unwrap();
     ring.set_ioctxs(held[0], &[rw(Op::Write, 0, &data)]).unwrap();

@@ -164,8 +164,12 @@ fn backends_that_cannot_stage_refuse_with_the_reason() {
         assert!(e.contains("cannot copy CUDA memory") && e.contains("vfio type1 cannot map it"), "{e}");
         assert!(direct.info().data_path.is_none(), "nothing was registered");
     }
-    // The host executor cannot address CUDA memory.
-    let store = open(&d, g, OpenMode::Create);
+    // The host executor cannot address CUDA memory (host executor even when the suite runs on CUDA).
+    let mut o = options(g, OpenMode::Create);
+    if let Backend::Gio(c) = &mut o.backend {
+        c.executor = tutti_objstore::GioExecutor::Host;
+    }
+    let store = KvStore::open(d.specs(), o).unwrap();
     // SAFETY: as above.
     let e = unsafe { store.register_as(kv.layout.clone(), "m", b"", KvMemoryKind::Cuda) }
         .unwrap_err()
