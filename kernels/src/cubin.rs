@@ -4,8 +4,9 @@
 //! A cubin is an ELF64 image (`e_machine` 190, EM_CUDA) whose `e_flags`
 //! carry the SM version in their low byte (sm_90: `0x5a`). Per kernel, the
 //! section `.nv.info.<kernel>` holds attributes in a type-length-value
-//! format: a format byte, an attribute byte, then nothing (format 1), a byte
-//! pair (2), a 16-bit value (3) or a 16-bit size and that many bytes (4).
+//! format: a format byte, an attribute byte, then two bytes for no value
+//! (format 1), a byte (2) or a 16-bit value (3), or a 16-bit size and that
+//! many bytes (4). (sm_80 cubins carry format-1 entries; sm_90 ones, so far, not.)
 //! Attributes used here:
 //! - `EIATTR_KPARAM_INFO` (0x17, 12 bytes): u32 index, u16 ordinal, u16 byte
 //!   offset in the parameter buffer, u32 whose bits 18..32 are the size;
@@ -151,9 +152,8 @@ fn attributes(data: &[u8]) -> Result<Vec<Attribute<'_>>, KernelError> {
         let attr = *data.get(i + 1).ok_or_else(|| bad("attribute cut short"))?;
         i += 2;
         let len = match fmt {
-            1 => 0,
-            2 => 2,
-            3 => 2,
+            // No value, a byte, a half-word: each padded to two bytes.
+            1..=3 => 2,
             4 => {
                 let n = usize::from(u16_at(data, i)?);
                 i += 2;
@@ -263,12 +263,13 @@ mod tests {
 
     #[test]
     fn attribute_formats_are_walked() {
-        // NVAL, HVAL, SVAL of 4 bytes.
-        let data = [1u8, 0x10, 3, 0x1b, 64, 0, 4, 0x37, 4, 0, 1, 2, 3, 4];
+        // NVAL (padded), HVAL, SVAL of 4 bytes.
+        let data = [1u8, 0x35, 0, 0, 3, 0x1b, 64, 0, 4, 0x37, 4, 0, 1, 2, 3, 4];
         let a = attributes(&data).unwrap();
         assert_eq!(a.len(), 3);
         assert_eq!(a[2], (4, 0x37, &[1u8, 2, 3, 4][..]));
         assert!(attributes(&[4u8, 0x17, 12, 0, 1]).is_err(), "a cut-short value is an error");
         assert!(attributes(&[9u8, 0x17]).is_err(), "an unknown format is an error");
+        assert!(attributes(&[1u8, 0x35, 0]).is_err(), "a cut-short padded entry is an error");
     }
 }

@@ -86,6 +86,11 @@ pub struct CudaExecutorConfig {
     /// relay with default settings where the driver refuses that
     /// registration. `Relay`: always through the relay.
     pub doorbells: DoorbellMode,
+    /// A cubin of the kernels built elsewhere (`tutti kernels --cubin`), loaded
+    /// instead of compiling with NVRTC: for machines without NVRTC 12 (see
+    /// `scripts/gpu-check`). It is checked first: the device's architecture,
+    /// every entry point, and the parameter tables the launches pass.
+    pub cubin: Option<PathBuf>,
 }
 
 impl Default for CudaExecutorConfig {
@@ -100,6 +105,7 @@ impl Default for CudaExecutorConfig {
             block_threads: GPU_BLOCK_THREADS,
             blocks_per_sm: None,
             doorbells: DoorbellMode::Direct,
+            cubin: None,
         }
     }
 }
@@ -242,6 +248,27 @@ fn cubin(arch: &str) -> Result<Arc<Vec<u8>>> {
     Ok(c)
 }
 
+/// A cubin built elsewhere, checked against this device and the launchers
+/// before the driver sees it.
+fn prebuilt_cubin(path: &std::path::Path, sm: u32) -> Result<Arc<Vec<u8>>> {
+    let bad = |what: String| GioError::invalid(format!("cubin {}: {what}", path.display()));
+    let image = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let parsed = tutti_kernels::cubin::parse(&image).map_err(|e| bad(e.to_string()))?;
+    if parsed.sm != sm {
+        return Err(bad(format!("built for sm_{}, the device is sm_{sm}", parsed.sm)));
+    }
+    for (name, sizes) in tutti_kernels::KERNEL_PARAMS {
+        let k = parsed.kernel(name).ok_or_else(|| bad(format!("no entry point {name}")))?;
+        if k.param_sizes() != sizes {
+            return Err(bad(format!(
+                "{name} takes parameters of {:?} bytes, the launches pass {sizes:?}",
+                k.param_sizes()
+            )));
+        }
+    }
+    Ok(Arc::new(image))
+}
+
 /// What one SM holds, and what a block of a kernel takes of it.
 #[derive(Clone, Copy, Debug)]
 struct SmLimits {
@@ -364,7 +391,10 @@ impl CudaExecutor {
             }
         };
         let arch = cfg.arch.clone().unwrap_or_else(|| format!("sm_{major}{minor}"));
-        let image = cubin(&arch)?;
+        let image = match &cfg.cubin {
+            Some(path) => prebuilt_cubin(path, major * 10 + minor)?,
+            None => cubin(&arch)?,
+        };
         let (kernels, stream, aux, per_sm) = {
             let cur = ctx.enter()?;
             let kernels = load(&image)?;

@@ -59,6 +59,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let from = nvrtc::load().context("loading NVRTC")?;
     let (major, minor) = nvrtc::version()?;
     let compiled = nvrtc::compile_gio(&args.arch)?;
+    if let Some(path) = &args.cubin {
+        std::fs::write(path, &compiled.cubin).with_context(|| format!("writing {}", path.display()))?;
+    }
     let parsed = cubin::parse(&compiled.cubin)?;
     let kernels = compiled
         .kernels
@@ -77,9 +80,6 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             }
         })
         .collect();
-    if let Some(path) = &args.cubin {
-        std::fs::write(path, &compiled.cubin).with_context(|| format!("writing {}", path.display()))?;
-    }
     let sass = if args.sass {
         let tool = sass::find_nvdisasm()?;
         let text = sass::disassemble(&tool, &compiled.cubin, Duration::from_secs(120))?;
