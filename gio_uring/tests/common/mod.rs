@@ -18,7 +18,9 @@ use tutti_gio_uring::{
 
 /// Whether the suite runs on the CUDA executor: `TUTTI_TEST_EXECUTOR=cuda`,
 /// with `TUTTI_CUDA_DRIVER` naming the driver library (in CI the stand-in,
-/// `target/debug/libtutti_cuda_standin.so`). Anything else: the host executor.
+/// `target/debug/libtutti_cuda_standin.so`; unset: the system's libcuda, on a
+/// GPU machine) and `TUTTI_GIO_CUBIN` optionally a prebuilt cubin
+/// (`scripts/gpu-check`). Anything else: the host executor.
 pub fn on_cuda() -> bool {
     std::env::var("TUTTI_TEST_EXECUTOR").is_ok_and(|v| v == "cuda")
 }
@@ -27,12 +29,11 @@ pub fn on_cuda() -> bool {
 /// replaces: `blocks` SMs of a green context, one block of 32 threads each
 /// (every CUDA thread is a host thread under the stand-in).
 pub fn cuda_config(mode: ExecMode, blocks: u32) -> CudaExecutorConfig {
-    let driver = std::env::var_os("TUTTI_CUDA_DRIVER")
-        .expect("TUTTI_TEST_EXECUTOR=cuda needs TUTTI_CUDA_DRIVER (the driver library's absolute path)");
     CudaExecutorConfig {
         mode,
         sm_count: Some(blocks.clamp(1, 4)),
-        driver: Some(driver.into()),
+        driver: std::env::var_os("TUTTI_CUDA_DRIVER").map(Into::into),
+        cubin: std::env::var_os("TUTTI_GIO_CUBIN").map(Into::into),
         block_threads: 32,
         blocks_per_sm: Some(1),
         stop_timeout: Duration::from_secs(30),

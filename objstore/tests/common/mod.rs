@@ -18,7 +18,8 @@ use tutti_objstore::{
 pub const WAIT: Duration = Duration::from_secs(30);
 
 /// Whether the suite runs on the CUDA executor (`TUTTI_TEST_EXECUTOR=cuda`,
-/// with `TUTTI_CUDA_DRIVER` naming the driver library: the stand-in in CI).
+/// with `TUTTI_CUDA_DRIVER` naming the driver library: the stand-in in CI;
+/// unset, the system's libcuda; `TUTTI_GIO_CUBIN` optionally a prebuilt cubin).
 pub fn on_cuda() -> bool {
     std::env::var("TUTTI_TEST_EXECUTOR").is_ok_and(|v| v == "cuda")
 }
@@ -128,13 +129,9 @@ pub fn options(g: Geometry, mode: OpenMode) -> StoreOptions {
         cuda.block_threads = 32;
         cuda.blocks_per_sm = Some(1);
         cuda.stop_timeout = Duration::from_secs(30);
-        cuda.driver = Some(
-            std::env::var_os("TUTTI_CUDA_DRIVER")
-                .expect(
-                    "TUTTI_TEST_EXECUTOR=cuda needs TUTTI_CUDA_DRIVER (the driver library's absolute path)",
-                )
-                .into(),
-        );
+        // Unset: the system's libcuda (a GPU machine, scripts/gpu-check).
+        cuda.driver = std::env::var_os("TUTTI_CUDA_DRIVER").map(Into::into);
+        cuda.cubin = std::env::var_os("TUTTI_GIO_CUBIN").map(Into::into);
         gio.executor = GioExecutor::Cuda(cuda);
     }
     StoreOptions { pool: PoolOptions::new(g, mode), backend: Backend::Gio(gio) }

@@ -16,9 +16,11 @@ use std::time::{Duration, Instant};
 use tutti_driver::controller::{Controller, ControllerOptions};
 use tutti_driver::emulated::EmulatedController;
 use tutti_driver::transport::vfio::{IommuMode, VfioDevice, VfioOptions};
+use tutti_gio_uring::mem::{ExecMemory, MemKind};
+use tutti_gio_uring::{CudaExecutor, Executor};
 use tutti_objstore::{
-    chain_hashes, Backend, DriveSpec, Geometry, GioConfig, HostKvMemory, KvLayout, KvStore, LayoutKind,
-    OpenMode, PoolInfo, PoolOptions, StoreOptions, TableSizes,
+    chain_hashes, Backend, DriveSpec, Geometry, GioConfig, GioExecutor, HostKvMemory, KvLayout, KvMemoryKind,
+    KvStore, LayoutKind, OpenMode, PoolInfo, PoolOptions, StoreOptions, TableSizes,
 };
 
 /// Default deadline of every wait on the drives (`--timeout`).
@@ -40,10 +42,68 @@ pub enum BackendFlag {
     Direct,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum KvMemoryFlag {
+    /// Page-aligned host memory the drives DMA into directly.
+    Host,
+    /// CUDA device memory (cuMemAlloc, HBM on a GPU), reached through the staged data path:
+    /// the drives DMA into pinned staging, the kernels copy staging <-> KV. Needs --cuda.
+    Cuda,
+}
+
+/// The CUDA executor (`--cuda`): gio_uring's kernels on a GPU.
+#[derive(clap::Args, Debug, Clone)]
+pub struct CudaArgs {
+    /// Run gio_uring's kernels with the CUDA executor instead of host threads.
+    #[arg(long)]
+    pub cuda: bool,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0, requires = "cuda")]
+    pub cuda_device: i32,
+    /// SMs of the I/O partition (a green context). Persistent mode (the default --executor)
+    /// needs one; without it the kernels run in launch mode on the primary context.
+    #[arg(long, requires = "cuda", value_parser = clap::value_parser!(u32).range(1..))]
+    pub cuda_sms: Option<u32>,
+    /// Threads per block of the I/O kernels (a multiple of 32, at most 512).
+    #[arg(long, default_value_t = 512, requires = "cuda")]
+    pub cuda_block_threads: u32,
+    /// Blocks per SM at most (default: what occupancy allows).
+    #[arg(long, requires = "cuda")]
+    pub cuda_blocks_per_sm: Option<u32>,
+    /// The CUDA driver library to load instead of libcuda.so (e.g. the workspace's stand-in).
+    #[arg(long, env = "TUTTI_CUDA_DRIVER", requires = "cuda")]
+    pub cuda_driver: Option<std::path::PathBuf>,
+    /// A cubin of the kernels built elsewhere (`tutti kernels --cubin`) instead of NVRTC.
+    #[arg(long, env = "TUTTI_GIO_CUBIN", requires = "cuda")]
+    pub cuda_cubin: Option<std::path::PathBuf>,
+}
+
+impl CudaArgs {
+    fn config(&self, mode: tutti_gio_uring::ExecMode) -> tutti_objstore::CudaExecutorConfig {
+        // Persistent mode needs an SM partition: without --cuda-sms, launch mode.
+        let mode = if self.cuda_sms.is_none() { tutti_gio_uring::ExecMode::Launch } else { mode };
+        tutti_objstore::CudaExecutorConfig {
+            device: self.cuda_device,
+            mode,
+            sm_count: self.cuda_sms,
+            block_threads: self.cuda_block_threads,
+            blocks_per_sm: self.cuda_blocks_per_sm,
+            driver: self.cuda_driver.clone(),
+            cubin: self.cuda_cubin.clone(),
+            ..Default::default()
+        }
+    }
+}
+
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
     pub pool_drives: PoolDriveArgs,
+    #[command(flatten)]
+    pub cuda: CudaArgs,
+    /// Where the engine's KV memory lives: host memory (direct DMA) or CUDA memory (staged).
+    #[arg(long, value_enum, default_value_t = KvMemoryFlag::Host)]
+    pub kv_memory: KvMemoryFlag,
     /// Tokens of the request whose KV is stored and retrieved.
     #[arg(long, default_value_t = 16384)]
     pub tokens: u32,
@@ -236,14 +296,69 @@ fn for_blocks(n: u32, f: impl Fn(u32) -> anyhow::Result<()> + Sync) -> anyhow::R
     })
 }
 
+/// The engine's KV memory: host memory, or CUDA device memory allocated
+/// through an executor of the same driver and device.
+enum KvMem {
+    Host(Arc<HostKvMemory>),
+    Cuda { mem: Box<dyn ExecMemory>, _exec: Arc<CudaExecutor> },
+}
+
+impl KvMem {
+    fn addr(&self) -> u64 {
+        match self {
+            KvMem::Host(m) => m.addr(),
+            KvMem::Cuda { mem, .. } => mem.exec_addr(),
+        }
+    }
+    fn copy_in(&self, offset: usize, src: &[u8]) -> anyhow::Result<()> {
+        match self {
+            KvMem::Host(m) => m.copy_in(offset, src)?,
+            KvMem::Cuda { mem, .. } => mem.write_bytes(offset, src)?,
+        }
+        Ok(())
+    }
+    fn copy_out(&self, offset: usize, dst: &mut [u8]) -> anyhow::Result<()> {
+        match self {
+            KvMem::Host(m) => m.copy_out(offset, dst)?,
+            KvMem::Cuda { mem, .. } => mem.read_bytes(offset, dst)?,
+        }
+        Ok(())
+    }
+    /// Zeroes every byte.
+    fn clear(&self) -> anyhow::Result<()> {
+        match self {
+            KvMem::Host(m) => m.fill(0, m.len(), 0)?,
+            KvMem::Cuda { mem, .. } => {
+                let zeros = vec![0u8; (4 << 20).min(mem.len())];
+                for at in (0..mem.len()).step_by(zeros.len()) {
+                    let n = zeros.len().min(mem.len() - at);
+                    mem.write_bytes(at, &zeros[..n])?;
+                }
+            }
+        }
+        Ok(())
+    }
+    /// Registers it with `store` under `model`.
+    fn register(&self, store: &KvStore, layout: &KvLayout, model: &str) -> anyhow::Result<TableSizes> {
+        Ok(match self {
+            KvMem::Host(m) => store.register_host(m.clone(), layout.clone(), model, b"")?,
+            // SAFETY: the layout lies inside `mem` (Kv::new), which lives as long as the Kv,
+            // past every store that registers it (the demo drops its stores first).
+            KvMem::Cuda { .. } => unsafe {
+                store.register_as(layout.clone(), model, b"", KvMemoryKind::Cuda)?
+            },
+        })
+    }
+}
+
 struct Kv {
-    mem: Arc<HostKvMemory>,
+    mem: KvMem,
     layout: KvLayout,
     g: Geometry,
 }
 
 impl Kv {
-    fn new(g: Geometry, kind: LayoutFlag, blocks: u32) -> anyhow::Result<Kv> {
+    fn new(g: Geometry, kind: LayoutFlag, blocks: u32, cuda: Option<&CudaArgs>) -> anyhow::Result<Kv> {
         let (kind, per) = match kind {
             LayoutFlag::Vllm => {
                 (LayoutKind::VllmPerLayer, KvLayout::bytes_needed(LayoutKind::VllmPerLayer, &g, blocks))
@@ -253,7 +368,21 @@ impl Kv {
             }
         };
         let total = if kind == LayoutKind::VllmPerLayer { per * g.layers as u64 } else { per };
-        let mem = Arc::new(HostKvMemory::new(total as usize)?);
+        let mem = match cuda {
+            None => KvMem::Host(Arc::new(HostKvMemory::new(total as usize)?)),
+            Some(c) => {
+                // An executor of the same driver and device allocates it (no kernels run on it).
+                let cfg = tutti_objstore::CudaExecutorConfig {
+                    mode: tutti_gio_uring::ExecMode::Launch,
+                    sm_count: None,
+                    ..c.config(tutti_gio_uring::ExecMode::Launch)
+                };
+                let exec = Arc::new(CudaExecutor::new(cfg).context("the CUDA executor for the KV memory")?);
+                let mem =
+                    exec.alloc(MemKind::Private, total as usize).context("allocating CUDA KV memory")?;
+                KvMem::Cuda { mem, _exec: exec }
+            }
+        };
         let layout = match kind {
             LayoutKind::VllmPerLayer => {
                 let bases: Vec<u64> = (0..g.layers as u64).map(|l| mem.addr() + l * per).collect();
@@ -334,6 +463,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         BackendFlag::Gio => {
             let mut cfg = GioConfig::default();
             cfg.host.mode = args.executor.mode();
+            if args.cuda.cuda {
+                cfg.executor = GioExecutor::Cuda(Box::new(args.cuda.config(args.executor.mode())));
+            }
             Backend::Gio(cfg)
         }
         BackendFlag::Direct => Backend::Direct { queue_depth: 256, recover_queues: true },
@@ -345,8 +477,11 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         let (files, drives) = (store.stripe_map().files(), store.info().drives.len());
         bail!("{}", too_small(files, blocks, g.tokens_per_block, rig.is_emulated(), drives));
     }
-    let kv = Kv::new(g, args.layout, blocks)?;
-    let tables = store.register_host(kv.mem.clone(), kv.layout.clone(), &args.model, b"")?;
+    if args.kv_memory == KvMemoryFlag::Cuda && !args.cuda.cuda {
+        bail!("--kv-memory cuda needs --cuda (the CUDA executor copies between staging and CUDA memory)");
+    }
+    let kv = Kv::new(g, args.layout, blocks, (args.kv_memory == KvMemoryFlag::Cuda).then_some(&args.cuda))?;
+    let tables = kv.mem.register(&store, &kv.layout, &args.model)?;
     let tokens: Vec<u32> = {
         use rand::{Rng, SeedableRng};
         let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
@@ -388,7 +523,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 
     // Decode of a new request with the same prompt: its prefix is found and
     // loaded into other slots, each layer waited for before its attention.
-    kv.mem.fill(0, kv.mem.len(), 0)?;
+    kv.mem.clear()?;
     let loaded = retrieve(&store, &kv, &hashes, args, "retrieve")?;
     if loaded.hits as u32 != blocks {
         bail!("only {} of {blocks} blocks were found after storing them", loaded.hits);
@@ -414,8 +549,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         let (rig, restarted) = rig.restart()?;
         let reopts = StoreOptions { pool: PoolOptions::new(g, OpenMode::Open), ..opts };
         let store = KvStore::open(rig.specs()?, reopts).context("reopening the pool")?;
-        store.register_host(kv.mem.clone(), kv.layout.clone(), &args.model, b"")?;
-        kv.mem.fill(0, kv.mem.len(), 0)?;
+        kv.mem.register(&store, &kv.layout, &args.model)?;
+        kv.mem.clear()?;
         let again = retrieve(&store, &kv, &hashes, args, "reopen")?;
         if again.hits as u32 != blocks {
             bail!("after reopening, {} of {blocks} blocks were found", again.hits);
