@@ -71,4 +71,12 @@ fn cuda_kv_memory_without_the_cuda_executor_is_refused() {
         .expect("run tutti");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--kv-memory cuda needs --cuda"));
+    // The driver variables alone change nothing without --cuda.
+    let out = Command::new(env!("CARGO_BIN_EXE_tutti"))
+        .args(["demo", "--tokens", "64", "--layers", "2", "--no-reopen"])
+        .env("TUTTI_CUDA_DRIVER", "/nonexistent/libcuda.so")
+        .env("TUTTI_GIO_CUBIN", "/nonexistent/gio.cubin")
+        .output()
+        .expect("run tutti");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }

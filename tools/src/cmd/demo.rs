@@ -70,11 +70,13 @@ pub struct CudaArgs {
     /// Blocks per SM at most (default: what occupancy allows).
     #[arg(long, requires = "cuda")]
     pub cuda_blocks_per_sm: Option<u32>,
-    /// The CUDA driver library to load instead of libcuda.so (e.g. the workspace's stand-in).
-    #[arg(long, env = "TUTTI_CUDA_DRIVER", requires = "cuda")]
+    /// The CUDA driver library to load instead of libcuda.so (e.g. the workspace's stand-in;
+    /// used with --cuda only).
+    #[arg(long, env = "TUTTI_CUDA_DRIVER")]
     pub cuda_driver: Option<std::path::PathBuf>,
-    /// A cubin of the kernels built elsewhere (`tutti kernels --cubin`) instead of NVRTC.
-    #[arg(long, env = "TUTTI_GIO_CUBIN", requires = "cuda")]
+    /// A cubin of the kernels built elsewhere (`tutti kernels --cubin`) instead of NVRTC
+    /// (used with --cuda only).
+    #[arg(long, env = "TUTTI_GIO_CUBIN")]
     pub cuda_cubin: Option<std::path::PathBuf>,
 }
 
