@@ -140,3 +140,79 @@ def test_connector_config_names_the_cuda_executor_options(library, geometry):
         from_vllm(vllm_config(geometry, dict(EXTRA, executor="cuda")))
     with pytest.raises(ConfigError, match="cuda_sm_count"):
         from_vllm(vllm_config(geometry, dict(EXTRA, executor="gio_cuda", cuda_sm_count=-1)))
+
+
+def _standin_driver() -> str:
+    """The workspace's stand-in libcuda.so (scripts/test-python builds it and exports
+    TUTTI_CUDA_STANDIN): CUDA's driver API with kernels run as host threads."""
+    import os
+
+    path = os.environ.get("TUTTI_CUDA_STANDIN", "")
+    if not path or not os.path.isfile(path):
+        if os.environ.get("CI") == "true":
+            pytest.fail("TUTTI_CUDA_STANDIN names no stand-in libcuda.so under CI=true (scripts/test-python sets it)")
+        pytest.skip("TUTTI_CUDA_STANDIN is not set (scripts/test-python builds the stand-in and sets it)")
+    return path
+
+
+def test_cuda_memory_round_trips_through_the_cuda_executor(library, geometry):
+    """CUDA KV memory (allocated with the driver the runtime loaded) moves on the staged path."""
+    import ctypes
+    from ctypes import byref, c_int, c_size_t, c_uint64, c_void_p
+
+    driver = _standin_driver()
+    with tutti.Runtime(geometry, emulated_drives=2, emulated_capacity_bytes=8 << 20, open_mode="create",
+                       executor="gio_cuda", cuda_driver=driver, cuda_sm_count=1, cuda_block_threads=32,
+                       staging_slots=4) as rt:
+        cu = ctypes.CDLL(driver)  # the library the runtime loaded: one driver per process
+        cu.cuMemcpyHtoD_v2.argtypes = [c_uint64, c_void_p, c_size_t]
+        cu.cuMemcpyDtoH_v2.argtypes = [c_void_p, c_uint64, c_size_t]
+        cu.cuMemsetD8_v2.argtypes = [c_uint64, ctypes.c_ubyte, c_size_t]
+        cu.cuMemAlloc_v2.argtypes = [ctypes.POINTER(c_uint64), c_size_t]
+        cu.cuMemFree_v2.argtypes = [c_uint64]
+
+        def ok(rc, what):
+            assert rc == 0, f"{what}: CUresult {rc}"
+
+        ok(cu.cuInit(0), "cuInit")
+        dev, ctx = c_int(), c_void_p()
+        ok(cu.cuDeviceGet(byref(dev), 0), "cuDeviceGet")
+        ok(cu.cuDevicePrimaryCtxRetain(byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+        ok(cu.cuCtxPushCurrent_v2(ctx), "cuCtxPushCurrent")
+        per_layer = 2 * NUM_BLOCKS * geometry.object_bytes
+        total = geometry.layers * per_layer
+        dptr = c_uint64()
+        ok(cu.cuMemAlloc_v2(byref(dptr), total), "cuMemAlloc")
+        import random
+
+        host = (ctypes.c_uint8 * total)(*random.Random(5).randbytes(total))
+        ok(cu.cuMemcpyHtoD_v2(dptr.value, host, total), "cuMemcpyHtoD")
+        ok(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+        rt.register_kv("vllm_per_layer", NUM_BLOCKS, model="m",
+                       k_bases=[dptr.value + l * per_layer for l in range(geometry.layers)], memory="cuda")
+
+        def block(buf, b):
+            return [bytes(buf[l * per_layer + (kv * NUM_BLOCKS + b) * geometry.object_bytes:][:geometry.object_bytes])
+                    for l in range(geometry.layers) for kv in (0, 1)]
+
+        hashes = tutti.chain_hashes(list(range(300, 312)), geometry.tokens_per_block)
+        src, dst = [1, 4, 9], [20, 17, 13]
+        with rt.begin_store(hashes, src) as st:
+            with st.submit() as job:
+                assert job.wait().failed == 0
+            assert st.commit().stored == 3
+        ok(cu.cuMemsetD8_v2(dptr.value, 0, total), "cuMemsetD8")
+        ok(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+        with rt.lookup(hashes) as found:
+            assert found.hits == 3
+            with rt.load(hashes, dst) as job:
+                assert job.wait().failed == 0
+        back = (ctypes.c_uint8 * total)()
+        ok(cu.cuMemcpyDtoH_v2(back, dptr.value, total), "cuMemcpyDtoH")
+        for s, d in zip(src, dst):
+            assert block(back, d) == block(host, s), f"block {s} -> {d}: every byte"
+        path = rt.data_path()
+        assert (path.mode, path.memory) == ("staged", "cuda")
+        assert "CUDA memory" in path.p2p_missing
+        rt.unregister_kv()
+        ok(cu.cuMemFree_v2(dptr.value), "cuMemFree")
