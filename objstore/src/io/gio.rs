@@ -368,28 +368,8 @@ impl GioIo {
 
     fn build_table(reg: &Registration, map: &StripeMap) -> Result<LayerTable> {
         let g = reg.layout.geometry();
-        let geometry = LayerGeometry {
-            layers: g.layers,
-            files: map.files(),
-            blocks: reg.layout.num_blocks(),
-            object_bytes: map.object_bytes(),
-            max_transfer: map.chunk_bytes(),
-            drives: (0..map.drive_count())
-                .map(|d| PoolDrive {
-                    drive: d,
-                    data_start_lba: map.drive(d).data_start_lba,
-                    lba_size: map.drive(d).lba_size,
-                })
-                .collect(),
-        };
-        let mut table = LayerTable::new(geometry, TableKind::Sgl).map_err(gio)?;
-        if table.geometry().chunks() != map.chunks() {
-            return Err(ObjError::Gio(format!(
-                "gio_uring splits objects into {} commands, the pool into {}",
-                table.geometry().chunks(),
-                map.chunks()
-            )));
-        }
+        let mut table = LayerTable::new(Self::geometry(reg, map), TableKind::Sgl).map_err(gio)?;
+        Self::check_chunks(&table, map)?;
         for b in 0..reg.layout.num_blocks() {
             for layer in 0..g.layers {
                 for (kv, k) in [(0, Kv::K), (1, Kv::V)] {
