@@ -42,9 +42,10 @@ impl GioUring {
     ///
     /// The list lives in executor-private memory allocated like the layer
     /// tables: host memory for the `HostExecutor`; device memory
-    /// (`cuMemAlloc` + a synchronous copy) for the `CudaExecutor`. The CUDA
-    /// path is compiled but has never run here (no GPU); it also allocates
-    /// device memory per list, which a sub-allocator would avoid.
+    /// (`cuMemAlloc`, filled through the executor's copy stream) for the
+    /// `CudaExecutor`, so far run only through the stand-in driver. It
+    /// allocates device memory per list, which a sub-allocator would avoid;
+    /// a list given back while a persistent kernel runs is freed after it stops.
     ///
     /// Fails with [`GioError::PairListsFull`] when `max_pair_lists` lists are
     /// registered; callers can fall back to [`submit_layer`](Self::submit_layer).
