@@ -216,3 +216,115 @@ def test_cuda_memory_round_trips_through_the_cuda_executor(library, geometry):
         assert "CUDA memory" in path.p2p_missing
         rt.unregister_kv()
         ok(cu.cuMemFree_v2(dptr.value), "cuMemFree")
+
+
+class _StandinCudaTensor:
+    """A KV tensor in CUDA memory of the stand-in driver (cuMemAlloc), read and written with
+    cuMemcpy as an engine's kernels would; torch-like: shape, stride, element_size, data_ptr,
+    ``device.type == "cuda"``."""
+
+    def __init__(self, cu, shape, element_size):
+        import ctypes
+
+        self._cu = cu
+        self.shape = tuple(shape)
+        self._element_size = element_size
+        self.device = SimpleNamespace(type="cuda", index=0)
+        n = element_size
+        for d in self.shape:
+            n *= d
+        self.nbytes = n
+        self._ptr = ctypes.c_uint64()
+        assert cu.cuMemAlloc_v2(ctypes.byref(self._ptr), n) == 0
+        assert cu.cuMemsetD8_v2(self._ptr.value, 0, n) == 0
+        assert cu.cuCtxSynchronize() == 0
+
+    def data_ptr(self):
+        return self._ptr.value
+
+    def element_size(self):
+        return self._element_size
+
+    def stride(self):
+        out, acc = [], 1
+        for d in reversed(self.shape):
+            out.append(acc)
+            acc *= d
+        return tuple(reversed(out))
+
+    def write(self, offset, data):
+        import ctypes
+
+        buf = ctypes.create_string_buffer(bytes(data), len(data))
+        assert self._cu.cuMemcpyHtoD_v2(self._ptr.value + offset, buf, len(data)) == 0
+        assert self._cu.cuCtxSynchronize() == 0
+
+    def read(self, offset, n):
+        import ctypes
+
+        buf = ctypes.create_string_buffer(n)
+        assert self._cu.cuMemcpyDtoH_v2(buf, self._ptr.value + offset, n) == 0
+        return buf.raw
+
+
+class _Event:
+    """torch.cuda.Event, reduced to what the worker uses: the stand-in tensors' writes are
+    synchronous (cuMemcpyHtoD + cuCtxSynchronize), so a recorded event is complete."""
+
+    def record(self, stream):
+        self.recorded = True
+
+    def query(self):
+        return self.recorded
+
+    def synchronize(self):
+        assert self.recorded
+
+
+def test_the_connector_moves_gpu_kv_caches_through_the_cuda_executor(library, geometry, monkeypatch):
+    """vLLM's worker with its KV caches in CUDA memory: the first request's blocks are stored and
+    a second request with the same prefix loads exactly those bytes into other blocks, on the
+    staged path of the CUDA executor (the stand-in driver here)."""
+    import ctypes
+    import sys
+
+    if "torch" not in sys.modules:
+        # No torch here: the worker's write markers (CUDA events) come from a stand-in module.
+        fake = SimpleNamespace(cuda=SimpleNamespace(Event=_Event, current_stream=lambda device=None: None))
+        monkeypatch.setitem(sys.modules, "torch", fake)
+    from ctypes import byref, c_int, c_size_t, c_uint64, c_void_p
+
+    from vllm_standins import MiniEngine, Request, assert_blocks_hold, prompt
+
+    driver = _standin_driver()
+    cu = ctypes.CDLL(driver, mode=ctypes.RTLD_GLOBAL)
+    cu.cuMemcpyHtoD_v2.argtypes = [c_uint64, c_void_p, c_size_t]
+    cu.cuMemcpyDtoH_v2.argtypes = [c_void_p, c_uint64, c_size_t]
+    cu.cuMemsetD8_v2.argtypes = [c_uint64, ctypes.c_ubyte, c_size_t]
+    cu.cuMemAlloc_v2.argtypes = [ctypes.POINTER(c_uint64), c_size_t]
+    extra = dict(EXTRA, executor="gio_cuda", cuda_driver=driver, cuda_sm_count=1, cuda_block_threads=32,
+                 staging_slots=8)
+    # The engine's own context: the device's primary context, current on this thread.
+    assert cu.cuInit(0) == 0
+    dev, ctx = c_int(), c_void_p()
+    assert cu.cuDeviceGet(byref(dev), 0) == 0
+    assert cu.cuDevicePrimaryCtxRetain(byref(ctx), dev) == 0
+    assert cu.cuCtxPushCurrent_v2(ctx) == 0
+    engine = MiniEngine(geometry, extra, tensor=lambda shape, size: _StandinCudaTensor(cu, shape, size))
+    try:
+        B = engine.B
+        a = Request("a", prompt(7, 3 * B + 1))
+        r = engine.step(new=[a])
+        assert r.matched == {"a": 0} and len(r.meta.saves) == 1
+        b = Request("b", prompt(7, 3 * B) + [9])
+        r = engine.step(new=[b])
+        assert r.matched == {"b": 3 * B}
+        (load,) = r.meta.loads
+        assert set(load.block_ids).isdisjoint(engine.blocks["a"])
+        assert r.load_errors == set()
+        assert_blocks_hold(engine, b, range(3))
+        path = engine.worker.runtime.data_path()
+        assert (path.mode, path.memory) == ("staged", "cuda")
+        assert path.staged_bytes >= 2 * 3 * 2 * geometry.layers * geometry.object_bytes
+    finally:
+        engine.close()

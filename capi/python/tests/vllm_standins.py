@@ -121,7 +121,9 @@ class StepResult:
 class MiniEngine:
     """vLLM's schedule → execute_model → update loop, reduced to what the connector sees."""
 
-    def __init__(self, g: tutti.Geometry, extra: dict, num_blocks: int = 32, local_prefix_cache=None):
+    def __init__(self, g: tutti.Geometry, extra: dict, num_blocks: int = 32, local_prefix_cache=None,
+                 tensor=tutti.HostTensor):
+        """``tensor(shape, element_size)`` makes each layer's KV tensor (default host memory)."""
         self.g = g
         self.B = g.tokens_per_block
         self.num_blocks = num_blocks
@@ -129,7 +131,7 @@ class MiniEngine:
         self.scheduler = TuttiConnector(cfg, KVConnectorRole.SCHEDULER)
         self.worker = TuttiConnector(cfg, KVConnectorRole.WORKER)
         self.kv = {
-            layer_name(i): tutti.HostTensor((2, num_blocks, self.B, g.kv_heads, g.head_dim), g.element_size)
+            layer_name(i): tensor((2, num_blocks, self.B, g.kv_heads, g.head_dim), g.element_size)
             for i in range(g.layers)
         }
         self.worker.register_kv_caches(self.kv)

@@ -15,8 +15,9 @@ overridden in the extra config. Keys of ``kv_connector_extra_config``:
                             which move on the staged data path) or ``"direct"`` (CPU baseline)
 ``cuda_device``             ``"gio_cuda"``: the CUDA device ordinal (default 0)
 ``cuda_sm_count``           ``"gio_cuda"``: SMs of the I/O green context (default 0: all)
-``cuda_driver``             ``"gio_cuda"``: the CUDA driver library (default: libcuda.so; refused
-                            until the CUDA executor can load another)
+``cuda_driver``             ``"gio_cuda"``: the CUDA driver library to load (default: libcuda.so
+                            from the loader path)
+``cuda_block_threads``      ``"gio_cuda"``: threads per block of the I/O kernels (default 0: 512)
 ``staging_slots``           pinned staging slots of the staged data path (default 256)
 ``open_mode``               ``"open_or_create"`` (default), ``"open"`` or ``"create"``
 ``io_timeout_ms``           per NVMe command deadline (default: libtutti's 2000)
@@ -83,6 +84,7 @@ KNOWN_KEYS = {
     "cuda_device",
     "cuda_sm_count",
     "cuda_driver",
+    "cuda_block_threads",
     "staging_slots",
     "open_mode",
     "io_timeout_ms",
@@ -145,6 +147,7 @@ class ConnectorConfig:
     cuda_device: int = 0
     cuda_sm_count: int = 0
     cuda_driver: str | None = None
+    cuda_block_threads: int = 0
     staging_slots: int = 0
 
     @property
@@ -178,6 +181,7 @@ class ConnectorConfig:
             self.cuda_device,
             self.cuda_sm_count,
             self.cuda_driver,
+            self.cuda_block_threads,
             self.staging_slots,
         )
 
@@ -188,7 +192,8 @@ class ConnectorConfig:
         if self.staging_slots:
             kw.update(staging_slots=self.staging_slots)
         if self.executor == "gio_cuda":
-            kw.update(cuda_device=self.cuda_device, cuda_sm_count=self.cuda_sm_count, cuda_driver=self.cuda_driver)
+            kw.update(cuda_device=self.cuda_device, cuda_sm_count=self.cuda_sm_count, cuda_driver=self.cuda_driver,
+                      cuda_block_threads=self.cuda_block_threads)
         if self.vfio_drives:
             kw.update(vfio=self.vfio_drives, vfio_noiommu=self.vfio_noiommu)
         else:
@@ -391,6 +396,7 @@ def from_vllm(vllm_config: Any) -> ConnectorConfig:
         multiprocess=multiprocess,
         cuda_device=_int(extra, "cuda_device", 0),
         cuda_sm_count=_int(extra, "cuda_sm_count", 0),
+        cuda_block_threads=_int(extra, "cuda_block_threads", 0),
         cuda_driver=str(extra["cuda_driver"]) if extra.get("cuda_driver") else None,
         staging_slots=_int(extra, "staging_slots", 0),
     )
