@@ -55,12 +55,79 @@ pub enum MediaConfig {
 }
 
 /// Optional timing so the emulator can stand in for a slower device.
+///
+/// `Default` adds no cost at all. The model, per I/O command:
+///
+/// * every command completes no earlier than `per_command` (plus
+///   `read_latency` for a Read, `write_latency` for a Write) after it was
+///   fetched;
+/// * a transfer is paced on a channel: with only `bytes_per_sec` set, reads
+///   and writes share one channel of that rate (each transfer starts when the
+///   previous one ends); with `read_bytes_per_sec` or `write_bytes_per_sec` set,
+///   reads and writes each have their own channel, of that rate (falling back
+///   to `bytes_per_sec`, or unpaced);
+/// * with `mixed` set, a transfer that starts while the other direction's
+///   channel is still busy is paced at the collapsed rate instead: the drive's
+///   total becomes `efficiency` × the faster direction's rate, of which reads
+///   get `read_share` and writes the rest (never more than their rate alone).
+///   The rate is chosen when a command is fetched and not revised later.
+///
+/// A command completes at the later of its latency and its transfer's end.
 #[derive(Clone, Debug, Default)]
 pub struct CostModel {
     /// Added to every I/O command before it completes.
     pub per_command: Duration,
     /// If set, data transfers are paced to this many bytes per second.
     pub bytes_per_sec: Option<u64>,
+    /// Reads paced to this many bytes per second on their own channel.
+    pub read_bytes_per_sec: Option<u64>,
+    /// Writes paced to this many bytes per second on their own channel.
+    pub write_bytes_per_sec: Option<u64>,
+    /// Added to `per_command` for Read commands.
+    pub read_latency: Duration,
+    /// Added to `per_command` for Write commands.
+    pub write_latency: Duration,
+    /// Bandwidth collapse while reads and writes share the drive.
+    pub mixed: Option<MixedModel>,
+}
+
+/// How a drive's bandwidth collapses while reads and writes are both in flight.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MixedModel {
+    /// Fraction of the faster direction's rate the drive keeps in total, (0, 1].
+    pub efficiency: f64,
+    /// Fraction of the mixed total that reads get, (0, 1); writes get the rest.
+    pub read_share: f64,
+}
+
+impl CostModel {
+    /// Checks the numbers make sense; the message names the field at fault.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, rate) in [
+            ("bytes_per_sec", self.bytes_per_sec),
+            ("read_bytes_per_sec", self.read_bytes_per_sec),
+            ("write_bytes_per_sec", self.write_bytes_per_sec),
+        ] {
+            if rate == Some(0) {
+                return Err(format!("cost model: {name} is 0 (leave it unset for no pacing)"));
+            }
+        }
+        if let Some(m) = self.mixed {
+            if !(m.efficiency > 0.0 && m.efficiency <= 1.0) {
+                return Err(format!("cost model: mixed efficiency {} is not in (0, 1]", m.efficiency));
+            }
+            if !(m.read_share > 0.0 && m.read_share < 1.0) {
+                return Err(format!("cost model: mixed read share {} is not in (0, 1)", m.read_share));
+            }
+            if self.read_bytes_per_sec.is_none()
+                && self.write_bytes_per_sec.is_none()
+                && self.bytes_per_sec.is_none()
+            {
+                return Err("cost model: a mixed collapse needs a read or write rate to collapse".into());
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Everything that can be configured about an emulated controller.
@@ -157,6 +224,7 @@ impl EmulatedConfig {
         if self.mps_min > self.mps_max || self.mps_max > 15 {
             return Err(format!("mps_min {} / mps_max {} are inconsistent", self.mps_min, self.mps_max));
         }
+        self.cost.validate()?;
         if self.mdts > 0 && self.mdts as u32 + 12 + self.mps_min as u32 > 30 {
             return Err(format!("mdts {} gives a transfer over 1 GiB", self.mdts));
         }

@@ -171,8 +171,8 @@ struct Engine {
     /// Ordered by due time.
     pending: Vec<Pending>,
     features: Features,
-    /// The cost model's transfer clock: when the paced "media" is next free.
-    paced_until: Instant,
+    /// The cost model's transfer clocks: when the paced channels are next free.
+    cost: crate::emulated::cost::CostClock,
     /// The IOMMU as the I/O command being executed sees it: scoped to the
     /// owner of its submission queue's memory.
     dma: crate::emulated::EmuIommu,
@@ -194,7 +194,7 @@ impl Engine {
             cqs: (0..queues).map(|_| None).collect(),
             pending: Vec::new(),
             features,
-            paced_until: Instant::now(),
+            cost: crate::emulated::cost::CostClock::new(Instant::now()),
             dma: shared.iommu.clone(),
             shared,
         }

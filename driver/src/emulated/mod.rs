@@ -14,6 +14,7 @@
 //! `Controller::new(ctrl.registers(), ctrl.dma_space(), ..)`.
 
 pub mod config;
+mod cost;
 mod engine;
 pub mod faults;
 pub mod iommu;
@@ -21,7 +22,7 @@ mod media;
 pub mod regs;
 pub mod walk;
 
-pub use config::{CostModel, EmulatedConfig, MediaConfig, NamespaceConfig};
+pub use config::{CostModel, EmulatedConfig, MediaConfig, MixedModel, NamespaceConfig};
 pub use faults::{FaultAction, FaultInjector, FaultMatch};
 pub use iommu::{allow_peer_access, EmuIommu, RemoteSpace, LOCAL_OWNER};
 pub use regs::RegisterFile;
@@ -42,6 +43,9 @@ pub(crate) struct Counters {
     pub errors: AtomicU64,
     pub dropped_completions: AtomicU64,
     pub late_executions: AtomicU64,
+    pub cost_delayed: AtomicU64,
+    pub mixed_commands: AtomicU64,
+    pub mixed_nanos: AtomicU64,
 }
 
 /// A snapshot of an emulated controller's counters.
@@ -61,6 +65,12 @@ pub struct EmulatedStats {
     pub late_executions: u64,
     /// DMA accesses to unmapped addresses.
     pub iommu_faults: u64,
+    /// I/O commands whose completion the cost model held back.
+    pub cost_delayed_commands: u64,
+    /// Transfers the cost model paced at the mixed (collapsed) rate.
+    pub mixed_commands: u64,
+    /// Modelled nanoseconds of transfers paced at the mixed rate (overlaps counted once).
+    pub mixed_nanos: u64,
 }
 
 /// State shared by the controller handle and its thread.
@@ -148,6 +158,9 @@ impl EmulatedController {
             dropped_completions: c.dropped_completions.load(Ordering::Relaxed),
             late_executions: c.late_executions.load(Ordering::Relaxed),
             iommu_faults: self.shared.iommu.fault_count(),
+            cost_delayed_commands: c.cost_delayed.load(Ordering::Relaxed),
+            mixed_commands: c.mixed_commands.load(Ordering::Relaxed),
+            mixed_nanos: c.mixed_nanos.load(Ordering::Relaxed),
         }
     }
 }

@@ -347,6 +347,7 @@ fn the_cost_model_delays_but_completes() {
         cost: tutti_driver::emulated::CostModel {
             per_command: Duration::from_millis(2),
             bytes_per_sec: Some(64 << 20),
+            ..Default::default()
         },
         ..EmulatedConfig::default()
     };

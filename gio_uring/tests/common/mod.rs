@@ -119,7 +119,7 @@ pub fn rig(spec: RigSpec) -> Rig {
                 .collect(),
             max_queue_entries: 4096,
             mdts: spec.mdts,
-            cost: CostModel { per_command: spec.per_command, bytes_per_sec: None },
+            cost: CostModel { per_command: spec.per_command, ..Default::default() },
             sgl: spec.sgl,
             ..EmulatedConfig::default()
         };

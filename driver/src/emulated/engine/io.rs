@@ -2,11 +2,12 @@
 
 use super::{Done, Engine};
 use crate::emulated::config::NamespaceConfig;
+use crate::emulated::cost::Direction;
 use crate::emulated::media::MediaError;
 use crate::emulated::walk::{walk_prp, walk_sgl, SglPiece};
 use crate::spec::{IoOpcode, Psdt, Status, SubmissionEntry};
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Flush with this NSID applies to every namespace (§6.8).
 const ALL_NAMESPACES: u32 = 0xffff_ffff;
@@ -70,22 +71,27 @@ impl Engine {
         };
         let moved = *result.as_ref().unwrap_or(&0);
         let mut done = Done::from(result.map(|_| 0));
-        done.due = self.cost_due(moved);
+        let dir = match op {
+            IoOpcode::Read => Direction::Read,
+            IoOpcode::Write => Direction::Write,
+            _ => Direction::Other,
+        };
+        done.due = self.cost_due(dir, moved);
         done
     }
 
     /// When a command that moved `bytes` may complete under the cost model, if it adds any delay.
-    fn cost_due(&mut self, bytes: u64) -> Option<Instant> {
-        let cost = &self.shared.cfg.cost;
-        let now = Instant::now();
-        let mut due = (!cost.per_command.is_zero()).then(|| now + cost.per_command);
-        if let Some(rate) = cost.bytes_per_sec.filter(|&r| r > 0 && bytes > 0) {
-            let nanos = (bytes as u128 * 1_000_000_000 / rate as u128).min(u64::MAX as u128) as u64;
-            // Transfers share one paced channel: each starts when the previous one ends.
-            self.paced_until = self.paced_until.max(now) + Duration::from_nanos(nanos);
-            due = Some(due.map_or(self.paced_until, |d| d.max(self.paced_until)));
+    fn cost_due(&mut self, dir: Direction, bytes: u64) -> Option<Instant> {
+        let a = self.cost.admit(&self.shared.cfg.cost, Instant::now(), dir, bytes);
+        let counters = &self.shared.counters;
+        if a.due.is_some() {
+            counters.cost_delayed.fetch_add(1, Ordering::Relaxed);
         }
-        due
+        if a.mixed {
+            counters.mixed_commands.fetch_add(1, Ordering::Relaxed);
+            counters.mixed_nanos.fetch_add(a.mixed_nanos, Ordering::Relaxed);
+        }
+        a.due
     }
 
     fn max_transfer(&self) -> Option<u64> {
