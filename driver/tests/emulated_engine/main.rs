@@ -365,6 +365,54 @@ fn the_cost_model_delays_but_completes() {
 }
 
 #[test]
+fn reads_fetched_during_writes_are_paced_at_the_mixed_rate() {
+    let cfg = EmulatedConfig {
+        cost: tutti_driver::emulated::CostModel {
+            read_bytes_per_sec: Some(64 << 20),
+            write_bytes_per_sec: Some(1 << 20),
+            mixed: Some(tutti_driver::emulated::MixedModel { efficiency: 0.4, read_share: 0.5 }),
+            ..Default::default()
+        },
+        ..EmulatedConfig::default()
+    };
+    let mut h = Host::start(cfg);
+    let mut q = h.create_pair(1, 16);
+    let buf = h.alloc(8 * PAGE);
+    // Four 4 KiB writes hold the write channel for ~16 ms; the reads behind them arrive meanwhile.
+    for i in 0..4u16 {
+        q.place(rw(0x01, i as u64 * 8, 8, buf.iova(), 0), i);
+    }
+    for i in 4..8u16 {
+        q.place(rw(0x02, i as u64 * 8, 8, buf.iova(), 0), i);
+    }
+    q.ring_sq(&*h.regs);
+    for _ in 0..8 {
+        assert_ok(q.reap(&*h.regs));
+    }
+    let s = h.ctrl.stats();
+    assert_eq!(s.cost_delayed_commands, 8, "{s:?}");
+    assert!(s.mixed_commands >= 4, "the reads were paced as mixed: {s:?}");
+    // Each mixed read: 4096 B at 0.5 × 0.4 × 64 MiB/s.
+    let per_read = 4096.0 / (0.2 * (64u64 << 20) as f64) * 1e9;
+    assert!(s.mixed_nanos as f64 >= 4.0 * per_read * 0.99, "{s:?}");
+    assert_eq!((s.bytes_read, s.bytes_written), (4 * 4096, 4 * 4096));
+}
+
+#[test]
+fn a_cost_model_that_makes_no_sense_is_refused() {
+    let cfg = EmulatedConfig {
+        cost: tutti_driver::emulated::CostModel {
+            read_bytes_per_sec: Some(1 << 30),
+            mixed: Some(tutti_driver::emulated::MixedModel { efficiency: 1.5, read_share: 0.5 }),
+            ..Default::default()
+        },
+        ..EmulatedConfig::default()
+    };
+    let err = EmulatedController::start(cfg).err().expect("refused").to_string();
+    assert!(err.contains("mixed efficiency 1.5"), "{err}");
+}
+
+#[test]
 fn fatal_status_stops_the_controller_until_reset() {
     let mut h = Host::start(EmulatedConfig::default());
     h.ctrl.set_fatal();
