@@ -2,7 +2,7 @@
 
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
-use tutti_driver::emulated::{EmulatedConfig, MediaConfig, NamespaceConfig};
+use tutti_driver::emulated::{CostModel, EmulatedConfig, MediaConfig, MixedModel, NamespaceConfig};
 use tutti_driver::spec::SglSupport;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -67,6 +67,31 @@ pub struct EmulatedArgs {
     /// Report the emulated namespaces as zoned (ZNS command set; refused, as on a real drive).
     #[arg(long)]
     pub emu_zoned: bool,
+    /// Read bandwidth of each emulated drive in GB/s (10^9 bytes/s; unset = unpaced).
+    /// Reads and writes are paced on separate channels.
+    #[arg(long, value_parser = parse_gbps)]
+    pub emu_read_gbps: Option<f64>,
+    /// Write bandwidth of each emulated drive in GB/s (unset = unpaced).
+    #[arg(long, value_parser = parse_gbps)]
+    pub emu_write_gbps: Option<f64>,
+    /// Latency added to every emulated I/O command, in microseconds (0..=10000000).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
+    pub emu_latency_us: u64,
+    /// Extra latency of each emulated Read, in microseconds (0..=10000000).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
+    pub emu_read_latency_us: u64,
+    /// Extra latency of each emulated Write, in microseconds (0..=10000000).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
+    pub emu_write_latency_us: u64,
+    /// Bandwidth collapse while reads and writes share an emulated drive: the
+    /// drive keeps this fraction, in (0, 1], of its faster direction's rate
+    /// (0.4 = a 60% collapse). Needs --emu-read-gbps or --emu-write-gbps.
+    #[arg(long, value_parser = parse_fraction)]
+    pub emu_mixed_efficiency: Option<f64>,
+    /// Share of the mixed bandwidth that reads get, in (0, 1); writes get the
+    /// rest. Default 0.5; needs --emu-mixed-efficiency.
+    #[arg(long, value_parser = parse_fraction)]
+    pub emu_mixed_read_share: Option<f64>,
 }
 
 impl Default for EmulatedArgs {
@@ -82,6 +107,13 @@ impl Default for EmulatedArgs {
             emu_queue_pairs: 16,
             emu_metadata: 0,
             emu_zoned: false,
+            emu_read_gbps: None,
+            emu_write_gbps: None,
+            emu_latency_us: 0,
+            emu_read_latency_us: 0,
+            emu_write_latency_us: 0,
+            emu_mixed_efficiency: None,
+            emu_mixed_read_share: None,
         }
     }
 }
@@ -93,12 +125,60 @@ fn parse_lba_size(s: &str) -> Result<u32, String> {
     }
 }
 
+fn parse_gbps(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(g) if g.is_finite() && g >= 0.001 && g <= 1000.0 => Ok(g),
+        _ => Err(format!("bandwidth must be a number of GB/s in 0.001..=1000, not {s:?}")),
+    }
+}
+
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(f) if f > 0.0 && f <= 1.0 => Ok(f),
+        _ => Err(format!("must be a fraction in (0, 1], not {s:?}")),
+    }
+}
+
 impl EmulatedArgs {
+    /// The cost model the bandwidth and latency flags describe.
+    pub fn cost_model(&self) -> anyhow::Result<CostModel> {
+        let rate = |g: Option<f64>| g.map(|g| (g * 1e9) as u64);
+        let mixed = match (self.emu_mixed_efficiency, self.emu_mixed_read_share) {
+            (None, None) => None,
+            (None, Some(_)) => anyhow::bail!("--emu-mixed-read-share needs --emu-mixed-efficiency"),
+            (Some(efficiency), share) => {
+                if self.emu_read_gbps.is_none() && self.emu_write_gbps.is_none() {
+                    anyhow::bail!("--emu-mixed-efficiency needs --emu-read-gbps or --emu-write-gbps");
+                }
+                let read_share = share.unwrap_or(0.5);
+                if read_share >= 1.0 {
+                    anyhow::bail!(
+                        "--emu-mixed-read-share {read_share} is not below 1 (writes would get nothing)"
+                    );
+                }
+                Some(MixedModel { efficiency, read_share })
+            }
+        };
+        let us = std::time::Duration::from_micros;
+        let cost = CostModel {
+            per_command: us(self.emu_latency_us),
+            bytes_per_sec: None,
+            read_bytes_per_sec: rate(self.emu_read_gbps),
+            write_bytes_per_sec: rate(self.emu_write_gbps),
+            read_latency: us(self.emu_read_latency_us),
+            write_latency: us(self.emu_write_latency_us),
+            mixed,
+        };
+        cost.validate().map_err(anyhow::Error::msg)?;
+        Ok(cost)
+    }
+
     /// Configuration of emulated drive number `index`.
     pub fn config(&self, index: usize) -> anyhow::Result<EmulatedConfig> {
         if self.capacity_mib == 0 || self.capacity_mib > 1 << 30 {
             anyhow::bail!("--capacity-mib {} is not 1..=2^30", self.capacity_mib);
         }
+        let cost = self.cost_model()?;
         let media = match &self.dir {
             Some(d) => {
                 std::fs::create_dir_all(d)
@@ -126,6 +206,7 @@ impl EmulatedArgs {
                 SglFlag::Off => SglSupport::None,
             },
             media,
+            cost,
             ..EmulatedConfig::default()
         })
     }

@@ -6,7 +6,7 @@ use crate::report::print_json;
 use anyhow::{bail, Context};
 use std::sync::Arc;
 use tutti_driver::controller::{Controller, ControllerInfo, ControllerOptions};
-use tutti_driver::emulated::EmulatedController;
+use tutti_driver::emulated::{CostModel, EmulatedController};
 use tutti_driver::pci::Bdf;
 use tutti_objstore::DriveSpec;
 
@@ -26,9 +26,72 @@ pub struct Args {
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let emu = EmulatedController::start(args.emu.config(0)?)?;
     let ctrl = Controller::new(emu.registers(), emu.dma_space(), ControllerOptions::default())?;
-    print_info(ctrl.info(), args.json)?;
+    let cost = CostReport::from(&emu.config().cost);
+    if args.json {
+        print_json(&EmulatedIdentity { info: ctrl.info(), cost_model: cost })?;
+    } else {
+        println!("{}\n{}", render_info(ctrl.info()), cost.render());
+    }
     drop(ctrl);
     Ok(())
+}
+
+/// `identify --emulated --json`: what the controller reports, plus the
+/// emulated drive's cost model (which no NVMe command reveals).
+#[derive(serde::Serialize)]
+struct EmulatedIdentity<'a> {
+    #[serde(flatten)]
+    info: &'a ControllerInfo,
+    cost_model: CostReport,
+}
+
+/// The emulated drive's bandwidth and latency model, in the flags' units.
+#[derive(serde::Serialize)]
+struct CostReport {
+    /// GB/s (10^9 bytes/s); null = unpaced.
+    read_gbps: Option<f64>,
+    write_gbps: Option<f64>,
+    /// Microseconds.
+    latency_us: f64,
+    read_latency_us: f64,
+    write_latency_us: f64,
+    /// null = no collapse when mixed.
+    mixed_efficiency: Option<f64>,
+    mixed_read_share: Option<f64>,
+}
+
+impl From<&CostModel> for CostReport {
+    fn from(c: &CostModel) -> Self {
+        let gbps = |r: Option<u64>| r.map(|r| r as f64 / 1e9);
+        let us = |d: std::time::Duration| d.as_secs_f64() * 1e6;
+        CostReport {
+            read_gbps: gbps(c.read_bytes_per_sec.or(c.bytes_per_sec)),
+            write_gbps: gbps(c.write_bytes_per_sec.or(c.bytes_per_sec)),
+            latency_us: us(c.per_command),
+            read_latency_us: us(c.read_latency),
+            write_latency_us: us(c.write_latency),
+            mixed_efficiency: c.mixed.map(|m| m.efficiency),
+            mixed_read_share: c.mixed.map(|m| m.read_share),
+        }
+    }
+}
+
+impl CostReport {
+    fn render(&self) -> String {
+        let gbps = |g: Option<f64>| g.map_or("unpaced".to_string(), |g| format!("{g} GB/s"));
+        let mixed = match (self.mixed_efficiency, self.mixed_read_share) {
+            (Some(e), Some(r)) => format!("mixed: {e} of the faster rate, reads get {r}"),
+            _ => "mixed: no collapse".into(),
+        };
+        format!(
+            "cost model    read {}, write {}; latency {} us (+{} read, +{} write); {mixed}",
+            gbps(self.read_gbps),
+            gbps(self.write_gbps),
+            self.latency_us,
+            self.read_latency_us,
+            self.write_latency_us
+        )
+    }
 }
 
 /// Prints a controller's identity; shared by `identify --emulated` and `admin identify`.
