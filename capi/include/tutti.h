@@ -52,11 +52,13 @@
 // of tuttid (`tutti_runtime_connect`, `tutti_client_config_t`); minor 4
 // added the staged data path (`TUTTI_MEMORY_CUDA` accepted with
 // `TUTTI_EXECUTOR_GIO_CUDA`, `TUTTI_MEMORY_HOST_STAGED`, the CUDA and staging
-// fields of `tutti_runtime_config_t`, `tutti_data_path`).
+// fields of `tutti_runtime_config_t`, `tutti_data_path`); minor 5 added the
+// emulated drives' bandwidth and latency model (the `emulated_*_bytes_per_sec`,
+// `emulated_*latency_us` and `emulated_mixed_*` fields of `tutti_runtime_config_t`).
 #define TUTTI_ABI_VERSION 1
 
 // The minor version of ABI 1 this library implements (see `TUTTI_ABI_VERSION`).
-#define TUTTI_ABI_MINOR 4
+#define TUTTI_ABI_MINOR 5
 
 // 32-bit float KV.
 #define TUTTI_DTYPE_F32 1
@@ -482,6 +484,26 @@ typedef struct tutti_runtime_config_t {
     // up to 512 (0 = 512). Fewer suit a stand-in driver that runs every GPU
     // thread as a host thread.
     uint32_t cuda_block_threads;
+    // ABI 1.5, EMULATED: read bandwidth of each drive in bytes/s (0 = unpaced).
+    // Reads and writes are paced on separate channels.
+    uint64_t emulated_read_bytes_per_sec;
+    // ABI 1.5, EMULATED: write bandwidth of each drive in bytes/s (0 = unpaced).
+    uint64_t emulated_write_bytes_per_sec;
+    // ABI 1.5, EMULATED: latency of every I/O command in µs, up to 10 s (0 = none).
+    uint32_t emulated_latency_us;
+    // ABI 1.5, EMULATED: extra latency of each Read in µs, up to 10 s.
+    uint32_t emulated_read_latency_us;
+    // ABI 1.5, EMULATED: extra latency of each Write in µs, up to 10 s.
+    uint32_t emulated_write_latency_us;
+    // Alignment padding (ignored; set 0).
+    uint32_t rsvd1;
+    // ABI 1.5, EMULATED: while reads and writes are both in flight a drive
+    // keeps this fraction, in (0, 1], of its faster direction's bandwidth
+    // (0.4 = a 60% collapse); 0 = no collapse. Needs a read or write bandwidth.
+    double emulated_mixed_efficiency;
+    // ABI 1.5, EMULATED: share of the mixed bandwidth reads get, in (0, 1);
+    // writes get the rest (0 = 0.5).
+    double emulated_mixed_read_share;
 } tutti_runtime_config_t;
 
 // What the runtime's pool is. Set `struct_size = sizeof(tutti_runtime_info_t)`.

@@ -7,7 +7,9 @@ use std::ffi::c_char;
 use std::path::PathBuf;
 use std::time::Duration;
 use tutti_driver::controller::{Controller, ControllerOptions};
-use tutti_driver::emulated::{EmulatedConfig, EmulatedController, MediaConfig, NamespaceConfig};
+use tutti_driver::emulated::{
+    CostModel, EmulatedConfig, EmulatedController, MediaConfig, MixedModel, NamespaceConfig,
+};
 use tutti_driver::DriverError;
 use tutti_objstore::{
     Backend, DriveSpec, Dtype, Geometry, GioConfig, GioExecutor, ObjError, OpenMode, PoolOptions,
@@ -130,6 +132,26 @@ pub struct tutti_runtime_config_t {
     /// up to 512 (0 = 512). Fewer suit a stand-in driver that runs every GPU
     /// thread as a host thread.
     pub cuda_block_threads: u32,
+    /// ABI 1.5, EMULATED: read bandwidth of each drive in bytes/s (0 = unpaced).
+    /// Reads and writes are paced on separate channels.
+    pub emulated_read_bytes_per_sec: u64,
+    /// ABI 1.5, EMULATED: write bandwidth of each drive in bytes/s (0 = unpaced).
+    pub emulated_write_bytes_per_sec: u64,
+    /// ABI 1.5, EMULATED: latency of every I/O command in µs, up to 10 s (0 = none).
+    pub emulated_latency_us: u32,
+    /// ABI 1.5, EMULATED: extra latency of each Read in µs, up to 10 s.
+    pub emulated_read_latency_us: u32,
+    /// ABI 1.5, EMULATED: extra latency of each Write in µs, up to 10 s.
+    pub emulated_write_latency_us: u32,
+    /// Alignment padding (ignored; set 0).
+    pub rsvd1: u32,
+    /// ABI 1.5, EMULATED: while reads and writes are both in flight a drive
+    /// keeps this fraction, in (0, 1], of its faster direction's bandwidth
+    /// (0.4 = a 60% collapse); 0 = no collapse. Needs a read or write bandwidth.
+    pub emulated_mixed_efficiency: f64,
+    /// ABI 1.5, EMULATED: share of the mixed bandwidth reads get, in (0, 1);
+    /// writes get the rest (0 = 0.5).
+    pub emulated_mixed_read_share: f64,
 }
 
 impl Default for tutti_runtime_config_t {
@@ -155,16 +177,25 @@ impl Default for tutti_runtime_config_t {
             cuda_driver: std::ptr::null(),
             staging_slots: 0,
             cuda_block_threads: 0,
+            emulated_read_bytes_per_sec: 0,
+            emulated_write_bytes_per_sec: 0,
+            emulated_latency_us: 0,
+            emulated_read_latency_us: 0,
+            emulated_write_latency_us: 0,
+            rsvd1: 0,
+            emulated_mixed_efficiency: 0.0,
+            emulated_mixed_read_share: 0.0,
         }
     }
 }
 
-// SAFETY: repr(C) with `struct_size: u32` first; `rsvd0` makes the old tail
-// padding a field, so the struct has none.
+// SAFETY: repr(C) with `struct_size: u32` first; `rsvd0` and `rsvd1` make the
+// padding fields, so the struct has none; any bit pattern is a valid f64.
 unsafe impl SizePrefixed for tutti_runtime_config_t {
     const NAME: &'static str = "tutti_runtime_config_t";
     const SIZES: &'static [u32] = &[
         std::mem::offset_of!(tutti_runtime_config_t, cuda_device) as u32,
+        std::mem::offset_of!(tutti_runtime_config_t, emulated_read_bytes_per_sec) as u32,
         std::mem::size_of::<tutti_runtime_config_t>() as u32,
     ];
 }
@@ -204,7 +235,7 @@ impl tutti_geometry_t {
 
 /// Where the pool's drives come from.
 pub(crate) enum DriveSource {
-    Emulated { count: u32, lba_size: u32, bytes: u64, dir: Option<PathBuf> },
+    Emulated { count: u32, lba_size: u32, bytes: u64, dir: Option<PathBuf>, cost: CostModel },
     Vfio { bdfs: Vec<String>, noiommu: bool },
 }
 
@@ -262,9 +293,16 @@ impl RuntimeConfig {
                     }
                     Some(PathBuf::from(d))
                 };
-                DriveSource::Emulated { count: c.emulated_count, lba_size, bytes, dir }
+                let cost = emulated_cost(c)?;
+                DriveSource::Emulated { count: c.emulated_count, lba_size, bytes, dir, cost }
             }
             TUTTI_DRIVES_VFIO => {
+                if let Some(field) = emulated_cost_field_set(c) {
+                    return Err(CapiError::invalid(
+                        field,
+                        "applies only to TUTTI_DRIVES_EMULATED (leave it 0 with VFIO drives)",
+                    ));
+                }
                 if c.vfio_count == 0 || c.vfio_count > MAX_VFIO {
                     return Err(CapiError::invalid(
                         "vfio_count",
@@ -315,6 +353,74 @@ impl RuntimeConfig {
             io_timeout,
         })
     }
+}
+
+/// Most latency one emulated command may be given, in µs (10 s).
+const MAX_EMULATED_LATENCY_US: u32 = 10_000_000;
+
+/// The first ABI 1.5 field that is not 0, if any.
+fn emulated_cost_field_set(c: &tutti_runtime_config_t) -> Option<&'static str> {
+    [
+        ("emulated_read_bytes_per_sec", c.emulated_read_bytes_per_sec != 0),
+        ("emulated_write_bytes_per_sec", c.emulated_write_bytes_per_sec != 0),
+        ("emulated_latency_us", c.emulated_latency_us != 0),
+        ("emulated_read_latency_us", c.emulated_read_latency_us != 0),
+        ("emulated_write_latency_us", c.emulated_write_latency_us != 0),
+        ("emulated_mixed_efficiency", c.emulated_mixed_efficiency != 0.0),
+        ("emulated_mixed_read_share", c.emulated_mixed_read_share != 0.0),
+    ]
+    .into_iter()
+    .find_map(|(name, set)| set.then_some(name))
+}
+
+/// The ABI 1.5 fields: the emulated drives' bandwidth and latency model (all 0 = none).
+fn emulated_cost(c: &tutti_runtime_config_t) -> Result<CostModel> {
+    for (name, us) in [
+        ("emulated_latency_us", c.emulated_latency_us),
+        ("emulated_read_latency_us", c.emulated_read_latency_us),
+        ("emulated_write_latency_us", c.emulated_write_latency_us),
+    ] {
+        if us > MAX_EMULATED_LATENCY_US {
+            return Err(CapiError::invalid(name, format!("{us} µs is more than {MAX_EMULATED_LATENCY_US}")));
+        }
+    }
+    let rate = |r: u64| (r != 0).then_some(r);
+    let (read, write) = (rate(c.emulated_read_bytes_per_sec), rate(c.emulated_write_bytes_per_sec));
+    let (eff, share) = (c.emulated_mixed_efficiency, c.emulated_mixed_read_share);
+    let mixed = if eff == 0.0 {
+        if share != 0.0 {
+            return Err(CapiError::invalid(
+                "emulated_mixed_read_share",
+                format!("{share} is set but emulated_mixed_efficiency is 0 (no collapse)"),
+            ));
+        }
+        None
+    } else {
+        if !(eff > 0.0 && eff <= 1.0) {
+            return Err(CapiError::invalid("emulated_mixed_efficiency", format!("{eff} is not in (0, 1]")));
+        }
+        if read.is_none() && write.is_none() {
+            return Err(CapiError::invalid(
+                "emulated_mixed_efficiency",
+                "a collapse needs emulated_read_bytes_per_sec or emulated_write_bytes_per_sec",
+            ));
+        }
+        let read_share = if share == 0.0 { 0.5 } else { share };
+        if !(read_share > 0.0 && read_share < 1.0) {
+            return Err(CapiError::invalid("emulated_mixed_read_share", format!("{share} is not in (0, 1)")));
+        }
+        Some(MixedModel { efficiency: eff, read_share })
+    };
+    let us = |n: u32| Duration::from_micros(n as u64);
+    Ok(CostModel {
+        per_command: us(c.emulated_latency_us),
+        bytes_per_sec: None,
+        read_bytes_per_sec: read,
+        write_bytes_per_sec: write,
+        read_latency: us(c.emulated_read_latency_us),
+        write_latency: us(c.emulated_write_latency_us),
+        mixed,
+    })
 }
 
 /// The ABI 1.4 fields: staging slots, and the CUDA executor's settings.
@@ -414,7 +520,7 @@ impl RuntimeConfig {
     /// Starts (or opens) the drives and brings their controllers up, in pool order.
     pub(crate) fn start_drives(&self) -> Result<(Rig, Vec<DriveSpec>)> {
         match &self.source {
-            DriveSource::Emulated { count, lba_size, bytes, dir } => {
+            DriveSource::Emulated { count, lba_size, bytes, dir, cost } => {
                 if let Some(d) = dir {
                     std::fs::create_dir_all(d).map_err(|e| {
                         CapiError::invalid("emulated_dir", format!("cannot create {}: {e}", d.display()))
@@ -432,6 +538,7 @@ impl RuntimeConfig {
                         serial: format!("TUTTI-CAPI-{i}"),
                         namespaces: vec![NamespaceConfig::with_bytes(*bytes, *lba_size)],
                         media,
+                        cost: cost.clone(),
                         ..EmulatedConfig::default()
                     })
                     .map_err(|e| match e {
@@ -459,6 +566,158 @@ impl RuntimeConfig {
                     .collect::<Result<Vec<_>>>()?;
                 Ok((Rig { emulated: Vec::new() }, specs))
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MB: u64 = 1_000_000;
+
+    fn emulated() -> tutti_runtime_config_t {
+        tutti_runtime_config_t {
+            struct_size: std::mem::size_of::<tutti_runtime_config_t>() as u32,
+            drives: TUTTI_DRIVES_EMULATED,
+            emulated_count: 2,
+            emulated_capacity_bytes: 8 << 20,
+            executor: TUTTI_EXECUTOR_GIO_HOST,
+            open_mode: TUTTI_OPEN_CREATE,
+            geometry: tutti_geometry_t {
+                layers: 2,
+                kv_heads: 2,
+                head_dim: 16,
+                tokens_per_block: 4,
+                dtype: TUTTI_DTYPE_F16,
+            },
+            ..Default::default()
+        }
+    }
+
+    fn refused(c: &tutti_runtime_config_t) -> String {
+        // SAFETY: every pointer in `c` is NULL.
+        match unsafe { RuntimeConfig::from_c(c) } {
+            Ok(_) => panic!("accepted {c:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn the_bandwidth_fields_reach_the_emulated_controllers() {
+        let c = tutti_runtime_config_t {
+            emulated_read_bytes_per_sec: 6000 * MB,
+            emulated_write_bytes_per_sec: 2000 * MB,
+            emulated_latency_us: 10,
+            emulated_read_latency_us: 80,
+            emulated_write_latency_us: 20,
+            emulated_mixed_efficiency: 0.4,
+            emulated_mixed_read_share: 0.75,
+            ..emulated()
+        };
+        // SAFETY: every pointer in `c` is NULL.
+        let cfg = unsafe { RuntimeConfig::from_c(&c) }.expect("valid");
+        let (rig, _specs) = cfg.start_drives().expect("drives");
+        assert_eq!(rig.emulated.len(), 2);
+        for emu in &rig.emulated {
+            let cost = &emu.config().cost;
+            assert_eq!(
+                (cost.read_bytes_per_sec, cost.write_bytes_per_sec),
+                (Some(6000 * MB), Some(2000 * MB))
+            );
+            assert_eq!(cost.per_command, Duration::from_micros(10));
+            assert_eq!(cost.read_latency, Duration::from_micros(80));
+            assert_eq!(cost.write_latency, Duration::from_micros(20));
+            assert_eq!(cost.mixed, Some(MixedModel { efficiency: 0.4, read_share: 0.75 }));
+        }
+        // The share defaults to an even split.
+        let c = tutti_runtime_config_t {
+            emulated_read_bytes_per_sec: MB,
+            emulated_mixed_efficiency: 0.5,
+            ..emulated()
+        };
+        let cost = emulated_cost(&c).expect("valid");
+        assert_eq!(cost.mixed, Some(MixedModel { efficiency: 0.5, read_share: 0.5 }));
+        assert_eq!(cost.write_bytes_per_sec, None);
+    }
+
+    #[test]
+    fn all_zero_is_no_cost_and_an_abi_1_4_struct_is_read_without_the_new_fields() {
+        let cost = emulated_cost(&emulated()).expect("valid");
+        assert!(
+            cost.read_bytes_per_sec.is_none() && cost.write_bytes_per_sec.is_none() && cost.mixed.is_none()
+        );
+        assert!(cost.per_command.is_zero() && cost.read_latency.is_zero() && cost.write_latency.is_zero());
+        // A 1.4 caller's struct ends before the 1.5 fields: whatever follows it is not read.
+        let mut c = tutti_runtime_config_t {
+            emulated_read_bytes_per_sec: 1,
+            emulated_latency_us: u32::MAX,
+            emulated_mixed_efficiency: f64::NAN,
+            ..emulated()
+        };
+        c.struct_size = 112;
+        // SAFETY: `c` is a whole 1.5 struct, so 112 bytes are readable.
+        let got = unsafe { ptr::sized_in_prefix(&c) }.expect("1.4 size accepted");
+        assert_eq!(got.emulated_read_bytes_per_sec, 0);
+        assert_eq!(got.emulated_latency_us, 0);
+        assert_eq!(got.emulated_mixed_efficiency, 0.0);
+        emulated_cost(&got).expect("no cost");
+    }
+
+    #[test]
+    fn bad_bandwidth_fields_are_refused_by_name() {
+        let cases: [(tutti_runtime_config_t, &str); 8] = [
+            (tutti_runtime_config_t { emulated_latency_us: 10_000_001, ..emulated() }, "emulated_latency_us"),
+            (
+                tutti_runtime_config_t { emulated_read_latency_us: u32::MAX, ..emulated() },
+                "emulated_read_latency_us",
+            ),
+            (
+                tutti_runtime_config_t { emulated_mixed_efficiency: 0.4, ..emulated() },
+                "needs emulated_read_bytes_per_sec",
+            ),
+            (
+                tutti_runtime_config_t {
+                    emulated_read_bytes_per_sec: MB,
+                    emulated_mixed_efficiency: 1.5,
+                    ..emulated()
+                },
+                "emulated_mixed_efficiency",
+            ),
+            (
+                tutti_runtime_config_t {
+                    emulated_read_bytes_per_sec: MB,
+                    emulated_mixed_efficiency: f64::NAN,
+                    ..emulated()
+                },
+                "emulated_mixed_efficiency",
+            ),
+            (
+                tutti_runtime_config_t {
+                    emulated_read_bytes_per_sec: MB,
+                    emulated_mixed_efficiency: 0.4,
+                    emulated_mixed_read_share: 1.0,
+                    ..emulated()
+                },
+                "emulated_mixed_read_share",
+            ),
+            (
+                tutti_runtime_config_t { emulated_mixed_read_share: 0.5, ..emulated() },
+                "emulated_mixed_read_share",
+            ),
+            (
+                tutti_runtime_config_t {
+                    drives: TUTTI_DRIVES_VFIO,
+                    vfio_count: 1,
+                    emulated_write_bytes_per_sec: MB,
+                    ..emulated()
+                },
+                "emulated_write_bytes_per_sec",
+            ),
+        ];
+        for (c, what) in cases {
+            let e = refused(&c);
+            assert!(e.contains(what), "{what}: {e}");
         }
     }
 }

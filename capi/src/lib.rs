@@ -77,11 +77,13 @@ const EMPTY: &str = "\0";
 /// of tuttid (`tutti_runtime_connect`, `tutti_client_config_t`); minor 4
 /// added the staged data path (`TUTTI_MEMORY_CUDA` accepted with
 /// `TUTTI_EXECUTOR_GIO_CUDA`, `TUTTI_MEMORY_HOST_STAGED`, the CUDA and staging
-/// fields of `tutti_runtime_config_t`, `tutti_data_path`).
+/// fields of `tutti_runtime_config_t`, `tutti_data_path`); minor 5 added the
+/// emulated drives' bandwidth and latency model (the `emulated_*_bytes_per_sec`,
+/// `emulated_*latency_us` and `emulated_mixed_*` fields of `tutti_runtime_config_t`).
 pub const TUTTI_ABI_VERSION: u32 = 1;
 
 /// The minor version of ABI 1 this library implements (see `TUTTI_ABI_VERSION`).
-pub const TUTTI_ABI_MINOR: u32 = 4;
+pub const TUTTI_ABI_MINOR: u32 = 5;
 
 /// The ABI version of the loaded library (`TUTTI_ABI_VERSION` it was built with).
 ///
