@@ -42,7 +42,7 @@ ABI_VERSION = 1
 # quarantined files and unknown-outcome blocks; 1.3: clients of tuttid; 1.4:
 # the staged data path, the CUDA executor); a library of an older minor would
 # refuse their sizes or lack the calls.
-ABI_MINOR = 4
+ABI_MINOR = 5
 LIB_NAME = "libtutti.so"
 
 # Constants of tutti.h.
@@ -103,6 +103,15 @@ class RuntimeConfig(Structure):
         ("cuda_driver", c_char_p),
         ("staging_slots", c_uint32),
         ("cuda_block_threads", c_uint32),
+        # ABI 1.5: the emulated drives' bandwidth and latency model
+        ("emulated_read_bytes_per_sec", c_uint64),
+        ("emulated_write_bytes_per_sec", c_uint64),
+        ("emulated_latency_us", c_uint32),
+        ("emulated_read_latency_us", c_uint32),
+        ("emulated_write_latency_us", c_uint32),
+        ("rsvd1", c_uint32),
+        ("emulated_mixed_efficiency", c_double),
+        ("emulated_mixed_read_share", c_double),
     ]
 
 

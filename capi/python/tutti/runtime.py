@@ -234,13 +234,29 @@ class Runtime(_Handle):
         cuda_driver: str | None = None,
         staging_slots: int = 0,
         cuda_block_threads: int = 0,
+        emulated_read_bytes_per_sec: int = 0,
+        emulated_write_bytes_per_sec: int = 0,
+        emulated_latency_us: int = 0,
+        emulated_read_latency_us: int = 0,
+        emulated_write_latency_us: int = 0,
+        emulated_mixed_efficiency: float = 0.0,
+        emulated_mixed_read_share: float = 0.0,
     ):
         """``executor="gio_cuda"`` runs the I/O kernels on CUDA device ``cuda_device`` (on
         ``cuda_sm_count`` SMs of a green context; 0: all SMs); on a machine without a CUDA
         driver opening fails with :class:`~tutti.errors.Unsupported`; ``cuda_driver`` loads
         that driver library instead of ``libcuda.so`` and ``cuda_block_threads`` (0: 512) sets
         the kernels' block size. ``staging_slots`` (0: 256) bounds the staged data path of KV
-        memory the drives cannot reach."""
+        memory the drives cannot reach.
+
+        Emulated drives can stand in for slower ones (all 0: no cost):
+        ``emulated_read_bytes_per_sec`` / ``emulated_write_bytes_per_sec`` pace reads and
+        writes on separate channels, ``emulated_latency_us`` delays every command and
+        ``emulated_read_latency_us`` / ``emulated_write_latency_us`` add to it per direction;
+        with ``emulated_mixed_efficiency`` in (0, 1] a drive with reads and writes in flight
+        keeps that fraction of its faster direction's bandwidth (0.4: a 60% collapse), of
+        which reads get ``emulated_mixed_read_share`` (0: 0.5) and writes the rest. Bad values
+        raise :class:`~tutti.errors.InvalidArgument` naming the field."""
         if bool(emulated_drives) == bool(vfio):
             raise ValueError("give either emulated_drives (a count) or vfio (PCI addresses), not both or neither")
         if executor not in _lib.EXECUTOR:
@@ -272,6 +288,13 @@ class Runtime(_Handle):
             cuda_driver=cuda_driver.encode() if cuda_driver is not None else None,
             staging_slots=staging_slots,
             cuda_block_threads=cuda_block_threads,
+            emulated_read_bytes_per_sec=emulated_read_bytes_per_sec,
+            emulated_write_bytes_per_sec=emulated_write_bytes_per_sec,
+            emulated_latency_us=emulated_latency_us,
+            emulated_read_latency_us=emulated_read_latency_us,
+            emulated_write_latency_us=emulated_write_latency_us,
+            emulated_mixed_efficiency=emulated_mixed_efficiency,
+            emulated_mixed_read_share=emulated_mixed_read_share,
         )
         out = c_void_p()
         lib().call("tutti_runtime_open", byref(cfg), byref(out))
