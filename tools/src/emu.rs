@@ -127,7 +127,7 @@ fn parse_lba_size(s: &str) -> Result<u32, String> {
 
 fn parse_gbps(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
-        Ok(g) if g.is_finite() && g >= 0.001 && g <= 1000.0 => Ok(g),
+        Ok(g) if (0.001..=1000.0).contains(&g) => Ok(g),
         _ => Err(format!("bandwidth must be a number of GB/s in 0.001..=1000, not {s:?}")),
     }
 }
