@@ -55,7 +55,7 @@ pub unsafe extern "C" fn tt_standin_set_knob(name: *const c_char, value: u64) ->
         let name = text(name).unwrap_or("");
         driver()
             .state()
-            .knobs
+            .knobs_mut()
             .set(name, value)
             .map_err(|e| crate::error::fail(cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_VALUE, e))
     });
@@ -73,7 +73,7 @@ pub unsafe extern "C" fn tt_standin_set_knob(name: *const c_char, value: u64) ->
 #[no_mangle]
 pub unsafe extern "C" fn tt_standin_get_knob(name: *const c_char, out: *mut u64) -> c_int {
     guard(-1, || {
-        let Some(v) = text(name).and_then(|n| driver().state().knobs.get(n)) else { return -1 };
+        let Some(v) = text(name).and_then(|n| driver().state().knobs_mut().get(n)) else { return -1 };
         if out.is_null() {
             return -1;
         }

@@ -117,6 +117,9 @@ pub(crate) struct PendingWrite {
 
 pub(crate) struct State {
     pub initialized: bool,
+    /// The knobs were read from the environment (at the first of cuInit, a knob
+    /// call or a reset); later knob calls override them, and cuInit keeps them.
+    knobs_read: bool,
     pub knobs: Knobs,
     next_handle: usize,
     next_ticket: u64,
@@ -188,9 +191,23 @@ impl State {
         self.failures.insert(name.to_string(), Failure { skip, count, code });
     }
 
+    /// The knobs, read from the environment the first time they are needed.
+    pub fn knobs_mut(&mut self) -> &mut Knobs {
+        if !self.knobs_read {
+            self.knobs_read = true;
+            let mut notes = Vec::new();
+            self.knobs = Knobs::from_env(&mut notes);
+            for n in notes {
+                self.violation(n);
+            }
+        }
+        &mut self.knobs
+    }
+
     pub fn reset(&mut self) {
         let mut notes = Vec::new();
         self.knobs = Knobs::from_env(&mut notes);
+        self.knobs_read = true;
         self.failures.clear();
         self.violations = notes;
         self.stats = Stats::default();
@@ -258,6 +275,7 @@ pub(crate) fn driver() -> &'static Driver {
     DRIVER.get_or_init(|| Driver {
         state: Mutex::new(State {
             initialized: false,
+            knobs_read: false,
             knobs: Knobs::default(),
             next_handle: 0x1000,
             next_ticket: 0,
@@ -295,11 +313,8 @@ impl Driver {
 pub(crate) fn init(st: &mut State) {
     if !st.initialized {
         st.initialized = true;
-        let mut notes = Vec::new();
-        st.knobs = Knobs::from_env(&mut notes);
-        for n in notes {
-            st.violation(n);
-        }
+        // Knobs a test set before the first cuInit stay set.
+        st.knobs_mut();
     }
 }
 

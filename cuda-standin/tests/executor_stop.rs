@@ -33,8 +33,12 @@ fn a_failed_stop_poisons_the_executor_and_frees_nothing_under_its_kernels() {
     }
     let e = exec.stop().unwrap_err().to_string();
     assert!(e.contains("poisoned"), "{e}");
-    // Teardown of the ring with the wait kernel still running.
+    // Teardown of the ring with the wait kernel still running: the queue pair stays open on
+    // the controller and its memory stays allocated (leaked), as the executor's own memory.
+    let ctrl = rig.ctrl.clone();
+    let free = ctrl.free_io_queue_pairs();
     drop(rig);
+    assert_eq!(ctrl.free_io_queue_pairs(), free, "the queue pair was deleted under a running kernel");
     let later = exec.kick(1).unwrap_err().to_string();
     assert!(later.contains("poisoned"), "{later}");
     let _ = waiter.join().unwrap();

@@ -169,7 +169,8 @@ pub struct GioUring {
     recovery: Mutex<Vec<recover::DriveHealth>>,
     // Dropped in this order, after `Drop::drop` stopped the executor: mappings
     // of queue memory, then the memory the executor worked in, then the queue
-    // pairs (deleted on the controller) themselves.
+    // pairs (deleted on the controller) themselves. A stop that failed leaks
+    // the mappings and the queue pairs instead.
     _maps: Vec<Box<dyn HostMapping>>,
     _shared: Box<dyn ExecMemory>,
     private: Box<dyn ExecMemory>,
@@ -281,7 +282,21 @@ impl GioUring {
 impl Drop for GioUring {
     fn drop(&mut self) {
         if let Err(e) = self.exec.stop() {
-            tracing::error!(executor = self.exec.name(), error = %e, "stopping the executor failed");
+            // Kernels may still read the queues' entries and ring their doorbells: the
+            // queue pairs stay open on the controllers and their memory and mappings are
+            // leaked (the executor leaks its own memory once poisoned).
+            tracing::error!(
+                executor = self.exec.name(),
+                error = %e,
+                queue_pairs = self.drives.iter().map(|d| d.queues.len()).sum::<usize>(),
+                "stopping the executor failed: leaking its queue pairs and their memory"
+            );
+            for d in self.drives.drain(..) {
+                std::mem::forget(d);
+            }
+            for m in self._maps.drain(..) {
+                std::mem::forget(m);
+            }
         }
     }
 }
