@@ -207,11 +207,29 @@ fn name_of<'a>(name: *const c_char) -> Result<&'a str> {
         .map_err(|_| fail(CUresult::CUDA_ERROR_INVALID_VALUE, "name is not UTF-8"))
 }
 
+/// With the `module_load_waits` knob, a load waits for all device work, in
+/// every context (see `Knobs::module_load_waits`): behind a persistent kernel
+/// it fails after the sync deadline with a violation, where the driver hangs.
+fn load_waits(call: &str) -> Result<()> {
+    let (streams, deadline) = {
+        let st = driver().state();
+        st.need_init()?;
+        if !st.knobs.module_load_waits {
+            return Ok(());
+        }
+        let mut all: Vec<_> = st.streams.values().cloned().collect();
+        all.extend(st.contexts.values().map(|c| c.legacy.clone()));
+        (all, st.knobs.sync_deadline)
+    };
+    crate::sync::sync_streams(call, &streams, deadline)
+}
+
 /// # Safety
 /// `module` is NULL or a valid out pointer; `image` points at a complete cubin.
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleLoadData(m: *mut CUmodule, image: *const c_void) -> CUresult {
     call(&["cuModuleLoadData"], || {
+        load_waits("cuModuleLoadData")?;
         let mut st = driver().state();
         st.need_init()?;
         let ctx = context::current_ctx(&st)?;
@@ -288,6 +306,7 @@ pub unsafe extern "C" fn cuLibraryLoadData(
     _n_lib: c_uint,
 ) -> CUresult {
     call(&["cuLibraryLoadData"], || {
+        load_waits("cuLibraryLoadData")?;
         let mut st = driver().state();
         st.need_init()?;
         // SAFETY: forwarded contract.

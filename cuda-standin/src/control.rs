@@ -125,7 +125,7 @@ impl Standin {
         (self.reset)()
     }
 
-    /// Sets a knob: `sm_count`, `landing_delay_ms`, `sync_deadline_ms`, `regs_per_sm`.
+    /// Sets a knob: `sm_count`, `landing_delay_ms`, `sync_deadline_ms`, `regs_per_sm`, `module_load_waits`.
     pub fn set_knob(&self, name: &str, value: u64) -> Result<(), StandinError> {
         let c = CString::new(name).map_err(|_| StandinError::Library("knob name with NUL".into()))?;
         // SAFETY: a NUL-terminated name.

@@ -28,10 +28,17 @@ pub(crate) struct Knobs {
     /// Registers per SM (65536 on sm_90; tests may shrink the SM to keep host
     /// thread counts small).
     pub regs_per_sm: u32,
+    /// 1: loading a module or library waits (up to `sync_deadline`) for every
+    /// stream of the device to drain, as the real driver was seen to do on an
+    /// H100 (driver 580): a cuModuleLoadData in the primary context never
+    /// returned while a persistent kernel ran in a green context. Off by
+    /// default, since tests running in parallel threads share this one device.
+    pub module_load_waits: bool,
 }
 
 /// Knob names, as `tt_standin_set_knob` takes them.
-pub(crate) const KNOBS: [&str; 4] = ["sm_count", "landing_delay_ms", "sync_deadline_ms", "regs_per_sm"];
+pub(crate) const KNOBS: [&str; 5] =
+    ["sm_count", "landing_delay_ms", "sync_deadline_ms", "regs_per_sm", "module_load_waits"];
 
 impl Default for Knobs {
     fn default() -> Self {
@@ -40,6 +47,7 @@ impl Default for Knobs {
             landing_delay: Duration::from_millis(5),
             sync_deadline: Duration::from_secs(5),
             regs_per_sm: 65536,
+            module_load_waits: false,
         }
     }
 }
@@ -54,6 +62,8 @@ impl Knobs {
             "sync_deadline_ms" => self.sync_deadline = Duration::from_millis(value),
             "regs_per_sm" if (256..=65536).contains(&value) => self.regs_per_sm = small(value)?,
             "regs_per_sm" => return Err(format!("regs_per_sm = {value}: between 256 and 65536")),
+            "module_load_waits" if value <= 1 => self.module_load_waits = value == 1,
+            "module_load_waits" => return Err(format!("module_load_waits = {value}: 0 or 1")),
             _ => return Err(format!("unknown knob {name:?} (knobs: {})", KNOBS.join(", "))),
         }
         Ok(())
@@ -65,6 +75,7 @@ impl Knobs {
             "landing_delay_ms" => self.landing_delay.as_millis() as u64,
             "sync_deadline_ms" => self.sync_deadline.as_millis() as u64,
             "regs_per_sm" => self.regs_per_sm.into(),
+            "module_load_waits" => self.module_load_waits.into(),
             _ => return None,
         })
     }

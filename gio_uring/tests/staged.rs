@@ -18,6 +18,7 @@ use common::*;
 use std::time::Duration;
 use tutti_driver::command::DataPtr;
 use tutti_driver::spec::{SglDescriptor, SglSupport, Status};
+use tutti_gio_uring::mem::{HostMapping, HostRange};
 use tutti_gio_uring::{
     GioOptions, IoStatus, Kv, LayerGeometry, LayerTable, Op, PoolDrive, TableId, TableKind,
 };
@@ -37,37 +38,66 @@ fn geometry() -> LayerGeometry {
     }
 }
 
-/// KV memory the drives were never given: a plain, 8-byte aligned host allocation.
-struct Kv8(Vec<u64>);
+/// KV memory the drives were never given: plain host memory, in whole pages of
+/// its own (registering it with a GPU driver pins whole pages, and a page shared
+/// with another test's registration would be refused as already registered).
+struct Kv8 {
+    buf: Vec<u64>,
+    start: usize,
+    len: usize,
+}
 
 impl Kv8 {
     fn new(g: &LayerGeometry) -> Self {
-        Kv8(vec![0; (g.blocks as u64 * g.layers as u64 * 2 * g.object_bytes / 8) as usize])
+        const PAGE_WORDS: usize = 4096 / 8;
+        let len = (g.blocks as u64 * g.layers as u64 * 2 * g.object_bytes / 8) as usize;
+        let len = len.div_ceil(PAGE_WORDS) * PAGE_WORDS;
+        let buf = vec![0u64; len + PAGE_WORDS];
+        let start = (buf.as_ptr() as usize).next_multiple_of(4096).wrapping_sub(buf.as_ptr() as usize) / 8;
+        Kv8 { buf, start, len }
+    }
+    fn w(&self) -> &[u64] {
+        &self.buf[self.start..self.start + self.len]
+    }
+    fn w_mut(&mut self) -> &mut [u64] {
+        &mut self.buf[self.start..self.start + self.len]
     }
     fn addr(&self, g: &LayerGeometry, block: u32, layer: u32, kv: Kv) -> u64 {
         let obj = ((block * g.layers + layer) * 2 + kv as u32) as u64;
-        self.0.as_ptr() as u64 + obj * g.object_bytes
+        self.w().as_ptr() as u64 + obj * g.object_bytes
     }
     fn fill(&mut self, seed: u64) {
-        for (i, w) in self.0.iter_mut().enumerate() {
+        for (i, w) in self.w_mut().iter_mut().enumerate() {
             *w = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (i as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         }
     }
     fn bytes(&self) -> Vec<u8> {
-        self.0.iter().flat_map(|w| w.to_le_bytes()).collect()
+        self.w().iter().flat_map(|w| w.to_le_bytes()).collect()
     }
 }
 
-fn staged_table(g: &LayerGeometry, mem: &Kv8) -> LayerTable {
+/// A staged table over `mem`. The executor copies between the slots and the KV
+/// memory, so the table holds executor addresses: `mem` is registered with the
+/// executor first (on a GPU, page-locked and mapped with cuMemHostRegister; the
+/// kernels cannot touch plain pageable host memory). The drives still never see it.
+/// Keep the returned mapping while the table is in use.
+fn staged_table(rig: &Rig, g: &LayerGeometry, mem: &Kv8) -> (LayerTable, Box<dyn HostMapping>) {
+    let host = mem.w().as_ptr() as u64;
+    // SAFETY: `mem` outlives the mapping in every test (both live to the test's end) and is
+    // never reallocated: the tests only write through it.
+    let map = unsafe {
+        rig.ring.executor().map_host(mem.w().as_ptr() as *mut u8, mem.w().len() * 8, HostRange::Memory)
+    }
+    .unwrap();
     let mut t = LayerTable::new(g.clone(), TableKind::Staged).unwrap();
     for b in 0..g.blocks {
         for l in 0..g.layers {
             for kv in [Kv::K, Kv::V] {
-                t.set_kv(b, l, kv, mem.addr(g, b, l, kv)).unwrap();
+                t.set_kv(b, l, kv, mem.addr(g, b, l, kv) - host + map.exec_addr()).unwrap();
             }
         }
     }
-    t
+    (t, map)
 }
 
 fn pairs() -> Vec<(u32, u32)> {
@@ -104,9 +134,10 @@ fn staged_round_trip(sgl: SglSupport, slots: u32) -> tutti_gio_uring::StagingSta
     let mut mem = Kv8::new(&g);
     mem.fill(0x5eed);
     let want = mem.bytes();
-    let table = rig.ring.register_staged_table(&staged_table(&g, &mem), slots).unwrap();
+    let st = staged_table(&rig, &g, &mem);
+    let table = rig.ring.register_staged_table(&st.0, slots).unwrap();
     assert_eq!(run(&rig, table, Op::Write), vec![], "staged writes");
-    mem.0.iter_mut().for_each(|w| *w = 0);
+    mem.w_mut().iter_mut().for_each(|w| *w = 0);
     assert_eq!(run(&rig, table, Op::Read), vec![], "staged reads");
     let got = mem.bytes();
     assert!(first_diff(&got, &want).is_none(), "first differing byte at {:?}", first_diff(&got, &want));
@@ -145,12 +176,13 @@ fn the_iommu_refuses_kv_memory_it_was_never_given_and_staging_moves_it() {
     let mut mem = Kv8::new(&g);
     mem.fill(0xfeed);
     let want = mem.bytes();
-    let staged = rig.ring.register_staged_table(&staged_table(&g, &mem), 16).unwrap();
+    let st = staged_table(&rig, &g, &mem);
+    let staged = rig.ring.register_staged_table(&st.0, 16).unwrap();
     assert_eq!(run(&rig, staged, Op::Write), vec![]);
 
     // A direct table aims the drives at the same memory by its host address.
     let sentinel = 0xA5A5_A5A5_A5A5_A5A5u64;
-    mem.0.iter_mut().for_each(|w| *w = sentinel);
+    mem.w_mut().iter_mut().for_each(|w| *w = sentinel);
     let mut direct = LayerTable::new(g.clone(), TableKind::Sgl).unwrap();
     for b in 0..g.blocks {
         for l in 0..g.layers {
@@ -172,7 +204,7 @@ fn the_iommu_refuses_kv_memory_it_was_never_given_and_staging_moves_it() {
         "the emulated IOMMU faults the DMA: {:?}",
         failures.first()
     );
-    assert!(mem.0.iter().all(|&w| w == sentinel), "no byte of the KV memory was touched");
+    assert!(mem.w().iter().all(|&w| w == sentinel), "no byte of the KV memory was touched");
 
     // The staged table over the same memory reads every byte.
     assert_eq!(run(&rig, staged, Op::Read), vec![]);
@@ -184,7 +216,7 @@ fn staged_tables_are_registered_only_with_staging() {
     let rig = staged_rig(SglSupport::Supported);
     let g = geometry();
     let mem = Kv8::new(&g);
-    let t = staged_table(&g, &mem);
+    let (t, _map) = staged_table(&rig, &g, &mem);
     assert!(rig.ring.register_table(&t).unwrap_err().to_string().contains("register_staged_table"));
     assert!(rig.ring.register_staged_table(&t, 0).unwrap_err().to_string().contains("staging slots"));
     let direct = LayerTable::new(g, TableKind::Sgl).unwrap();
@@ -205,11 +237,12 @@ fn a_failed_read_leaves_kv_untouched_and_a_lost_one_withholds_its_slot() {
     let mut mem = Kv8::new(&g);
     mem.fill(0xabc);
     let want = mem.bytes();
-    let table = rig.ring.register_staged_table(&staged_table(&g, &mem), 4).unwrap();
+    let st = staged_table(&rig, &g, &mem);
+    let table = rig.ring.register_staged_table(&st.0, 4).unwrap();
     assert_eq!(run(&rig, table, Op::Write), vec![]);
 
     let sentinel = 0x5A5A_5A5A_5A5A_5A5Au64;
-    mem.0.iter_mut().for_each(|w| *w = sentinel);
+    mem.w_mut().iter_mut().for_each(|w| *w = sentinel);
     // Drive 0 fails its first read; drive 1 executes its first read (into the slot) and never
     // completes it.
     let read = FaultMatch { opcode: Some(0x02), ..Default::default() };
@@ -230,7 +263,7 @@ fn a_failed_read_leaves_kv_untouched_and_a_lost_one_withholds_its_slot() {
         .map(|f| (pairs()[(f.index / (2 * chunks)) as usize].1, (f.index / chunks) % 2, f.index % chunks))
         .collect();
     let got = mem.bytes();
-    let base = mem.0.as_ptr() as u64;
+    let base = mem.w().as_ptr() as u64;
     for (_, block) in pairs() {
         for kv in [Kv::K, Kv::V] {
             for c in 0..chunks {

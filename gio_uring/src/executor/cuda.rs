@@ -2,30 +2,43 @@
 //! green-context partition of its SMs.
 //!
 //! # What has been verified, and how
-//! No GPU has run this file. What runs it, in CI, is the stand-in driver
-//! (`cuda-standin/`: a `libcuda.so` that cudarc loads through
-//! [`CudaExecutorConfig::driver`], and that runs kernel launches through the
-//! host build of the same kernel source). The stand-in models the CUDA
-//! semantics a host executor hides — streams and the legacy default stream's
-//! late landings, block residency per SM from the cubin's register counts,
-//! frees that wait for the device, one thread per green context, functions
-//! bound to the context they were loaded in — and the `executor_*` tests there
-//! show each defect this executor had under those semantics and its fix. The
-//! gio_uring and objstore suites also run on this executor through the
-//! stand-in (`TUTTI_TEST_EXECUTOR=cuda`, `scripts/test`). The kernels compile
-//! with NVRTC for sm_90 without warnings (`kernels/tests/nvrtc.rs`).
+//! On an NVIDIA H100 80GB HBM3 (driver 580.159, CUDA 13.0; `scripts/gpu-check`
+//! from a bundle built here, 2026-11-24): the gio_uring and objstore suites on
+//! this executor (`TUTTI_TEST_EXECUTOR=cuda`, one test at a time), and
+//! `tutti demo --cuda` in persistent and launch mode, staged (KV in HBM) and
+//! direct (KV in host memory), every byte verified. The I/O kernels there ran
+//! in an 8-SM green context (asked for 1-4 SMs, the split gave 8).
 //!
-//! What the stand-in cannot show (x86 orders memory far more strongly than a
-//! GPU): that the kernels' fences are enough. Those are checked by reading the
-//! SASS, and on a real GPU only.
+//! In CI the stand-in driver runs it (`cuda-standin/`: a `libcuda.so` that
+//! cudarc loads through [`CudaExecutorConfig::driver`], and that runs kernel
+//! launches through the host build of the same kernel source). The stand-in
+//! models the CUDA semantics a host executor hides — streams and the legacy
+//! default stream's late landings, block residency per SM from the cubin's
+//! register counts, frees that wait for the device, one thread per green
+//! context, functions bound to the context they were loaded in, module loads
+//! that wait for the device (knob) — and the `executor_*` tests there show each
+//! defect this executor had under those semantics and its fix. The gio_uring
+//! and objstore suites also run on this executor through the stand-in
+//! (`TUTTI_TEST_EXECUTOR=cuda`, `scripts/test`). The kernels compile with NVRTC
+//! for sm_90 without warnings (`kernels/tests/nvrtc.rs`); their fences are
+//! checked in the SASS (`kernels/tests/sass.rs`).
 //!
+//! # A persistent kernel blocks module loads on the device
+//! Seen on the H100: while the persistent kernel ran in its green context, a
+//! `cuModuleLoadData` in the primary context (a second executor's) did not
+//! return. So everything that loads modules must do so before a persistent
+//! executor starts, or after it stops; an engine that loads kernels lazily
+//! while serving must use launch mode, which the C ABI does by default. The
+//! stand-in's `module_load_waits` knob models this (`executor_module_load`).
+
 //! # How it runs
 //! - Memory: rings, control block and IOCBs in mapped pinned host memory;
 //!   queue state, slot arrays and layer tables in device memory, written and
 //!   read through one non-blocking copy stream (see `cuda_mem`); NVMe queue
 //!   memory and doorbells registered with `cuMemHostRegister`.
 //! - Launch mode: each kick launches `tt_gio_issue` on the I/O stream.
-//! - Persistent (SQPOLL) mode needs an SM partition (`sm_count`): the kernel
+//! - Persistent (SQPOLL) mode needs an SM partition (`sm_count`; see above for
+//!   what it blocks while it runs): the kernel
 //!   never returns, so in the primary context it would hold SMs of the
 //!   engine's compute for good. Its grid is every block that can be resident
 //!   in the partition less what one block of `tt_gio_wait` needs, so the wait
@@ -377,6 +390,7 @@ impl CudaExecutor {
                 let mut c: sys::CUcontext = std::ptr::null_mut();
                 // SAFETY: valid out pointer and device; released in CudaCtx::drop.
                 check("cuDevicePrimaryCtxRetain", unsafe { sys::cuDevicePrimaryCtxRetain(&mut c, device) })?;
+                tracing::debug!(device = cfg.device, "CUDA executor: primary context retained");
                 (CudaCtx::new(c, device, None, COPY_TIMEOUT)?, all_sms)
             }
             Some(n) => {
@@ -387,7 +401,9 @@ impl CudaExecutor {
                         version % 1000 / 10
                     )));
                 }
-                green_context(device, n)?
+                let g = green_context(device, n)?;
+                tracing::debug!(device = cfg.device, sms = g.1, "CUDA executor: green context made");
+                g
             }
         };
         let arch = cfg.arch.clone().unwrap_or_else(|| format!("sm_{major}{minor}"));
@@ -397,7 +413,9 @@ impl CudaExecutor {
         };
         let (kernels, stream, aux, per_sm) = {
             let cur = ctx.enter()?;
+            tracing::debug!("CUDA executor: context entered, loading the kernels");
             let kernels = load(&image)?;
+            tracing::debug!("CUDA executor: kernels loaded");
             let cost = |f: sys::CUfunction, threads: u32| -> Result<BlockCost> {
                 let get = |a: sys::CUfunction_attribute| -> Result<u32> {
                     let mut v = 0;
@@ -440,6 +458,7 @@ impl CudaExecutor {
             }
             let stream = cur.stream()?;
             let aux = cur.stream()?;
+            tracing::debug!(per_sm, "CUDA executor: streams made");
             (kernels, stream, aux, per_sm)
         };
         let shape = ExecShape { block_threads: bt, blocks_per_unit: per_sm, max_blocks: sms * per_sm };
@@ -687,6 +706,7 @@ fn load(cubin: &[u8]) -> Result<Kernels> {
     let mut module: sys::CUmodule = std::ptr::null_mut();
     // SAFETY: `cubin` is an ELF image from NVRTC, alive for the call.
     check("cuModuleLoadData", unsafe { sys::cuModuleLoadData(&mut module, cubin.as_ptr().cast()) })?;
+    tracing::debug!("CUDA executor: module loaded");
     let name = |n: &str| CString::new(n).map_err(|_| GioError::invalid("kernel name with NUL"));
     let get = |n: &str| -> Result<sys::CUfunction> {
         let c = name(n)?;

@@ -472,6 +472,13 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         }
         BackendFlag::Direct => Backend::Direct { queue_depth: 256, recover_queues: true },
     };
+    if args.kv_memory == KvMemoryFlag::Cuda && !args.cuda.cuda {
+        bail!("--kv-memory cuda needs --cuda (the CUDA executor copies between staging and CUDA memory)");
+    }
+    // The engine's KV memory exists before the store starts its executor, as in an engine. On
+    // an H100 (driver 580) a module load in another context waits for every running kernel, so
+    // the KV memory's executor, made after a persistent I/O kernel started, would wait forever.
+    let kv = Kv::new(g, args.layout, blocks, (args.kv_memory == KvMemoryFlag::Cuda).then_some(&args.cuda))?;
     let mode = if args.reuse { OpenMode::OpenOrCreate } else { OpenMode::Create };
     let opts = StoreOptions { pool: PoolOptions::new(g, mode), backend };
     let store = KvStore::open(rig.specs()?, opts.clone()).context("opening the pool")?;
@@ -479,10 +486,6 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         let (files, drives) = (store.stripe_map().files(), store.info().drives.len());
         bail!("{}", too_small(files, blocks, g.tokens_per_block, rig.is_emulated(), drives));
     }
-    if args.kv_memory == KvMemoryFlag::Cuda && !args.cuda.cuda {
-        bail!("--kv-memory cuda needs --cuda (the CUDA executor copies between staging and CUDA memory)");
-    }
-    let kv = Kv::new(g, args.layout, blocks, (args.kv_memory == KvMemoryFlag::Cuda).then_some(&args.cuda))?;
     let tables = kv.mem.register(&store, &kv.layout, &args.model)?;
     let tokens: Vec<u32> = {
         use rand::{Rng, SeedableRng};
