@@ -229,22 +229,11 @@ TT_DEVICE void tt_post_iocb(const struct tt_exec_ctx* ctx, uint32_t b) {
 }
 
 /* Copies `bytes` (a multiple of 8, both ends 8-byte aligned) word by word through the
- * device-visible accessors: one side is memory a drive DMAs (the staging slot). Words go
- * in batches of TT_COPY_BATCH, all loads of a batch before its stores, so a lane has that
- * many loads in flight: across PCIe (a read's slot in host memory) one load at a time
- * left each lane waiting a round trip per word. */
-#define TT_COPY_BATCH 8u
+ * device-visible accessors: one side is memory a drive DMAs (the staging slot). */
 TT_DEVICE void tt_copy_words(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
     uint64_t* d = (uint64_t*)dst;
     const uint64_t* s = (const uint64_t*)src;
-    const uint64_t n = bytes / 8u;
-    uint64_t k = 0;
-    for (; k + TT_COPY_BATCH <= n; k += TT_COPY_BATCH) {
-        uint64_t v[TT_COPY_BATCH];
-        for (uint32_t j = 0; j < TT_COPY_BATCH; j++) v[j] = tt_ld_relaxed_u64(&s[k + j]);
-        for (uint32_t j = 0; j < TT_COPY_BATCH; j++) tt_st_relaxed_u64(&d[k + j], v[j]);
-    }
-    for (; k < n; k++) tt_st_relaxed_u64(&d[k], tt_ld_relaxed_u64(&s[k]));
+    for (uint64_t k = 0; k < bytes / 8u; k++) tt_st_relaxed_u64(&d[k], tt_ld_relaxed_u64(&s[k]));
 }
 
 /* Points `sqe` at staging slot `slot` as pool drive `pd` sees it, for `bytes` bytes. */
