@@ -62,9 +62,9 @@ def _until(cond, what="condition"):
 def publish_prefix(a: MiniEngine, seed: int, blocks: int, found: int = 0) -> Request:
     """Node A computes a prompt of ``blocks`` full blocks and a partial one (``found`` blocks of it
     come from Mooncake); the blocks it computes reach Mooncake."""
-    req = Request("a", prompt(seed, blocks * a.B + 2))
+    req = Request(f"a{seed}", prompt(seed, blocks * a.B + 2))
     r = a.step(new=[req])
-    assert r.matched == {"a": found * a.B}
+    assert r.matched == {req.request_id: found * a.B}
     assert a.worker.tier.flush(10)
     return req
 
