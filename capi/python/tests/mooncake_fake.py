@@ -105,7 +105,7 @@ class FakeStore:
             out.append(len(data))
         return out
 
-    def batch_put_from_multi_buffers(self, keys, all_ptrs, all_sizes):
+    def batch_put_from_multi_buffers(self, keys, all_ptrs, all_sizes, config=None):
         self.c._enter("batch_put_from_multi_buffers")
         out = []
         for key, ptrs, sizes in zip(keys, all_ptrs, all_sizes):
@@ -117,7 +117,7 @@ class FakeStore:
             out.append(0)
         return out
 
-    def put_batch(self, keys, values):
+    def put_batch(self, keys, values, config=None):
         self.c._enter("put_batch")
         if self.c.down:
             return RPC_FAIL

@@ -324,6 +324,25 @@ def _default_factory():
 _store_factory: Callable[[], Any] = _default_factory
 
 
+def _own_segment(store: Any) -> Any:
+    """Mooncake's put config placing objects in this client's own segment (its memory), so a
+    node's blocks live, and go, with that node; None where the client has no such config."""
+    if not type(store).__module__.startswith("mooncake"):
+        return None
+    try:
+        from mooncake.store import ReplicateConfig
+    except ImportError:
+        return None
+    try:
+        cfg = ReplicateConfig()
+        cfg.replica_num = 1
+        cfg.preferred_segment = store.get_hostname()
+        return cfg
+    except Exception as e:  # noqa: BLE001 - a client without it: Mooncake places the objects
+        log.info("tutti: Mooncake's ReplicateConfig is not usable here (%s)", e)
+        return None
+
+
 def set_store_factory(factory: Callable[[], Any] | None) -> None:
     """Replaces how the tier makes its Mooncake client (tests; ``None`` restores the real one)."""
     global _store_factory
@@ -340,6 +359,7 @@ class MooncakeTier:
         self._lock = threading.Lock()
         self._caller = _Caller("tutti-mooncake")
         self._store: Any = None
+        self._put_config: Any = None  # objects go into this node's own segment
         self._down_until = 0.0
         self._registered: list[tuple[int, int]] = []
         self._closed = False
@@ -378,6 +398,7 @@ class MooncakeTier:
             rc = store.register_buffer(addr, n)
             if rc != 0:
                 raise RuntimeError(f"register_buffer of {n} bytes returned {rc}")
+        self._put_config = _own_segment(store)
         self._store = store
         self._pub_store_ready.set()
         log.info("tutti: Mooncake client %s connected to master %s", c.local_hostname, c.master)
@@ -437,6 +458,8 @@ class MooncakeTier:
             except Unavailable as e:
                 log.info("tutti: Mooncake lookup failed, a miss: %s", e)
                 return 0
+            if any(v < 0 for v in found):
+                self._count("remote_failures")  # Mooncake answered with an error: the master is gone?
             run = 0
             for v in found:
                 if v != 1:
@@ -556,9 +579,10 @@ class MooncakeTier:
         todo = [it for it, e in zip(items, exists) if e != 1]
         if not todo:
             return
+        extra = () if self._put_config is None else (self._put_config,)
         rcs = store.batch_put_from_multi_buffers(
             [k for k, _, _, _, _ in todo], [[a for a, _ in s] for _, _, s, _, _ in todo],
-            [[n for _, n in s] for _, _, s, _, _ in todo],
+            [[n for _, n in s] for _, _, s, _, _ in todo], *extra,
         )
         mkeys, mvals, nbytes = [], [], 0
         for it, rc in zip(todo, rcs):
@@ -575,7 +599,7 @@ class MooncakeTier:
             mvals.append(man)
             nbytes += sum(n for _, n in seg)
         if mkeys:
-            rc = store.put_batch(mkeys, mvals)
+            rc = store.put_batch(mkeys, mvals, *extra)
             if rc != 0:
                 self._count("remote_failures")
                 log.info("tutti: Mooncake put of %d manifests returned %s", len(mkeys), rc)
