@@ -168,22 +168,83 @@ def node_main(name: str, conn, mc: dict) -> None:
         conn.close()
 
 
+def vllm_node_main(name: str, conn, mc: dict, spec: dict) -> None:
+    """One node running real vLLM (CPU build) with the tutti connector and the Mooncake tier:
+    its own emulated pool, vLLM's own prefix cache off (a prefix comes from tutti or is computed)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    try:
+        from vllm import LLM, SamplingParams
+        from vllm.distributed.kv_transfer import get_kv_transfer_group
+        from vllm.inputs import TokensPrompt
+
+        llm = LLM(
+            model=spec["model"], skip_tokenizer_init=True, block_size=32, dtype="float32", enforce_eager=True,
+            max_model_len=spec.get("max_model_len", 2048), seed=0, kv_cache_memory_bytes=spec.get("kv_bytes", 64 << 20),
+            enable_prefix_caching=False, distributed_executor_backend="uni",
+            kv_transfer_config=dict(
+                kv_connector="TuttiConnector", kv_connector_module_path="tutti.vllm", kv_role="kv_both",
+                kv_connector_extra_config={"emulated_drives": 2, "emulated_capacity_bytes": 256 << 20,
+                                           "open_mode": "create", "mooncake": mc},
+                kv_load_failure_policy="recompute",
+            ),
+        )
+        conn_ = get_kv_transfer_group()
+    except Exception:  # noqa: BLE001 - reported to the runner
+        conn.send(("error", traceback.format_exc()))
+        return
+    conn.send(("ok", "ready"))
+    while conn.poll(600):
+        cmd, *args = conn.recv()
+        try:
+            if cmd == "close":
+                llm.llm_engine.engine_core.shutdown() if hasattr(llm.llm_engine, "engine_core") else None
+                conn.send(("ok", None))
+                return
+            if cmd == "gen":  # (prompt token ids, max_tokens)
+                tokens, max_tokens = args
+                sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=3, detokenize=False)
+                t0 = time.perf_counter()
+                o = llm.generate([TokensPrompt(prompt_token_ids=tokens)], sp, use_tqdm=False)[0]
+                took = time.perf_counter() - t0
+                c = o.outputs[0]
+                conn.send(("ok", {"tokens": list(c.token_ids), "cached": o.num_cached_tokens, "took_s": took,
+                                  "logprobs": [{str(k): v.logprob for k, v in d.items()} for d in (c.logprobs or [])]}))
+            elif cmd == "flush":
+                conn.send(("ok", conn_.tier.flush(60)))
+            elif cmd == "stats":
+                conn.send(("ok", conn_.tier.snapshot()))
+            else:
+                conn.send(("error", f"unknown command {cmd!r}"))
+        except Exception:  # noqa: BLE001 - reported to the runner
+            conn.send(("error", traceback.format_exc()))
+
+
 class Node:
-    def __init__(self, name: str, mc: dict | None = None):
+    def __init__(self, name: str, mc: dict | None = None, vllm: dict | None = None):
         ctx = mp.get_context("spawn")  # forking after mooncake.store is imported can hang setup
         self.name = name
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=node_main, args=(name, child, dict(MC, **(mc or {}))), name=f"node-{name}")
+        mc = dict(MC, **(mc or {}))
+        target, args = (node_main, (name, child, mc)) if vllm is None else (vllm_node_main, (name, child, mc, vllm))
+        self.proc = ctx.Process(target=target, args=args, name=f"node-{name}")
         self.proc.start()
         child.close()
+        if vllm is not None:
+            self._reply("start", vllm.get("start_s", 300))
 
     def __call__(self, *cmd):
         self.conn.send(cmd)
-        if not self.conn.poll(REPLY_S):
-            raise RuntimeError(f"node {self.name}: no reply to {cmd[0]!r} in {REPLY_S:g} s")
+        return self._reply(cmd[0], REPLY_S)
+
+    def _reply(self, what: str, seconds: float):
+        if not self.conn.poll(seconds):
+            raise RuntimeError(f"node {self.name}: no reply to {what!r} in {seconds:g} s")
         status, value = self.conn.recv()
         if status != "ok":
-            raise RuntimeError(f"node {self.name}: {cmd[0]!r} failed: {value}")
+            raise RuntimeError(f"node {self.name}: {what!r} failed: {value}")
         return value
 
     def close(self):
@@ -288,7 +349,30 @@ def backpressure(work: Path, master) -> dict:
         a.close()
 
 
-SCENARIOS = {f.__name__: f for f in (two_nodes, corrupt, master_killed, backpressure)}
+def vllm_two_nodes(work: Path, master) -> dict:
+    """Two vLLM processes as two nodes: B's request shares A's prefix, which B loads from Mooncake."""
+    venv = Path(os.environ.get("TUTTI_VLLM_VENV") or Path.home() / ".cache/tutti/vllm-venv")
+    spec = {"model": os.environ.get("TUTTI_TEST_MODEL") or str(venv / "tutti-models" / "tiny-llama")}
+    prefix = list(range(1, 101))  # 3 whole 32-token blocks and 4 tokens
+    first, second = prefix + list(range(300, 341)), prefix + list(range(400, 431))
+    a = b = None
+    try:
+        a = Node("a", vllm=spec)
+        out = {"a_first": a("gen", first, 6)}
+        assert a("flush"), "node A's publications did not finish"
+        out["a_stats"] = a("stats")
+        b = Node("b", vllm=spec)  # A stays up: its objects live in its own Mooncake segment
+        out["b_first"] = b("gen", first, 6)
+        out["b_second"] = b("gen", second, 6)
+        out["b_stats"] = b("stats")
+        return out
+    finally:
+        for n in (b, a):
+            if n is not None:
+                n.close()
+
+
+SCENARIOS = {f.__name__: f for f in (two_nodes, corrupt, master_killed, backpressure, vllm_two_nodes)}
 
 
 def main() -> int:

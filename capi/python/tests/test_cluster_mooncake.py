@@ -132,3 +132,25 @@ def test_publication_backpressure_with_a_stalled_master(run_scenario):
     after = r["stats_after"]
     assert after["remote_publish_drops"] == st["remote_publish_drops"]
     assert after["remote_published_blocks"] + after["remote_publish_drops"] == 2 + 6 * 2
+
+
+def test_two_vllm_processes_share_a_prefix_through_mooncake(run_scenario):
+    """Real vLLM (CPU build, the tiny random-weight Llama of scripts/setup-vllm) as two nodes."""
+    venv = Path(os.environ.get("TUTTI_VLLM_VENV", Path.home() / ".cache/tutti/vllm-venv"))
+    model = venv / "tutti-models" / "tiny-llama" / "config.json"
+    py = os.environ.get("TUTTI_MOONCAKE_PYTHON") or str(venv / "bin" / "python")
+    if not model.exists():
+        _unavailable(f"no test model at {model.parent} (run scripts/setup-vllm)")
+    if subprocess.run([py, "-c", "import vllm"], capture_output=True, timeout=300).returncode != 0:
+        _unavailable(f"{py} has Mooncake but not vLLM (run scripts/setup-vllm, then scripts/setup-mooncake)")
+    r = run_scenario("vllm_two_nodes")
+    a, b = r["a_first"], r["b_first"]
+    assert a["cached"] == 0 and r["a_stats"]["remote_published_blocks"] == 4  # 141 tokens: 4 whole blocks
+    # Node B: the same prompt, its 4 whole blocks loaded from Mooncake (B never computed them) ...
+    assert b["cached"] == 128
+    assert r["b_stats"]["remote_loaded_blocks"] == 4 and r["b_stats"]["remote_verify_failures"] == 0
+    # ... and identical greedy tokens and top-3 logprobs.
+    assert b["tokens"] == a["tokens"] and b["logprobs"] == a["logprobs"]
+    # A request sharing only the 3-block prefix: served from B's own pool now.
+    assert r["b_second"]["cached"] == 96
+    assert r["b_stats"]["remote_lookups"] == 2 and r["b_stats"]["remote_hit_blocks"] == 4
