@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -117,6 +118,7 @@ def main() -> int:
             n.close()
         master.kill()
         master.wait(10)
+        shutil.rmtree(work, ignore_errors=True)
     if a.json:
         print(json.dumps(res))
     else:
