@@ -48,6 +48,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import cluster
 from ._connector import shared
 from .errors import TuttiError
 from ._connector.config import (
@@ -132,6 +133,10 @@ except ImportError:
 STAT_KEYS = (
     "bytes_loaded", "bytes_stored", "hit_tokens", "load_s", "save_s", "failed_blocks", "loads", "saves",
 )
+# The cluster tier's (tutti.cluster: Mooncake): the scheduler side reports remote_lookups and
+# remote_hit_blocks, the worker side the rest; all zero without a tier.
+STAT_KEYS += cluster.STAT_KEYS
+_SCHEDULER_TIER_KEYS = ("remote_lookups", "remote_hit_blocks")
 
 
 @dataclass
@@ -142,6 +147,8 @@ class TuttiConnectorStats(KVConnectorStats):
     the scheduler-side connector reported as loadable; ``load_s``/``save_s``: wall time the
     worker spent waiting for loads and completing saves; ``failed_blocks``: engine blocks
     whose load failed (handed to vLLM); ``loads``/``saves``: requests loaded / stored.
+    ``remote_*``: the Mooncake tier's lookups, blocks found, blocks and bytes loaded, failed
+    calls, objects that did not verify, blocks and bytes published, publications dropped.
     """
 
     def __post_init__(self):
@@ -283,12 +290,20 @@ class TuttiConnector(KVConnectorBase_V1):
         # Scheduler side with a daemon: each rank's identity, from vLLM's handshake.
         self._rank_identities: dict[tuple[int, int], tuple[str, bytes, str]] = {}
         c = self.config
+        # The cluster tier (Mooncake), one per node process, when kv_connector_extra_config names one.
+        self.tier: cluster.MooncakeTier | None = (
+            cluster.acquire(c.mooncake, c.geometry, c.pool_key()) if c.mooncake is not None else None
+        )
+        self._last_tier = self.tier.snapshot() if self.tier is not None else {}
         if scheduler:
             if not c.uses_daemon and _is_real_vllm_config(vllm_config) and self.runtime._registered is None:
                 # vLLM builds the workers (which register their KV) before the scheduler; in one
                 # process the pool has KV by now. It has none when the worker is elsewhere.
                 shared.release(self.config, self.runtime, (self.tp_rank, self.pp_rank))
                 self.runtime = None
+                if self.tier is not None:
+                    cluster.release(self.tier)
+                    self.tier = None
                 raise ConfigError(
                     f"TuttiConnector: the scheduler-side connector (pid {os.getpid()}) finds no KV memory "
                     f"registered by a worker in its process, so the worker runs in another process; "
@@ -296,11 +311,12 @@ class TuttiConnector(KVConnectorBase_V1):
                 )
             identities = self._identities if c.uses_daemon else None
             self._scheduler = SchedulerSide(self.runtime, c.geometry.tokens_per_block, c.deferred_saves,
-                                            identities=identities, ranks=c.tp_size * c.pp_size)
+                                            identities=identities, ranks=c.tp_size * c.pp_size,
+                                            remote=self._remote_contains if self.tier is not None else None)
         else:
             self._worker = WorkerSide(
                 self.runtime, c.geometry, c.model, c.rank_salt(self.tp_rank, self.pp_rank), c.layer_timeout_s,
-                c.deferred_saves,
+                c.deferred_saves, tier=self.tier, store_local=c.mooncake.store_local if c.mooncake else True,
             )
             if c.profile:
                 self._profiler = StepProfiler(self.runtime)
@@ -310,6 +326,13 @@ class TuttiConnector(KVConnectorBase_V1):
         worker-side connectors of this process."""
         found = self._rank_identities or shared.local_identities(self.config)
         return list(found.values())
+
+    def _remote_contains(self, hashes: list[bytes]) -> int:
+        """Leading ``hashes`` the cluster tier holds for every rank (0 until every rank's identity is known)."""
+        ids = self._identities()
+        if self.tier is None or len(ids) < self.config.tp_size * self.config.pp_size:
+            return 0
+        return self.tier.contains(ids, hashes)
 
     def _w(self) -> WorkerSide:
         if self._worker is None:
@@ -392,7 +415,7 @@ class TuttiConnector(KVConnectorBase_V1):
         self._w().begin_step(plan)
         self._stats.data["save_s"] += time.monotonic() - t0
         self._w().start_loads(plan)
-        self._stats.data["loads"] += sum(1 for ld in plan.loads if ld.hashes)
+        self._stats.data["loads"] += sum(1 for ld in plan.loads if ld.hashes or ld.remote_hashes)
         self._stats.data["saves"] += sum(1 for sv in plan.saves if sv.hashes)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -456,6 +479,13 @@ class TuttiConnector(KVConnectorBase_V1):
             self._stats.data["bytes_loaded"] += now.bytes_loaded - self._last_rt.bytes_loaded
             self._stats.data["bytes_stored"] += now.bytes_stored - self._last_rt.bytes_stored
         self._last_rt = now
+        if self.tier is not None:
+            tier = self.tier.snapshot()
+            mine = _SCHEDULER_TIER_KEYS if self._scheduler is not None else tuple(
+                k for k in cluster.STAT_KEYS if k not in _SCHEDULER_TIER_KEYS)
+            for k in mine:
+                self._stats.data[k] += tier[k] - self._last_tier.get(k, 0)
+            self._last_tier = tier
         if self._stats.is_empty():
             return None
         out, self._stats = self._stats, TuttiConnectorStats()
@@ -517,6 +547,9 @@ class TuttiConnector(KVConnectorBase_V1):
             self._worker.close()
         if self._scheduler is not None:
             self._scheduler.close()
+        if self.tier is not None:
+            cluster.release(self.tier)
+            self.tier = None
         if self.runtime is not None:
             shared.release(self.config, self.runtime, (self.tp_rank, self.pp_rank))
             self.runtime = None

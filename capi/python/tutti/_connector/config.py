@@ -42,6 +42,9 @@ overridden in the extra config. Keys of ``kv_connector_extra_config``:
                             its multiprocess executor or TP×PP > 1, ``"off"`` otherwise
 ``daemon_idle_exit_s``      the idle exit of a daemon started by ``"auto"`` (default 30)
 ``daemon_start_timeout_s``  how long to wait for the daemon's socket (default 60)
+``mooncake``                Mooncake Store as the cluster tier above this node's pool: a dict
+                            with ``master`` (host:port) and ``metadata_server``
+                            (http://host:port/metadata), see :func:`tutti.cluster.parse_config`
 ==========================  ===========================================================
 
 With a daemon, every rank stores and loads its own shard: the cache identity of a rank
@@ -106,6 +109,7 @@ KNOWN_KEYS = {
     "daemon",
     "daemon_idle_exit_s",
     "daemon_start_timeout_s",
+    "mooncake",
 }
 
 DAEMON_SOCKET_NAME = "tuttid.sock"
@@ -149,6 +153,8 @@ class ConnectorConfig:
     cuda_driver: str | None = None
     cuda_block_threads: int = 0
     staging_slots: int = 0
+    # The cluster tier (tutti.cluster.ClusterConfig), when 'mooncake' is set.
+    mooncake: Any = None
 
     @property
     def uses_daemon(self) -> bool:
@@ -368,6 +374,14 @@ def from_vllm(vllm_config: Any) -> ConnectorConfig:
             f"kv_connector_extra_config['profile_iocbs_per_sm_per_us'] = "
             f"{extra.get('profile_iocbs_per_sm_per_us')!r} must be a positive number"
         )
+    mooncake = None
+    if extra.get("mooncake") is not None:
+        from ..cluster import ClusterError, parse_config
+
+        try:
+            mooncake = parse_config(extra["mooncake"])
+        except ClusterError as e:
+            raise ConfigError(f"kv_connector_extra_config['mooncake']: {e}") from None
     return ConnectorConfig(
         geometry=geometry_from_vllm(vllm_config, extra),
         model=str(extra.get("model") or vllm_config.model_config.model),
@@ -399,4 +413,5 @@ def from_vllm(vllm_config: Any) -> ConnectorConfig:
         cuda_block_threads=_int(extra, "cuda_block_threads", 0),
         cuda_driver=str(extra["cuda_driver"]) if extra.get("cuda_driver") else None,
         staging_slots=_int(extra, "staging_slots", 0),
+        mooncake=mooncake,
     )

@@ -11,11 +11,14 @@ from dataclasses import dataclass, field
 
 @dataclass
 class LoadSpec:
-    """Load chunk ``hashes[i]`` into engine block ``block_ids[i]`` for every layer."""
+    """Load chunk ``hashes[i]`` into engine block ``block_ids[i]`` for every layer; then, from the
+    cluster tier (Mooncake), chunk ``remote_hashes[i]`` into block ``remote_block_ids[i]``."""
 
     req_id: str
     hashes: list[bytes]
     block_ids: list[int]
+    remote_hashes: list[bytes] = field(default_factory=list)
+    remote_block_ids: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -46,6 +46,7 @@ class RequestState:
     block_ids: list[int] = field(default_factory=list)
     saved_blocks: int = 0  # leading blocks stored or planned for storing
     pending_load: LoadSpec | None = None
+    remote_from: int | None = None  # blocks from this index on come from the cluster tier
 
 
 def _token_ids(request: Any) -> list[int]:
@@ -67,11 +68,16 @@ def _first_group(block_ids: Any) -> list[int]:
 class SchedulerSide:
     """``identities`` (with a daemon): returns every rank's (model, salt, layout kind); the answer
     is then the prefix all ``ranks`` hold, asked under each identity without pinning — each
-    worker pins what it loads, and reports a chunk evicted in between as a load error."""
+    worker pins what it loads, and reports a chunk evicted in between as a load error.
+
+    ``remote`` (the cluster tier): given the hashes past the local hit, returns how many leading
+    ones the tier holds; those extend the hit and are loaded from the tier."""
 
     def __init__(self, runtime: Runtime, tokens_per_block: int, deferred_saves: bool = False,
-                 identities: Callable[[], list[tuple[str, bytes, str]]] | None = None, ranks: int = 1):
+                 identities: Callable[[], list[tuple[str, bytes, str]]] | None = None, ranks: int = 1,
+                 remote: Callable[[list[bytes]], int] | None = None):
         self.rt = runtime
+        self.remote = remote
         self.identities = identities
         self.ranks = ranks
         self._warned_ranks = False
@@ -114,6 +120,9 @@ class SchedulerSide:
                     self._warned_unregistered = True
             except TuttiError as e:
                 log.warning("tutti: lookup for request %s failed, treating as a miss: %s", req_id, e)
+            if self.remote is not None and st.hits < usable:
+                st.remote_from = st.hits
+                st.hits += max(0, min(usable - st.hits, self.remote(st.hashes[st.hits:usable])))
             st.saved_blocks = st.hits
         st.local_tokens = num_computed_tokens
         if num_computed_tokens % self.B:
@@ -161,7 +170,9 @@ class SchedulerSide:
             raise ValueError(
                 f"request {st.req_id}: {len(ids)} blocks allocated, the loaded prefix needs {last}"
             )
-        st.pending_load = LoadSpec(st.req_id, st.hashes[first:last], ids[first:last])
+        split = last if st.remote_from is None else max(first, min(last, st.remote_from))
+        st.pending_load = LoadSpec(st.req_id, st.hashes[first:split], ids[first:split],
+                                   st.hashes[split:last], ids[split:last])
 
     # --- build_connector_meta ------------------------------------------------------------
 

@@ -180,6 +180,13 @@ def describe_vllm_layer(name: str, t: Any, g: Geometry, backend: str | None = No
     )
 
 
+def _span(t: Any) -> tuple[int, int]:
+    """(address, bytes) of the memory a tensor's elements cover."""
+    v = view(t)
+    last = sum((d - 1) * s for d, s in zip(v.shape, v.strides) if d > 0)
+    return v.addr, (last + 1) * v.element_size
+
+
 def _runs(layers: list[int]) -> list[range]:
     """Sorted layer numbers as contiguous ranges: [0, 1, 3] → [range(0, 2), range(3, 4)]."""
     out: list[range] = []
@@ -217,8 +224,15 @@ class WorkerSide:
         tenant_salt: bytes,
         timeout_s: float,
         deferred_saves: bool = False,
+        tier: Any = None,
+        store_local: bool = True,
     ):
         self.rt = runtime
+        # The cluster tier (tutti.cluster.MooncakeTier): remote loads, and publication of saves.
+        self.tier = tier
+        self.store_local = store_local
+        self._remote_done: list[tuple[LoadSpec, list[int]]] = []  # verified remote loads to keep locally
+        self._layouts: list[LayerLayout] = []
         self.g = geometry
         self.model = model
         self.salt = tenant_salt
@@ -288,10 +302,35 @@ class WorkerSide:
         self.layout_tag = tag
         self.kv_caches = kv_caches
         self.identity = (self.model, salt, kind)
+        self._layouts = list(by_layer)
+        if self.tier is not None:
+            if on_gpu:
+                log.warning("tutti: the KV cache is on the GPU; the Mooncake tier (the non-CUDA build) moves "
+                            "host memory only, so it is not used")
+                self.tier = None
+            else:
+                self.tier.register_memory([_span(kv_caches[n]) for n in names])
         path = self.rt.data_path() if hasattr(self.rt, "data_path") else None
         log.info("tutti: registered %d layers × %d blocks (%s %s, %s memory, %s data path%s)", len(names),
                  num_blocks, kind, tag or "NHD", memory, path.mode if path else "?",
                  f": {path.p2p_missing}" if path and path.p2p_missing else "")
+
+    def block_segments(self, block_id: int) -> list[tuple[int, int]]:
+        """(address, bytes) runs of one engine block, every layer's K then V (adjacent runs merged):
+        what the cluster tier moves as one object."""
+        obj = self.g.object_bytes
+        out: list[tuple[int, int]] = []
+        for d in self._layouts:
+            if d.kind == "vllm_per_layer":
+                runs = [(d.k_base + block_id * obj, obj), (d.v_base + block_id * obj, obj)]
+            else:
+                runs = [(d.k_base + block_id * d.block_stride, obj), (d.v_base + block_id * d.block_stride, obj)]
+            for addr, n in runs:
+                if out and out[-1][0] + out[-1][1] == addr:
+                    out[-1] = (out[-1][0], out[-1][1] + n)
+                else:
+                    out.append((addr, n))
+        return out
 
     def layer_of(self, layer_name: str) -> int | None:
         return self.layers.get(layer_name)
@@ -300,6 +339,8 @@ class WorkerSide:
 
     def start_loads(self, plan: StepPlan) -> None:
         for spec in plan.loads:
+            if spec.remote_hashes:
+                self._load_remote(spec)
             if not spec.hashes:
                 continue
             try:
@@ -309,6 +350,48 @@ class WorkerSide:
                 self._load_errors.update(spec.block_ids)
                 continue
             self._loads.append(_Load(spec, job))
+
+    def _load_remote(self, spec: LoadSpec) -> None:
+        """Reads the request's blocks held by the cluster tier straight into its engine blocks,
+        verified; a block that fails (gone, corrupt, Mooncake down or late) is a load error."""
+        ids = spec.remote_block_ids
+        if self.tier is None or self.identity is None or len(ids) != len(spec.remote_hashes):
+            log.warning("tutti: request %s: %d blocks planned from Mooncake, but no tier here; recomputing",
+                        spec.req_id, len(ids))
+            self._load_errors.update(ids)
+            return
+        bad = [b for b in ids if not 0 <= b < self.num_blocks]
+        if bad:
+            log.warning("tutti: request %s: block ids %s outside the KV cache; recomputing", spec.req_id, bad)
+            self._load_errors.update(ids)
+            return
+        res = self.tier.load(self.identity, spec.remote_hashes, [self.block_segments(b) for b in ids])
+        self._load_errors.update(ids[i] for i in res.failed)
+        late = sorted(ids[i] for i in res.unknown)
+        if late:
+            self.unknown_load_blocks.update(late)
+            log.warning(
+                "tutti: loading blocks %s of request %s from Mooncake passed its deadline: Mooncake may still "
+                "write them; they are reported as load errors, but their memory is not safe to reuse", late,
+                spec.req_id,
+            )
+        ok = [i for i in range(len(ids)) if i not in res.failed]
+        if ok and self.store_local:
+            self._remote_done.append((spec, ok))
+
+    def _store_remote_locally(self) -> None:
+        """Verified remote blocks go into the local pool too, so the next hit is local."""
+        done, self._remote_done = self._remote_done, []
+        for spec, ok in done:
+            hashes = [spec.remote_hashes[i] for i in ok]
+            blocks = [spec.remote_block_ids[i] for i in ok]
+            try:
+                with self.rt.begin_store(hashes, blocks) as st:
+                    with st.submit() as job:
+                        job.wait(self.timeout_s)
+                    st.commit()
+            except TuttiError as e:
+                log.info("tutti: keeping request %s's Mooncake blocks locally failed: %s", spec.req_id, e)
 
     def _absorb(self, ld: _Load, st: JobStatus) -> None:
         self._load_errors.update(ld.spec.block_ids[i] for i in st.failed_blocks)
@@ -364,6 +447,8 @@ class WorkerSide:
             ld.job.close()
             ld.job = None
         self._loads.clear()
+        if self._remote_done:
+            self._store_remote_locally()
 
     def take_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
@@ -469,6 +554,9 @@ class WorkerSide:
             except TuttiError as e:
                 log.warning("tutti: committing request %s's blocks failed: %s", sv.spec.req_id, e)
             sv.store.close()
+            if self.tier is not None and self.identity is not None:
+                # Still the step's KV (nothing rewrote these blocks yet): digested now, sent later.
+                self.tier.publish(self.identity, sv.spec.hashes, [self.block_segments(b) for b in sv.spec.block_ids])
 
     def close(self) -> None:
         self.finish_loads()
