@@ -34,7 +34,9 @@ pub mod profiler;
 pub mod sim;
 pub mod table;
 
-pub use arbiter::{Arbiter, ArbiterConfig, ArbiterStats, BacklogFull, Decision, Mode, PolicyState, Unit};
+pub use arbiter::{
+    Arbiter, ArbiterConfig, ArbiterStats, BacklogFull, Decision, Event, Mode, PolicyOff, PolicyState, Unit,
+};
 pub use compute::{ComputeModel, GpuModel, IoPartition, ModelGeometry};
 pub use error::{Backpressure, SchedError};
 pub use online::{OnlineConfig, OnlineSlack};

@@ -129,12 +129,25 @@ pub enum Decision {
     Wait,
 }
 
+/// Why writes are not held for slack right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyOff {
+    /// The mode does not hold writes for slack (`Pass`, `Arbitrate`).
+    Mode,
+    /// The engine has announced no compute window yet.
+    NoTimings,
+    /// The engine announced none for `idle_after_ns`.
+    Idle,
+}
+
 /// The policy in force, and why.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct PolicyState {
     pub mode: Mode,
     /// Whether writes are held for slack right now.
     pub slack_active: bool,
+    pub off: Option<PolicyOff>,
     /// Why not, when `slack_active` is false.
     pub off_reason: Option<String>,
 }
@@ -333,19 +346,23 @@ impl Arbiter {
     /// The policy in force at `now_ns`.
     pub fn policy(&self, now_ns: u64) -> PolicyState {
         let mode = self.config.mode;
-        let off_reason = if !self.slack_mode() {
-            Some(format!("mode {mode}: writes are not held for slack"))
+        let off = if !self.slack_mode() {
+            Some(PolicyOff::Mode)
         } else if self.last_window_ns.is_none() {
-            Some("the engine gave no layer or decode timings".to_string())
+            Some(PolicyOff::NoTimings)
         } else if self.idle(now_ns) {
-            Some(format!(
-                "the engine gave no timings for {} ms (idle)",
-                self.config.idle_after_ns / 1_000_000
-            ))
+            Some(PolicyOff::Idle)
         } else {
             None
         };
-        PolicyState { mode, slack_active: off_reason.is_none(), off_reason }
+        let off_reason = off.map(|o| match o {
+            PolicyOff::Mode => format!("mode {mode}: writes are not held for slack"),
+            PolicyOff::NoTimings => "the engine gave no layer or decode timings".to_string(),
+            PolicyOff::Idle => {
+                format!("the engine gave no timings for {} ms (idle)", self.config.idle_after_ns / 1_000_000)
+            }
+        });
+        PolicyState { mode, slack_active: off.is_none(), off, off_reason }
     }
 
     fn note_policy(&mut self, now_ns: u64) {
