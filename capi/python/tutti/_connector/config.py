@@ -40,6 +40,8 @@ overridden in the extra config. Keys of ``kv_connector_extra_config``:
                             ``sched_slack_table``) or ``"pass"`` (no scheduling)
 ``sched_slack_table``       the slack table (``tutti profile``) the slack modes read
 ``sched_backlog_bytes``     KV bytes unwritten stores may hold (default: libtutti's 1 GiB)
+``sched_idle_ms``           no timing hook for this long: the engine is idle and deferred
+                            writes go regardless of slack (default: libtutti's 200 ms)
 ``sched_backlog_full``      ``"backpressure"`` (default: a store over the bound waits for
                             the backlog to drain) or ``"drop"`` (it is not stored: a miss)
 ``daemon_socket``           connect to the tuttid (``tutti serve``) listening here; every
@@ -115,6 +117,7 @@ KNOWN_KEYS = {
     "sched_slack_table",
     "sched_backlog_bytes",
     "sched_backlog_full",
+    "sched_idle_ms",
     "daemon_socket",
     "daemon",
     "daemon_idle_exit_s",
@@ -152,6 +155,7 @@ class ConnectorConfig:
     sched_slack_table: str | None = None
     sched_backlog_bytes: int = 0
     sched_backlog_full: str = "backpressure"
+    sched_idle_ms: int = 0
     # "off" (the pool in this process), "connect" (a tuttid at daemon_socket) or "auto"
     # (start tuttid for the emulated pool in emulated_dir when none is running).
     daemon: str = "off"
@@ -425,6 +429,7 @@ def from_vllm(vllm_config: Any) -> ConnectorConfig:
         sched_slack_table=sched_table,
         sched_backlog_bytes=_int(extra, "sched_backlog_bytes", 0),
         sched_backlog_full=sched_full,
+        sched_idle_ms=_int(extra, "sched_idle_ms", 0),
         daemon=daemon,
         daemon_socket=socket,
         daemon_idle_exit_s=_int(extra, "daemon_idle_exit_s", 30, 1),

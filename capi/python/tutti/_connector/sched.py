@@ -42,12 +42,13 @@ class SchedHooks:
     def configure(cls, runtime: Runtime, config) -> "SchedHooks":
         """Applies the connector's ``sched_*`` keys to the runtime (before any job)."""
         if (config.sched_mode, config.sched_slack_table, config.sched_backlog_bytes,
-                config.sched_backlog_full) != ("arbitrate", None, 0, "backpressure"):
+                config.sched_backlog_full, config.sched_idle_ms) != ("arbitrate", None, 0, "backpressure", 0):
             runtime.configure_scheduler(
                 mode=config.sched_mode,
                 slack_table=config.sched_slack_table,
                 backlog_bytes=config.sched_backlog_bytes,
                 backlog_full=config.sched_backlog_full,
+                idle_ms=config.sched_idle_ms,
             )
         return cls(runtime)
 
