@@ -489,3 +489,28 @@ fn a_crash_with_deferred_writes_pending_serves_no_wrong_bytes() {
     drop(rt);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_client_of_tuttid_schedules_its_loads_and_stores_too() {
+    let (daemon, dir) = start_daemon("sched");
+    let socket = CString::new(daemon.socket().to_str().unwrap()).unwrap();
+    let name = CString::new("engine").unwrap();
+    let mut rt = null_mut();
+    // SAFETY: a valid config and out pointer.
+    ok(unsafe { tutti_runtime_connect(&client_config(&socket, &name), &mut rt) });
+    let rt = Rt(rt);
+    let _mem = register_filled(&rt, BLOCKS, 4);
+    sched_record(rt.0, true).unwrap();
+    let keys = hashes(2, 40);
+    assert_eq!(store_all(&rt, &keys, &[0, 1]).stored, 2);
+    assert_eq!(load_all(&rt, &keys, &[2, 3]).failed, 0);
+    let (reads, writes) = check_invariants(&sched_record(rt.0, false).unwrap());
+    assert_eq!((reads, writes), (LAYERS as usize, LAYERS as usize));
+    let s = stats(&rt);
+    assert_eq!((s.reads_issued, s.writes_issued, s.mixed_issues), (LAYERS as u64, LAYERS as u64, 0));
+    // SAFETY: a live handle.
+    unsafe { ok(tutti_unregister_kv(rt.0)) };
+    drop(rt);
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(dir);
+}

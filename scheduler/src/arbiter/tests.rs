@@ -45,6 +45,12 @@ fn unit(job: u64, layer: u32, kind: IoKind, bytes: [u64; 2]) -> Unit {
     Unit { job, layer, kind, drive_bytes: bytes.to_vec() }
 }
 
+/// Accepts a store of `bytes` as job `job`.
+fn bind(a: &mut Arbiter, bytes: u64, job: u64) {
+    let key = a.accept_store(bytes).unwrap().expect("the store fits the backlog");
+    a.bind_store(key, job).unwrap();
+}
+
 fn shape() -> RequestShape {
     RequestShape::new(1000, 1000)
 }
@@ -119,7 +125,7 @@ fn a_write_waits_for_reads_on_its_drive_and_a_read_for_writes() {
 #[test]
 fn a_ready_read_holds_back_writes_asked_for_after_it() {
     let mut a = arb(Mode::Arbitrate, 0);
-    a.accept_store(1000).unwrap().map(|k| a.bind_store(k, 9).unwrap());
+    bind(&mut a, 1000, 9);
     assert_eq!(a.request(&unit(9, 0, IoKind::Write, [100, 100]), false, 0).unwrap(), Decision::Go);
     let r = unit(1, 0, IoKind::Read, [100, 100]);
     assert_eq!(a.request(&r, false, 0).unwrap(), Decision::Wait);
@@ -142,7 +148,7 @@ fn pass_mode_mixes_and_counts_it() {
 fn slack_holds_writes_outside_windows_and_fits_them_inside() {
     // A 10 µs window: a write of 2 IOCBs per drive takes 1 + 4 µs.
     let mut a = arb(Mode::Slack, 10_000);
-    a.accept_store(100_000).unwrap().map(|k| a.bind_store(k, 5).unwrap());
+    bind(&mut a, 100_000, 5);
     let w = |l| unit(5, l, IoKind::Write, [2000, 2000]);
     // No timings yet: the slack policy is off and says so; the write goes.
     let p = a.policy(0);
@@ -172,7 +178,7 @@ fn slack_holds_writes_outside_windows_and_fits_them_inside() {
 #[test]
 fn writes_queue_behind_writes_on_a_drive_until_it_drains() {
     let mut a = arb(Mode::Slack, 10_000);
-    a.accept_store(100_000).unwrap().map(|k| a.bind_store(k, 5).unwrap());
+    bind(&mut a, 100_000, 5);
     a.layer_start(shape(), 0, 0).unwrap();
     // 4 write IOCBs on drive 0 take 9 µs of the 10: a second such write does not fit behind it,
     // one on the idle drive 1 does.
@@ -188,7 +194,7 @@ fn writes_queue_behind_writes_on_a_drive_until_it_drains() {
 fn the_iocb_budget_of_the_window_caps_writes() {
     let t = table(1_000_000, 3);
     let mut a = Arbiter::new(config(Mode::Slack, 2, 100_000), Some(t)).unwrap();
-    a.accept_store(100_000).unwrap().map(|k| a.bind_store(k, 5).unwrap());
+    bind(&mut a, 100_000, 5);
     a.layer_start(shape(), 0, 0).unwrap();
     assert_eq!(a.request(&unit(5, 0, IoKind::Write, [2000, 0]), false, 0).unwrap(), Decision::Go);
     // 2 of 3 IOCBs used: a 2-IOCB write does not fit, a 1-IOCB one does.
@@ -199,7 +205,7 @@ fn the_iocb_budget_of_the_window_caps_writes() {
 #[test]
 fn idle_engine_turns_the_slack_policy_off() {
     let mut a = arb(Mode::Slack, 10);
-    a.accept_store(100_000).unwrap().map(|k| a.bind_store(k, 5).unwrap());
+    bind(&mut a, 100_000, 5);
     a.layer_start(shape(), 0, 0).unwrap();
     a.layer_end(0, 10).unwrap();
     assert_eq!(a.request(&unit(5, 0, IoKind::Write, [2000, 0]), false, 100).unwrap(), Decision::Wait);
@@ -245,7 +251,7 @@ fn the_backlog_bound_refuses_or_drops_and_counts() {
 #[test]
 fn forgetting_a_job_withdraws_its_ready_reads() {
     let mut a = arb(Mode::Arbitrate, 0);
-    a.accept_store(1000).unwrap().map(|k| a.bind_store(k, 2).unwrap());
+    bind(&mut a, 1000, 2);
     assert_eq!(a.request(&unit(2, 0, IoKind::Write, [100, 0]), false, 0).unwrap(), Decision::Go);
     assert_eq!(a.request(&unit(1, 0, IoKind::Read, [100, 0]), false, 0).unwrap(), Decision::Wait);
     a.complete(2, 0).unwrap();
@@ -264,12 +270,12 @@ fn online_correction_shrinks_the_window_of_a_stale_table() {
         now += 5_000;
         a.layer_end(layer, now).unwrap();
     }
-    a.accept_store(100_000).unwrap().map(|k| a.bind_store(k, 5).unwrap());
+    bind(&mut a, 100_000, 5);
     a.layer_start(shape(), 0, now).unwrap();
     // 1 + 4 µs fits 5 µs but a 3-IOCB write (7 µs) no longer fits the corrected window.
     assert_eq!(a.request(&unit(5, 0, IoKind::Write, [3000, 0]), false, now).unwrap(), Decision::Wait);
     let mut plain = arb(Mode::Slack, 10_000);
-    plain.accept_store(100_000).unwrap().map(|k| plain.bind_store(k, 5).unwrap());
+    bind(&mut plain, 100_000, 5);
     plain.layer_start(shape(), 0, now).unwrap();
     assert_eq!(plain.request(&unit(5, 0, IoKind::Write, [3000, 0]), false, now).unwrap(), Decision::Go);
 }
