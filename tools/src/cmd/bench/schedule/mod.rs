@@ -177,6 +177,8 @@ pub struct Measured {
     pub mixed_issues: u64,
     pub writes_held_for_slack: u64,
     pub writes_in_decode: u64,
+    /// Times a read was held behind writes in flight on its drive (writes overrunning a window).
+    pub reads_held_for_writes: u64,
     /// Per request: (bubble ms, TTFT ms).
     pub per_request: Vec<(f64, f64)>,
 }
@@ -216,8 +218,10 @@ impl Shape {
             object_bytes: u64::from(BLOCK_TOKENS) * 2 * 128 * 2,
         }
     }
+    /// Engine blocks: the prefix, and two sets for new KV (one request's stores may still be
+    /// written while the next request computes into the other set).
     fn blocks(&self) -> u32 {
-        self.prefix_blocks + self.new_blocks
+        self.prefix_blocks + 2 * self.new_blocks
     }
 }
 
@@ -257,13 +261,50 @@ fn sleep_until(t: Instant) {
     }
 }
 
-fn all_done(jobs: &[abi::Job]) -> anyhow::Result<bool> {
-    for j in jobs {
-        if !j.done()? {
-            return Ok(false);
+/// One request's store session and its per-layer jobs.
+struct Pending {
+    store: abi::Store,
+    jobs: Vec<abi::Job>,
+    /// When its first layer was submitted, and when every layer was first seen written.
+    start: Option<Instant>,
+    done: Option<Instant>,
+}
+
+impl Pending {
+    /// Polls the jobs (at a layer or step boundary) and notes when all are done.
+    fn note_done(&mut self) -> anyhow::Result<()> {
+        if self.done.is_none() && !self.jobs.is_empty() {
+            for j in &self.jobs {
+                if !j.done()? {
+                    return Ok(());
+                }
+            }
+            self.done = Some(Instant::now());
         }
+        Ok(())
     }
-    Ok(true)
+}
+
+#[derive(Default)]
+struct Written {
+    bytes: u64,
+    seconds: f64,
+}
+
+impl Written {
+    /// Waits for a request's stores, commits them and adds them up.
+    fn finish(&mut self, mut p: Pending, shape: &Shape, layers: u32) -> anyhow::Result<()> {
+        for j in &p.jobs {
+            j.wait(TIMEOUT)?;
+        }
+        p.note_done()?;
+        let stored = p.store.commit()?;
+        if let (Some(s), Some(d)) = (p.start, p.done) {
+            self.seconds += (d - s).as_secs_f64();
+        }
+        self.bytes += u64::from(stored) * 2 * shape.object_bytes * u64::from(layers);
+        Ok(())
+    }
 }
 
 /// Runs `policy` on a fresh runtime and measures it.
@@ -279,7 +320,8 @@ fn measure(
     let mem = KvMem::new((2 * u64::from(shape.blocks()) * shape.object_bytes * u64::from(a.layers)) as usize);
     rt.register(&mem, a.layers, shape.blocks(), shape.object_bytes)?;
     let prefix: Vec<u32> = (0..shape.prefix_blocks).collect();
-    let fresh: Vec<u32> = (shape.prefix_blocks..shape.blocks()).collect();
+    let half = shape.prefix_blocks + shape.new_blocks;
+    let fresh: [Vec<u32>; 2] = [(shape.prefix_blocks..half).collect(), (half..shape.blocks()).collect()];
     // Warm the pool with every request's prefix, unscheduled and untimed.
     rt.configure(&capi::tutti_sched_config_t { mode: capi::TUTTI_SCHED_PASS, ..Default::default() })?;
     for r in 0..a.requests {
@@ -315,10 +357,15 @@ fn measure(
     let prefix_tokens = shape.prefix_blocks * BLOCK_TOKENS;
     let layer_time = Duration::from_nanos(model.prefill_layer_ns(input, prefix_tokens) as u64);
     let mut per_request = Vec::new();
-    let (mut read_bytes, mut read_time, mut write_bytes, mut write_time) = (0u64, 0f64, 0u64, 0f64);
+    let (mut read_bytes, mut read_time) = (0u64, 0f64);
+    let mut written = Written::default();
+    // The previous request's stores: still being written while the next request runs, as in
+    // serving (its engine blocks are the other half of the fresh blocks, so nothing reuses them).
+    let mut prev: Option<Pending> = None;
     let start_all = Instant::now();
     for r in 0..a.requests {
         let keys: Vec<_> = prefix.iter().map(|&b| key(r, b, 0)).collect();
+        let fresh = &fresh[r as usize % 2];
         let new_keys: Vec<_> = fresh.iter().map(|&b| key(r, b, 1)).collect();
         let t0 = Instant::now();
         let load = rt.load(&keys, &prefix, a.layers)?;
@@ -330,9 +377,8 @@ fn measure(
             }
             bubble += w.elapsed();
         }
-        let store = rt.store_begin(&new_keys, &fresh)?;
-        let mut stores = Vec::new();
-        let mut store_start = None;
+        let mut cur =
+            Pending { store: rt.store_begin(&new_keys, fresh)?, jobs: Vec::new(), start: None, done: None };
         let mut load_done = t0;
         for l in 0..a.layers {
             if policy != PolicyKind::LoadAll {
@@ -351,15 +397,20 @@ fn measure(
             if slack {
                 rt.layer_end(l)?;
             }
-            store_start.get_or_insert_with(Instant::now);
-            stores.push(store.submit_layer(l)?);
+            cur.start.get_or_insert_with(Instant::now);
+            cur.jobs.push(cur.store.submit_layer(l)?);
+            if let Some(p) = &mut prev {
+                p.note_done()?;
+            }
         }
         let ttft = t0.elapsed();
         read_bytes += u64::from(shape.prefix_blocks) * 2 * shape.object_bytes * u64::from(a.layers);
         read_time += (load_done - t0).as_secs_f64();
+        // The previous request's stores must be durable before its blocks are reused.
+        if let Some(p) = prev.take() {
+            written.finish(p, &shape, a.layers)?;
+        }
         let context = input + prefix_tokens;
-        // When every store job was first seen done (polled at each step's end).
-        let mut stores_done = None;
         for s in 0..a.decode_steps {
             let step = Duration::from_nanos(model.decode_step_ns(context + s) as u64);
             let t = Instant::now();
@@ -370,22 +421,16 @@ fn measure(
             if slack {
                 rt.decode_end()?;
             }
-            if stores_done.is_none() && all_done(&stores)? {
-                stores_done = Some(Instant::now());
-            }
+            cur.note_done()?;
         }
-        for j in &stores {
-            j.wait(TIMEOUT)?;
-        }
-        let stores_done = stores_done.unwrap_or_else(Instant::now);
-        let stored = store.commit()?;
-        if let Some(s) = store_start {
-            write_time += (stores_done - s).as_secs_f64();
-        }
-        write_bytes += u64::from(stored) * 2 * shape.object_bytes * u64::from(a.layers);
+        prev = Some(cur);
         per_request.push((bubble.as_secs_f64() * 1e3, ttft.as_secs_f64() * 1e3));
         bar.inc(1);
     }
+    if let Some(p) = prev.take() {
+        written.finish(p, &shape, a.layers)?;
+    }
+    let (write_bytes, write_time) = (written.bytes, written.seconds);
     tracing::debug!(
         elapsed_s = start_all.elapsed().as_secs_f64(),
         policy = policy.label(),
@@ -405,6 +450,7 @@ fn measure(
         mixed_issues: s.mixed_issues,
         writes_held_for_slack: s.write_waits_for_slack,
         writes_in_decode: s.writes_in_decode,
+        reads_held_for_writes: s.read_waits,
         per_request,
     })
 }

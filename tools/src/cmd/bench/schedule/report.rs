@@ -35,7 +35,9 @@ pub struct Report {
 
 const NOTE: &str = "measured: real I/O through libtutti on emulated drives with the bandwidth model and \
 the mixed read/write collapse, the compute timeline replayed by sleeping; predicted: `tutti simulate`'s \
-model of the same drives, model and workload. Times are per request (means).";
+model of the same drives, model and workload. Times are per request (means). mixed issues: layers \
+started on a drive with the other direction in flight; reads held: times a read waited for writes in \
+flight on its drive.";
 
 impl Report {
     pub fn new(a: &Args, host: crate::cmd::bench::Host, shape: RequestShape, rows: Vec<Row>) -> Report {
@@ -103,6 +105,7 @@ impl Report {
                     format!("{:.1}", m.backlog_peak_mib),
                     m.bytes_dropped.to_string(),
                     m.mixed_issues.to_string(),
+                    m.reads_held_for_writes.to_string(),
                 ]
             })
             .collect();
@@ -120,6 +123,7 @@ impl Report {
                 "backlog MiB",
                 "dropped B",
                 "mixed issues",
+                "reads held",
             ],
             &rows,
         );
