@@ -94,3 +94,26 @@ def test_slack_mode_holds_stores_outside_windows_and_still_stores_them(library, 
 def test_scheduler_keys_are_checked(library, geometry, extra, match):
     with pytest.raises(ConfigError, match=match):
         from_vllm(vllm_config(geometry, dict(EXTRA, **extra)))
+
+
+def test_binding_configures_the_scheduler_and_reports_why_slack_is_off(runtime, tmp_path):
+    import tutti
+
+    s = runtime.sched_stats()
+    assert (s["mode"], s["slack_active"], s["policy_off"]) == ("arbitrate", False, "mode")
+    with pytest.raises(ValueError, match="mode"):
+        runtime.configure_scheduler(mode="fast")
+    with pytest.raises(tutti.errors.InvalidArgument, match="slack_table"):
+        runtime.configure_scheduler(mode="slack")
+    table = _slack_table(tmp_path, runtime.geometry.layers)
+    runtime.configure_scheduler(mode="slack_online", slack_table=table, backlog_bytes=1 << 20, backlog_full="drop")
+    s = runtime.sched_stats()
+    assert (s["mode"], s["slack_active"], s["policy_off"]) == ("slack_online", False, "no_timings")
+    assert s["backlog_capacity"] == 1 << 20
+    runtime.sched_layer_start(64, 0, 0)
+    s = runtime.sched_stats()
+    assert s["slack_active"] and s["policy_off"] is None and s["prefill_windows"] == 1
+    runtime.sched_layer_end(0)
+    runtime.sched_decode_start(64)
+    runtime.sched_decode_end()
+    assert runtime.sched_stats()["decode_windows"] == 1
