@@ -54,11 +54,14 @@
 // `TUTTI_EXECUTOR_GIO_CUDA`, `TUTTI_MEMORY_HOST_STAGED`, the CUDA and staging
 // fields of `tutti_runtime_config_t`, `tutti_data_path`); minor 5 added the
 // emulated drives' bandwidth and latency model (the `emulated_*_bytes_per_sec`,
-// `emulated_*latency_us` and `emulated_mixed_*` fields of `tutti_runtime_config_t`).
+// `emulated_*latency_us` and `emulated_mixed_*` fields of `tutti_runtime_config_t`);
+// minor 6 added the scheduler in the job path (`tutti_sched_configure`,
+// `tutti_sched_config_t`, the `tutti_sched_layer_*`/`tutti_sched_decode_*`
+// timing hooks, `tutti_sched_stats`).
 #define TUTTI_ABI_VERSION 1
 
 // The minor version of ABI 1 this library implements (see `TUTTI_ABI_VERSION`).
-#define TUTTI_ABI_MINOR 5
+#define TUTTI_ABI_MINOR 6
 
 // 32-bit float KV.
 #define TUTTI_DTYPE_F32 1
@@ -181,6 +184,37 @@
 
 // Longest timeout a wait accepts (one day), in milliseconds.
 #define TUTTI_MAX_TIMEOUT_MS 86400000
+
+// Layers go as they are asked for: reads and writes may share a drive (a baseline).
+#define TUTTI_SCHED_PASS 1
+
+// Per-drive arbitration, reads first; writes are not held for slack (the default).
+#define TUTTI_SCHED_ARBITRATE 2
+
+// Arbitration, and writes only into the slack of announced compute windows (`slack_table`).
+#define TUTTI_SCHED_SLACK 3
+
+// As `TUTTI_SCHED_SLACK`, the table's windows corrected online from the observed ones.
+#define TUTTI_SCHED_SLACK_ONLINE 4
+
+// A store that does not fit the backlog bound is refused with `TUTTI_E_BUSY` (the default).
+#define TUTTI_BACKLOG_BACKPRESSURE 1
+
+// A store that does not fit is dropped: its job reports every block failed ("dropped"), the
+// blocks are not committed and are later misses; counted in `tutti_sched_stats_t`.
+#define TUTTI_BACKLOG_DROP 2
+
+// `tutti_sched_stats_t::policy_off`: the slack policy is on.
+#define TUTTI_SCHED_POLICY_ON 0
+
+// Off: the mode does not hold writes for slack.
+#define TUTTI_SCHED_POLICY_OFF_MODE 1
+
+// Off: the engine gave no layer or decode timings (`tutti_sched_layer_start`, ...).
+#define TUTTI_SCHED_POLICY_OFF_NO_TIMINGS 2
+
+// Off: the engine gave no timings for `idle_ms` (it is idle).
+#define TUTTI_SCHED_POLICY_OFF_IDLE 3
 
 // Success; for jobs and layers: finished.
 #define TUTTI_OK 0
@@ -526,6 +560,72 @@ typedef struct tutti_runtime_info_t {
     // The pool's identity (little endian).
     uint8_t pool_id[16];
 } tutti_runtime_info_t;
+
+// The scheduler's settings. Set `struct_size = sizeof(tutti_sched_config_t)`; 0 in a numeric
+// field means its default.
+typedef struct tutti_sched_config_t {
+    uint32_t struct_size;
+    // `TUTTI_SCHED_*` (required).
+    uint32_t mode;
+    // `TUTTI_BACKLOG_*` (0 = backpressure).
+    uint32_t backlog_full;
+    // No timing hook for this long means the engine is idle: deferred writes go (0 = 200 ms).
+    uint32_t idle_ms;
+    // Bytes of engine memory that stores not yet written may hold (0 = 1 GiB).
+    uint64_t backlog_bytes;
+    // One drive's read bandwidth with no writes, bytes/s (0 = 3 GB/s).
+    uint64_t read_bytes_per_sec;
+    // One drive's write bandwidth with no reads, bytes/s (0 = 1.5 GB/s).
+    uint64_t write_bytes_per_sec;
+    // Per-command latency, ns (0 = 20 µs).
+    uint64_t latency_ns;
+    // Bytes of one IOCB of the slack table's budgets (0 = one KV object of the pool).
+    uint64_t iocb_bytes;
+    // Fraction of every window withheld from writes, in [0, 1).
+    double write_guard;
+    // Slack table file (`tutti profile`, `tutti_profile_save_slack_table`); required by the
+    // slack modes, NULL otherwise. Its layer count must be the pool's.
+    const char *slack_table;
+} tutti_sched_config_t;
+
+// What the scheduler did. Set `struct_size = sizeof(tutti_sched_stats_t)`.
+typedef struct tutti_sched_stats_t {
+    uint32_t struct_size;
+    // `TUTTI_SCHED_*` in force.
+    uint32_t mode;
+    // 1 when writes are held for slack right now.
+    uint32_t slack_active;
+    // `TUTTI_SCHED_POLICY_*`: why not (0 when on).
+    uint32_t policy_off;
+    // Layer units handed to the drives.
+    uint64_t reads_issued;
+    uint64_t writes_issued;
+    uint64_t read_bytes;
+    uint64_t write_bytes;
+    // Times a read was held because its drive had writes in flight.
+    uint64_t read_waits;
+    // Times a write was held because its drive had reads in flight or waiting.
+    uint64_t write_waits_for_reads;
+    // Times a write was held for lack of slack.
+    uint64_t write_waits_for_slack;
+    // Writes started inside a decode step.
+    uint64_t writes_in_decode;
+    // Writes started because the engine blocked on them or was idle (slack modes).
+    uint64_t writes_urgent_or_idle;
+    // Units started on a drive with the other direction in flight (0 unless `TUTTI_SCHED_PASS`).
+    uint64_t mixed_issues;
+    // Bytes of engine memory held by stores not yet written, now and at most.
+    uint64_t backlog_bytes;
+    uint64_t backlog_peak_bytes;
+    uint64_t backlog_capacity;
+    // Stores refused (backpressure) or dropped, and the bytes dropped.
+    uint64_t stores_refused;
+    uint64_t stores_dropped;
+    uint64_t bytes_dropped;
+    // Compute windows the engine announced.
+    uint64_t prefill_windows;
+    uint64_t decode_windows;
+} tutti_sched_stats_t;
 
 // Counters since the runtime opened. Set `struct_size = sizeof(tutti_stats_t)`
 // (136 for a caller built against ABI 1.0, which gets the fields up to
@@ -988,6 +1088,50 @@ int32_t tutti_runtime_close(struct tutti_runtime_t *rt);
 // `rt` is a runtime handle (checked); `out` is NULL or points to a
 // `tutti_runtime_info_t` with `struct_size` set.
 int32_t tutti_runtime_info(struct tutti_runtime_t *rt, struct tutti_runtime_info_t *out);
+
+// Configures the runtime's scheduler (see `tutti_sched_config_t`). Only while no job of the
+// runtime is unfinished (`TUTTI_E_BUSY` otherwise): the counters start again.
+//
+// # Safety
+// `rt` is a runtime handle (checked); `config` points to a `tutti_sched_config_t` with
+// `struct_size` set whose `slack_table` is NULL or a NUL-terminated string.
+int32_t tutti_sched_configure(struct tutti_runtime_t *rt, const struct tutti_sched_config_t *config);
+
+// The engine starts computing layer `layer` of a prefill of `input_tokens` new tokens over
+// `prefix_tokens` cached ones (vLLM: `wait_for_layer_load`). Opens a window for writes.
+//
+// # Safety
+// `rt` is a runtime handle (checked).
+int32_t tutti_sched_layer_start(struct tutti_runtime_t *rt,
+                                uint32_t input_tokens,
+                                uint32_t prefix_tokens,
+                                uint32_t layer);
+
+// The engine finished computing layer `layer` (vLLM: `save_kv_layer`). Closes the window; its
+// length corrects the slack online (`TUTTI_SCHED_SLACK_ONLINE`).
+//
+// # Safety
+// `rt` is a runtime handle (checked).
+int32_t tutti_sched_layer_end(struct tutti_runtime_t *rt, uint32_t layer);
+
+// A decode step over `context_tokens` of KV starts: deferred writes fill its slack.
+//
+// # Safety
+// `rt` is a runtime handle (checked).
+int32_t tutti_sched_decode_start(struct tutti_runtime_t *rt, uint32_t context_tokens);
+
+// The decode step ended.
+//
+// # Safety
+// `rt` is a runtime handle (checked).
+int32_t tutti_sched_decode_end(struct tutti_runtime_t *rt);
+
+// The scheduler's state and counters.
+//
+// # Safety
+// `rt` is a runtime handle (checked); `out` points to a `tutti_sched_stats_t` with
+// `struct_size` set.
+int32_t tutti_sched_stats(struct tutti_runtime_t *rt, struct tutti_sched_stats_t *out);
 
 // Fills `out` with the runtime's counters, as many as its `struct_size` covers.
 //

@@ -69,6 +69,8 @@ impl CapiError {
             CapiError::Timeout(_) => TUTTI_E_TIMEOUT,
             CapiError::BufferTooSmall { .. } => TUTTI_E_BUFFER_TOO_SMALL,
             CapiError::Unsupported(_) => TUTTI_E_UNSUPPORTED,
+            CapiError::Sched(SchedError::BacklogFull { .. }) => TUTTI_E_BUSY,
+            CapiError::Sched(SchedError::LayerOutOfRange { .. }) => TUTTI_E_INVALID_ARG,
             CapiError::Sched(_) => TUTTI_E_PROFILE,
             CapiError::Io(_) => TUTTI_E_IO,
             CapiError::Poisoned(_) => TUTTI_E_INTERNAL,
@@ -94,6 +96,8 @@ fn obj_code(e: &ObjError) -> i32 {
         ObjError::Unknown { .. } => TUTTI_E_NOT_FOUND,
         ObjError::Timeout { .. } => TUTTI_E_TIMEOUT,
         ObjError::Poisoned(_) => TUTTI_E_INTERNAL,
+        // The scheduler's write backlog is full: nothing was done, submit again later.
+        ObjError::Backpressure(_) => TUTTI_E_BUSY,
     }
 }
 

@@ -32,6 +32,7 @@ mod profile_state;
 mod profiler;
 mod ptr;
 mod runtime;
+mod sched;
 mod session;
 mod stats;
 mod status;
@@ -50,6 +51,7 @@ pub use ptr::{TUTTI_MAX_BLOCKS_PER_CALL, TUTTI_MAX_TIMEOUT_MS, TUTTI_MAX_TOKENS_
 pub use runtime::{
     tutti_runtime_close, tutti_runtime_info, tutti_runtime_info_t, tutti_runtime_open, tutti_runtime_t,
 };
+pub use sched::*;
 pub use stats::*;
 pub use status::*;
 pub use store::*;
@@ -79,11 +81,14 @@ const EMPTY: &str = "\0";
 /// `TUTTI_EXECUTOR_GIO_CUDA`, `TUTTI_MEMORY_HOST_STAGED`, the CUDA and staging
 /// fields of `tutti_runtime_config_t`, `tutti_data_path`); minor 5 added the
 /// emulated drives' bandwidth and latency model (the `emulated_*_bytes_per_sec`,
-/// `emulated_*latency_us` and `emulated_mixed_*` fields of `tutti_runtime_config_t`).
+/// `emulated_*latency_us` and `emulated_mixed_*` fields of `tutti_runtime_config_t`);
+/// minor 6 added the scheduler in the job path (`tutti_sched_configure`,
+/// `tutti_sched_config_t`, the `tutti_sched_layer_*`/`tutti_sched_decode_*`
+/// timing hooks, `tutti_sched_stats`).
 pub const TUTTI_ABI_VERSION: u32 = 1;
 
 /// The minor version of ABI 1 this library implements (see `TUTTI_ABI_VERSION`).
-pub const TUTTI_ABI_MINOR: u32 = 5;
+pub const TUTTI_ABI_MINOR: u32 = 6;
 
 /// The ABI version of the loaded library (`TUTTI_ABI_VERSION` it was built with).
 ///

@@ -30,7 +30,7 @@ fn full(what: &str, max: u64) -> CapiError {
 }
 
 /// Monotonic nanoseconds since the first call in this process.
-fn now_ns() -> u64 {
+pub(crate) fn now_ns() -> u64 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
     EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }

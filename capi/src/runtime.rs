@@ -6,6 +6,7 @@ use crate::error::{guard, CapiError, Result};
 use crate::handles::Registry;
 use crate::profile_state::ProfileState;
 use crate::ptr::{self, SizePrefixed};
+use crate::sched::SchedGate;
 use crate::status::TUTTI_OK;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,6 +34,8 @@ pub(crate) struct Runtime {
     pub stores_open: AtomicU64,
     /// Blocks jobs reported failed, each counted once per job (`Job::count_failures`).
     pub failed_blocks: AtomicU64,
+    /// The scheduler every layer of every job asks before it goes to the drives.
+    pub sched: Arc<SchedGate>,
     next_key: AtomicU64,
 }
 
@@ -55,6 +58,10 @@ impl Runtime {
     }
 
     pub(crate) fn new(store: KvStore, rig: Rig, executor: u32, geometry: Geometry) -> Result<Runtime> {
+        let map = store.stripe_map();
+        let sched =
+            Arc::new(SchedGate::new(map.drive_count() as usize, geometry.layers, map.object_bytes())?);
+        crate::sched::install(&store, &sched)?;
         Ok(Runtime {
             store,
             rig,
@@ -65,6 +72,7 @@ impl Runtime {
             in_flight: Mutex::new(HashMap::new()),
             stores_open: AtomicU64::new(0),
             failed_blocks: AtomicU64::new(0),
+            sched,
             next_key: AtomicU64::new(1),
         })
     }

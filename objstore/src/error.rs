@@ -11,6 +11,10 @@ pub enum ObjError {
     #[error("invalid {field}: {what}")]
     Invalid { field: &'static str, what: String },
 
+    /// The I/O gate refused a store (its write backlog is full); nothing was done.
+    #[error("{0}")]
+    Backpressure(String),
+
     #[error(transparent)]
     Driver(#[from] DriverError),
 

@@ -52,6 +52,14 @@ pub enum SchedError {
     InvalidConfig(String),
     #[error("{0}")]
     Backpressure(Backpressure),
+    #[error(
+        "write backlog full: {held} bytes of engine memory held by stores not yet written + \
+         {requested} requested > the bound of {capacity} bytes; wait for stores to finish \
+         (or a decode step to drain them) and submit again"
+    )]
+    BacklogFull { held: u64, requested: u64, capacity: u64 },
+    #[error("the I/O arbiter has no {what} {id}")]
+    UnknownUnit { what: &'static str, id: u64 },
     #[error("drive {drive}: completion of {completed} {kind} IOCBs but only {in_flight} in flight")]
     CompletionMismatch { drive: usize, kind: IoKind, completed: u32, in_flight: u32 },
     #[error("no drive {drive}: the scheduler manages {drives} drives")]

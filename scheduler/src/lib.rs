@@ -6,14 +6,16 @@
 //! decode step, how many read and write IOCBs go to each drive and how many SMs the I/O kernel may
 //! use. It knows nothing about NVMe: it hands out budgets for an I/O path to execute.
 //!
-//! **Where it runs today: only in the simulator** ([`sim`], `tutti simulate`). The object
-//! store, gio_uring and the C ABI do not consult the [`Scheduler`]; they submit I/O as soon as
-//! they are asked. The C ABI's profiler hooks use [`Profiler`] to build slack tables from an
-//! engine's timings, which the simulator reads.
+//! Where it runs: the IOCB-level [`Scheduler`] in the simulator ([`sim`], `tutti simulate`);
+//! the same policy over whole layer units in the [`Arbiter`], which the C ABI's runtime
+//! consults for every load and store layer it hands to the drives (in process and as a client
+//! of tuttid). The C ABI's profiler hooks use [`Profiler`] to build the slack tables both read.
 //!
 //! - [`table`]: the slack table (input-length bucket, prefix-length bucket, layer) → slack,
 //!   serialised as a versioned, checksummed JSON file tied to a model and GPU identity.
 //! - [`profiler`]: builds a table from engine timings (`record_layer`) or from a [`ComputeModel`].
+//! - [`arbiter`]: the policy on real I/O, per layer unit: per-drive arbitration, slack windows
+//!   from engine timings, a bounded write backlog.
 //! - [`policy`]: the [`Scheduler`] — reads first, writes only into slack left after reads, never
 //!   reads and writes in flight on one drive, leftover writes deferred to decode, bounded backlog.
 //! - [`online`]: *beyond the paper* — EWMA correction of the profiled slack from observed compute.
@@ -22,6 +24,7 @@
 // Libraries report through return values and `tracing`, never by printing.
 #![warn(clippy::print_stdout, clippy::print_stderr)]
 
+pub mod arbiter;
 pub mod buckets;
 pub mod compute;
 pub mod error;
@@ -31,6 +34,9 @@ pub mod profiler;
 pub mod sim;
 pub mod table;
 
+pub use arbiter::{
+    Arbiter, ArbiterConfig, ArbiterStats, BacklogFull, Decision, Event, Mode, PolicyOff, PolicyState, Unit,
+};
 pub use compute::{ComputeModel, GpuModel, IoPartition, ModelGeometry};
 pub use error::{Backpressure, SchedError};
 pub use online::{OnlineConfig, OnlineSlack};

@@ -40,9 +40,10 @@ from .errors import OK, IN_PROGRESS, AbiMismatch, LibraryNotFound, exception_cla
 ABI_VERSION = 1
 # The structs here are those of ABI 1.4 (1.1: the host-work counters; 1.2:
 # quarantined files and unknown-outcome blocks; 1.3: clients of tuttid; 1.4:
-# the staged data path, the CUDA executor); a library of an older minor would
-# refuse their sizes or lack the calls.
-ABI_MINOR = 5
+# the staged data path, the CUDA executor; 1.5: the emulated cost model; 1.6:
+# the scheduler in the job path); a library of an older minor would refuse
+# their sizes or lack the calls.
+ABI_MINOR = 6
 LIB_NAME = "libtutti.so"
 
 # Constants of tutti.h.
@@ -266,6 +267,56 @@ class Stats(Structure):
     ]
 
 
+# ABI 1.6: the scheduler in the job path.
+SCHED_MODE = {"pass": 1, "arbitrate": 2, "slack": 3, "slack_online": 4}
+BACKLOG_FULL = {"backpressure": 1, "drop": 2}
+# tutti_sched_stats_t.policy_off
+SCHED_POLICY_OFF = {0: None, 1: "mode", 2: "no_timings", 3: "idle"}
+
+
+class SchedConfig(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("mode", c_uint32),
+        ("backlog_full", c_uint32),
+        ("idle_ms", c_uint32),
+        ("backlog_bytes", c_uint64),
+        ("read_bytes_per_sec", c_uint64),
+        ("write_bytes_per_sec", c_uint64),
+        ("latency_ns", c_uint64),
+        ("iocb_bytes", c_uint64),
+        ("write_guard", c_double),
+        ("slack_table", c_char_p),
+    ]
+
+
+class SchedStats(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("mode", c_uint32),
+        ("slack_active", c_uint32),
+        ("policy_off", c_uint32),
+        ("reads_issued", c_uint64),
+        ("writes_issued", c_uint64),
+        ("read_bytes", c_uint64),
+        ("write_bytes", c_uint64),
+        ("read_waits", c_uint64),
+        ("write_waits_for_reads", c_uint64),
+        ("write_waits_for_slack", c_uint64),
+        ("writes_in_decode", c_uint64),
+        ("writes_urgent_or_idle", c_uint64),
+        ("mixed_issues", c_uint64),
+        ("backlog_bytes", c_uint64),
+        ("backlog_peak_bytes", c_uint64),
+        ("backlog_capacity", c_uint64),
+        ("stores_refused", c_uint64),
+        ("stores_dropped", c_uint64),
+        ("bytes_dropped", c_uint64),
+        ("prefill_windows", c_uint64),
+        ("decode_windows", c_uint64),
+    ]
+
+
 # Every size-prefixed struct, by its C name (the ABI layout test walks this).
 SIZED_STRUCTS = {
     "tutti_runtime_config_t": RuntimeConfig,
@@ -277,6 +328,8 @@ SIZED_STRUCTS = {
     "tutti_store_report_t": StoreReport,
     "tutti_stats_t": Stats,
     "tutti_data_path_t": DataPath,
+    "tutti_sched_config_t": SchedConfig,
+    "tutti_sched_stats_t": SchedStats,
 }
 PLAIN_STRUCTS = {"tutti_hash_t": Hash, "tutti_geometry_t": Geometry}
 
@@ -340,6 +393,12 @@ _PROTOTYPES = {
     "tutti_profile_layer_end": (_i32, [_rt, c_uint64, c_uint32]),
     "tutti_profile_layer": (_i32, [_rt, c_uint64, c_uint32, c_uint64, c_uint64]),
     "tutti_profile_decode_step": (_i32, [_rt, c_uint64, c_uint32, c_uint64, c_uint64]),
+    "tutti_sched_configure": (_i32, [_rt, POINTER(SchedConfig)]),
+    "tutti_sched_layer_start": (_i32, [_rt, c_uint32, c_uint32, c_uint32]),
+    "tutti_sched_layer_end": (_i32, [_rt, c_uint32]),
+    "tutti_sched_decode_start": (_i32, [_rt, c_uint32]),
+    "tutti_sched_decode_end": (_i32, [_rt]),
+    "tutti_sched_stats": (_i32, [_rt, POINTER(SchedStats)]),
     "tutti_profile_save_slack_table": (
         _i32,
         [_rt, c_char_p, c_char_p, c_char_p, c_uint32, c_double],

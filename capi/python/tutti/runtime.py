@@ -13,6 +13,7 @@ closed; closing twice is harmless.
 from __future__ import annotations
 
 import ctypes
+import os
 from ctypes import byref, c_char_p, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -553,7 +554,75 @@ class Runtime(_Handle):
         d = _lib.DIR_LOAD if direction == "load" else _lib.DIR_STORE
         L.call("tutti_emulated_delay_next", self._p(), drive, d, delay_ms)
 
-    # --- scheduler timing hooks -----------------------------------------------------------
+    # --- the scheduler in the job path (ABI 1.6) -------------------------------------------
+
+    def configure_scheduler(
+        self,
+        mode: str = "arbitrate",
+        slack_table: str | None = None,
+        backlog_bytes: int = 0,
+        backlog_full: str = "backpressure",
+        read_bytes_per_sec: int = 0,
+        write_bytes_per_sec: int = 0,
+        latency_ns: int = 0,
+        iocb_bytes: int = 0,
+        write_guard: float = 0.0,
+        idle_ms: int = 0,
+    ) -> None:
+        """Sets how every load and store layer is scheduled (only while no job is unfinished).
+
+        ``mode``: ``pass`` (no arbitration), ``arbitrate`` (the default: never reads and writes
+        on one drive at once, reads first), ``slack`` (and writes only into the slack of the
+        compute windows announced with :meth:`sched_layer_start` / :meth:`sched_decode_start`,
+        from ``slack_table``), ``slack_online`` (the table corrected from observed windows).
+        ``backlog_full``: ``backpressure`` (a store over ``backlog_bytes`` raises ``BusyError``)
+        or ``drop`` (it is not stored; its blocks are later misses). 0 means the default.
+        """
+        if mode not in _lib.SCHED_MODE:
+            raise ValueError(f"mode {mode!r} is not one of {sorted(_lib.SCHED_MODE)}")
+        if backlog_full not in _lib.BACKLOG_FULL:
+            raise ValueError(f"backlog_full {backlog_full!r} is not one of {sorted(_lib.BACKLOG_FULL)}")
+        cfg = _lib.sized(
+            _lib.SchedConfig,
+            mode=_lib.SCHED_MODE[mode],
+            backlog_full=_lib.BACKLOG_FULL[backlog_full],
+            idle_ms=idle_ms,
+            backlog_bytes=backlog_bytes,
+            read_bytes_per_sec=read_bytes_per_sec,
+            write_bytes_per_sec=write_bytes_per_sec,
+            latency_ns=latency_ns,
+            iocb_bytes=iocb_bytes,
+            write_guard=write_guard,
+            slack_table=os.fsencode(slack_table) if slack_table is not None else None,
+        )
+        lib().call("tutti_sched_configure", self._p(), ctypes.byref(cfg))
+
+    def sched_layer_start(self, input_tokens: int, prefix_tokens: int, layer: int) -> None:
+        """The engine starts computing ``layer`` of a prefill (a window for writes)."""
+        lib().call("tutti_sched_layer_start", self._p(), input_tokens, prefix_tokens, layer)
+
+    def sched_layer_end(self, layer: int) -> None:
+        lib().call("tutti_sched_layer_end", self._p(), layer)
+
+    def sched_decode_start(self, context_tokens: int) -> None:
+        """A decode step starts: deferred writes fill its slack."""
+        lib().call("tutti_sched_decode_start", self._p(), context_tokens)
+
+    def sched_decode_end(self) -> None:
+        lib().call("tutti_sched_decode_end", self._p())
+
+    def sched_stats(self) -> dict:
+        """The scheduler's state and counters; ``policy_off`` says why writes are not held for
+        slack (``None`` when they are; ``"no_timings"`` when the engine gives none)."""
+        out = _lib.sized(_lib.SchedStats)
+        lib().call("tutti_sched_stats", self._p(), ctypes.byref(out))
+        d = {name: getattr(out, name) for name, _ in _lib.SchedStats._fields_ if name != "struct_size"}
+        d["mode"] = {v: k for k, v in _lib.SCHED_MODE.items()}.get(out.mode, out.mode)
+        d["slack_active"] = bool(out.slack_active)
+        d["policy_off"] = _lib.SCHED_POLICY_OFF.get(out.policy_off, out.policy_off)
+        return d
+
+    # --- profiler timing hooks ------------------------------------------------------------
 
     def profile_request_begin(self, request_id: int, input_tokens: int, prefix_tokens: int) -> None:
         lib().call("tutti_profile_request_begin", self._p(), request_id, input_tokens, prefix_tokens)

@@ -61,6 +61,7 @@ from ._connector.config import (
 )
 from ._connector.metadata import LoadSpec, SaveSpec, StepPlan
 from ._connector.profile import StepProfiler
+from ._connector.sched import SchedHooks
 from ._connector.scheduler import SchedulerSide
 from ._connector.worker import WorkerSide
 
@@ -287,6 +288,7 @@ class TuttiConnector(KVConnectorBase_V1):
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         self._profiler: StepProfiler | None = None
+        self._sched: SchedHooks | None = None
         # Scheduler side with a daemon: each rank's identity, from vLLM's handshake.
         self._rank_identities: dict[tuple[int, int], tuple[str, bytes, str]] = {}
         c = self.config
@@ -320,6 +322,7 @@ class TuttiConnector(KVConnectorBase_V1):
             )
             if c.profile:
                 self._profiler = StepProfiler(self.runtime)
+            self._sched = SchedHooks.configure(self.runtime, c)
 
     def _identities(self) -> list[tuple[str, bytes, str]]:
         """The cache identity of every rank: from vLLM's handshake, else those registered by
@@ -411,6 +414,8 @@ class TuttiConnector(KVConnectorBase_V1):
             return
         if self._profiler is not None:
             self._profiler.begin_step(plan.prefill_tokens, plan.prefix_tokens, plan.decode_context_tokens)
+        if self._sched is not None:
+            self._sched.begin_step(plan.prefill_tokens, plan.prefix_tokens, plan.decode_context_tokens)
         t0 = time.monotonic()
         self._w().begin_step(plan)
         self._stats.data["save_s"] += time.monotonic() - t0
@@ -427,6 +432,8 @@ class TuttiConnector(KVConnectorBase_V1):
         layer = w.layer_of(layer_name)
         if self._profiler is not None and layer is not None:
             self._profiler.layer_begins(layer)
+        if self._sched is not None and layer is not None:
+            self._sched.layer_begins(layer)
 
     def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
         """Submits the writes of this layer of this step's new blocks (its KV was just computed)."""
@@ -436,6 +443,8 @@ class TuttiConnector(KVConnectorBase_V1):
         layer = self._w().layer_of(layer_name)
         if self._profiler is not None and layer is not None:
             self._profiler.layer_ends(layer)
+        if self._sched is not None and layer is not None:
+            self._sched.layer_ends(layer)
         self._w().save_layer(plan, layer_name, kv_layer)
 
     def wait_for_save(self) -> None:
@@ -443,6 +452,8 @@ class TuttiConnector(KVConnectorBase_V1):
         w = self._w()
         if self._profiler is not None:
             self._profiler.end_step()
+        if self._sched is not None:
+            self._sched.end_step()
         t0 = time.monotonic()
         w.finish_loads()
         t1 = time.monotonic()

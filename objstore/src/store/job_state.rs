@@ -75,6 +75,10 @@ pub(crate) struct Job {
     /// Per finished layer, the pairs that failed and how (stores report these to the session).
     pub layer_failures: Vec<(u32, Vec<(u32, FailureKind)>)>,
     pub(super) session_notified: bool,
+    /// Per layer, its bytes per drive, computed when the I/O gate is first asked about it.
+    pub(super) drive_bytes: Vec<Option<Vec<u64>>>,
+    /// The I/O gate was told the job is done.
+    pub(super) gate_forgotten: bool,
 }
 
 /// Who registered a job's pair list, and so who frees it.
@@ -206,6 +210,8 @@ impl Job {
             session: None,
             layer_failures: Vec::new(),
             session_notified: false,
+            drive_bytes: vec![None; n],
+            gate_forgotten: false,
         }
     }
 

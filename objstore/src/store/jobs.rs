@@ -4,6 +4,7 @@
 use super::job_state::{thread_cpu_ns, Job, JobId, JobStatus, Jobs, LayerState, ListOwner, LAYERS_IN_FLIGHT};
 use super::{lock, KvStore};
 use crate::error::{ObjError, Result};
+use crate::gate::{Admit, GateUnit, IoGate, StoreAdmission};
 use crate::index::FileId;
 use crate::io::{Direction, FailureKind, LayerOutcome, Pair, PairFailure};
 use std::ops::Range;
@@ -18,6 +19,33 @@ impl KvStore {
     /// `cpu0` is the thread CPU time when the caller started validating, so
     /// the job's `setup_ns` covers its whole setup.
     pub(super) fn start_job(&self, mut job: Job, io_files: Vec<FileId>, cpu0: u64) -> Result<JobId> {
+        let id = self.next_id();
+        let gate = self.gate();
+        let mut dropped = None;
+        if let (Some(g), Direction::Store) = (&gate, job.dir) {
+            let bytes = job.pairs.len() as u64 * job.layers.len() as u64 * 2 * self.map.object_bytes();
+            match g.accept_store(id, bytes) {
+                Ok(StoreAdmission::Accepted) => {}
+                Ok(StoreAdmission::Dropped(why)) => dropped = Some(why),
+                Err(why) => {
+                    // Refused before anything was done; a load's references go back.
+                    if !io_files.is_empty() {
+                        if let Err(e) = self.control.end_load(&io_files) {
+                            tracing::warn!(error = %e, "dropping the I/O references of a refused job failed");
+                        }
+                    }
+                    return Err(ObjError::Backpressure(why));
+                }
+            }
+        }
+        if let Some(why) = dropped {
+            // Nothing of it goes to the drives: every layer fails, so no block is committed.
+            let all: Vec<(u32, PairFailure)> =
+                (0..job.pairs.len() as u32).map(|p| (p, PairFailure::definite(why.clone()))).collect();
+            for i in 0..job.state.len() {
+                job.record(i, LayerOutcome { failed: all.clone(), ..Default::default() });
+            }
+        }
         job.io_files = io_files;
         if !job.pairs.is_empty() && job.list_owner == ListOwner::Job {
             // O(blocks) once per job, so that no layer has to copy the pairs again.
@@ -33,7 +61,6 @@ impl KvStore {
         }
         job.pairs_registered = job.pair_list.is_some();
         job.setup_ns = thread_cpu_ns().saturating_sub(cpu0);
-        let id = self.next_id();
         let c = &self.counters;
         c.jobs.fetch_add(1, Ordering::Relaxed);
         c.setup_ns.fetch_add(job.setup_ns, Ordering::Relaxed);
@@ -49,13 +76,53 @@ impl KvStore {
             }
         };
         jobs.map.insert(id, job);
-        self.advance(&mut jobs, id)?;
+        self.advance_gated(&mut jobs, id, false)?;
         Ok(id)
+    }
+
+    /// Advances job `id`; with a gate, every other job too (loads first), so that layers that
+    /// finished are reported to the gate and layers it held back go as soon as it allows,
+    /// whichever job the engine happens to poll. `urgent`: the engine blocks on `id`.
+    fn advance_gated(&self, jobs: &mut Jobs, id: JobId, urgent: bool) -> Result<()> {
+        let Some(gate) = self.gate() else {
+            return self.advance(jobs, id, None, false);
+        };
+        let mut ids: Vec<(bool, JobId)> =
+            jobs.map.iter().map(|(&j, job)| (job.dir != Direction::Load, j)).collect();
+        ids.sort_unstable();
+        for (_, j) in ids {
+            if j == id {
+                self.advance(jobs, j, Some(&gate), urgent)?;
+            } else if let Err(e) = self.advance(jobs, j, Some(&gate), false) {
+                tracing::warn!(job = j, error = %e, "advancing a job for the I/O gate failed");
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes of `layer` of `job` on each drive (object j = 2·layer + kv of each pair's file).
+    fn layer_drive_bytes(&self, job: &Job, layer: u32) -> Vec<u64> {
+        let mut bytes = vec![0u64; self.map.drive_count() as usize];
+        let obj = self.map.object_bytes();
+        for p in job.pairs.iter() {
+            for j in [2 * layer, 2 * layer + 1] {
+                if let Some(b) = bytes.get_mut(self.map.drive_of(p.file, j) as usize) {
+                    *b += obj;
+                }
+            }
+        }
+        bytes
     }
 
     /// One pass over a job without blocking: reaps finished layers and
     /// submits queued ones, in layer order, up to the window.
-    fn advance(&self, jobs: &mut Jobs, id: JobId) -> Result<()> {
+    fn advance(
+        &self,
+        jobs: &mut Jobs,
+        id: JobId,
+        gate: Option<&Arc<dyn IoGate>>,
+        urgent: bool,
+    ) -> Result<()> {
         let job = jobs.map.get_mut(&id).ok_or(ObjError::Unknown { what: "job", id })?;
         let obj = self.map.object_bytes();
         {
@@ -65,6 +132,9 @@ impl KvStore {
                     if let Some(outcome) = io.poll(token)? {
                         self.account(job, &outcome, obj);
                         job.record(i, outcome);
+                        if let Some(g) = gate {
+                            g.finished(id, job.layers.start + i as u32);
+                        }
                     }
                 }
             }
@@ -84,11 +154,26 @@ impl KvStore {
                     continue;
                 }
                 let layer = job.layers.start + i as u32;
+                if let Some(g) = gate {
+                    if job.drive_bytes[i].is_none() {
+                        job.drive_bytes[i] = Some(self.layer_drive_bytes(job, layer));
+                    }
+                    let drive_bytes = job.drive_bytes[i].as_deref().unwrap_or(&[]);
+                    let unit = GateUnit { job: id, layer, dir: job.dir, drive_bytes };
+                    if g.admit(&unit, urgent) == Admit::Wait {
+                        // Layer order: the later layers wait with it.
+                        break;
+                    }
+                }
                 let cpu0 = thread_cpu_ns();
                 let submitted = io.submit(layer, &job.pairs, job.dir, job.pair_list);
                 let spent = thread_cpu_ns().saturating_sub(cpu0);
                 job.submit_ns[i] += spent;
                 self.counters.submit_ns.fetch_add(spent, Ordering::Relaxed);
+                if let (Some(g), false) = (gate, matches!(submitted, Ok(Some(_)))) {
+                    // Admitted but not handed over: the gate must not count it in flight.
+                    g.finished(id, layer);
+                }
                 match submitted {
                     Ok(Some(token)) => job.state[i] = LayerState::Running(token),
                     // The I/O path is full: try again once something finishes.
@@ -119,6 +204,10 @@ impl KvStore {
                     }
                 }
             }
+        }
+        if let (Some(g), true, false) = (gate, job.is_done(), job.gate_forgotten) {
+            job.gate_forgotten = true;
+            g.forget(id);
         }
         if job.is_done() && !job.io_files.is_empty() {
             let files = std::mem::take(&mut job.io_files);
@@ -220,7 +309,7 @@ impl KvStore {
         let mut spins = 0u32;
         loop {
             let mut jobs = lock(&self.jobs, "jobs")?;
-            self.advance(&mut jobs, id)?;
+            self.advance_gated(&mut jobs, id, wait.is_some())?;
             let job = jobs.map.get(&id).ok_or(ObjError::Unknown { what: "job", id })?;
             let satisfied = match wait {
                 None => true,
@@ -238,6 +327,25 @@ impl KvStore {
             drop(jobs);
             backoff(&mut spins);
         }
+    }
+
+    /// One pass over every job without blocking: finished layers are reaped and, with a gate,
+    /// layers it now allows go to the drives (an engine's timing hooks call this, so deferred
+    /// writes start in the window that allows them even if no one polls their job).
+    pub fn progress(&self) -> Result<()> {
+        let mut jobs = lock(&self.jobs, "jobs")?;
+        let ids: Vec<JobId> = jobs.map.keys().copied().collect();
+        if self.gate().is_some() {
+            // One gated advance covers every job.
+            return match ids.first() {
+                Some(&first) => self.advance_gated(&mut jobs, first, false),
+                None => Ok(()),
+            };
+        }
+        for id in ids {
+            self.advance(&mut jobs, id, None, false)?;
+        }
+        Ok(())
     }
 
     /// Progress without blocking (submits further layers as earlier ones finish).
@@ -289,7 +397,12 @@ impl KvStore {
                 format!("job {id} still has {} layers running", st.layers - st.layers_done),
             ));
         }
-        lock(&self.jobs, "jobs")?.map.remove(&id);
+        let removed = lock(&self.jobs, "jobs")?.map.remove(&id);
+        if let (Some(g), Some(job)) = (self.gate(), removed) {
+            if !job.gate_forgotten {
+                g.forget(id);
+            }
+        }
         Ok(st)
     }
 

@@ -205,6 +205,8 @@ pub struct KvStore {
     retired_lists: Mutex<Vec<u64>>,
     next_id: AtomicU64,
     counters: Counters,
+    /// Asked before every layer goes to the drives (see [`crate::gate`]).
+    gate: RwLock<Option<Arc<dyn crate::gate::IoGate>>>,
 }
 
 fn lock<'a, T>(m: &'a Mutex<T>, what: &'static str) -> Result<MutexGuard<'a, T>> {
@@ -310,7 +312,19 @@ impl KvStore {
             retired_lists: Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),
             counters: Counters::default(),
+            gate: RwLock::new(None),
         })
+    }
+
+    /// Installs (or with `None` removes) the gate asked before every layer of every later
+    /// advance goes to the drives. Jobs already running keep the layers they handed over.
+    pub fn set_gate(&self, gate: Option<Arc<dyn crate::gate::IoGate>>) -> Result<()> {
+        *self.gate.write().map_err(|_| ObjError::Poisoned("gate"))? = gate;
+        Ok(())
+    }
+
+    pub(crate) fn gate(&self) -> Option<Arc<dyn crate::gate::IoGate>> {
+        self.gate.read().ok().and_then(|g| g.clone())
     }
 
     pub fn pool_id(&self) -> u128 {

@@ -33,6 +33,17 @@ overridden in the extra config. Keys of ``kv_connector_extra_config``:
 ``profile_gpu``             GPU name recorded in the slack table (default ``"unknown"``)
 ``profile_io_sms``          SMs reserved for I/O, for the table's IOCB budgets (default 4)
 ``profile_iocbs_per_sm_per_us`` IOCBs one I/O SM issues per µs (default 1.0)
+``sched_mode``              how loads and stores are scheduled (see ``sched.py``):
+                            ``"arbitrate"`` (default: never reads and writes on one drive
+                            at once, reads first), ``"slack"``, ``"slack_online"`` (writes only
+                            into the slack of each layer and decode step, from
+                            ``sched_slack_table``) or ``"pass"`` (no scheduling)
+``sched_slack_table``       the slack table (``tutti profile``) the slack modes read
+``sched_backlog_bytes``     KV bytes unwritten stores may hold (default: libtutti's 1 GiB)
+``sched_idle_ms``           no timing hook for this long: the engine is idle and deferred
+                            writes go regardless of slack (default: libtutti's 200 ms)
+``sched_backlog_full``      ``"backpressure"`` (default: a store over the bound waits for
+                            the backlog to drain) or ``"drop"`` (it is not stored: a miss)
 ``daemon_socket``           connect to the tuttid (``tutti serve``) listening here; every
                             connector instance (scheduler, each worker rank) is its client
 ``daemon``                  ``"auto"``: start ``tutti serve`` on demand for the emulated
@@ -105,6 +116,11 @@ KNOWN_KEYS = {
     "profile_gpu",
     "profile_io_sms",
     "profile_iocbs_per_sm_per_us",
+    "sched_mode",
+    "sched_slack_table",
+    "sched_backlog_bytes",
+    "sched_backlog_full",
+    "sched_idle_ms",
     "daemon_socket",
     "daemon",
     "daemon_idle_exit_s",
@@ -139,6 +155,11 @@ class ConnectorConfig:
     profile_gpu: str = "unknown"
     profile_io_sms: int = 4
     profile_iocbs_per_sm_per_us: float = 1.0
+    sched_mode: str = "arbitrate"
+    sched_slack_table: str | None = None
+    sched_backlog_bytes: int = 0
+    sched_backlog_full: str = "backpressure"
+    sched_idle_ms: int = 0
     # "off" (the pool in this process), "connect" (a tuttid at daemon_socket) or "auto"
     # (start tuttid for the emulated pool in emulated_dir when none is running).
     daemon: str = "off"
@@ -382,6 +403,23 @@ def from_vllm(vllm_config: Any) -> ConnectorConfig:
             mooncake = parse_config(extra["mooncake"])
         except ClusterError as e:
             raise ConfigError(f"kv_connector_extra_config['mooncake']: {e}") from None
+    sched_mode = str(extra.get("sched_mode", "arbitrate"))
+    if sched_mode not in ("pass", "arbitrate", "slack", "slack_online"):
+        raise ConfigError(
+            f"kv_connector_extra_config['sched_mode'] = {sched_mode!r}: use 'arbitrate', 'slack', "
+            "'slack_online' or 'pass'"
+        )
+    sched_table = str(extra["sched_slack_table"]) if extra.get("sched_slack_table") else None
+    if sched_mode.startswith("slack") and sched_table is None:
+        raise ConfigError(
+            f"kv_connector_extra_config['sched_mode'] = {sched_mode!r} needs 'sched_slack_table' "
+            "(a slack table from `tutti profile`, or from this connector's 'slack_table')"
+        )
+    sched_full = str(extra.get("sched_backlog_full", "backpressure"))
+    if sched_full not in ("backpressure", "drop"):
+        raise ConfigError(
+            f"kv_connector_extra_config['sched_backlog_full'] = {sched_full!r}: use 'backpressure' or 'drop'"
+        )
     return ConnectorConfig(
         geometry=geometry_from_vllm(vllm_config, extra),
         model=str(extra.get("model") or vllm_config.model_config.model),
@@ -401,6 +439,11 @@ def from_vllm(vllm_config: Any) -> ConnectorConfig:
         profile_gpu=str(extra.get("profile_gpu", "unknown")),
         profile_io_sms=_int(extra, "profile_io_sms", 4, 1),
         profile_iocbs_per_sm_per_us=iocbs,
+        sched_mode=sched_mode,
+        sched_slack_table=sched_table,
+        sched_backlog_bytes=_int(extra, "sched_backlog_bytes", 0),
+        sched_backlog_full=sched_full,
+        sched_idle_ms=_int(extra, "sched_idle_ms", 0),
         daemon=daemon,
         daemon_socket=socket,
         daemon_idle_exit_s=_int(extra, "daemon_idle_exit_s", 30, 1),

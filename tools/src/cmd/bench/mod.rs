@@ -4,6 +4,7 @@ pub mod client;
 pub mod commands;
 pub mod retrieve;
 pub mod rig;
+pub mod schedule;
 pub mod sgl_vs_prp;
 
 use std::path::PathBuf;
@@ -113,6 +114,9 @@ pub enum Which {
     Commands(commands::Args),
     /// A client of tuttid against an in-process runtime: host CPU per layer and per job, load and lookup times.
     Client(client::Args),
+    /// The scheduler's policies (load-all, layer-wise, slack, slack+online) on real I/O through
+    /// the runtime against emulated drives with the read/write collapse, beside the simulator.
+    Schedule(schedule::Args),
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
@@ -121,6 +125,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         Which::Retrieve(a) => retrieve::run(a),
         Which::Commands(a) => commands::run(a),
         Which::Client(a) => client::run(a),
+        Which::Schedule(a) => schedule::run(a),
     }
 }
 
