@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 use tutti_driver::transport::DoorbellKind;
-use tutti_kernels::abi::ExecCtx;
+use tutti_kernels::abi::{ExecCtx, RingHeader};
 use tutti_kernels::host::{HostArgs, HostKernel, HostLaunch};
 
 /// How many lanes, and in which mode.
@@ -248,6 +248,15 @@ impl Executor for HostExecutor {
         if let (Some(l), Some(b)) = (st.persistent.take(), st.binding) {
             // SAFETY: `control` points at the live shared control block (see ExecBinding).
             unsafe { AtomicU32::from_ptr(&raw mut (*b.control.as_ptr()).stop) }.store(1, Ordering::Release);
+            // Lanes blocked on the empty submission ring see the stop once woken.
+            // SAFETY: on the host executor the context's executor address is its host address,
+            // and the context and its rings are live (as in `launch`).
+            unsafe {
+                let ring = (*(b.ctx as *const ExecCtx)).sq_ring as *mut RingHeader;
+                if !ring.is_null() {
+                    tutti_kernels::host::wake_ring_sleepers(ring);
+                }
+            }
             l.join();
         }
         for l in st.launches.drain(..) {
