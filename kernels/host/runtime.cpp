@@ -327,6 +327,8 @@ void* block_main(void* p) {
         // Sleeps of a few microseconds are back-off between polls: do not let the
         // kernel's default 50 us timer slack stretch them.
         prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+        // One name for every block thread: how tools and tests find the executor's threads.
+        pthread_setname_np(pthread_self(), "tutti-block");
         t_block = b;
         b->cur = 0;
         tt_host_lane = &b->lanes[0].id;
