@@ -100,8 +100,8 @@ pub struct Args {
     pub queue_pairs: u32,
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(2..=4096))]
     pub queue_depth: u32,
-    /// Lane blocks (of 32 host threads) the gio_uring host executor runs.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=8))]
+    /// OS threads of the gio_uring host executor (one block of 32 lanes each).
+    #[arg(long, visible_alias = "exec-threads", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=8))]
     pub exec_blocks: u32,
     /// Seed of the object contents and of the destination placement.
     #[arg(long, default_value_t = 1)]
