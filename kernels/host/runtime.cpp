@@ -43,6 +43,17 @@
 #include <ucontext.h>
 #endif
 
+/* Under valgrind, lane stacks are registered as stacks: otherwise a switch between two
+ * neighbouring lane stacks looks to it like a stack pointer moving within one stack, and
+ * it reports the other stack's live frames as invalid accesses. The requests cost a few
+ * instructions when not under valgrind. The valgrind package installs the header. */
+#if defined(__has_include)
+#if __has_include(<valgrind/valgrind.h>)
+#include <valgrind/valgrind.h>
+#define TT_HOST_VALGRIND 1
+#endif
+#endif
+
 thread_local tt_host_lane_ctx* tt_host_lane;
 
 namespace {
@@ -185,9 +196,13 @@ struct BlockRun {
     Ctx main;
     unsigned char* stacks = nullptr;
     size_t stacks_len = 0;
+    std::vector<unsigned> stack_ids; /* valgrind's ids of the registered lane stacks */
     alignas(64) unsigned char shared[kSharedBytes] = {};
 
     ~BlockRun() {
+#if defined(TT_HOST_VALGRIND)
+        for (unsigned id : stack_ids) VALGRIND_STACK_DEREGISTER(id);
+#endif
         if (stacks) munmap(stacks, stacks_len);
     }
 };
@@ -371,6 +386,9 @@ int block_init(Launch* l, BlockRun* b, uint32_t index) {
         Lane& lane = b->lanes[t];
         lane.id = tt_host_lane_ctx{t, l->first + index, n, l->grid, 0};
         ctx_init(&lane.ctx, lo + kGuard, kLaneStack);
+#if defined(TT_HOST_VALGRIND)
+        b->stack_ids.push_back(VALGRIND_STACK_REGISTER(lo + kGuard, lo + kGuard + kLaneStack));
+#endif
     }
     return 0;
 }
