@@ -498,7 +498,7 @@ typedef struct tutti_runtime_config_t {
     struct tutti_geometry_t geometry;
     // Deadline of one NVMe command in ms (0 = 2000).
     uint32_t io_timeout_ms;
-    // Host executor: lane blocks of 32 lanes (0 = 1).
+    // Host executor: its OS threads, each running one block of 32 lanes as fibers (0 = 1).
     uint32_t host_lane_blocks;
     // Alignment padding of ABI 1.0..1.3 (ignored; set 0).
     uint32_t rsvd0;

@@ -112,7 +112,7 @@ pub struct tutti_runtime_config_t {
     pub geometry: tutti_geometry_t,
     /// Deadline of one NVMe command in ms (0 = 2000).
     pub io_timeout_ms: u32,
-    /// Host executor: lane blocks of 32 lanes (0 = 1).
+    /// Host executor: its OS threads, each running one block of 32 lanes as fibers (0 = 1).
     pub host_lane_blocks: u32,
     /// Alignment padding of ABI 1.0..1.3 (ignored; set 0).
     pub rsvd0: u32,

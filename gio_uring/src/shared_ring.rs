@@ -86,6 +86,8 @@ impl RingView {
                     Ok(_) => {
                         cell.store(value, Ordering::Relaxed);
                         seq.store(pos + 1, Ordering::Release);
+                        // SAFETY: the header is live for as long as `self`.
+                        unsafe { tutti_kernels::host::wake_ring_sleepers(self.hdr.as_ptr()) };
                         return true;
                     }
                     Err(now) => pos = now,

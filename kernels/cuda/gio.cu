@@ -30,6 +30,9 @@ struct tt_block_shared {
 /* Largest block the issue kernels are built for (the GPU executor launches this size). */
 #define TT_GIO_BLOCK_THREADS 512
 
+/* Longest a host lane of an idle persistent kernel blocks before it looks again. */
+#define TT_IDLE_PARK_NS 10000000ull
+
 #define TT_RUN_EXIT 0u
 #define TT_RUN_WORK 1u
 #define TT_RUN_IDLE 2u
@@ -58,7 +61,9 @@ TT_DEVICE void tt_gio_run(const struct tt_exec_ctx* ctx, bool persistent) {
         tt_syncthreads();
         if (what == TT_RUN_EXIT) break;
         if (what == TT_RUN_IDLE) {
-            tt_backoff(&idle, ctx->idle_sleep_ns);
+            /* Host lanes block here until the host pushes work (or stops them: it wakes
+             * the ring then too); the timeout bounds how long a missed wake-up costs. */
+            tt_ring_idle(ctx->sq_ring, &idle, ctx->idle_sleep_ns, TT_IDLE_PARK_NS);
             continue;
         }
         idle = 256;

@@ -118,7 +118,9 @@ TT_DEVICE void tt_cq_complete(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q,
 /* Consumes every completion entry present; the caller holds the head lock. */
 TT_DEVICE uint32_t tt_cq_drain(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q) {
     const uint32_t depth = q->depth;
-    const uint64_t now = tt_now_ns();
+    /* Read once an entry is there: most polls find none, and on the host the clock
+     * read is what a poll of an empty queue costs most. */
+    uint64_t now = 0;
     uint64_t head = tt_ld_relaxed_u64(&q->cq_head);
     uint32_t n = 0;
     uint32_t sqhd = 0xFFFFFFFFu;
@@ -129,6 +131,7 @@ TT_DEVICE uint32_t tt_cq_drain(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q
         const uint32_t dw3 = tt_ld_acquire_u32(e + 3);
         if (((dw3 >> 16) & 1u) != phase) break;
         sqhd = tt_ld_relaxed_u32(e + 2) & 0xFFFFu;
+        if (n == 0) now = tt_now_ns();
         tt_cq_complete(ctx, q, dw3, now);
         head++;
         n++;
@@ -156,13 +159,15 @@ TT_DEVICE uint32_t tt_cq_reap(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q)
 }
 
 /* Reaps, then expires the command in `slot` (`expect`, or any with
- * TT_SLOT_FREE) if it is overdue. Sets *expired if this call expired it. */
+ * TT_SLOT_FREE) if it was overdue at `now` (the caller's clock reading, taken
+ * before the call: an earlier time can only make an expiry later). Sets
+ * *expired if this call expired it. */
 TT_DEVICE uint32_t tt_cq_reap_expire(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q, uint32_t slot,
-                                     uint64_t expect, bool* expired) {
+                                     uint64_t expect, uint64_t now, bool* expired) {
     *expired = false;
     if (!tt_lock_try(&q->head_lock)) return 0;
     const uint32_t n = tt_cq_drain(ctx, q);
-    *expired = tt_slot_expire(ctx, q, slot, expect, tt_now_ns());
+    *expired = tt_slot_expire(ctx, q, slot, expect, now);
     tt_lock_release(&q->head_lock);
     return n;
 }
@@ -258,9 +263,11 @@ TT_DEVICE uint32_t tt_sq_submit(const struct tt_exec_ctx* ctx, uint32_t qidx, ui
         if (turn && ticket < tt_ld_acquire_u64(&q->sq_head) + depth - 1u) break;
         /* The previous lap's command may never complete: expire it when it is due. */
         bool expired = false;
-        const uint32_t reaped = turn ? tt_cq_reap(ctx, q) : tt_cq_reap_expire(ctx, q, slot, TT_SLOT_FREE, &expired);
+        const uint64_t now = tt_now_ns();
+        const uint32_t reaped =
+            turn ? tt_cq_reap(ctx, q) : tt_cq_reap_expire(ctx, q, slot, TT_SLOT_FREE, now, &expired);
         tt_sq_publish(q);
-        if (tt_now_ns() > deadline) {
+        if (now > deadline) {
             /* This ticket will never be written: nothing at or after it can be published. */
             tt_atomic_min_u64(&q->hole, ticket);
             tt_st_release_u32(&q->dead, 1);
@@ -300,9 +307,11 @@ TT_DEVICE void tt_wait_ioctx(const struct tt_exec_ctx* ctx, uint32_t b, uint32_t
     const uint64_t hard = tt_now_ns() + ctx->submit_timeout_ns + 2 * ctx->command_timeout_ns;
     uint32_t sleep = 32;
     while (tt_ld_acquire_u32(&io->status) == TT_STATUS_PENDING) {
-        if (tt_now_ns() > hard && tt_slot_expire(ctx, q, slot, owner, tt_now_ns(), true)) return;
+        /* One clock reading per poll: on the host it costs more than the poll itself. */
+        const uint64_t now = tt_now_ns();
+        if (now > hard && tt_slot_expire(ctx, q, slot, owner, now, true)) return;
         bool expired = false;
-        const uint32_t reaped = tt_cq_reap_expire(ctx, q, slot, owner, &expired);
+        const uint32_t reaped = tt_cq_reap_expire(ctx, q, slot, owner, now, &expired);
         if (expired) return;
         if (!reaped) tt_sq_publish(q);
         if (tt_ld_acquire_u32(&q->dead) && ticket > tt_ld_acquire_u64(&q->hole) &&

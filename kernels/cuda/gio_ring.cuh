@@ -70,4 +70,34 @@ TT_DEVICE bool tt_ring_push(struct tt_ring* r, uint64_t v) {
     return false;
 }
 
+/* True if the oldest value is published (a pop would find it). */
+TT_DEVICE bool tt_ring_ready(struct tt_ring* r) {
+    const uint64_t pos = tt_ld_relaxed_u64(&r->head);
+    const uint64_t seq = tt_ld_acquire_u64(&tt_ring_cells(r)[pos & r->mask].seq);
+    return seq == pos + 1;
+}
+
+/* A consumer that found the ring empty waits a while for a producer. On the GPU
+ * it backs off (*ns, doubling up to max_ns). On the host it blocks until a producer
+ * publishes (the protocol in tutti_gio.h), or park_ns passes, so an idle executor
+ * costs no CPU; a ring that is not empty (the caller was told to stay out) backs off. */
+TT_DEVICE void tt_ring_idle(struct tt_ring* r, uint32_t* ns, uint32_t max_ns, uint64_t park_ns) {
+#if defined(__CUDACC__)
+    (void)r;
+    (void)park_ns;
+    tt_backoff(ns, max_ns);
+#else
+    const uint32_t seen = tt_ld_acquire_u32(&r->wake_seq);
+    tt_atomic_add_u32(&r->sleepers, 1);
+    /* Pairs with the producer's fence between publishing and reading `sleepers`:
+     * either it sees us and bumps wake_seq, or we see its value here. */
+    tt_fence_system();
+    if (tt_ring_ready(r))
+        tt_backoff(ns, max_ns);
+    else
+        tt_host_park(&r->wake_seq, seen, park_ns);
+    tt_atomic_add_u32(&r->sleepers, 0xFFFFFFFFu);
+#endif
+}
+
 #endif /* TUTTI_GIO_RING_CUH */

@@ -1,7 +1,9 @@
 /*
  * runtime.h — what kernel code compiled for the host needs from the lane runtime
  * (runtime.cpp): thread indices, warp collectives, block barriers, per-block
- * shared memory, time and sleep. One OS thread runs one CUDA thread ("lane").
+ * shared memory, time and sleep. One OS thread runs one block; its lanes (CUDA
+ * threads) are fibers that it switches between at every collective, barrier and
+ * sleep.
  */
 #ifndef TUTTI_HOST_RUNTIME_H
 #define TUTTI_HOST_RUNTIME_H
@@ -14,12 +16,11 @@ struct tt_host_lane_ctx {
     uint32_t block_idx;
     uint32_t block_dim;
     uint32_t grid_dim;
-    void* block;          /* runtime-private */
-    void* warp;           /* runtime-private */
     size_t shared_offset; /* bytes of block shared memory handed out so far */
 };
 
-extern thread_local struct tt_host_lane_ctx tt_host_lane;
+/* The lane running on this OS thread now (switched with the fiber). */
+extern thread_local struct tt_host_lane_ctx* tt_host_lane;
 
 /* Warp collective: every lane of the warp passes `v`; `all[i]` receives lane i's value. */
 void tt_host_warp_exchange(uint64_t v, uint64_t* all);
@@ -27,7 +28,13 @@ void tt_host_warp_exchange(uint64_t v, uint64_t* all);
 void tt_host_block_sync(void);
 /* Storage shared by the lanes of this block; successive calls get successive chunks. */
 void* tt_host_block_shared(size_t bytes);
+/* Lets the block's other lanes run for about `ns`; the OS thread sleeps only when
+ * no lane of the block can run. */
 void tt_host_nanosleep(uint32_t ns);
+/* Like tt_host_nanosleep, but the OS thread may block (futex) until `*word` no
+ * longer holds `seen`, or `timeout_ns` passes: whoever changes the word wakes it
+ * with FUTEX_WAKE. Spurious returns are allowed; callers re-check their condition. */
+void tt_host_park(const uint32_t* word, uint32_t seen, uint64_t timeout_ns);
 uint64_t tt_host_now_ns(void);
 
 /* Arguments of every host-launched kernel (the kernel picks what it uses). */
@@ -46,8 +53,9 @@ typedef void (*tt_host_kernel_fn)(const struct tt_host_args*);
 #ifdef __cplusplus
 extern "C" {
 #endif
-/* Starts grid x block lanes running `fn`. Returns NULL and writes a message to
- * `err` when the shape is invalid or threads cannot be created (no lane runs then). */
+/* Starts grid blocks of `block` lanes running `fn`: one OS thread per block. Returns NULL
+ * and writes a message to `err` when the shape is invalid or threads or lane stacks cannot
+ * be created (no lane runs then). */
 void* tt_host_launch_fn(tt_host_kernel_fn fn, uint32_t grid, uint32_t block, const struct tt_host_args* args,
                         char* err, size_t errlen);
 /* Starts blocks first .. first+count-1 of a grid of `grid` blocks (block x count lanes): the
@@ -58,6 +66,8 @@ void* tt_host_launch_blocks_fn(tt_host_kernel_fn fn, uint32_t grid, uint32_t fir
 int tt_host_launch_finished(void* launch);
 /* Waits for every lane, then frees the launch. */
 void tt_host_launch_join(void* launch);
+/* Wakes every OS thread parked (tt_host_park) on `word`; the caller changed it first. */
+void tt_host_wake(uint32_t* word);
 #ifdef __cplusplus
 }
 #endif

@@ -3,7 +3,7 @@
  *
  * The I/O kernels are compiled twice from the same text: by NVRTC for the GPU,
  * and by the system C++ compiler for the host executor (one host thread per
- * CUDA thread; see kernels/host/runtime.cpp). Every load or store that another
+ * block, its lanes as fibers; see kernels/host/runtime.cpp). Every load or store that another
  * agent (a controller, the host, another thread) may observe goes through the
  * functions below, so the memory ordering is written down once per target:
  *
@@ -120,10 +120,10 @@ TT_DEVICE uint64_t tt_now_ns() {
 #define TT_LAUNCH_BOUNDS(threads, blocks)
 #define TT_SHARED(type, name) type& name = *(type*)tt_host_block_shared(sizeof(type))
 
-TT_DEVICE uint32_t tt_thread_idx() { return tt_host_lane.thread_idx; }
-TT_DEVICE uint32_t tt_block_idx() { return tt_host_lane.block_idx; }
-TT_DEVICE uint32_t tt_block_dim() { return tt_host_lane.block_dim; }
-TT_DEVICE uint32_t tt_grid_dim() { return tt_host_lane.grid_dim; }
+TT_DEVICE uint32_t tt_thread_idx() { return tt_host_lane->thread_idx; }
+TT_DEVICE uint32_t tt_block_idx() { return tt_host_lane->block_idx; }
+TT_DEVICE uint32_t tt_block_dim() { return tt_host_lane->block_dim; }
+TT_DEVICE uint32_t tt_grid_dim() { return tt_host_lane->grid_dim; }
 
 TT_DEVICE uint32_t tt_ld_acquire_u32(const uint32_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 TT_DEVICE uint64_t tt_ld_acquire_u64(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
@@ -163,7 +163,7 @@ TT_DEVICE uint64_t tt_atomic_min_u64(uint64_t* p, uint64_t v) {
     return cur;
 }
 
-TT_DEVICE uint32_t tt_lane_id() { return tt_host_lane.thread_idx & (TT_WARP_SIZE - 1); }
+TT_DEVICE uint32_t tt_lane_id() { return tt_host_lane->thread_idx & (TT_WARP_SIZE - 1); }
 /* Host collectives: every lane posts a value, all lanes read all values (runtime.cpp). */
 TT_DEVICE bool tt_warp_any(bool pred) {
     uint64_t all[TT_WARP_SIZE];

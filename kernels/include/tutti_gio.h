@@ -179,6 +179,12 @@ struct tt_iocb {
  * Cell i starts with seq = i; a producer of position p waits for seq == p and
  * publishes seq = p + 1; a consumer of p waits for seq == p + 1 and frees the
  * cell with seq = p + capacity. head/tail are CASed by one side only.
+ *
+ * A host-built consumer that finds the ring empty may block instead of polling:
+ * it reads wake_seq, counts itself in `sleepers`, looks at the ring once more and
+ * waits (futex) for wake_seq to change. A producer that published a value and
+ * then sees sleepers != 0 bumps wake_seq and wakes them. GPU consumers never
+ * sleep this way, so `sleepers` stays 0 and producers never make the call.
  */
 struct tt_ring_cell {
     uint64_t seq;
@@ -189,7 +195,9 @@ struct tt_ring {
     uint64_t head; /* consumers' position */
     uint64_t pad0[7];
     uint64_t tail; /* producers' position */
-    uint64_t pad1[7];
+    uint32_t sleepers; /* host consumers blocked (or about to) on wake_seq */
+    uint32_t wake_seq; /* bumped by a producer that wakes them */
+    uint64_t pad1[6];
     uint32_t capacity; /* power of two */
     uint32_t mask;
     uint64_t pad2[7];

@@ -162,7 +162,11 @@ pub struct RingHeader {
     pub head: u64,
     pub pad0: [u64; 7],
     pub tail: u64,
-    pub pad1: [u64; 7],
+    /// Host-built consumers blocked on `wake_seq` (see `tutti_gio.h`).
+    pub sleepers: u32,
+    /// Bumped by a producer that wakes them.
+    pub wake_seq: u32,
+    pub pad1: [u64; 6],
     pub capacity: u32,
     pub mask: u32,
     pub pad2: [u64; 7],

@@ -79,6 +79,7 @@ extern "C" {
     fn tt_host_launch_join(launch: *mut c_void);
     fn tt_host_ring_pop(ring: *mut RingHeader, out: *mut u64) -> c_int;
     fn tt_host_ring_push(ring: *mut RingHeader, value: u64) -> c_int;
+    fn tt_host_wake(word: *mut u32);
 }
 
 /// A running host launch. Dropping it waits for every lane to return.
@@ -178,6 +179,29 @@ pub unsafe fn executor_ring_pop(ring: *mut RingHeader) -> Option<u64> {
     let mut v = 0u64;
     // SAFETY: the caller guarantees the ring; `v` is a valid out pointer.
     (unsafe { tt_host_ring_pop(ring, &mut v) } != 0).then_some(v)
+}
+
+/// Wakes the host lanes blocked on `ring` because they found it empty, if any:
+/// a producer calls this after publishing a value (and the host after asking
+/// persistent kernels to stop). Costs a fence and a load when none sleeps,
+/// which is always the case for GPU consumers.
+///
+/// # Safety
+/// `ring` must point at a live ring header laid out as in `tutti_gio.h`.
+pub unsafe fn wake_ring_sleepers(ring: *mut RingHeader) {
+    use std::sync::atomic::{fence, AtomicU32, Ordering};
+    // Pairs with the consumer's fence between counting itself in `sleepers` and looking
+    // at the ring again (`tt_ring_idle`): one of the two sees the other.
+    fence(Ordering::SeqCst);
+    // SAFETY: the fields lie in the live header; every access to them is atomic.
+    let (sleepers, seq) = unsafe {
+        (AtomicU32::from_ptr(&raw mut (*ring).sleepers), AtomicU32::from_ptr(&raw mut (*ring).wake_seq))
+    };
+    if sleepers.load(Ordering::SeqCst) != 0 {
+        seq.fetch_add(1, Ordering::SeqCst);
+        // SAFETY: a futex wake on a live, aligned u32.
+        unsafe { tt_host_wake(seq.as_ptr()) };
+    }
 }
 
 /// The executor's producer side of a ring (how completions are posted).

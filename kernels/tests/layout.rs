@@ -50,7 +50,7 @@ fn layouts() -> Vec<Layout> {
             rsvd1, rsvd2 }),
         layout!(Iocb => "tt_iocb" { hdr, pairs, ioctx }),
         layout!(RingCell => "tt_ring_cell" { seq, value }),
-        layout!(RingHeader => "tt_ring" { head, pad0, tail, pad1, capacity, mask, pad2 }),
+        layout!(RingHeader => "tt_ring" { head, pad0, tail, sleepers, wake_seq, pad1, capacity, mask, pad2 }),
         layout!(Control => "tt_control" { stop, running, parts_done, iocbs_done, lost_posts, active_blocks, rsvd0, rsvd }),
         layout!(DriveDesc => "tt_drive" { first_queue, nqueues, nsid, lba_shift, max_lbas, flags, rsvd }),
         layout!(NvmeQueue => "tt_nvmeq" { sq, cq, sq_db, cq_db, slot_owner, slot_time, slot_ready, slot_turn,

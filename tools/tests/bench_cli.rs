@@ -72,6 +72,7 @@ fn sgl_and_prp_read_the_same_verified_bytes_with_the_expected_commands() {
         assert_eq!(f(&row["commands_per_object"]), size.div_ceil(per_command) as f64, "{what}");
         assert_eq!(u(&row["pool_objects"]), (1 << 30) / size);
         assert!(f(&row["gb_per_sec"]) > 0.0);
+        assert!(f(&row["process_cpu_s_per_gb"]) > 0.0, "{what}: process CPU per GB is measured");
     }
     // Within one (size, layout) every mode read the same bytes as every other.
     for group in rows.chunks(3) {
@@ -203,4 +204,16 @@ fn command_rates_cover_every_path_and_batch_and_the_reads_are_checked() {
     } else {
         eprintln!("io_uring is not available here: {}", r["io_uring_unavailable"]);
     }
+}
+
+#[test]
+fn client_and_in_process_loads_report_process_cpu_per_gb() {
+    let r = json(&["client", "--blocks", "4", "--layers", "4", "--loads", "3", "--lookups", "10"]);
+    for side in ["in_process", "client"] {
+        let cpu = f(&r[side]["process_cpu_s_per_gb"]);
+        assert!(cpu > 0.0 && cpu.is_finite(), "{side}: process CPU per GB loaded: {cpu}");
+    }
+    let ratio = f(&r["ratio_cpu_per_gb"]);
+    let expect = f(&r["client"]["process_cpu_s_per_gb"]) / f(&r["in_process"]["process_cpu_s_per_gb"]);
+    assert!((ratio - expect).abs() <= 1e-9 * expect, "ratio {ratio} is client / in-process {expect}");
 }

@@ -43,6 +43,19 @@ fn small_request_round_trips_and_survives_reopen() {
 }
 
 #[test]
+fn prefaulted_ram_media_round_trips_and_is_refused_with_dir() {
+    let mut args = SMALL.to_vec();
+    args.extend_from_slice(&["--emu-prefault", "--no-reopen"]);
+    let r = json(&args);
+    assert_eq!(r["store"]["bytes"], r["request_bytes"]);
+    assert_eq!(r["retrieve"]["verified_bytes"], r["request_bytes"]);
+    let out = tutti(&["--emu-prefault", "--dir", "/nonexistent-tutti-dir"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--emu-prefault") && err.contains("--dir"), "{err}");
+}
+
+#[test]
 fn both_executor_modes_verify_and_the_host_builds_nothing() {
     for mode in ["launch", "persistent"] {
         let mut args = SMALL.to_vec();

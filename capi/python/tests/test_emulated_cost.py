@@ -60,3 +60,26 @@ def test_a_drive_with_a_cost_model_stores_and_loads_byte_for_byte(library):
             assert block_bytes(GEOMETRY, layers, NUM_BLOCKS, dst) == written[src]
     finally:
         rt.close()
+
+
+def test_host_executor_threads_keyword(library):
+    # More threads than libtutti allows is refused by name; a valid count opens a working pool.
+    with pytest.raises(tutti.InvalidArgument, match="host_lane_blocks"):
+        open_rt(host_lane_blocks=65)
+    rt = open_rt(host_lane_blocks=2)
+    try:
+        layers = vllm_layers(GEOMETRY)
+        rt.register_kv(
+            "vllm_per_layer", NUM_BLOCKS, model="test-model", k_bases=[t.data_ptr() for t in layers], keepalive=layers
+        )
+        hashes = tutti.chain_hashes(list(range(4)), GEOMETRY.tokens_per_block)
+        written = fill_block(GEOMETRY, layers, NUM_BLOCKS, 0, seed=9)
+        with rt.begin_store(hashes, [0]) as st:
+            with st.submit() as job:
+                assert job.wait().failed == 0
+            assert st.commit().stored == 1
+        with rt.load(hashes, [3]) as job:
+            assert job.wait().failed == 0
+        assert block_bytes(GEOMETRY, layers, NUM_BLOCKS, 3) == written
+    finally:
+        rt.close()

@@ -395,3 +395,16 @@ def test_legacy_five_dim_layouts_with_two_blocks_and_two_heads(library):
     assert fi3.kind == "strided" and fi3.blocks == 3
     hnd = describe_vllm_layer("l0", _View(mem, shape, _strides(shape, (0, 1, 3, 2, 4))), g, backend="FLASH_ATTN")
     assert hnd.tag == "vllm-split-HND"
+
+
+def test_host_threads_reach_the_runtime_and_bad_counts_name_the_key(library, geometry):
+    cfg = from_vllm(vllm_config(geometry, dict(EXTRA, host_threads=2)))
+    assert cfg.host_threads == 2
+    assert cfg.runtime_kwargs()["host_lane_blocks"] == 2
+    # Unset: libtutti's default (one thread), and a pool with other threads is another pool.
+    default = from_vllm(vllm_config(geometry, dict(EXTRA)))
+    assert "host_lane_blocks" not in default.runtime_kwargs()
+    assert default.pool_key() != cfg.pool_key()
+    for bad in (65, -1, "two", 1.5):
+        with pytest.raises(ConfigError, match="host_threads"):
+            from_vllm(vllm_config(geometry, dict(EXTRA, host_threads=bad)))

@@ -65,6 +65,9 @@ pub(super) struct Media {
     extents: Vec<Extent>,
     store: Store,
     scratch: Vec<u8>,
+    /// RAM media committed at start ([`MediaConfig::RamPrefaulted`]): zeroing keeps
+    /// its pages instead of handing them back to the kernel.
+    prefaulted: bool,
 }
 
 /// Walks the pieces of a transfer in order, a window at a time.
@@ -121,12 +124,19 @@ impl Media {
             })?;
         }
         let store = match &cfg.media {
-            MediaConfig::Ram => {
+            MediaConfig::Ram | MediaConfig::RamPrefaulted => {
                 let len = usize::try_from(total).map_err(|_| {
                     DriverError::Emulated(format!("{}: {total} bytes of RAM media do not fit", cfg.name))
                 })?;
-                // Anonymous memory is zero-filled and committed page by page as it is written.
-                let map = MmapOptions::new().len(len).no_reserve_swap().map_anon().map_err(|e| {
+                // Anonymous memory is zero-filled and committed page by page as it is
+                // written, or all at once here (MAP_POPULATE write-faults every page of a
+                // private writable mapping).
+                let mut opts = MmapOptions::new();
+                opts.len(len).no_reserve_swap();
+                if matches!(cfg.media, MediaConfig::RamPrefaulted) {
+                    opts.populate();
+                }
+                let map = opts.map_anon().map_err(|e| {
                     DriverError::io(format!("{}: mapping {total} bytes of RAM media", cfg.name), e)
                 })?;
                 Store::Ram(map)
@@ -136,7 +146,8 @@ impl Media {
                 Store::File { _owner: owner, file, path: path.clone() }
             }
         };
-        Ok(Media { extents, store, scratch: Vec::new() })
+        let prefaulted = matches!(cfg.media, MediaConfig::RamPrefaulted);
+        Ok(Media { extents, store, scratch: Vec::new(), prefaulted })
     }
 
     /// Absolute store offset of `offset..offset+len` in namespace index `ns`.
@@ -236,7 +247,7 @@ impl Media {
     pub fn write_zeroes(&mut self, ns: usize, offset: u64, len: u64) -> Result<(), MediaError> {
         let at = self.locate(ns, offset, len)?;
         match &mut self.store {
-            Store::Ram(map) => zero_ram(map, at as usize, len as usize),
+            Store::Ram(map) => zero_ram(map, at as usize, len as usize, self.prefaulted),
             Store::File { file, path, .. } => zero_file(file, path, at, len, &mut self.scratch)?,
         }
         Ok(())
@@ -287,12 +298,14 @@ fn open_file(name: &str, path: &std::path::Path, needed: u64) -> Result<(MediaOw
     Ok((owner, file))
 }
 
-fn zero_ram(map: &mut MmapMut, at: usize, len: usize) {
+/// Zeroes `at..at + len` of RAM media; whole pages go back to the kernel unless `keep`
+/// (prefaulted media stays committed, so a later write does not fault).
+fn zero_ram(map: &mut MmapMut, at: usize, len: usize, keep: bool) {
     let page = host_page_size();
     let end = at + len;
     let first_page = at.next_multiple_of(page);
     let last_page = end & !(page - 1);
-    if first_page >= last_page {
+    if keep || first_page >= last_page {
         map[at..end].fill(0);
         return;
     }
@@ -419,6 +432,34 @@ mod tests {
     fn ram_media_round_trips() {
         let mut media = Media::open(&cfg(MediaConfig::Ram)).unwrap();
         round_trip(&mut media);
+    }
+
+    /// Pages of RAM media the kernel has backed (mincore), out of all of them.
+    fn resident_pages(media: &Media) -> (usize, usize) {
+        let Store::Ram(map) = &media.store else { panic!("not RAM media") };
+        let page = host_page_size();
+        let pages = map.len().div_ceil(page);
+        let mut vec = vec![0u8; pages];
+        // SAFETY: the mapping is live and page aligned, `vec` has a byte per page.
+        let rc = unsafe { libc::mincore(map.as_ptr() as *mut libc::c_void, map.len(), vec.as_mut_ptr()) };
+        assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
+        (vec.iter().filter(|&&b| b & 1 != 0).count(), pages)
+    }
+
+    #[test]
+    fn prefaulted_ram_media_is_committed_at_start_and_stays_so() {
+        let lazy = Media::open(&cfg(MediaConfig::Ram)).unwrap();
+        let (resident, pages) = resident_pages(&lazy);
+        assert_eq!(resident, 0, "lazy RAM media has {resident} of {pages} pages before any write");
+        let mut media = Media::open(&cfg(MediaConfig::RamPrefaulted)).unwrap();
+        let (resident, pages) = resident_pages(&media);
+        assert_eq!(resident, pages, "prefaulted RAM media has {resident} of {pages} pages at start");
+        round_trip(&mut media);
+        // Zeroing and deallocating whole pages kept them: a later write will not fault.
+        media.write_zeroes(0, 0, 4 << 20).unwrap();
+        media.deallocate(1, 0, 3 << 20).unwrap();
+        let (resident, pages) = resident_pages(&media);
+        assert_eq!(resident, pages, "prefaulted RAM media has {resident} of {pages} pages after zeroing");
     }
 
     #[test]

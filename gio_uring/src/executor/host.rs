@@ -1,5 +1,6 @@
 //! The host executor: the CUDA kernels compiled as C++ (by `tutti-kernels`'
-//! build script) and run with one host thread per CUDA thread.
+//! build script) and run with one host thread per CUDA block, whose lanes (CUDA
+//! threads) are fibers on it (`kernels/host/runtime.cpp`).
 //!
 //! With [`DoorbellMode::Relay`] its kernels ring doorbells through a
 //! [`DoorbellRelay`]'s mailboxes, as the CUDA executor does where a BAR
@@ -15,16 +16,17 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 use tutti_driver::transport::DoorbellKind;
-use tutti_kernels::abi::ExecCtx;
+use tutti_kernels::abi::{ExecCtx, RingHeader};
 use tutti_kernels::host::{HostArgs, HostKernel, HostLaunch};
 
 /// How many lanes, and in which mode.
 #[derive(Clone, Debug)]
 pub struct HostExecutorConfig {
     pub mode: ExecMode,
-    /// Blocks (lane groups) a launch or the persistent kernel runs.
+    /// Blocks (lane groups) a launch or the persistent kernel runs: the executor's
+    /// OS threads, one per block.
     pub blocks: u32,
-    /// Lanes per block; a multiple of 32.
+    /// Lanes per block (fibers on its thread); a multiple of 32.
     pub block_lanes: u32,
     /// Launch mode: kernels allowed to run at once.
     pub max_launches: u32,
@@ -33,11 +35,12 @@ pub struct HostExecutorConfig {
 }
 
 impl Default for HostExecutorConfig {
-    /// Three blocks of one warp: ~100 threads, what two cores carry comfortably.
+    /// One block of one warp: one OS thread, so an engine serving a model on the
+    /// CPU keeps its cores (the block's 32 lanes are fibers on that thread).
     fn default() -> Self {
         HostExecutorConfig {
             mode: ExecMode::Launch,
-            blocks: 3,
+            blocks: 1,
             block_lanes: 32,
             max_launches: 2,
             doorbells: DoorbellMode::Direct,
@@ -248,6 +251,15 @@ impl Executor for HostExecutor {
         if let (Some(l), Some(b)) = (st.persistent.take(), st.binding) {
             // SAFETY: `control` points at the live shared control block (see ExecBinding).
             unsafe { AtomicU32::from_ptr(&raw mut (*b.control.as_ptr()).stop) }.store(1, Ordering::Release);
+            // Lanes blocked on the empty submission ring see the stop once woken.
+            // SAFETY: on the host executor the context's executor address is its host address,
+            // and the context and its rings are live (as in `launch`).
+            unsafe {
+                let ring = (*(b.ctx as *const ExecCtx)).sq_ring as *mut RingHeader;
+                if !ring.is_null() {
+                    tutti_kernels::host::wake_ring_sleepers(ring);
+                }
+            }
             l.join();
         }
         for l in st.launches.drain(..) {

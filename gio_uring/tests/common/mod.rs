@@ -101,6 +101,12 @@ impl Default for RigSpec {
 }
 
 pub fn rig(spec: RigSpec) -> Rig {
+    let exec = executor(spec.mode, spec.blocks);
+    rig_on(spec, exec)
+}
+
+/// A rig whose ring runs on `exec` (the spec's mode and blocks are then `exec`'s business).
+pub fn rig_on(spec: RigSpec, exec: Arc<dyn Executor>) -> Rig {
     let mut emus = Vec::new();
     let mut ctrls = Vec::new();
     let mut drives = Vec::new();
@@ -132,8 +138,7 @@ pub fn rig(spec: RigSpec) -> Rig {
         emus.push(emu);
         ctrls.push(ctrl);
     }
-    let ring =
-        GioUring::init_with(spec.opts, drives, executor(spec.mode, spec.blocks)).expect("gio_uring init");
+    let ring = GioUring::init_with(spec.opts, drives, exec).expect("gio_uring init");
     Rig { ring, ctrls, emus }
 }
 

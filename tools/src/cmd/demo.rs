@@ -134,6 +134,10 @@ pub struct Args {
     /// submission ring (like io_uring's SQPOLL).
     #[arg(long, value_enum, default_value_t = ExecFlag::Persistent)]
     pub executor: ExecFlag,
+    /// OS threads of gio_uring's host executor, each running one block of 32 lanes as
+    /// fibers (1 leaves an engine serving on the CPU its other cores).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub exec_threads: u32,
     /// Seconds any one wait on the drives (a stored layer, a loaded layer) may take before
     /// the demo gives up with an error.
     #[arg(long, default_value_t = WAIT_SECS, value_parser = clap::value_parser!(u64).range(1..=3600))]
@@ -465,6 +469,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         BackendFlag::Gio => {
             let mut cfg = GioConfig::default();
             cfg.host.mode = args.executor.mode();
+            cfg.host.blocks = args.exec_threads;
+            cfg.sm_budget = args.exec_threads;
             if args.cuda.cuda {
                 cfg.executor = GioExecutor::Cuda(Box::new(args.cuda.config(args.executor.mode())));
             }

@@ -13,6 +13,9 @@ overridden in the extra config. Keys of ``kv_connector_extra_config``:
 ``executor``                ``"gio"`` (gio_uring on host lanes, default), ``"gio_cuda"``
                             (gio_uring's CUDA executor: needed for KV caches on the GPU,
                             which move on the staged data path) or ``"direct"`` (CPU baseline)
+``host_threads``            ``"gio"``: OS threads of the host executor, each running 32 lanes
+                            as fibers (default 0: libtutti's 1, which leaves an engine
+                            serving on the CPU its other cores; at most 64)
 ``cuda_device``             ``"gio_cuda"``: the CUDA device ordinal (default 0)
 ``cuda_sm_count``           ``"gio_cuda"``: SMs of the I/O green context (default 0: all)
 ``cuda_driver``             ``"gio_cuda"``: the CUDA driver library to load (default: libcuda.so
@@ -95,6 +98,7 @@ KNOWN_KEYS = {
     "vfio_drives",
     "vfio_noiommu",
     "executor",
+    "host_threads",
     "cuda_device",
     "cuda_sm_count",
     "cuda_driver",
@@ -169,6 +173,7 @@ class ConnectorConfig:
     tp_size: int = 1
     pp_size: int = 1
     multiprocess: bool = False
+    host_threads: int = 0
     cuda_device: int = 0
     cuda_sm_count: int = 0
     cuda_driver: str | None = None
@@ -205,6 +210,7 @@ class ConnectorConfig:
             self.io_timeout_ms,
             self.daemon,
             self.daemon_socket,
+            self.host_threads,
             self.cuda_device,
             self.cuda_sm_count,
             self.cuda_driver,
@@ -216,6 +222,8 @@ class ConnectorConfig:
         kw: dict[str, Any] = dict(
             executor=self.executor, open_mode=self.open_mode, io_timeout_ms=self.io_timeout_ms
         )
+        if self.host_threads:
+            kw.update(host_lane_blocks=self.host_threads)
         if self.staging_slots:
             kw.update(staging_slots=self.staging_slots)
         if self.executor == "gio_cuda":
@@ -241,6 +249,19 @@ def _int(extra: dict, key: str, default: int, lo: int = 0) -> int:
     if iv < lo or isinstance(v, bool) or (isinstance(v, float) and v != iv):
         raise ConfigError(f"kv_connector_extra_config[{key!r}] = {v!r} must be an integer >= {lo}")
     return iv
+
+
+# libtutti's limit on host_lane_blocks (capi/src/config.rs MAX_LANE_BLOCKS).
+MAX_HOST_THREADS = 64
+
+
+def _host_threads(extra: dict) -> int:
+    n = _int(extra, "host_threads", 0)
+    if n > MAX_HOST_THREADS:
+        raise ConfigError(
+            f"kv_connector_extra_config['host_threads'] = {n} is more than {MAX_HOST_THREADS}"
+        )
+    return n
 
 
 def _dtype(name: Any) -> str:
@@ -451,6 +472,7 @@ def from_vllm(vllm_config: Any) -> ConnectorConfig:
         tp_size=tp,
         pp_size=pp,
         multiprocess=multiprocess,
+        host_threads=_host_threads(extra),
         cuda_device=_int(extra, "cuda_device", 0),
         cuda_sm_count=_int(extra, "cuda_sm_count", 0),
         cuda_block_threads=_int(extra, "cuda_block_threads", 0),

@@ -142,7 +142,7 @@ def _spawn(cfg: ConnectorConfig, socket: str, deadline: float) -> None:
 
 def _connect(cfg: ConnectorConfig, socket: str, name: str) -> Runtime:
     return Runtime.connect(socket, cfg.geometry, executor=cfg.executor, client_name=name,
-                           io_timeout_ms=cfg.io_timeout_ms)
+                           io_timeout_ms=cfg.io_timeout_ms, host_lane_blocks=cfg.host_threads)
 
 
 def _connect_auto(cfg: ConnectorConfig, name: str) -> Runtime:

@@ -3,7 +3,8 @@
 //! in the same run on the same kind of drives: host CPU per layer of a
 //! layer-by-layer load (and per job), and the round trip of a lookup.
 
-use super::{Host, Output};
+use super::retrieve::measure::process_cpu_ns;
+use super::{cpu_s_per_gb, Host, Output};
 use crate::emu::EmulatedArgs;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -53,6 +54,9 @@ pub struct Side {
     pub load_us_median: f64,
     /// Wall time of one lookup + unpin of the request (median, µs).
     pub lookup_us_median: f64,
+    /// Process CPU (every thread: executor lanes, emulated controllers and, for the
+    /// client, the daemon serving it in this process) over the loads, per 10^9 bytes loaded.
+    pub process_cpu_s_per_gb: f64,
 }
 
 #[derive(serde::Serialize, Clone, Debug)]
@@ -69,6 +73,7 @@ pub struct Report {
     pub ratio_setup_per_job: f64,
     pub ratio_load: f64,
     pub ratio_lookup: f64,
+    pub ratio_cpu_per_gb: f64,
 }
 
 fn backend() -> Backend {
@@ -99,6 +104,7 @@ fn measure(store: &KvStore, args: &Args, bar: &indicatif::ProgressBar) -> anyhow
     anyhow::ensure!(rep.failed.is_empty(), "storing the request failed: {:?}", rep.failed);
     let dst: Vec<u32> = (n..2 * n).collect();
     let before = store.stats();
+    let cpu0 = process_cpu_ns()?;
     let mut loads = Vec::with_capacity(args.loads as usize);
     for _ in 0..args.loads {
         let found = store.lookup(&hashes)?;
@@ -114,6 +120,8 @@ fn measure(store: &KvStore, args: &Args, bar: &indicatif::ProgressBar) -> anyhow
         store.unpin(found.pin)?;
         bar.inc(1);
     }
+    let load_cpu_ns = process_cpu_ns()?.saturating_sub(cpu0);
+    let loaded = args.loads as u64 * n as u64 * g.file_bytes();
     let after = store.stats();
     let layers = (after.layers - before.layers).max(1) as f64;
     let jobs = (after.jobs - before.jobs).max(1) as f64;
@@ -131,6 +139,7 @@ fn measure(store: &KvStore, args: &Args, bar: &indicatif::ProgressBar) -> anyhow
         setup_ns_per_job: (after.setup_ns - before.setup_ns) as f64 / jobs,
         load_us_median: median(loads),
         lookup_us_median: median(lookups),
+        process_cpu_s_per_gb: cpu_s_per_gb(load_cpu_ns as f64 / 1e9, loaded),
     })
 }
 
@@ -205,6 +214,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         ratio_setup_per_job: ratio(client.setup_ns_per_job, in_process.setup_ns_per_job),
         ratio_load: ratio(client.load_us_median, in_process.load_us_median),
         ratio_lookup: ratio(client.lookup_us_median, in_process.lookup_us_median),
+        ratio_cpu_per_gb: ratio(client.process_cpu_s_per_gb, in_process.process_cpu_s_per_gb),
         in_process,
         client,
     };
@@ -215,7 +225,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
          {:<34} {:>12.0} {:>12.0} {:>7.2}x\n\
          {:<34} {:>12.0} {:>12.0} {:>7.2}x\n\
          {:<34} {:>12.0} {:>12.0} {:>7.2}x\n\
-         {:<34} {:>12.1} {:>12.1} {:>7.2}x\n",
+         {:<34} {:>12.1} {:>12.1} {:>7.2}x\n\
+         {:<34} {:>12.3} {:>12.3} {:>7.2}x\n\
+         process CPU: every thread of this process (executor lanes, emulated controllers and, for the \
+         client, the daemon it talks to) over the loads\n",
         r.host.describe(),
         r.blocks,
         r.geometry.layers,
@@ -241,6 +254,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         r.in_process.lookup_us_median,
         r.client.lookup_us_median,
         r.ratio_lookup,
+        "process CPU s per GB loaded",
+        r.in_process.process_cpu_s_per_gb,
+        r.client.process_cpu_s_per_gb,
+        r.ratio_cpu_per_gb,
     );
     args.out.emit(&report, &text, String::new)
 }

@@ -4,6 +4,7 @@
 //! I/O queue pair, and gio_uring with the host executor in launch and
 //! persistent modes, at several batch sizes.
 
+use super::retrieve::measure::process_cpu_ns;
 use super::rig::{DriveArgs, Rig};
 use super::{parse_size, size_label, Output};
 use crate::plot::table;
@@ -33,8 +34,8 @@ pub struct Args {
     /// Bytes per Read (a multiple of the LBA size, at most 8K).
     #[arg(long, default_value = "4K", value_parser = parse_size)]
     pub read_bytes: u64,
-    /// Lane blocks (of 32 host threads) the gio_uring host executor runs.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
+    /// OS threads of the gio_uring host executor (one block of 32 lanes each).
+    #[arg(long, visible_alias = "exec-threads", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
     pub exec_blocks: u32,
     /// Seconds each (path, batch) measurement runs.
     #[arg(long, default_value_t = 0.5)]
@@ -56,6 +57,21 @@ struct Measure {
     ns_per_command: f64,
     /// ns per command over the io_uring NOP's at the same batch size.
     ratio_vs_nop: Option<f64>,
+    /// CPU of every thread of the process (executor lanes, emulated controller) per command.
+    process_cpu_ns_per_command: f64,
+    /// The same per decimal GB read (none for NOPs, which move nothing).
+    process_cpu_s_per_gb: Option<f64>,
+}
+
+/// The persistent executor left idle for a second after its runs.
+#[derive(serde::Serialize)]
+struct Idle {
+    seconds: f64,
+    /// Process CPU seconds over the idle spell (the emulated controller's thread included).
+    process_cpu_s: f64,
+    /// CPU seconds of the executor's own threads over it.
+    executor_cpu_s: f64,
+    executor_threads: usize,
 }
 
 #[derive(serde::Serialize)]
@@ -70,6 +86,7 @@ struct Report {
     /// Bytes of the read buffer compared with what was written, after every path.
     bytes_verified: u64,
     results: Vec<Measure>,
+    idle_persistent: Option<Idle>,
 }
 
 const NOP: &str = "io_uring NOP";
@@ -81,12 +98,14 @@ const GIO_PERSISTENT: &str = "gio persistent";
 fn measure(
     path: &'static str,
     batch: u32,
+    bytes_per_command: u64,
     seconds: f64,
     mut batch_fn: impl FnMut() -> anyhow::Result<()>,
 ) -> anyhow::Result<Measure> {
     for _ in 0..3 {
         batch_fn()?;
     }
+    let cpu0 = process_cpu_ns()?;
     let t = Instant::now();
     let mut batches = 0u64;
     while batches < 3 || t.elapsed().as_secs_f64() < seconds {
@@ -94,6 +113,7 @@ fn measure(
         batches += 1;
     }
     let s = t.elapsed().as_secs_f64();
+    let cpu_ns = process_cpu_ns()?.saturating_sub(cpu0) as f64;
     let commands = batches * batch as u64;
     Ok(Measure {
         path,
@@ -102,6 +122,9 @@ fn measure(
         seconds: s,
         ns_per_command: s * 1e9 / commands as f64,
         ratio_vs_nop: None,
+        process_cpu_ns_per_command: cpu_ns / commands as f64,
+        process_cpu_s_per_gb: (bytes_per_command > 0)
+            .then(|| super::cpu_s_per_gb(cpu_ns / 1e9, commands * bytes_per_command)),
     })
 }
 
@@ -111,7 +134,7 @@ fn nop_batches(args: &Args) -> anyhow::Result<Vec<Measure>> {
     args.batches
         .iter()
         .map(|&b| {
-            measure(NOP, b, args.seconds, || {
+            measure(NOP, b, 0, args.seconds, || {
                 for i in 0..b {
                     let e = nop.clone().user_data(i as u64);
                     // SAFETY: a NOP references no memory.
@@ -148,7 +171,7 @@ fn queue_pair_batches(
     args.batches
         .iter()
         .map(|&b| {
-            measure(QPAIR, b, args.seconds, || {
+            measure(QPAIR, b, args.read_bytes, args.seconds, || {
                 for i in 0..b {
                     let seg = [IovaSegment { iova: buf.iova_at(i as usize * rb), len: rb as u64 }];
                     qp.submit_data(
@@ -194,7 +217,7 @@ fn gio_batches(
     lbas: u32,
     depth: u32,
     mode: ExecMode,
-) -> anyhow::Result<Vec<Measure>> {
+) -> anyhow::Result<(Vec<Measure>, Option<Idle>)> {
     let path = if mode == ExecMode::Persistent { GIO_PERSISTENT } else { GIO_LAUNCH };
     let drives = vec![DriveQueues::create(ctrl, 1, 1, depth)?];
     let exec = Arc::new(HostExecutor::new(HostExecutorConfig {
@@ -205,7 +228,8 @@ fn gio_batches(
     let ring = GioUring::init_with(GioOptions { depth: 4, ..Default::default() }, drives, exec)?;
     let sgl = ctrl.info().sgl.available();
     let rb = args.read_bytes;
-    args.batches
+    let measures = args
+        .batches
         .iter()
         .map(|&b| {
             let ctxs: Vec<_> = (0..b as u64)
@@ -220,7 +244,7 @@ fn gio_batches(
                     ioctx(Op::Read, 0, i * lbas as u64, lbas, data)
                 })
                 .collect();
-            measure(path, b, args.seconds, || {
+            measure(path, b, rb, args.seconds, || {
                 let ids = ring.get_iocb(1)?;
                 ring.set_ioctxs(ids[0], &ctxs)?;
                 ring.issue(&ids, 1)?;
@@ -230,7 +254,49 @@ fn gio_batches(
                 Ok(())
             })
         })
-        .collect()
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let idle = if mode == ExecMode::Persistent { Some(idle_cost()?) } else { None };
+    Ok((measures, idle))
+}
+
+/// CPU of the whole process and of the executor's threads (named "tutti-block" by the
+/// host runtime) over one second in which nothing is submitted.
+fn idle_cost() -> anyhow::Result<Idle> {
+    let idle = Duration::from_secs(1);
+    std::thread::sleep(Duration::from_millis(100));
+    let (p0, e0) = (process_cpu_ns()?, executor_cpu_ticks());
+    let t = Instant::now();
+    std::thread::sleep(idle);
+    let seconds = t.elapsed().as_secs_f64();
+    let (p1, (e1, threads)) = (process_cpu_ns()?, executor_cpu_ticks());
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Ok(Idle {
+        seconds,
+        process_cpu_s: p1.saturating_sub(p0) as f64 / 1e9,
+        executor_cpu_s: e1.saturating_sub(e0.0) as f64 / hz,
+        executor_threads: threads,
+    })
+}
+
+/// User + system clock ticks of the executor's threads so far, and how many there are.
+fn executor_cpu_ticks() -> (u64, usize) {
+    let (mut ticks, mut threads) = (0, 0);
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return (0, 0) };
+    for t in tasks.flatten() {
+        let dir = t.path();
+        if std::fs::read_to_string(dir.join("comm")).map_or(true, |c| c.trim() != "tutti-block") {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(dir.join("stat")) else { continue };
+        // Fields after the parenthesised name: state is field 3, utime 14 and stime 15.
+        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        ticks += f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+            + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        threads += 1;
+    }
+    (ticks, threads)
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
@@ -298,6 +364,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let bar = count_bar(paths * args.batches.len() as u64, "commands", args.out.quiet);
     let mut results = Vec::new();
     let mut io_uring_unavailable = None;
+    let mut idle_persistent = None;
     bar.set_message("io_uring");
     match nop_batches(args) {
         Ok(m) => results.extend(m),
@@ -310,7 +377,11 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     bar.inc(args.batches.len() as u64);
     for mode in [ExecMode::Launch, ExecMode::Persistent] {
         bar.set_message(format!("gio {mode:?}"));
-        results.extend(gio_batches(ctrl, &buf, args, lbas, depth, mode)?);
+        let (measures, idle) = gio_batches(ctrl, &buf, args, lbas, depth, mode)?;
+        results.extend(measures);
+        if idle.is_some() {
+            idle_persistent = idle;
+        }
         check(if mode == ExecMode::Launch { GIO_LAUNCH } else { GIO_PERSISTENT })?;
         bar.inc(args.batches.len() as u64);
     }
@@ -329,6 +400,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         io_uring_unavailable,
         bytes_verified: verified,
         results,
+        idle_persistent,
     };
     args.out.emit(&report, &text(&report), String::new)
 }
@@ -372,13 +444,40 @@ fn text(r: &Report) -> String {
         .collect();
     let h: Vec<&str> = headers.iter().map(String::as_str).collect();
     out.push_str(&table(&h, &rows));
+    let cpu_rows: Vec<Vec<String>> = paths
+        .iter()
+        .filter(|p| r.results.iter().any(|m| m.path == **p))
+        .map(|p| {
+            let mut row = vec![p.to_string()];
+            for &b in &batches {
+                let m = r.results.iter().find(|m| m.path == *p && m.batch == b);
+                row.push(m.map_or("-".into(), |m| match m.process_cpu_s_per_gb {
+                    Some(g) => format!("{:.0} ({g:.2})", m.process_cpu_ns_per_command),
+                    None => format!("{:.0}", m.process_cpu_ns_per_command),
+                }));
+            }
+            row
+        })
+        .collect();
+    let cpu_headers: Vec<String> = std::iter::once("process CPU ns/command (s/GB)".to_string())
+        .chain(batches.iter().map(|b| format!("batch {b}")))
+        .collect();
+    let ch: Vec<&str> = cpu_headers.iter().map(String::as_str).collect();
+    out.push('\n');
+    out.push_str(&table(&ch, &cpu_rows));
+    if let Some(i) = &r.idle_persistent {
+        out.push_str(&format!(
+            "\nidle persistent executor, {:.1} s with nothing submitted: its {} thread(s) used {:.3} s of CPU, \
+             the whole process {:.3} s\n",
+            i.seconds, i.executor_threads, i.executor_cpu_s, i.process_cpu_s
+        ));
+    }
     out.push_str(
         "\nns per command: wall time of a batch (submit, doorbell, device, completion) over its commands.\n\
          IoQueuePair: the driver's queue pair, driven by this thread; gio: gio_uring IOCBs run by the host \
          executor (the CUDA kernel source on CPU threads),\nlaunched per IOCB or persistent. The emulated \
          controller is a host thread too, so device time is CPU time here.\nThe host executor runs each \
-         CUDA block as 32 OS threads meeting at barriers: with few cores its cost per IOCB is the OS \
-         scheduler's, and says nothing about a GPU's.\n",
+         CUDA block on one OS thread, its 32 lanes as fibers; process CPU counts every thread.\n",
     );
     if let Some(why) = &r.io_uring_unavailable {
         out.push_str(&format!("note: no io_uring baseline: {why}\n"));

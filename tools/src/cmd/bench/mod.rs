@@ -47,6 +47,16 @@ impl Output {
 }
 
 /// Parses a byte count with an optional binary unit: `4096`, `32K`, `32KiB`, `2M`, `60G`.
+/// Process CPU seconds per decimal gigabyte moved (0 when nothing moved): the column
+/// every `tutti bench` report carries, so methods compare by their whole cost.
+pub fn cpu_s_per_gb(cpu_s: f64, bytes: u64) -> f64 {
+    if bytes == 0 {
+        0.0
+    } else {
+        cpu_s / (bytes as f64 / 1e9)
+    }
+}
+
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());

@@ -17,7 +17,7 @@
 
 mod baselines;
 mod data;
-mod measure;
+pub(super) mod measure;
 mod report;
 mod tutti;
 
@@ -66,8 +66,8 @@ pub struct Args {
     /// (each submission starts the lane threads; on the host that is thread creation, not a CUDA launch).
     #[arg(long, value_enum, default_value_t = ExecFlag::Persistent)]
     pub executor: ExecFlag,
-    /// Lane blocks (32 lanes each) of the host executor; every layer IOCB is split over them.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=64))]
+    /// OS threads of the host executor (one block of 32 lanes each); every layer IOCB is split over them.
+    #[arg(long, visible_alias = "exec-threads", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub exec_blocks: u32,
     /// Runs of each method at each size; the run of median time is reported. Repeats stop once
     /// they have taken a second, so large sizes run fewer times.

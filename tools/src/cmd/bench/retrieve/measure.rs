@@ -83,6 +83,8 @@ pub struct Run {
     pub process_cpu_us_per_layer: f64,
     /// The same, per block of the call, ns.
     pub process_cpu_ns_per_block: f64,
+    /// `process_cpu_s` per decimal gigabyte moved: the whole cost of the bytes.
+    pub process_cpu_s_per_gb: f64,
 }
 
 /// Clears the slots, runs `m` over `layers` of chunks `0..n`, and checks every byte.
@@ -124,6 +126,7 @@ pub fn run(m: &mut dyn Method, ds: &Dataset, n: u32, layers: Range<u32>) -> anyh
         process_cpu_s: process_ns / 1e9,
         process_cpu_us_per_layer: process_ns / layers.len() as f64 / 1e3,
         process_cpu_ns_per_block: process_ns / layers.len() as f64 / n as f64,
+        process_cpu_s_per_gb: super::super::cpu_s_per_gb(process_ns / 1e9, bytes),
     })
 }
 

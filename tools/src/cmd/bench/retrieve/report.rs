@@ -116,6 +116,7 @@ pub fn text(r: &Report) -> String {
                 format!("{:.1}", run.process_cpu_us_per_layer),
                 ratio.map_or("-".into(), |x| format!("{:.2}", x.process_cpu)),
                 format!("{:.2}", run.process_cpu_s),
+                format!("{:.3}", run.process_cpu_s_per_gb),
                 if run.verified { "yes".into() } else { "NO".into() },
             ]
         })
@@ -133,6 +134,7 @@ pub fn text(r: &Report) -> String {
             "process CPU µs/layer",
             "this÷tutti process CPU",
             "process CPU s",
+            "CPU s/GB",
             "verified",
         ],
         &rows,

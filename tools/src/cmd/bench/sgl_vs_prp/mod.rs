@@ -9,8 +9,9 @@ mod data;
 mod report;
 mod scatter;
 
+use super::retrieve::measure::process_cpu_ns;
 use super::rig::{DriveArgs, Rig};
-use super::{parse_size, size_label, Output};
+use super::{cpu_s_per_gb, parse_size, size_label, Output};
 use crate::progress::byte_bar;
 use anyhow::{bail, Context};
 use data::DriveData;
@@ -100,8 +101,8 @@ pub struct Args {
     pub queue_pairs: u32,
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(2..=4096))]
     pub queue_depth: u32,
-    /// Lane blocks (of 32 host threads) the gio_uring host executor runs.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=8))]
+    /// OS threads of the gio_uring host executor (one block of 32 lanes each).
+    #[arg(long, visible_alias = "exec-threads", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=8))]
     pub exec_blocks: u32,
     /// Seed of the object contents and of the destination placement.
     #[arg(long, default_value_t = 1)]
@@ -318,12 +319,14 @@ impl Config<'_> {
         let objects: u64 = self.scatters.iter().map(|s| s.objects as u64).sum();
         let bytes_read = objects * shape.object_bytes;
         let mut pass_seconds = Vec::new();
+        let mut timed_cpu_ns = 0u64;
         let mut verified = 0;
         let mut read_sum = String::new();
         for pass in 0..args.warmup + args.passes {
             for dst in self.dsts {
                 dst.fill(0xa5);
             }
+            let cpu0 = process_cpu_ns()?;
             let t = Instant::now();
             let ids = self.ring.get_iocb(ctxs.len().div_ceil(2048))?;
             for (id, chunk) in ids.iter().zip(ctxs.chunks(2048)) {
@@ -334,6 +337,7 @@ impl Config<'_> {
                 r.check()?;
             }
             let elapsed = t.elapsed().as_secs_f64();
+            let pass_cpu_ns = process_cpu_ns()?.saturating_sub(cpu0);
             bar.inc(bytes_read);
             let drives: Vec<DriveData<'_>> = (0..self.scatters.len())
                 .map(|d| DriveData {
@@ -348,6 +352,7 @@ impl Config<'_> {
             }
             if pass >= args.warmup {
                 pass_seconds.push(elapsed);
+                timed_cpu_ns += pass_cpu_ns;
                 verified += n;
                 read_sum = sum.hex();
             }
@@ -373,6 +378,7 @@ impl Config<'_> {
             gb_per_sec: bytes_read as f64 / seconds / 1e9,
             ratio_vs_prp: None,
             ns_per_command: seconds * 1e9 / costs.commands.max(1) as f64,
+            process_cpu_s_per_gb: cpu_s_per_gb(timed_cpu_ns as f64 / 1e9, bytes_read * args.passes as u64),
             commands_per_object: per(costs.commands),
             descriptors_per_object: per(costs.descriptors),
             desc_bytes_per_object: per(costs.desc_bytes),

@@ -26,6 +26,9 @@ pub struct Row {
     /// Bandwidth over the PRP+list row of the same size and pieces.
     pub ratio_vs_prp: Option<f64>,
     pub ns_per_command: f64,
+    /// Process CPU (every thread: executor lanes and emulated controllers included)
+    /// over the timed passes, per 10^9 bytes read.
+    pub process_cpu_s_per_gb: f64,
     pub commands_per_object: f64,
     pub descriptors_per_object: f64,
     pub desc_bytes_per_object: f64,
@@ -68,6 +71,7 @@ pub fn text(r: &Report) -> String {
         "mode",
         "GB/s",
         "vs PRP+list",
+        "CPU s/GB",
         "cmds/obj",
         "desc B/obj",
         "list B/obj",
@@ -84,6 +88,7 @@ pub fn text(r: &Report) -> String {
                 x.label.to_string(),
                 gbps(x.gb_per_sec),
                 x.ratio_vs_prp.map_or("-".into(), |v| format!("{v:.2}x")),
+                format!("{:.3}", x.process_cpu_s_per_gb),
                 format!("{:.0}", x.commands_per_object),
                 format!("{:.0}", x.desc_bytes_per_object),
                 format!("{:.0}", x.list_bytes_per_object),
@@ -111,6 +116,8 @@ pub fn text(r: &Report) -> String {
     };
     out.push_str(&format!(
         "\nGB/s = 10^9 bytes/s from the drives into scattered host memory ({speed}).\n\
+         CPU s/GB: process CPU seconds (every thread: executor lanes and emulated controllers included) \
+         per 10^9 bytes, over the timed passes.\n\
          desc B/obj: 16 B per command (SGL1 or PRP1+PRP2) plus list entries; list B/obj: list memory as \
          allocated (SGL segments packed, PRP lists in whole pages);\ntable: 16 B per command plus list \
          memory, for every object of the pool.\n"
