@@ -6,8 +6,9 @@
 //! from a bundle built here, 2026-11-24): the gio_uring and objstore suites on
 //! this executor (`TUTTI_TEST_EXECUTOR=cuda`, one test at a time), and
 //! `tutti demo --cuda` in persistent and launch mode, staged (KV in HBM) and
-//! direct (KV in host memory), every byte verified. The I/O kernels there ran
-//! in an 8-SM green context (asked for 1-4 SMs, the split gave 8).
+//! direct (KV in host memory), every byte verified, at commit 6d67bf2. The I/O
+//! kernels there ran in an 8-SM green context (asked for 1-4 SMs, the split gave
+//! 8). Later kernel changes (the ring's idle-parking fields) have not run on a GPU.
 //!
 //! In CI the stand-in driver runs it (`cuda-standin/`: a `libcuda.so` that
 //! cudarc loads through [`CudaExecutorConfig::driver`], and that runs kernel
