@@ -44,6 +44,8 @@ fn every_policy_is_measured_beside_the_simulator_and_the_scheduled_ones_never_mi
         assert_eq!(m["per_request"].as_array().unwrap().len(), 2);
         assert!(m["ttft_ms"].as_f64().unwrap() > 0.0 && r["predicted"]["ttft_ms"].as_f64().unwrap() > 0.0);
         assert_eq!(m["bytes_dropped"].as_u64(), Some(0));
+        // Moving bytes costs the process some CPU: the field is measured, not a placeholder.
+        assert!(m["process_cpu_s_per_gb"].as_f64().unwrap() > 0.0, "{r}");
         if r["policy"].as_str().unwrap().starts_with("slack") {
             assert_eq!(m["mixed_issues"].as_u64(), Some(0), "{r}");
             assert!(m["writes_held_for_slack"].as_u64().unwrap() > 0, "{r}");

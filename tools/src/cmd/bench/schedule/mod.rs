@@ -179,6 +179,9 @@ pub struct Measured {
     pub writes_in_decode: u64,
     /// Times a read was held behind writes in flight on its drive (writes overrunning a window).
     pub reads_held_for_writes: u64,
+    /// Process CPU (every thread: the engine's, the runtime's, the emulated drives') over the
+    /// policy's run, per GB read and written. The replayed compute sleeps, so it is I/O's.
+    pub process_cpu_s_per_gb: f64,
     /// Per request: (bubble ms, TTFT ms).
     pub per_request: Vec<(f64, f64)>,
 }
@@ -363,6 +366,7 @@ fn measure(
     // serving (its engine blocks are the other half of the fresh blocks, so nothing reuses them).
     let mut prev: Option<Pending> = None;
     let start_all = Instant::now();
+    let cpu0 = crate::cmd::bench::retrieve::measure::process_cpu_ns()?;
     for r in 0..a.requests {
         let keys: Vec<_> = prefix.iter().map(|&b| key(r, b, 0)).collect();
         let fresh = &fresh[r as usize % 2];
@@ -431,6 +435,7 @@ fn measure(
         written.finish(p, &shape, a.layers)?;
     }
     let (write_bytes, write_time) = (written.bytes, written.seconds);
+    let cpu_s = crate::cmd::bench::retrieve::measure::process_cpu_ns()?.saturating_sub(cpu0) as f64 / 1e9;
     tracing::debug!(
         elapsed_s = start_all.elapsed().as_secs_f64(),
         policy = policy.label(),
@@ -451,6 +456,7 @@ fn measure(
         writes_held_for_slack: s.write_waits_for_slack,
         writes_in_decode: s.writes_in_decode,
         reads_held_for_writes: s.read_waits,
+        process_cpu_s_per_gb: crate::cmd::bench::cpu_s_per_gb(cpu_s, read_bytes + write_bytes),
         per_request,
     })
 }

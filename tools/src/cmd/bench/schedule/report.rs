@@ -37,7 +37,7 @@ const NOTE: &str = "measured: real I/O through libtutti on emulated drives with 
 the mixed read/write collapse, the compute timeline replayed by sleeping; predicted: `tutti simulate`'s \
 model of the same drives, model and workload. Times are per request (means). mixed issues: layers \
 started on a drive with the other direction in flight; reads held: times a read waited for writes in \
-flight on its drive.";
+flight on its drive; CPU s/GB: process CPU (every thread) per GB read and written.";
 
 impl Report {
     pub fn new(a: &Args, host: crate::cmd::bench::Host, shape: RequestShape, rows: Vec<Row>) -> Report {
@@ -106,6 +106,7 @@ impl Report {
                     m.bytes_dropped.to_string(),
                     m.mixed_issues.to_string(),
                     m.reads_held_for_writes.to_string(),
+                    format!("{:.2}", m.process_cpu_s_per_gb),
                 ]
             })
             .collect();
@@ -124,6 +125,7 @@ impl Report {
                 "dropped B",
                 "mixed issues",
                 "reads held",
+                "CPU s/GB",
             ],
             &rows,
         );
