@@ -94,6 +94,15 @@ pub trait Executor: Send + Sync {
     fn flush_doorbells(&self) -> Result<()> {
         Ok(())
     }
+    /// Checks, before a table naming it is registered, that the kernels can touch
+    /// `addr..addr+len` (executor addresses of KV memory a staged table copies to and
+    /// from). The host executor's lanes can touch any memory of the process; a GPU's
+    /// kernels only device memory and registered host memory, and a kernel touching
+    /// anything else kills the context. The check looks at both ends of the range.
+    fn check_kernel_access(&self, addr: u64, len: u64) -> Result<()> {
+        let _ = (addr, len);
+        Ok(())
+    }
     /// Called once the context is laid out; a persistent executor starts here.
     fn start(&self, binding: ExecBinding) -> Result<()>;
     /// Parts were pushed to the submission ring, to be run with `sm_budget`.

@@ -91,6 +91,7 @@ impl GioUring {
             return Err(GioError::table(format!("{slots} staging slots: 1..=1048576 are allowed")));
         }
         self.check_table(table)?;
+        self.check_kv_reach(table)?;
         let staging = self.build_staging(table, slots)?;
         let id = self.install_table(table, Some(staging))?;
         tracing::info!(table = id.0, slots, "staged layer table registered");
@@ -105,6 +106,29 @@ impl GioUring {
             .and_then(Option::as_ref)
             .ok_or_else(|| GioError::table(format!("table {} is not registered", id.0)))?;
         slot.staging.as_ref().ok_or_else(|| GioError::table(format!("table {} is not staged", id.0)))?.stats()
+    }
+
+    /// The executor can touch every KV range the table names (checked per run of
+    /// contiguous entries, before anything is allocated or uploaded).
+    fn check_kv_reach(&self, table: &LayerTable) -> Result<()> {
+        let mut ranges: Vec<(u64, u64)> =
+            table.entries().iter().filter(|e| e[1] != 0).map(|e| (e[0], e[0].saturating_add(e[1]))).collect();
+        ranges.sort_unstable();
+        let mut run: Option<(u64, u64)> = None;
+        for (start, end) in ranges {
+            run = match run {
+                Some((s, e)) if start <= e => Some((s, e.max(end))),
+                Some((s, e)) => {
+                    self.executor().check_kernel_access(s, e - s)?;
+                    Some((start, end))
+                }
+                None => Some((start, end)),
+            };
+        }
+        if let Some((s, e)) = run {
+            self.executor().check_kernel_access(s, e - s)?;
+        }
+        Ok(())
     }
 
     fn build_staging(&self, table: &LayerTable, slots: u32) -> Result<Staging> {
