@@ -74,6 +74,8 @@ impl GioUring {
                 first_error,
                 failures,
                 elapsed: Duration::from_nanos(h.done_ns.saturating_sub(h.start_ns)),
+                started_ns: h.start_ns,
+                done_ns: h.done_ns,
             };
             if !result.is_ok() {
                 tracing::debug!(iocb = %result.id, failed = result.failed, "IOCB finished with failures");

@@ -4,6 +4,7 @@ use super::{Done, Engine, Phase};
 use crate::spec::registers::{cq_head_doorbell, sq_tail_doorbell};
 use crate::spec::{CompletionEntry, Status, SubmissionEntry};
 use crate::spec::{CQE_SIZE, SQE_SIZE};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 use zerocopy::IntoBytes;
 
@@ -195,6 +196,10 @@ impl Engine {
             }
             sq.head = (sq.head + 1) % sq.size;
             busy = true;
+            let trace = &self.shared.trace;
+            if trace.on.load(Ordering::Relaxed) && trace.first_fetch_ns.load(Ordering::Relaxed) == 0 {
+                trace.first_fetch_ns.store(crate::emulated::monotonic_ns(), Ordering::Release);
+            }
             if let Some(done) = self.execute(qid, &sqe) {
                 self.complete(qid, cqid, sqe.cid(), done);
             }
@@ -288,6 +293,9 @@ impl Engine {
         let written = iommu
             .dma_write(addr, &entry.as_bytes()[..12])
             .and_then(|()| iommu.dma_store_u32(addr + 12, entry.dw3));
+        if self.shared.trace.on.load(Ordering::Relaxed) {
+            self.shared.trace.last_post_ns.store(crate::emulated::monotonic_ns(), Ordering::Release);
+        }
         if written.is_err() {
             let why = format!("cannot write CQ {cqid} entry at {addr:#x}");
             if remote {
