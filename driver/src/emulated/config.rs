@@ -107,6 +107,16 @@ pub struct MixedModel {
 }
 
 impl CostModel {
+    /// Whether the model adds nothing: no latency and no paced rate (the default).
+    pub fn is_free(&self) -> bool {
+        self.per_command.is_zero()
+            && self.read_latency.is_zero()
+            && self.write_latency.is_zero()
+            && self.bytes_per_sec.is_none()
+            && self.read_bytes_per_sec.is_none()
+            && self.write_bytes_per_sec.is_none()
+    }
+
     /// Checks the numbers make sense; the message names the field at fault.
     pub fn validate(&self) -> Result<(), String> {
         for (name, rate) in [

@@ -12,6 +12,7 @@ mod io;
 mod queues;
 
 use super::faults::FaultAction;
+use super::iommu::DmaView;
 use super::media::Media;
 use super::Shared;
 use crate::spec::registers::offset;
@@ -87,6 +88,12 @@ impl Backoff {
             }
         }
     }
+}
+
+/// Adds to a counter only this thread writes (others read it): a load and a
+/// store, not a locked read-modify-write per command.
+fn bump(counter: &std::sync::atomic::AtomicU64, n: u64) {
+    counter.store(counter.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
 }
 
 /// What executing a command produced.
@@ -173,9 +180,13 @@ struct Engine {
     features: Features,
     /// The cost model's transfer clocks: when the paced channels are next free.
     cost: crate::emulated::cost::CostClock,
+    /// The configuration has no cost model ([`CostModel::is_free`](crate::emulated::CostModel::is_free)).
+    cost_free: bool,
     /// The IOMMU as the I/O command being executed sees it: scoped to the
     /// owner of its submission queue's memory.
-    dma: crate::emulated::EmuIommu,
+    dma: DmaView,
+    /// The IOMMU as queue memory (SQ fetches, CQ posts) is reached through.
+    qmem: DmaView,
 }
 
 impl Engine {
@@ -195,7 +206,9 @@ impl Engine {
             pending: Vec::new(),
             features,
             cost: crate::emulated::cost::CostClock::new(Instant::now()),
-            dma: shared.iommu.clone(),
+            cost_free: shared.cfg.cost.is_free(),
+            dma: DmaView::new(&shared.iommu),
+            qmem: DmaView::new(&shared.iommu),
             shared,
         }
     }
@@ -370,7 +383,7 @@ impl Engine {
         // The owner's own queues (in its own memory) reach every region: it
         // moves data for clients that have no queue pair of their own.
         let owner = self.sqs.get(qid as usize).and_then(Option::as_ref).and_then(|sq| sq.owner);
-        self.dma = self.shared.iommu.scoped(owner.filter(|&o| o != crate::emulated::LOCAL_OWNER));
+        self.dma.set_scope(owner.filter(|&o| o != crate::emulated::LOCAL_OWNER));
         self.io_command(sqe)
     }
 
@@ -382,7 +395,7 @@ impl Engine {
             counters.admin_commands.fetch_add(1, Ordering::Relaxed);
             None
         } else {
-            counters.commands.fetch_add(1, Ordering::Relaxed);
+            bump(&counters.commands, 1);
             matches!(
                 IoOpcode::from_raw(opcode),
                 Some(IoOpcode::Read | IoOpcode::Write | IoOpcode::WriteZeroes)

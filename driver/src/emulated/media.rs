@@ -6,7 +6,7 @@
 //! `pread`/`pwrite` per window).
 
 use super::config::{EmulatedConfig, MediaConfig};
-use super::iommu::{EmuIommu, IommuFault};
+use super::iommu::{DeviceDma, IommuFault};
 use super::walk::SglPiece;
 use crate::error::{DriverError, Result};
 use crate::owner::{lock_media, MediaOwner};
@@ -165,7 +165,7 @@ impl Media {
         ns: usize,
         offset: u64,
         pieces: &[SglPiece],
-        iommu: &EmuIommu,
+        iommu: &impl DeviceDma,
     ) -> Result<(), MediaError> {
         let total: u64 = pieces.iter().map(SglPiece::len).sum();
         let at = self.locate(ns, offset, total)?;
@@ -205,7 +205,7 @@ impl Media {
         ns: usize,
         offset: u64,
         pieces: &[SglPiece],
-        iommu: &EmuIommu,
+        iommu: &impl DeviceDma,
     ) -> Result<(), MediaError> {
         if pieces.iter().any(|p| matches!(p, SglPiece::Skip(_))) {
             return Err(MediaError::BadRequest);
@@ -358,6 +358,7 @@ fn zero_file(
 mod tests {
     use super::*;
     use crate::emulated::config::NamespaceConfig;
+    use crate::emulated::iommu::EmuIommu;
     use crate::transport::{DmaSpace, IovaSegment};
 
     fn cfg(media: MediaConfig) -> EmulatedConfig {

@@ -108,8 +108,7 @@ impl Breakdown {
     fn stages(&self) -> Vec<Stage> {
         (0..self.names.len())
             .map(|k| {
-                let mut d: Vec<i64> =
-                    self.samples.iter().map(|m| m[k + 1] as i64 - m[k] as i64).collect();
+                let mut d: Vec<i64> = self.samples.iter().map(|m| m[k + 1] as i64 - m[k] as i64).collect();
                 d.sort_unstable();
                 Stage {
                     path: self.path,
@@ -474,7 +473,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     }
     bar.inc(args.batches.len() as u64);
     let emu = if args.breakdown {
-        Some(rig.emulator(0).context("--breakdown needs an emulated drive (its controller takes the timestamps)")?)
+        Some(
+            rig.emulator(0)
+                .context("--breakdown needs an emulated drive (its controller takes the timestamps)")?,
+        )
     } else {
         None
     };
