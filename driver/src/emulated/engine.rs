@@ -56,36 +56,53 @@ pub(super) fn run(shared: Arc<Shared>, media: Media) {
     }
 }
 
-/// Spin briefly, then yield, then sleep in growing steps up to [`MAX_IDLE_SLEEP`]:
-/// a busy controller reacts within microseconds, an idle one wakes a few
-/// thousand times a second instead of holding a core.
+/// Spin briefly, then yield for [`YIELD_WINDOW`], then sleep in growing steps up
+/// to [`MAX_IDLE_SLEEP`]: a busy controller reacts within microseconds (also to a
+/// host that comes back after a short gap: a gio executor's next IOCB, a queue
+/// pair's next batch), an idle one wakes a few thousand times a second instead of
+/// holding a core.
 #[derive(Default)]
 struct Backoff {
     idle: u32,
+    /// When the current idle spell's yielding began.
+    since: Option<Instant>,
 }
+
+/// How long an idle controller keeps yielding the core before it sleeps.
+const YIELD_WINDOW: Duration = Duration::from_micros(50);
+/// Idle passes that only spin.
+const SPINS: u32 = 64;
 
 impl Backoff {
     fn reset(&mut self) {
         self.idle = 0;
+        self.since = None;
     }
     fn wait(&mut self, next_due: Option<Instant>) {
         self.idle = self.idle.saturating_add(1);
-        match self.idle {
-            0..=64 => std::hint::spin_loop(),
-            65..=128 => std::thread::yield_now(),
-            n => {
-                let step = Duration::from_micros(5u64 << ((n - 129) / 8).min(6));
-                let mut sleep = step.min(MAX_IDLE_SLEEP);
-                // A completion already due but not postable must not turn this into a spin.
-                if let Some(left) = next_due.map(|d| d.saturating_duration_since(Instant::now())) {
-                    if !left.is_zero() {
-                        sleep = sleep.min(left);
-                    }
-                }
-                if !sleep.is_zero() {
-                    std::thread::sleep(sleep);
-                }
+        if self.idle <= SPINS {
+            std::hint::spin_loop();
+            return;
+        }
+        let now = Instant::now();
+        let since = *self.since.get_or_insert(now);
+        if now.duration_since(since) < YIELD_WINDOW {
+            std::thread::yield_now();
+            // Sleeping starts from the first step once the window is over.
+            self.idle = SPINS + 1;
+            return;
+        }
+        let n = self.idle - SPINS - 1;
+        let step = Duration::from_micros(5u64 << (n / 8).min(6));
+        let mut sleep = step.min(MAX_IDLE_SLEEP);
+        // A completion already due but not postable must not turn this into a spin.
+        if let Some(left) = next_due.map(|d| d.saturating_duration_since(now)) {
+            if !left.is_zero() {
+                sleep = sleep.min(left);
             }
+        }
+        if !sleep.is_zero() {
+            std::thread::sleep(sleep);
         }
     }
 }
