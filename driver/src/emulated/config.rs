@@ -58,6 +58,11 @@ pub enum MediaConfig {
     /// A regular file, created sparse if it does not exist; namespaces are laid
     /// out one after another. Data survives the controller (and the process).
     File(PathBuf),
+    /// No storage at all, like Linux's null_blk: commands are checked and their
+    /// data pointers walked as usual, then complete without moving any data
+    /// (reads leave the host buffer as it was, writes are discarded). For
+    /// measuring what a command costs apart from its data copy.
+    Null,
 }
 
 /// Optional timing so the emulator can stand in for a slower device.

@@ -158,7 +158,9 @@ struct Report {
 }
 
 const NOP: &str = "io_uring NOP";
+const MEMCPY: &str = "memcpy";
 const QPAIR: &str = "IoQueuePair";
+const QPAIR_NULL: &str = "IoQueuePair null media";
 const GIO_LAUNCH: &str = "gio launch";
 const GIO_PERSISTENT: &str = "gio persistent";
 
@@ -218,6 +220,26 @@ fn nop_batches(args: &Args) -> anyhow::Result<Vec<Measure>> {
                 }
                 if got != b {
                     bail!("io_uring returned {got} of {b} NOP completions");
+                }
+                Ok(())
+            })
+        })
+        .collect()
+}
+
+/// The data copy a Read of `read_bytes` makes in the emulated controller, alone:
+/// `batch` copies from a RAM block store (as big as what the reads span) into the
+/// read buffer, at the same offsets.
+fn memcpy_batches(buf: &DmaBuffer, args: &Args) -> anyhow::Result<Vec<Measure>> {
+    let rb = args.read_bytes as usize;
+    let span = args.batches.iter().copied().max().unwrap_or(1) as usize * rb;
+    let media: Vec<u8> = (0..span).map(|i| i as u8).collect();
+    args.batches
+        .iter()
+        .map(|&b| {
+            measure(MEMCPY, b, args.read_bytes, args.seconds, || {
+                for i in 0..b as usize {
+                    buf.copy_in(i * rb, &media[i * rb..(i + 1) * rb])?;
                 }
                 Ok(())
             })
@@ -461,7 +483,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     };
     buf.fill(0);
 
-    let paths = 4u64;
+    let paths = if rig.emulator(0).is_some() { 6u64 } else { 4 };
     let bar = count_bar(paths * args.batches.len() as u64, "commands", args.out.quiet);
     let mut results = Vec::new();
     let mut io_uring_unavailable = None;
@@ -486,6 +508,23 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     results.extend(measures);
     breakdown.extend(stages);
     check(QPAIR)?;
+    // The same queue pair on a drive with no media (nothing copied), and the copy alone.
+    if let Some(emu) = rig.emulator(0) {
+        bar.set_message("null media");
+        let mut cfg = emu.config().clone();
+        cfg.name = format!("{}-null", cfg.name);
+        cfg.media = tutti_driver::emulated::MediaConfig::Null;
+        let null = EmulatedController::start(cfg)?;
+        let null_ctrl = crate::cmd::identify::bring_up(&null)?;
+        let null_buf = null_ctrl.dma().alloc(span as usize)?;
+        let (m, _) = queue_pair_batches(&null_ctrl, &null_buf, args, lbas, depth, None)?;
+        results.extend(m.into_iter().map(|m| Measure { path: QPAIR_NULL, ..m }));
+        drop(null_buf);
+        drop(null_ctrl);
+        drop(null);
+        results.extend(memcpy_batches(&buf, args)?);
+        buf.fill(0);
+    }
     bar.inc(args.batches.len() as u64);
     for mode in [ExecMode::Launch, ExecMode::Persistent] {
         bar.set_message(format!("gio {mode:?}"));
@@ -534,7 +573,7 @@ fn text(r: &Report) -> String {
             batches.push(m.batch);
         }
     }
-    let paths = [NOP, QPAIR, GIO_LAUNCH, GIO_PERSISTENT];
+    let paths = [NOP, MEMCPY, QPAIR, QPAIR_NULL, GIO_LAUNCH, GIO_PERSISTENT];
     let mut headers = vec!["batch".to_string()];
     for p in paths.iter().filter(|p| r.results.iter().any(|m| m.path == **p)) {
         headers.push(format!("{p} ns"));
@@ -591,7 +630,10 @@ fn text(r: &Report) -> String {
          IoQueuePair: the driver's queue pair, driven by this thread; gio: gio_uring IOCBs run by the host \
          executor (the CUDA kernel source on CPU threads),\nlaunched per IOCB or persistent. The emulated \
          controller is a host thread too, so device time is CPU time here.\nThe host executor runs each \
-         CUDA block on one OS thread, its 32 lanes as fibers; process CPU counts every thread.\n",
+         CUDA block on one OS thread, its 32 lanes as fibers; process CPU counts every thread.\n\
+         memcpy: the data copy of each Read alone (RAM to the read buffer); IoQueuePair null media: the same \
+         queue pair on an emulated drive with no media\n(like null_blk: commands checked and completed, no \
+         data moved, nothing verified).\n",
     );
     if !r.breakdown.is_empty() {
         out.push_str(&breakdown_text(r, &batches));
