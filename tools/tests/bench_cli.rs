@@ -208,11 +208,13 @@ fn command_rates_cover_every_path_and_batch_and_the_reads_are_checked() {
 
 #[test]
 fn command_breakdown_times_every_stage_and_the_copy_and_null_media_rows_are_there() {
-    let r = json(&["commands", "--batches", "1,8", "--seconds", "0.05", "--capacity-mib", "4", "--breakdown"]);
+    let r =
+        json(&["commands", "--batches", "1,8", "--seconds", "0.05", "--capacity-mib", "4", "--breakdown"]);
     let stages = r["breakdown"].as_array().expect("breakdown");
     for (path, n) in [("IoQueuePair", 4), ("gio persistent", 6)] {
         for batch in [1u64, 8] {
-            let got: Vec<_> = stages.iter().filter(|s| s["path"] == path && u(&s["batch"]) == batch).collect();
+            let got: Vec<_> =
+                stages.iter().filter(|s| s["path"] == path && u(&s["batch"]) == batch).collect();
             assert_eq!(got.len(), n, "{path} batch {batch}: {n} stages");
             for s in got {
                 // Every traced batch is counted (a span the controller did not see is dropped).
