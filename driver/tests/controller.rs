@@ -245,6 +245,24 @@ fn malformed_commands_get_the_spec_status() {
 }
 
 #[test]
+fn a_buffer_unmapped_after_use_is_a_data_transfer_error() {
+    // The controller remembers translations of recent DMA (an IOTLB); an unmap must end them.
+    let (emu, ctrl) = start(small("emu-unmapped"));
+    let mut v = vec![0u8; 4096];
+    // SAFETY: `v` outlives the mapping, which is dropped below.
+    let m = unsafe { ctrl.dma().map(v.as_mut_ptr(), v.len()) }.expect("mapping");
+    let iova = m.segments()[0].iova;
+    let read = || Command::read(1, 0, 8).data(DataPtr::Sgl(SglDescriptor::data_block(iova, 4096)));
+    assert!(raw_status(&ctrl, read()).is_success(), "a read into a mapped buffer succeeds");
+    drop(m);
+    let faults = emu.stats().iommu_faults;
+    let got = raw_status(&ctrl, read());
+    assert_eq!(got.code(), Status::DATA_TRANSFER_ERROR.code(), "read into an unmapped buffer: got {got}");
+    assert!(emu.stats().iommu_faults > faults, "the IOMMU counted the fault");
+    drop(v);
+}
+
+#[test]
 fn the_driver_refuses_lbas_past_the_namespace_before_submitting() {
     let (emu, ctrl) = start(small("emu-range"));
     let mut qp = ctrl.create_io_queue_pair(4).expect("queue pair");

@@ -97,6 +97,11 @@ pub struct IocbResult {
     pub failures: Vec<IoctxFailure>,
     /// From the first part starting to the completion being posted.
     pub elapsed: Duration,
+    /// When the first part started and when the completion was posted, on the
+    /// executor's clock (CLOCK_MONOTONIC ns for the host executor, the GPU's
+    /// global timer for CUDA): for breaking a round trip down into stages.
+    pub started_ns: u64,
+    pub done_ns: u64,
 }
 
 impl IocbResult {

@@ -7,7 +7,8 @@
 use crate::error::{GioError, Result};
 use crate::mem::HostMemory;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
 use tutti_kernels::abi::{RingCell, RingHeader};
 
 /// A ring in memory the host can address.
@@ -122,6 +123,51 @@ impl RingView {
                 pos = head.load(Ordering::Relaxed);
             }
         }
+    }
+
+    /// Whether the oldest value is published (a pop would find it).
+    pub fn ready(&self) -> bool {
+        let pos = self.head().load(Ordering::Relaxed);
+        self.cell(pos).0.load(Ordering::Acquire) == pos + 1
+    }
+
+    /// Blocks until a producer may have published (its wake, `tt_ring_wake` on a
+    /// host-built executor) or `timeout` passes, unless a value is ready now.
+    /// Spurious returns are allowed: callers look at the ring again. A GPU
+    /// producer wakes nobody, so `timeout` is how late such a waiter can be.
+    pub fn wait_published(&self, timeout: Duration) {
+        // SAFETY: the fields lie in the live header; every access to them is atomic.
+        let (sleepers, seq) = unsafe {
+            (
+                AtomicU32::from_ptr(&raw mut (*self.hdr.as_ptr()).sleepers),
+                AtomicU32::from_ptr(&raw mut (*self.hdr.as_ptr()).wake_seq),
+            )
+        };
+        let seen = seq.load(Ordering::Acquire);
+        sleepers.fetch_add(1, Ordering::SeqCst);
+        // Pairs with the producer's fence between publishing and reading `sleepers`:
+        // either it sees us and bumps wake_seq, or we see its value here.
+        fence(Ordering::SeqCst);
+        if !self.ready() {
+            let ts = libc::timespec {
+                tv_sec: timeout.as_secs() as libc::time_t,
+                tv_nsec: timeout.subsec_nanos() as libc::c_long,
+            };
+            // SAFETY: a futex wait on a live, aligned u32 with a relative timeout; it
+            // returns at once if the word no longer holds `seen`.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    seq.as_ptr(),
+                    libc::FUTEX_WAIT,
+                    seen,
+                    &ts as *const libc::timespec,
+                    std::ptr::null::<u32>(),
+                    0,
+                )
+            };
+        }
+        sleepers.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Values pushed and not yet popped (a snapshot).

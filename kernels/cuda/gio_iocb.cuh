@@ -222,9 +222,10 @@ TT_DEVICE void tt_post_iocb(const struct tt_exec_ctx* ctx, uint32_t b) {
     struct tt_iocb_hdr* h = &ctx->iocbs[b].hdr;
     tt_st_relaxed_u64(&h->done_ns, tt_now_ns());
     tt_st_release_u32(&h->done_seq, tt_ld_relaxed_u32(&h->seq));
-    if (tt_ring_push(ctx->cq_ring, b))
+    if (tt_ring_push(ctx->cq_ring, b)) {
+        tt_ring_wake(ctx->cq_ring);
         tt_atomic_add_u64(&ctx->control->iocbs_done, 1);
-    else
+    } else
         tt_atomic_add_u64(&ctx->control->lost_posts, 1);
 }
 

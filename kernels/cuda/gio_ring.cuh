@@ -77,16 +77,44 @@ TT_DEVICE bool tt_ring_ready(struct tt_ring* r) {
     return seq == pos + 1;
 }
 
+/* After publishing: wakes host threads blocked on the ring (the protocol in
+ * tutti_gio.h). On the GPU nothing can be woken; host waiters there time out. */
+TT_DEVICE void tt_ring_wake(struct tt_ring* r) {
+#if defined(__CUDACC__)
+    (void)r;
+#else
+    /* Pairs with the consumer's fence between counting itself and looking again. */
+    tt_fence_system();
+    if (tt_ld_acquire_u32(&r->sleepers) != 0u) {
+        tt_atomic_add_u32(&r->wake_seq, 1u);
+        tt_host_wake(&r->wake_seq);
+    }
+#endif
+}
+
+/* Idle rounds a host consumer spends yielding the core before it blocks: work that
+ * comes back soon (the next IOCB of a stream) is taken without a futex wake on
+ * either side; an idle executor still blocks after them. */
+#define TT_HOST_IDLE_SPINS 64u
+
 /* A consumer that found the ring empty waits a while for a producer. On the GPU
  * it backs off (*ns, doubling up to max_ns). On the host it blocks until a producer
  * publishes (the protocol in tutti_gio.h), or park_ns passes, so an idle executor
- * costs no CPU; a ring that is not empty (the caller was told to stay out) backs off. */
+ * costs no CPU; a ring that is not empty (the caller was told to stay out) backs off.
+ * Before blocking, a host consumer yields for TT_HOST_IDLE_SPINS rounds (counted in
+ * *ns from the 256 the caller resets it to after work). */
 TT_DEVICE void tt_ring_idle(struct tt_ring* r, uint32_t* ns, uint32_t max_ns, uint64_t park_ns) {
 #if defined(__CUDACC__)
     (void)r;
     (void)park_ns;
     tt_backoff(ns, max_ns);
 #else
+    if (*ns < 256u + TT_HOST_IDLE_SPINS) {
+        *ns += 1u;
+        /* One lane of the block gives the core away; the others are idle with it. */
+        if (tt_thread_idx() == 0u) tt_host_yield();
+        return;
+    }
     const uint32_t seen = tt_ld_acquire_u32(&r->wake_seq);
     tt_atomic_add_u32(&r->sleepers, 1);
     /* Pairs with the producer's fence between publishing and reading `sleepers`:

@@ -464,6 +464,8 @@ void tt_host_park(const uint32_t* word, uint32_t seen, uint64_t timeout_ns) {
 
 uint64_t tt_host_now_ns(void) { return now_ns(); }
 
+void tt_host_yield(void) { sched_yield(); }
+
 extern "C" void tt_host_wake(uint32_t* word) { syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0); }
 
 extern "C" void* tt_host_launch_fn(tt_host_kernel_fn fn, uint32_t grid, uint32_t block, const tt_host_args* args,

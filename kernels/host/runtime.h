@@ -36,6 +36,8 @@ void tt_host_nanosleep(uint32_t ns);
  * with FUTEX_WAKE. Spurious returns are allowed; callers re-check their condition. */
 void tt_host_park(const uint32_t* word, uint32_t seen, uint64_t timeout_ns);
 uint64_t tt_host_now_ns(void);
+/* Gives the core to another OS thread (sched_yield); the calling lane keeps running after. */
+void tt_host_yield(void);
 
 /* Arguments of every host-launched kernel (the kernel picks what it uses). */
 struct tt_host_args {

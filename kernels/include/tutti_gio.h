@@ -185,6 +185,9 @@ struct tt_iocb {
  * waits (futex) for wake_seq to change. A producer that published a value and
  * then sees sleepers != 0 bumps wake_seq and wakes them. GPU consumers never
  * sleep this way, so `sleepers` stays 0 and producers never make the call.
+ * The host blocks the same way on the completion ring; a host-built executor
+ * wakes it, a GPU cannot (its producer side is a no-op), so the host's wait
+ * there is always bounded by a short timeout.
  */
 struct tt_ring_cell {
     uint64_t seq;

@@ -207,6 +207,40 @@ fn command_rates_cover_every_path_and_batch_and_the_reads_are_checked() {
 }
 
 #[test]
+fn command_breakdown_times_every_stage_and_the_copy_and_null_media_rows_are_there() {
+    let r =
+        json(&["commands", "--batches", "1,8", "--seconds", "0.05", "--capacity-mib", "4", "--breakdown"]);
+    let stages = r["breakdown"].as_array().expect("breakdown");
+    for (path, n) in [("IoQueuePair", 4), ("gio persistent", 6)] {
+        for batch in [1u64, 8] {
+            let got: Vec<_> =
+                stages.iter().filter(|s| s["path"] == path && u(&s["batch"]) == batch).collect();
+            assert_eq!(got.len(), n, "{path} batch {batch}: {n} stages");
+            for s in got {
+                // Every traced batch is counted (a span the controller did not see is dropped).
+                assert!(u(&s["batches"]) > 0, "{path} {batch} {}: no traced batch", s["stage"]);
+                assert!(s["median_ns"].is_i64(), "{s}");
+            }
+        }
+    }
+    let results = r["results"].as_array().expect("results");
+    for path in ["memcpy", "IoQueuePair null media"] {
+        for batch in [1u64, 8] {
+            let m = results
+                .iter()
+                .find(|m| m["path"] == path && u(&m["batch"]) == batch)
+                .unwrap_or_else(|| panic!("no {path} at batch {batch}"));
+            assert!(u(&m["commands"]) >= 3 * batch, "{path} {batch}");
+        }
+    }
+    // Only the three real-media paths are verified: null media moves nothing.
+    assert_eq!(u(&r["bytes_verified"]), 3 * 8 * 4096);
+    // Without --breakdown nothing is traced.
+    let plain = json(&["commands", "--batches", "1", "--seconds", "0.05", "--capacity-mib", "4"]);
+    assert_eq!(plain["breakdown"].as_array().map(Vec::len), Some(0));
+}
+
+#[test]
 fn client_and_in_process_loads_report_process_cpu_per_gb() {
     let r = json(&["client", "--blocks", "4", "--layers", "4", "--loads", "3", "--lookups", "10"]);
     for side in ["in_process", "client"] {

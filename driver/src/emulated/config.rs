@@ -58,6 +58,11 @@ pub enum MediaConfig {
     /// A regular file, created sparse if it does not exist; namespaces are laid
     /// out one after another. Data survives the controller (and the process).
     File(PathBuf),
+    /// No storage at all, like Linux's null_blk: commands are checked and their
+    /// data pointers walked as usual, then complete without moving any data
+    /// (reads leave the host buffer as it was, writes are discarded). For
+    /// measuring what a command costs apart from its data copy.
+    Null,
 }
 
 /// Optional timing so the emulator can stand in for a slower device.
@@ -107,6 +112,16 @@ pub struct MixedModel {
 }
 
 impl CostModel {
+    /// Whether the model adds nothing: no latency and no paced rate (the default).
+    pub fn is_free(&self) -> bool {
+        self.per_command.is_zero()
+            && self.read_latency.is_zero()
+            && self.write_latency.is_zero()
+            && self.bytes_per_sec.is_none()
+            && self.read_bytes_per_sec.is_none()
+            && self.write_bytes_per_sec.is_none()
+    }
+
     /// Checks the numbers make sense; the message names the field at fault.
     pub fn validate(&self) -> Result<(), String> {
         for (name, rate) in [

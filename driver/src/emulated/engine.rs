@@ -12,6 +12,7 @@ mod io;
 mod queues;
 
 use super::faults::FaultAction;
+use super::iommu::DmaView;
 use super::media::Media;
 use super::Shared;
 use crate::spec::registers::offset;
@@ -55,38 +56,61 @@ pub(super) fn run(shared: Arc<Shared>, media: Media) {
     }
 }
 
-/// Spin briefly, then yield, then sleep in growing steps up to [`MAX_IDLE_SLEEP`]:
-/// a busy controller reacts within microseconds, an idle one wakes a few
-/// thousand times a second instead of holding a core.
+/// Spin briefly, then yield for [`YIELD_WINDOW`], then sleep in growing steps up
+/// to [`MAX_IDLE_SLEEP`]: a busy controller reacts within microseconds (also to a
+/// host that comes back after a short gap: a gio executor's next IOCB, a queue
+/// pair's next batch), an idle one wakes a few thousand times a second instead of
+/// holding a core.
 #[derive(Default)]
 struct Backoff {
     idle: u32,
+    /// When the current idle spell's yielding began.
+    since: Option<Instant>,
 }
+
+/// How long an idle controller keeps yielding the core before it sleeps.
+const YIELD_WINDOW: Duration = Duration::from_micros(50);
+/// Idle passes that only spin.
+const SPINS: u32 = 64;
 
 impl Backoff {
     fn reset(&mut self) {
         self.idle = 0;
+        self.since = None;
     }
     fn wait(&mut self, next_due: Option<Instant>) {
         self.idle = self.idle.saturating_add(1);
-        match self.idle {
-            0..=64 => std::hint::spin_loop(),
-            65..=128 => std::thread::yield_now(),
-            n => {
-                let step = Duration::from_micros(5u64 << ((n - 129) / 8).min(6));
-                let mut sleep = step.min(MAX_IDLE_SLEEP);
-                // A completion already due but not postable must not turn this into a spin.
-                if let Some(left) = next_due.map(|d| d.saturating_duration_since(Instant::now())) {
-                    if !left.is_zero() {
-                        sleep = sleep.min(left);
-                    }
-                }
-                if !sleep.is_zero() {
-                    std::thread::sleep(sleep);
-                }
+        if self.idle <= SPINS {
+            std::hint::spin_loop();
+            return;
+        }
+        let now = Instant::now();
+        let since = *self.since.get_or_insert(now);
+        if now.duration_since(since) < YIELD_WINDOW {
+            std::thread::yield_now();
+            // Sleeping starts from the first step once the window is over.
+            self.idle = SPINS + 1;
+            return;
+        }
+        let n = self.idle - SPINS - 1;
+        let step = Duration::from_micros(5u64 << (n / 8).min(6));
+        let mut sleep = step.min(MAX_IDLE_SLEEP);
+        // A completion already due but not postable must not turn this into a spin.
+        if let Some(left) = next_due.map(|d| d.saturating_duration_since(now)) {
+            if !left.is_zero() {
+                sleep = sleep.min(left);
             }
         }
+        if !sleep.is_zero() {
+            std::thread::sleep(sleep);
+        }
     }
+}
+
+/// Adds to a counter only this thread writes (others read it): a load and a
+/// store, not a locked read-modify-write per command.
+fn bump(counter: &std::sync::atomic::AtomicU64, n: u64) {
+    counter.store(counter.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
 }
 
 /// What executing a command produced.
@@ -173,9 +197,13 @@ struct Engine {
     features: Features,
     /// The cost model's transfer clocks: when the paced channels are next free.
     cost: crate::emulated::cost::CostClock,
+    /// The configuration has no cost model ([`CostModel::is_free`](crate::emulated::CostModel::is_free)).
+    cost_free: bool,
     /// The IOMMU as the I/O command being executed sees it: scoped to the
     /// owner of its submission queue's memory.
-    dma: crate::emulated::EmuIommu,
+    dma: DmaView,
+    /// The IOMMU as queue memory (SQ fetches, CQ posts) is reached through.
+    qmem: DmaView,
 }
 
 impl Engine {
@@ -195,7 +223,9 @@ impl Engine {
             pending: Vec::new(),
             features,
             cost: crate::emulated::cost::CostClock::new(Instant::now()),
-            dma: shared.iommu.clone(),
+            cost_free: shared.cfg.cost.is_free(),
+            dma: DmaView::new(&shared.iommu),
+            qmem: DmaView::new(&shared.iommu),
             shared,
         }
     }
@@ -370,7 +400,7 @@ impl Engine {
         // The owner's own queues (in its own memory) reach every region: it
         // moves data for clients that have no queue pair of their own.
         let owner = self.sqs.get(qid as usize).and_then(Option::as_ref).and_then(|sq| sq.owner);
-        self.dma = self.shared.iommu.scoped(owner.filter(|&o| o != crate::emulated::LOCAL_OWNER));
+        self.dma.set_scope(owner.filter(|&o| o != crate::emulated::LOCAL_OWNER));
         self.io_command(sqe)
     }
 
@@ -382,7 +412,7 @@ impl Engine {
             counters.admin_commands.fetch_add(1, Ordering::Relaxed);
             None
         } else {
-            counters.commands.fetch_add(1, Ordering::Relaxed);
+            bump(&counters.commands, 1);
             matches!(
                 IoOpcode::from_raw(opcode),
                 Some(IoOpcode::Read | IoOpcode::Write | IoOpcode::WriteZeroes)

@@ -53,6 +53,9 @@ struct Rule {
 #[derive(Default)]
 pub struct FaultInjector {
     rules: Mutex<Vec<Rule>>,
+    /// How many rules there are, kept with `rules` under its lock: the controller
+    /// checks every command, and with no rules that must cost a load, not a lock.
+    count: std::sync::atomic::AtomicUsize,
 }
 
 impl FaultInjector {
@@ -60,6 +63,7 @@ impl FaultInjector {
     pub fn inject(&self, when: FaultMatch, action: FaultAction, times: Option<u32>) {
         if let Ok(mut rules) = self.rules.lock() {
             rules.push(Rule { when, action, remaining: times, skipped: 0 });
+            self.count.store(rules.len(), std::sync::atomic::Ordering::Release);
         }
     }
 
@@ -81,11 +85,17 @@ impl FaultInjector {
     pub fn clear(&self) {
         if let Ok(mut rules) = self.rules.lock() {
             rules.clear();
+            self.count.store(0, std::sync::atomic::Ordering::Release);
         }
     }
 
     /// Called by the controller for every command; returns the action to apply.
     pub fn check(&self, qid: u16, opcode: u8, slba: Option<u64>) -> Option<FaultAction> {
+        // A rule added while a command is being checked applies from the next command on,
+        // as it would have had the check taken the lock first.
+        if self.count.load(std::sync::atomic::Ordering::Acquire) == 0 {
+            return None;
+        }
         let mut rules = self.rules.lock().ok()?;
         if rules.is_empty() {
             return None;
@@ -112,6 +122,7 @@ impl FaultInjector {
         let (i, action) = fired?;
         if rules[i].remaining == Some(0) {
             rules.remove(i);
+            self.count.store(rules.len(), std::sync::atomic::Ordering::Release);
         }
         Some(action)
     }

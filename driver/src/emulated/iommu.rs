@@ -85,6 +85,9 @@ struct Region {
 #[derive(Default)]
 struct Table {
     regions: RwLock<BTreeMap<u64, Region>>,
+    /// Bumped whenever a region goes away, so a [`DmaView`]'s cached
+    /// translations from before are no longer used.
+    unmaps: AtomicU64,
     faults: AtomicU64,
     next: AtomicU64,
     /// Open pidfds by pid, shared by the regions of one process.
@@ -118,6 +121,7 @@ impl Table {
     fn remove(&self, iova: u64) {
         if let Ok(mut regions) = self.regions.write() {
             regions.remove(&iova);
+            self.unmaps.fetch_add(1, Ordering::Release);
         }
     }
 }
@@ -206,6 +210,17 @@ impl EmuIommu {
     /// Where `iova..iova+len` is, which must lie inside one mapping (of the
     /// view's owner, for a scoped view).
     fn resolve(&self, iova: u64, len: usize) -> std::result::Result<Target, IommuFault> {
+        self.resolve_region(iova, len).map(|(t, _)| t)
+    }
+
+    /// [`resolve`](Self::resolve), plus the local region found, for a [`DmaView`] to cache.
+    fn resolve_region(
+        &self,
+        iova: u64,
+        len: usize,
+    ) -> std::result::Result<(Target, Option<Cached>), IommuFault> {
+        // Read before the lookup: an unmap racing with it makes the entry stale at once.
+        let unmaps = self.table.unmaps.load(Ordering::Acquire);
         let regions = self.table.regions.read().map_err(|_| self.fault(iova, len, "table lock poisoned"))?;
         let (&base, region) =
             regions.range(..=iova).next_back().ok_or_else(|| self.fault(iova, len, "address not mapped"))?;
@@ -217,8 +232,12 @@ impl EmuIommu {
             return Err(self.fault(iova, len, "address mapped for another owner than the command's queue"));
         }
         Ok(match &region.peer {
-            None => Target::Local((region.host + off) as *mut u8),
-            Some(peer) => Target::Remote { peer: peer.clone(), addr: region.host + off },
+            None => {
+                let cached =
+                    Cached { unmaps, base, len: region.len as u64, host: region.host, owner: region.owner };
+                (Target::Local((region.host + off) as *mut u8), Some(cached))
+            }
+            Some(peer) => (Target::Remote { peer: peer.clone(), addr: region.host + off }, None),
         })
     }
 
@@ -270,7 +289,11 @@ impl EmuIommu {
 
     /// Device read: copies `dst.len()` bytes at `iova` out of host memory.
     pub fn dma_read(&self, iova: u64, dst: &mut [u8]) -> std::result::Result<(), IommuFault> {
-        match self.resolve(iova, dst.len())? {
+        self.read_target(iova, self.resolve(iova, dst.len())?, dst)
+    }
+
+    fn read_target(&self, iova: u64, target: Target, dst: &mut [u8]) -> std::result::Result<(), IommuFault> {
+        match target {
             // SAFETY: `resolve` checked that the whole range lies in a live mapping;
             // the host promised (DmaSpace::map) to keep it allocated while mapped.
             Target::Local(src) => unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) },
@@ -283,7 +306,11 @@ impl EmuIommu {
 
     /// Device write: copies `src` into host memory at `iova`.
     pub fn dma_write(&self, iova: u64, src: &[u8]) -> std::result::Result<(), IommuFault> {
-        match self.resolve(iova, src.len())? {
+        self.write_target(iova, self.resolve(iova, src.len())?, src)
+    }
+
+    fn write_target(&self, iova: u64, target: Target, src: &[u8]) -> std::result::Result<(), IommuFault> {
+        match target {
             // SAFETY: as in `dma_read`; the destination is device-writable memory by contract.
             Target::Local(dst) => unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) },
             // process_vm_writev only reads the local buffer, despite the `*mut` in iovec.
@@ -305,7 +332,11 @@ impl EmuIommu {
         if !iova.is_multiple_of(4) {
             return Err(IommuFault { iova, len: 4 });
         }
-        match self.resolve(iova, 4)? {
+        self.store_target(self.resolve(iova, 4)?, iova, value)
+    }
+
+    fn store_target(&self, target: Target, iova: u64, value: u32) -> std::result::Result<(), IommuFault> {
+        match target {
             Target::Local(p) => {
                 // SAFETY: in a live mapping and 4-byte aligned (IOVA and host share the page offset).
                 unsafe { std::sync::atomic::AtomicU32::from_ptr(p.cast()) }.store(value, Ordering::Release)
@@ -381,6 +412,7 @@ impl EmuIommu {
         match found {
             Some(base) => {
                 regions.remove(&base);
+                self.table.unmaps.fetch_add(1, Ordering::Release);
                 Ok(())
             }
             None => Err(DriverError::dma(
@@ -400,6 +432,9 @@ impl EmuIommu {
         regions.retain(|_, r| r.owner != owner);
         let n = before - regions.len();
         if n > 0 {
+            self.table.unmaps.fetch_add(1, Ordering::Release);
+        }
+        if n > 0 {
             tracing::info!(iommu = %self.name, owner, regions = n, "regions of owner unmapped");
         }
         n
@@ -417,6 +452,122 @@ impl EmuIommu {
     /// How many regions `owner` holds.
     pub fn regions_of(&self, owner: u64) -> usize {
         self.table.regions.read().map_or(0, |r| r.values().filter(|r| r.owner == owner).count())
+    }
+}
+
+/// A translation a [`DmaView`] remembers: a region of this process's memory.
+#[derive(Clone, Copy, Default)]
+struct Cached {
+    /// `Table::unmaps` when it was looked up; 0 marks an empty entry.
+    unmaps: u64,
+    base: u64,
+    len: u64,
+    host: usize,
+    owner: u64,
+}
+
+/// Entries of a [`DmaView`]: a command touches its SQ, its data buffer and its CQ.
+const VIEW_ENTRIES: usize = 4;
+
+/// The IOMMU as one DMA user (the controller's thread) sees it, with the last
+/// few translations remembered, as a device's IOTLB does: most accesses then
+/// take no lock and walk no table. Any unmap since an entry was made
+/// (`Table::unmaps`) makes every entry unusable, so an unmapped buffer faults
+/// exactly as through [`EmuIommu`]. Regions of other processes are never
+/// cached (their liveness is checked per access). Not `Sync`: one per thread.
+pub struct DmaView {
+    iommu: EmuIommu,
+    entries: [std::cell::Cell<Cached>; VIEW_ENTRIES],
+    /// The entry the next miss replaces.
+    next: std::cell::Cell<usize>,
+}
+
+impl DmaView {
+    pub fn new(iommu: &EmuIommu) -> Self {
+        DmaView { iommu: iommu.scoped(None), entries: Default::default(), next: std::cell::Cell::new(0) }
+    }
+
+    /// Reaches only regions of `owner` from now on (`None`: every region); see [`EmuIommu::scoped`].
+    pub fn set_scope(&mut self, owner: Option<u64>) {
+        self.iommu.scope = owner;
+    }
+
+    pub fn iommu(&self) -> &EmuIommu {
+        &self.iommu
+    }
+
+    /// A remembered local translation of `iova..iova+len` that is still valid.
+    fn hit(&self, iova: u64, len: usize) -> Option<Target> {
+        let unmaps = self.iommu.table.unmaps.load(Ordering::Acquire);
+        // `unmaps` starts at 0 and entries are made with the count + 1 (see `remember`).
+        let now = unmaps.wrapping_add(1);
+        for e in &self.entries {
+            let c = e.get();
+            if c.unmaps != now || iova < c.base {
+                continue;
+            }
+            let off = iova - c.base;
+            if off.checked_add(len as u64).is_some_and(|end| end <= c.len)
+                && self.iommu.scope.is_none_or(|o| o == c.owner)
+            {
+                return Some(Target::Local((c.host + off as usize) as *mut u8));
+            }
+        }
+        None
+    }
+
+    fn resolve(&self, iova: u64, len: usize) -> std::result::Result<Target, IommuFault> {
+        if let Some(t) = self.hit(iova, len) {
+            return Ok(t);
+        }
+        let (target, cached) = self.iommu.resolve_region(iova, len)?;
+        if let Some(mut c) = cached {
+            c.unmaps = c.unmaps.wrapping_add(1);
+            let i = self.next.get();
+            self.entries[i].set(c);
+            self.next.set((i + 1) % VIEW_ENTRIES);
+        }
+        Ok(target)
+    }
+
+    /// [`EmuIommu::dma_read`] through the remembered translations.
+    pub fn dma_read(&self, iova: u64, dst: &mut [u8]) -> std::result::Result<(), IommuFault> {
+        self.iommu.read_target(iova, self.resolve(iova, dst.len())?, dst)
+    }
+    /// [`EmuIommu::dma_write`] through the remembered translations.
+    pub fn dma_write(&self, iova: u64, src: &[u8]) -> std::result::Result<(), IommuFault> {
+        self.iommu.write_target(iova, self.resolve(iova, src.len())?, src)
+    }
+    /// [`EmuIommu::dma_store_u32`] through the remembered translations.
+    pub fn dma_store_u32(&self, iova: u64, value: u32) -> std::result::Result<(), IommuFault> {
+        if !iova.is_multiple_of(4) {
+            return Err(IommuFault { iova, len: 4 });
+        }
+        self.iommu.store_target(self.resolve(iova, 4)?, iova, value)
+    }
+}
+
+/// What the media copies through: the IOMMU itself or a [`DmaView`] of it.
+pub(crate) trait DeviceDma {
+    fn dma_read(&self, iova: u64, dst: &mut [u8]) -> std::result::Result<(), IommuFault>;
+    fn dma_write(&self, iova: u64, src: &[u8]) -> std::result::Result<(), IommuFault>;
+}
+
+impl DeviceDma for EmuIommu {
+    fn dma_read(&self, iova: u64, dst: &mut [u8]) -> std::result::Result<(), IommuFault> {
+        EmuIommu::dma_read(self, iova, dst)
+    }
+    fn dma_write(&self, iova: u64, src: &[u8]) -> std::result::Result<(), IommuFault> {
+        EmuIommu::dma_write(self, iova, src)
+    }
+}
+
+impl DeviceDma for DmaView {
+    fn dma_read(&self, iova: u64, dst: &mut [u8]) -> std::result::Result<(), IommuFault> {
+        DmaView::dma_read(self, iova, dst)
+    }
+    fn dma_write(&self, iova: u64, src: &[u8]) -> std::result::Result<(), IommuFault> {
+        DmaView::dma_write(self, iova, src)
     }
 }
 
@@ -571,6 +722,53 @@ mod tests {
         let mut two = [0u8; 2];
         assert!(mmu.dma_read(a.iova() + 4095, &mut two).is_err());
         assert!(mmu.dma_read(a.iova() + 4094, &mut two).is_ok());
+        Ok(())
+    }
+
+    #[test]
+    fn a_view_forgets_translations_on_unmap() -> Result<()> {
+        let mmu = EmuIommu::new("t");
+        let view = DmaView::new(&mmu);
+        let mut v = vec![0u8; 8192];
+        // SAFETY: `v` outlives both mappings, dropped before it.
+        let m = unsafe { mmu.map(v.as_mut_ptr(), v.len())? };
+        let iova = m.segments()[0].iova;
+        let other = mmu.alloc(4096)?;
+        // The translation is now remembered (a second access hits it).
+        view.dma_write(iova, &[1]).map_err(|_| DriverError::invalid("fault"))?;
+        view.dma_write(iova + 1, &[2]).map_err(|_| DriverError::invalid("fault"))?;
+        drop(m);
+        // Unmapped: the view must fault like the IOMMU, not reach `v` through its memory.
+        assert!(view.dma_write(iova + 2, &[3]).is_err(), "a view wrote through a stale translation");
+        let mut b = [0u8; 1];
+        assert!(view.dma_read(iova, &mut b).is_err());
+        assert!(view.dma_store_u32(iova + 4, 5).is_err());
+        // Mapped again: a new IOVA that reaches the same memory; other mappings stay reachable.
+        // SAFETY: as above.
+        let m2 = unsafe { mmu.map(v.as_mut_ptr(), v.len())? };
+        let iova2 = m2.segments()[0].iova;
+        assert_ne!(iova2, iova);
+        view.dma_write(iova2 + 3, &[4]).map_err(|_| DriverError::invalid("fault"))?;
+        view.dma_write(other.iova(), &[9]).map_err(|_| DriverError::invalid("fault"))?;
+        drop(m2);
+        assert_eq!(&v[..4], &[1, 2, 0, 4]);
+        Ok(())
+    }
+
+    #[test]
+    fn a_scoped_view_does_not_reach_other_owners_through_its_cache() -> Result<()> {
+        let mmu = EmuIommu::new("t");
+        let mut view = DmaView::new(&mmu);
+        let buf = mmu.alloc(4096)?;
+        view.dma_write(buf.iova(), &[1]).map_err(|_| DriverError::invalid("fault"))?;
+        // The local buffer is remembered for owner 0; a command of owner 7 must not reach it.
+        view.set_scope(Some(7));
+        assert!(view.dma_write(buf.iova(), &[2]).is_err());
+        view.set_scope(Some(LOCAL_OWNER));
+        view.dma_write(buf.iova(), &[3]).map_err(|_| DriverError::invalid("fault"))?;
+        let mut out = [0u8; 1];
+        buf.copy_out(0, &mut out)?;
+        assert_eq!(out, [3]);
         Ok(())
     }
 

@@ -6,7 +6,7 @@
 //! `pread`/`pwrite` per window).
 
 use super::config::{EmulatedConfig, MediaConfig};
-use super::iommu::{EmuIommu, IommuFault};
+use super::iommu::{DeviceDma, IommuFault};
 use super::walk::SglPiece;
 use crate::error::{DriverError, Result};
 use crate::owner::{lock_media, MediaOwner};
@@ -59,6 +59,8 @@ enum Store {
         file: File,
         path: PathBuf,
     },
+    /// [`MediaConfig::Null`]: nothing stored, nothing moved.
+    Null,
 }
 
 pub(super) struct Media {
@@ -145,6 +147,7 @@ impl Media {
                 let (owner, file) = open_file(&cfg.name, path, total)?;
                 Store::File { _owner: owner, file, path: path.clone() }
             }
+            MediaConfig::Null => Store::Null,
         };
         let prefaulted = matches!(cfg.media, MediaConfig::RamPrefaulted);
         Ok(Media { extents, store, scratch: Vec::new(), prefaulted })
@@ -165,7 +168,7 @@ impl Media {
         ns: usize,
         offset: u64,
         pieces: &[SglPiece],
-        iommu: &EmuIommu,
+        iommu: &impl DeviceDma,
     ) -> Result<(), MediaError> {
         let total: u64 = pieces.iter().map(SglPiece::len).sum();
         let at = self.locate(ns, offset, total)?;
@@ -195,6 +198,7 @@ impl Media {
                     pos += n as u64;
                 }
             }
+            Store::Null => {}
         }
         Ok(())
     }
@@ -205,7 +209,7 @@ impl Media {
         ns: usize,
         offset: u64,
         pieces: &[SglPiece],
-        iommu: &EmuIommu,
+        iommu: &impl DeviceDma,
     ) -> Result<(), MediaError> {
         if pieces.iter().any(|p| matches!(p, SglPiece::Skip(_))) {
             return Err(MediaError::BadRequest);
@@ -238,6 +242,7 @@ impl Media {
                     pos += n as u64;
                 }
             }
+            Store::Null => {}
         }
         Ok(())
     }
@@ -249,6 +254,7 @@ impl Media {
         match &mut self.store {
             Store::Ram(map) => zero_ram(map, at as usize, len as usize, self.prefaulted),
             Store::File { file, path, .. } => zero_file(file, path, at, len, &mut self.scratch)?,
+            Store::Null => {}
         }
         Ok(())
     }
@@ -262,7 +268,7 @@ impl Media {
     /// Makes every completed write durable.
     pub fn flush(&mut self) -> Result<(), MediaError> {
         match &self.store {
-            Store::Ram(_) => Ok(()),
+            Store::Ram(_) | Store::Null => Ok(()),
             Store::File { file, .. } => Ok(file.sync_data()?),
         }
     }
@@ -358,6 +364,7 @@ fn zero_file(
 mod tests {
     use super::*;
     use crate::emulated::config::NamespaceConfig;
+    use crate::emulated::iommu::EmuIommu;
     use crate::transport::{DmaSpace, IovaSegment};
 
     fn cfg(media: MediaConfig) -> EmulatedConfig {
@@ -480,6 +487,25 @@ mod tests {
         assert_eq!(out, pattern(4096, 7));
         drop(media);
         std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn null_media_moves_no_data_but_checks_ranges() {
+        let mut media = Media::open(&cfg(MediaConfig::Null)).unwrap();
+        let mmu = EmuIommu::new("t");
+        let buf = mmu.alloc(4096).unwrap();
+        buf.copy_in(0, &pattern(4096, 5)).unwrap();
+        media.write(1, 0, &[data(buf.iova(), 4096)], &mmu).unwrap();
+        buf.copy_in(0, &pattern(4096, 9)).unwrap();
+        media.read(1, 0, &[data(buf.iova(), 4096)], &mmu).unwrap();
+        let mut out = vec![0u8; 4096];
+        buf.copy_out(0, &mut out).unwrap();
+        assert_eq!(out, pattern(4096, 9), "a read from null media changed the host buffer");
+        // Ranges are still checked: past the namespace is a bad request, not a success.
+        assert!(matches!(
+            media.read(1, 7 << 20, &[data(buf.iova(), 4096)], &mmu),
+            Err(MediaError::BadRequest)
+        ));
     }
 
     #[test]

@@ -48,6 +48,36 @@ pub(crate) struct Counters {
     pub mixed_nanos: AtomicU64,
 }
 
+/// Timestamps of one stretch of work, for a benchmark's breakdown of where a
+/// command's time goes ([`EmulatedController::trace_start`]). Off by default:
+/// the controller then pays one relaxed load per command.
+#[derive(Default)]
+pub(crate) struct Trace {
+    pub on: AtomicBool,
+    /// When the first command after `trace_start` was fetched (monotonic ns, 0 = none yet).
+    pub first_fetch_ns: AtomicU64,
+    /// When the last completion entry was written.
+    pub last_post_ns: AtomicU64,
+}
+
+/// What [`EmulatedController::trace_take`] saw, on the clock of [`monotonic_ns`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct TraceSpan {
+    /// The controller fetched the first command since `trace_start`.
+    pub first_fetch_ns: u64,
+    /// It wrote the latest completion entry.
+    pub last_post_ns: u64,
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock of [`TraceSpan`], and the one the
+/// host executor stamps IOCBs with, so the two can be compared.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec that we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// A snapshot of an emulated controller's counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct EmulatedStats {
@@ -80,6 +110,7 @@ pub(crate) struct Shared {
     pub iommu: EmuIommu,
     pub faults: Arc<FaultInjector>,
     pub counters: Counters,
+    pub trace: Trace,
     /// Ask the thread to exit.
     pub stop: AtomicBool,
     /// Ask the thread to raise CSTS.CFS and stop processing commands.
@@ -104,6 +135,7 @@ impl EmulatedController {
             regs,
             faults: Arc::default(),
             counters: Counters::default(),
+            trace: Trace::default(),
             stop: AtomicBool::new(false),
             fatal: AtomicBool::new(false),
             cfg,
@@ -146,6 +178,25 @@ impl EmulatedController {
     /// Makes the controller report Controller Fatal Status and stop processing.
     pub fn set_fatal(&self) {
         self.shared.fatal.store(true, Ordering::Release);
+    }
+    /// Starts recording when the next command is fetched and when completions
+    /// are written ([`trace_take`](Self::trace_take)); costs nothing measurable.
+    pub fn trace_start(&self) {
+        let t = &self.shared.trace;
+        t.first_fetch_ns.store(0, Ordering::Relaxed);
+        t.last_post_ns.store(0, Ordering::Relaxed);
+        t.on.store(true, Ordering::Release);
+    }
+    /// What was recorded since [`trace_start`](Self::trace_start), which stops
+    /// recording; `None` when no command was fetched and completed meanwhile.
+    pub fn trace_take(&self) -> Option<TraceSpan> {
+        let t = &self.shared.trace;
+        t.on.store(false, Ordering::Release);
+        let span = TraceSpan {
+            first_fetch_ns: t.first_fetch_ns.load(Ordering::Acquire),
+            last_post_ns: t.last_post_ns.load(Ordering::Acquire),
+        };
+        (span.first_fetch_ns != 0 && span.last_post_ns >= span.first_fetch_ns).then_some(span)
     }
     pub fn stats(&self) -> EmulatedStats {
         let c = &self.shared.counters;

@@ -74,6 +74,8 @@ impl GioUring {
                 first_error,
                 failures,
                 elapsed: Duration::from_nanos(h.done_ns.saturating_sub(h.start_ns)),
+                started_ns: h.start_ns,
+                done_ns: h.done_ns,
             };
             if !result.is_ok() {
                 tracing::debug!(iocb = %result.id, failed = result.failed, "IOCB finished with failures");
@@ -133,8 +135,12 @@ impl GioUring {
             spins += 1;
             match spins {
                 0..=16 => std::hint::spin_loop(),
-                17..=64 => std::thread::yield_now(),
-                _ => std::thread::sleep(Duration::from_micros(50)),
+                17..=32 => std::thread::yield_now(),
+                // Block until the executor posts (a host executor wakes this; a GPU
+                // cannot, so the wait is as short as the sleep it replaces).
+                _ => self
+                    .cq
+                    .wait_published(Duration::from_micros(50).min(timeout.saturating_sub(start.elapsed()))),
             }
         }
     }

@@ -82,6 +82,10 @@ impl Engine {
 
     /// When a command that moved `bytes` may complete under the cost model, if it adds any delay.
     fn cost_due(&mut self, dir: Direction, bytes: u64) -> Option<Instant> {
+        // Without a model there is nothing to pace, and no clock to read per command.
+        if self.cost_free {
+            return None;
+        }
         let a = self.cost.admit(&self.shared.cfg.cost, Instant::now(), dir, bytes);
         let counters = &self.shared.counters;
         if a.due.is_some() {
@@ -139,7 +143,7 @@ impl Engine {
         if is_read {
             let r = self.media.read(index, offset, &pieces, &self.dma);
             r.map_err(|e| self.media_status(e, true))?;
-            counters.bytes_read.fetch_add(bytes, Ordering::Relaxed);
+            super::bump(&counters.bytes_read, bytes);
         } else {
             let r = self.media.write(index, offset, &pieces, &self.dma);
             r.map_err(|e| self.media_status(e, false))?;
@@ -148,7 +152,7 @@ impl Engine {
                 let r = self.media.flush();
                 r.map_err(|e| self.media_status(e, false))?;
             }
-            counters.bytes_written.fetch_add(bytes, Ordering::Relaxed);
+            super::bump(&counters.bytes_written, bytes);
         }
         Ok(bytes)
     }

@@ -4,6 +4,7 @@ use super::{Done, Engine, Phase};
 use crate::spec::registers::{cq_head_doorbell, sq_tail_doorbell};
 use crate::spec::{CompletionEntry, Status, SubmissionEntry};
 use crate::spec::{CQE_SIZE, SQE_SIZE};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 use zerocopy::IntoBytes;
 
@@ -181,7 +182,7 @@ impl Engine {
             }
             let addr = sq.mem.entry(sq.head, SQE_SIZE, page);
             let mut sqe = SubmissionEntry::default();
-            if self.shared.iommu.dma_read(addr, sqe.as_mut_bytes()).is_err() {
+            if self.qmem.dma_read(addr, sqe.as_mut_bytes()).is_err() {
                 let why = format!("cannot fetch SQ {qid} entry {} at {addr:#x}", sq.head);
                 if sq.remote {
                     // Another process's ring (a client that died or unmapped it)
@@ -195,6 +196,10 @@ impl Engine {
             }
             sq.head = (sq.head + 1) % sq.size;
             busy = true;
+            let trace = &self.shared.trace;
+            if trace.on.load(Ordering::Relaxed) && trace.first_fetch_ns.load(Ordering::Relaxed) == 0 {
+                trace.first_fetch_ns.store(crate::emulated::monotonic_ns(), Ordering::Release);
+            }
             if let Some(done) = self.execute(qid, &sqe) {
                 self.complete(qid, cqid, sqe.cid(), done);
             }
@@ -232,6 +237,9 @@ impl Engine {
 
     /// Posts pending completions that are due (all of them with `force`) and whose CQ has room.
     pub(super) fn post_due(&mut self, force: bool) -> bool {
+        if self.pending.is_empty() {
+            return false;
+        }
         let now = Instant::now();
         let mut posted = false;
         let mut i = 0;
@@ -284,10 +292,13 @@ impl Engine {
         }
         // §4.6: the host owns an entry once its phase tag flips, so DW3 (which
         // holds the tag) is stored last, with release ordering.
-        let iommu = &self.shared.iommu;
+        let iommu = &self.qmem;
         let written = iommu
             .dma_write(addr, &entry.as_bytes()[..12])
             .and_then(|()| iommu.dma_store_u32(addr + 12, entry.dw3));
+        if self.shared.trace.on.load(Ordering::Relaxed) {
+            self.shared.trace.last_post_ns.store(crate::emulated::monotonic_ns(), Ordering::Release);
+        }
         if written.is_err() {
             let why = format!("cannot write CQ {cqid} entry at {addr:#x}");
             if remote {

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tutti_driver::command::{Command, DataMode};
 use tutti_driver::controller::Controller;
+use tutti_driver::emulated::{monotonic_ns, EmulatedController};
 use tutti_driver::queue::Completion;
 use tutti_driver::spec::SglDescriptor;
 use tutti_driver::transport::{DmaBuffer, IovaSegment};
@@ -40,6 +41,12 @@ pub struct Args {
     /// Seconds each (path, batch) measurement runs.
     #[arg(long, default_value_t = 0.5)]
     pub seconds: f64,
+    /// Also time the stages of a batch (submit, controller pick-up, execution,
+    /// completion seen) for the queue pair and gio persistent, from timestamps
+    /// the emulated controller and the executor take (medians over extra batches
+    /// after each measurement; emulated drives only).
+    #[arg(long)]
+    pub breakdown: bool,
     #[command(flatten)]
     pub drives: DriveArgs,
     #[command(flatten)]
@@ -74,6 +81,65 @@ struct Idle {
     executor_threads: usize,
 }
 
+/// The median time of one stage of a batch (`--breakdown`).
+#[derive(serde::Serialize, Clone)]
+struct Stage {
+    path: &'static str,
+    batch: u32,
+    stage: &'static str,
+    /// Median over the traced batches, ns per batch (negative: the stages overlapped).
+    median_ns: i64,
+    batches: usize,
+}
+
+/// Stage timings of traced batches: each sample is one batch's milestones in order.
+struct Breakdown {
+    path: &'static str,
+    batch: u32,
+    names: &'static [&'static str],
+    samples: Vec<Vec<u64>>,
+}
+
+impl Breakdown {
+    fn new(path: &'static str, batch: u32, names: &'static [&'static str]) -> Self {
+        Breakdown { path, batch, names, samples: Vec::new() }
+    }
+    /// The median of each stage (milestone k+1 - milestone k).
+    fn stages(&self) -> Vec<Stage> {
+        (0..self.names.len())
+            .map(|k| {
+                let mut d: Vec<i64> = self.samples.iter().map(|m| m[k + 1] as i64 - m[k] as i64).collect();
+                d.sort_unstable();
+                Stage {
+                    path: self.path,
+                    batch: self.batch,
+                    stage: self.names[k],
+                    median_ns: d.get(d.len() / 2).copied().unwrap_or(0),
+                    batches: d.len(),
+                }
+            })
+            .collect()
+    }
+}
+
+/// Batches traced per (path, batch size) with `--breakdown`.
+const TRACED_BATCHES: usize = 400;
+
+const QPAIR_STAGES: &[&str] = &[
+    "host builds SQEs, rings doorbell",
+    "controller notices doorbell",
+    "controller runs the batch (fetch to last CQE)",
+    "host reaps the last CQE",
+];
+const GIO_STAGES: &[&str] = &[
+    "host issue (ring push, futex wake)",
+    "executor lane wakes, takes the IOCB",
+    "lanes build + submit, controller fetches first",
+    "controller runs the batch (fetch to last CQE)",
+    "lanes see last CQE, IOCB posted",
+    "host sees the IOCB (wait_cqe returns)",
+];
+
 #[derive(serde::Serialize)]
 struct Report {
     host: super::Host,
@@ -87,10 +153,14 @@ struct Report {
     bytes_verified: u64,
     results: Vec<Measure>,
     idle_persistent: Option<Idle>,
+    /// Stage medians (`--breakdown`), ns per batch.
+    breakdown: Vec<Stage>,
 }
 
 const NOP: &str = "io_uring NOP";
+const MEMCPY: &str = "memcpy";
 const QPAIR: &str = "IoQueuePair";
+const QPAIR_NULL: &str = "IoQueuePair null media";
 const GIO_LAUNCH: &str = "gio launch";
 const GIO_PERSISTENT: &str = "gio persistent";
 
@@ -157,57 +227,93 @@ fn nop_batches(args: &Args) -> anyhow::Result<Vec<Measure>> {
         .collect()
 }
 
+/// The data copy a Read of `read_bytes` makes in the emulated controller, alone:
+/// `batch` copies from a RAM block store (as big as what the reads span) into the
+/// read buffer, at the same offsets.
+fn memcpy_batches(buf: &DmaBuffer, args: &Args) -> anyhow::Result<Vec<Measure>> {
+    let rb = args.read_bytes as usize;
+    let span = args.batches.iter().copied().max().unwrap_or(1) as usize * rb;
+    let media: Vec<u8> = (0..span).map(|i| i as u8).collect();
+    args.batches
+        .iter()
+        .map(|&b| {
+            measure(MEMCPY, b, args.read_bytes, args.seconds, || {
+                for i in 0..b as usize {
+                    buf.copy_in(i * rb, &media[i * rb..(i + 1) * rb])?;
+                }
+                Ok(())
+            })
+        })
+        .collect()
+}
+
 /// Reads the first `batch` blocks of `read_bytes` into `buf` through a queue pair the CPU drives.
+/// With `emu` (`--breakdown`), each measurement is followed by traced batches.
 fn queue_pair_batches(
     ctrl: &Arc<Controller>,
     buf: &DmaBuffer,
     args: &Args,
     lbas: u32,
     depth: u32,
-) -> anyhow::Result<Vec<Measure>> {
+    emu: Option<&EmulatedController>,
+) -> anyhow::Result<(Vec<Measure>, Vec<Stage>)> {
     let mut qp = ctrl.create_io_queue_pair(depth)?;
     let mut done: Vec<Completion> = Vec::with_capacity(MAX_BATCH as usize);
     let rb = args.read_bytes as usize;
-    args.batches
-        .iter()
-        .map(|&b| {
-            measure(QPAIR, b, args.read_bytes, args.seconds, || {
-                for i in 0..b {
-                    let seg = [IovaSegment { iova: buf.iova_at(i as usize * rb), len: rb as u64 }];
-                    qp.submit_data(
-                        Command::read(1, i as u64 * lbas as u64, lbas),
-                        &seg,
-                        DataMode::Auto,
-                        i as u64,
-                    )?;
+    // One batch; `marks` gets the times it was submitted and rung (when tracing).
+    let mut batch = |b: u32, marks: Option<&mut [u64; 2]>| -> anyhow::Result<()> {
+        let t0 = marks.is_some().then(monotonic_ns);
+        for i in 0..b {
+            let seg = [IovaSegment { iova: buf.iova_at(i as usize * rb), len: rb as u64 }];
+            qp.submit_data(Command::read(1, i as u64 * lbas as u64, lbas), &seg, DataMode::Auto, i as u64)?;
+        }
+        qp.ring();
+        if let (Some(m), Some(t0)) = (marks, t0) {
+            *m = [t0, monotonic_ns()];
+        }
+        done.clear();
+        let (t, mut idle) = (Instant::now(), 0u32);
+        while done.len() < b as usize {
+            if qp.reap(&mut done)? > 0 {
+                idle = 0;
+                continue;
+            }
+            // Spin briefly, then give the core away: on a small machine the emulated
+            // controller's thread needs it to make progress. The clock is read only
+            // once spinning is over (on the host it costs more than a poll).
+            idle += 1;
+            if idle > 64 {
+                if t.elapsed() > WAIT {
+                    bail!("{}: {} of {b} reads completed in {WAIT:?}", ctrl.name(), done.len());
                 }
-                qp.ring();
-                done.clear();
-                let (t, mut idle) = (Instant::now(), 0u32);
-                while done.len() < b as usize {
-                    if qp.reap(&mut done)? > 0 {
-                        idle = 0;
-                        continue;
-                    }
-                    if t.elapsed() > WAIT {
-                        bail!("{}: {} of {b} reads completed in {WAIT:?}", ctrl.name(), done.len());
-                    }
-                    // Spin briefly, then give the core away: on a small machine the emulated
-                    // controller's thread needs it to make progress.
-                    idle += 1;
-                    if idle > 64 {
-                        std::thread::yield_now();
-                    } else {
-                        std::hint::spin_loop();
-                    }
-                }
-                if let Some(c) = done.iter().find(|c| !c.status.is_success()) {
-                    bail!("{}: Read cid {} failed: {}", ctrl.name(), c.cid, c.status);
-                }
-                Ok(())
-            })
-        })
-        .collect()
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        if let Some(c) = done.iter().find(|c| !c.status.is_success()) {
+            bail!("{}: Read cid {} failed: {}", ctrl.name(), c.cid, c.status);
+        }
+        Ok(())
+    };
+    let mut measures = Vec::new();
+    let mut stages = Vec::new();
+    for &b in &args.batches {
+        measures.push(measure(QPAIR, b, args.read_bytes, args.seconds, || batch(b, None))?);
+        let Some(emu) = emu else { continue };
+        let mut bd = Breakdown::new(QPAIR, b, QPAIR_STAGES);
+        for _ in 0..TRACED_BATCHES {
+            let mut m = [0u64; 2];
+            emu.trace_start();
+            batch(b, Some(&mut m))?;
+            let end = monotonic_ns();
+            if let Some(span) = emu.trace_take() {
+                bd.samples.push(vec![m[0], m[1], span.first_fetch_ns, span.last_post_ns, end]);
+            }
+        }
+        stages.extend(bd.stages());
+    }
+    Ok((measures, stages))
 }
 
 fn gio_batches(
@@ -217,7 +323,8 @@ fn gio_batches(
     lbas: u32,
     depth: u32,
     mode: ExecMode,
-) -> anyhow::Result<(Vec<Measure>, Option<Idle>)> {
+    emu: Option<&EmulatedController>,
+) -> anyhow::Result<(Vec<Measure>, Option<Idle>, Vec<Stage>)> {
     let path = if mode == ExecMode::Persistent { GIO_PERSISTENT } else { GIO_LAUNCH };
     let drives = vec![DriveQueues::create(ctrl, 1, 1, depth)?];
     let exec = Arc::new(HostExecutor::new(HostExecutorConfig {
@@ -228,35 +335,51 @@ fn gio_batches(
     let ring = GioUring::init_with(GioOptions { depth: 4, ..Default::default() }, drives, exec)?;
     let sgl = ctrl.info().sgl.available();
     let rb = args.read_bytes;
-    let measures = args
-        .batches
-        .iter()
-        .map(|&b| {
-            let ctxs: Vec<_> = (0..b as u64)
-                .map(|i| {
-                    let iova = buf.iova_at((i * rb) as usize);
-                    let data = if sgl {
-                        DataRef::Sgl(SglDescriptor::data_block(iova, rb as u32))
-                    } else {
-                        // §4.3: a page-aligned buffer of up to two pages needs no list.
-                        DataRef::Prp { prp1: iova, prp2: if rb > 4096 { iova + 4096 } else { 0 } }
-                    };
-                    ioctx(Op::Read, 0, i * lbas as u64, lbas, data)
-                })
-                .collect();
-            measure(path, b, rb, args.seconds, || {
-                let ids = ring.get_iocb(1)?;
-                ring.set_ioctxs(ids[0], &ctxs)?;
-                ring.issue(&ids, 1)?;
-                for r in ring.wait_cqe(&ids, WAIT)? {
-                    r.check()?;
-                }
-                Ok(())
+    let mut measures = Vec::new();
+    let mut stages = Vec::new();
+    for &b in &args.batches {
+        let ctxs: Vec<_> = (0..b as u64)
+            .map(|i| {
+                let iova = buf.iova_at((i * rb) as usize);
+                let data = if sgl {
+                    DataRef::Sgl(SglDescriptor::data_block(iova, rb as u32))
+                } else {
+                    // §4.3: a page-aligned buffer of up to two pages needs no list.
+                    DataRef::Prp { prp1: iova, prp2: if rb > 4096 { iova + 4096 } else { 0 } }
+                };
+                ioctx(Op::Read, 0, i * lbas as u64, lbas, data)
             })
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+            .collect();
+        // One IOCB; returns (issued, issue returned, executor started, posted, host saw it).
+        let one = || -> anyhow::Result<[u64; 5]> {
+            let ids = ring.get_iocb(1)?;
+            ring.set_ioctxs(ids[0], &ctxs)?;
+            let t0 = monotonic_ns();
+            ring.issue(&ids, 1)?;
+            let t1 = monotonic_ns();
+            let mut marks = [t0, t1, 0, 0, 0];
+            for r in ring.wait_cqe(&ids, WAIT)? {
+                let r = r.check()?;
+                marks[2] = r.started_ns;
+                marks[3] = r.done_ns;
+            }
+            marks[4] = monotonic_ns();
+            Ok(marks)
+        };
+        measures.push(measure(path, b, rb, args.seconds, || one().map(|_| ()))?);
+        let Some(emu) = emu.filter(|_| mode == ExecMode::Persistent) else { continue };
+        let mut bd = Breakdown::new(path, b, GIO_STAGES);
+        for _ in 0..TRACED_BATCHES {
+            emu.trace_start();
+            let m = one()?;
+            if let Some(span) = emu.trace_take() {
+                bd.samples.push(vec![m[0], m[1], m[2], span.first_fetch_ns, span.last_post_ns, m[3], m[4]]);
+            }
+        }
+        stages.extend(bd.stages());
+    }
     let idle = if mode == ExecMode::Persistent { Some(idle_cost()?) } else { None };
-    Ok((measures, idle))
+    Ok((measures, idle, stages))
 }
 
 /// CPU of the whole process and of the executor's threads (named "tutti-block" by the
@@ -360,7 +483,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     };
     buf.fill(0);
 
-    let paths = 4u64;
+    let paths = if rig.emulator(0).is_some() { 6u64 } else { 4 };
     let bar = count_bar(paths * args.batches.len() as u64, "commands", args.out.quiet);
     let mut results = Vec::new();
     let mut io_uring_unavailable = None;
@@ -371,14 +494,43 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         Err(e) => io_uring_unavailable = Some(format!("{e:#}")),
     }
     bar.inc(args.batches.len() as u64);
+    let emu = if args.breakdown {
+        Some(
+            rig.emulator(0)
+                .context("--breakdown needs an emulated drive (its controller takes the timestamps)")?,
+        )
+    } else {
+        None
+    };
+    let mut breakdown = Vec::new();
     bar.set_message("IoQueuePair");
-    results.extend(queue_pair_batches(ctrl, &buf, args, lbas, depth)?);
+    let (measures, stages) = queue_pair_batches(ctrl, &buf, args, lbas, depth, emu)?;
+    results.extend(measures);
+    breakdown.extend(stages);
     check(QPAIR)?;
+    // The same queue pair on a drive with no media (nothing copied), and the copy alone.
+    if let Some(emu) = rig.emulator(0) {
+        bar.set_message("null media");
+        let mut cfg = emu.config().clone();
+        cfg.name = format!("{}-null", cfg.name);
+        cfg.media = tutti_driver::emulated::MediaConfig::Null;
+        let null = EmulatedController::start(cfg)?;
+        let null_ctrl = crate::cmd::identify::bring_up(&null)?;
+        let null_buf = null_ctrl.dma().alloc(span as usize)?;
+        let (m, _) = queue_pair_batches(&null_ctrl, &null_buf, args, lbas, depth, None)?;
+        results.extend(m.into_iter().map(|m| Measure { path: QPAIR_NULL, ..m }));
+        drop(null_buf);
+        drop(null_ctrl);
+        drop(null);
+        results.extend(memcpy_batches(&buf, args)?);
+        buf.fill(0);
+    }
     bar.inc(args.batches.len() as u64);
     for mode in [ExecMode::Launch, ExecMode::Persistent] {
         bar.set_message(format!("gio {mode:?}"));
-        let (measures, idle) = gio_batches(ctrl, &buf, args, lbas, depth, mode)?;
+        let (measures, idle, stages) = gio_batches(ctrl, &buf, args, lbas, depth, mode, emu)?;
         results.extend(measures);
+        breakdown.extend(stages);
         if idle.is_some() {
             idle_persistent = idle;
         }
@@ -401,6 +553,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         bytes_verified: verified,
         results,
         idle_persistent,
+        breakdown,
     };
     args.out.emit(&report, &text(&report), String::new)
 }
@@ -420,7 +573,7 @@ fn text(r: &Report) -> String {
             batches.push(m.batch);
         }
     }
-    let paths = [NOP, QPAIR, GIO_LAUNCH, GIO_PERSISTENT];
+    let paths = [NOP, MEMCPY, QPAIR, QPAIR_NULL, GIO_LAUNCH, GIO_PERSISTENT];
     let mut headers = vec!["batch".to_string()];
     for p in paths.iter().filter(|p| r.results.iter().any(|m| m.path == **p)) {
         headers.push(format!("{p} ns"));
@@ -477,10 +630,48 @@ fn text(r: &Report) -> String {
          IoQueuePair: the driver's queue pair, driven by this thread; gio: gio_uring IOCBs run by the host \
          executor (the CUDA kernel source on CPU threads),\nlaunched per IOCB or persistent. The emulated \
          controller is a host thread too, so device time is CPU time here.\nThe host executor runs each \
-         CUDA block on one OS thread, its 32 lanes as fibers; process CPU counts every thread.\n",
+         CUDA block on one OS thread, its 32 lanes as fibers; process CPU counts every thread.\n\
+         memcpy: the data copy of each Read alone (RAM to the read buffer); IoQueuePair null media: the same \
+         queue pair on an emulated drive with no media\n(like null_blk: commands checked and completed, no \
+         data moved, nothing verified).\n",
     );
+    if !r.breakdown.is_empty() {
+        out.push_str(&breakdown_text(r, &batches));
+    }
     if let Some(why) = &r.io_uring_unavailable {
         out.push_str(&format!("note: no io_uring baseline: {why}\n"));
     }
+    out
+}
+
+/// The `--breakdown` tables: one per path, a row per stage, a column per batch size.
+fn breakdown_text(r: &Report, batches: &[u32]) -> String {
+    let mut out = String::new();
+    for (path, names) in [(QPAIR, QPAIR_STAGES), (GIO_PERSISTENT, GIO_STAGES)] {
+        if !r.breakdown.iter().any(|s| s.path == path) {
+            continue;
+        }
+        let rows: Vec<Vec<String>> = names
+            .iter()
+            .map(|name| {
+                let mut row = vec![name.to_string()];
+                for &b in batches {
+                    let s = r.breakdown.iter().find(|s| s.path == path && s.batch == b && s.stage == *name);
+                    row.push(s.map_or("-".into(), |s| format!("{:.2}", s.median_ns as f64 / 1e3)));
+                }
+                row
+            })
+            .collect();
+        let headers: Vec<String> = std::iter::once(format!("{path}: median us per batch"))
+            .chain(batches.iter().map(|b| format!("batch {b}")))
+            .collect();
+        let h: Vec<&str> = headers.iter().map(String::as_str).collect();
+        out.push('\n');
+        out.push_str(&table(&h, &rows));
+    }
+    out.push_str(&format!(
+        "stages from timestamps of the host, the executor and the emulated controller (CLOCK_MONOTONIC), \
+         medians of {TRACED_BATCHES} traced batches after each measurement; stages may overlap (negative)\n"
+    ));
     out
 }

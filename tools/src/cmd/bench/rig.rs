@@ -76,6 +76,11 @@ impl Rig {
         }
     }
 
+    /// The emulated controller behind controller `i`, if it is one.
+    pub fn emulator(&self, i: usize) -> Option<&EmulatedController> {
+        self.emus.get(i)
+    }
+
     pub fn names(&self) -> Vec<String> {
         self.ctrls.iter().map(|c| c.name().to_string()).collect()
     }
