@@ -73,6 +73,12 @@ fn the_executor_runs_one_os_thread_per_configured_thread_whatever_its_lanes() {
         // 2 threads of 128 lanes each: 256 lanes, 2 OS threads.
         let rig = persistent_rig(2, 128);
         some_io(&rig);
+        // Each thread names itself when it starts; the I/O may finish on the first before the
+        // second got that far (seen once after the executor got faster).
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while block_threads().len() < 2 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         assert_eq!(block_threads().len(), 2, "threads named tutti-block");
     }
     // Stopped with the ring: the threads are gone.
