@@ -2,9 +2,10 @@
 //! client holds, so that a client that goes away (closed, crashed, killed)
 //! gives everything back.
 
+use crate::arbitration::{Board, Seat};
 use crate::peer::PeerCred;
 use crate::proto::{
-    ClientStatus, ControllerKind, ControllerReply, ControllerStatus, ErrorKind, PoolReply, Request, Response,
+    ArbitrationReply, ClientStatus, ControllerKind, ControllerReply, ControllerStatus, ErrorKind, PoolReply, Request, Response,
     StatusReport, MAX_FILES, MAX_HASHES, MAX_IOVA_RANGES, MAX_MAP_LEN, MAX_NAME, PROTOCOL,
 };
 use crate::server::Handler;
@@ -52,6 +53,8 @@ struct ClientState {
     reservations: HashMap<u64, usize>,
     /// I/O references held for the client's loads (a file may be in several).
     loads: HashMap<FileId, u32>,
+    /// Its slot on the arbitration board.
+    seat: Option<Seat>,
 }
 
 pub(crate) struct Service {
@@ -64,6 +67,8 @@ pub(crate) struct Service {
     /// Layer transfers the daemon runs for clients without queue pairs.
     proxies: Mutex<HashMap<u64, Arc<Mutex<LayerHost>>>>,
     next_client: AtomicU64,
+    /// The per-drive arbitration board the clients share.
+    board: Board,
 }
 
 fn err(kind: ErrorKind, message: impl Into<String>) -> Response {
@@ -92,8 +97,14 @@ fn from_driver(e: tutti_driver::DriverError) -> Response {
 }
 
 impl Service {
-    pub fn new(pool: Arc<LocalPool>, ctrls: Vec<Served>, drives: Vec<(u32, u32)>, socket: String) -> Self {
-        Service {
+    pub fn new(
+        pool: Arc<LocalPool>,
+        ctrls: Vec<Served>,
+        drives: Vec<(u32, u32)>,
+        socket: String,
+    ) -> crate::Result<Self> {
+        let board = Board::new(drives.len())?;
+        Ok(Service {
             pool,
             ctrls,
             drives,
@@ -102,7 +113,8 @@ impl Service {
             clients: Mutex::new(HashMap::new()),
             proxies: Mutex::new(HashMap::new()),
             next_client: AtomicU64::new(1),
-        }
+            board,
+        })
     }
 
     fn clients(&self) -> MutexGuard<'_, HashMap<u64, ClientState>> {
@@ -238,6 +250,7 @@ impl Service {
                 reservations: c.reservations.len(),
                 loading_files: c.loads.len(),
                 proxied: false,
+                arbitration_slot: c.seat.map(|s| s.slot as u32),
             })
             .collect();
         drop(clients);
@@ -567,6 +580,31 @@ impl Service {
                 self.with_client(client, |c| c.reservations.insert(id, news));
                 ok(Response::Reserved { id, entries })
             }
+            Request::Arbitration => {
+                if let Some(s) = self.with_client(client, |c| c.seat).flatten() {
+                    return Err(invalid(format!("this client holds arbitration slot {} already", s.slot)));
+                }
+                let fd = self
+                    .board
+                    .fd()
+                    .try_clone_to_owned()
+                    .map_err(|e| err(ErrorKind::Io, format!("duplicating the arbitration board's fd: {e}")))?;
+                let Some(seat) = self.board.assign() else {
+                    return Err(err(
+                        ErrorKind::Busy,
+                        format!("all {} arbitration slots are held by connected clients", self.board.slots()),
+                    ));
+                };
+                self.with_client(client, |c| c.seat = Some(seat));
+                let reply = ArbitrationReply {
+                    slot: seat.slot as u32,
+                    generation: seat.generation,
+                    slots: self.board.slots() as u32,
+                    drives: self.board.drives() as u32,
+                };
+                tracing::debug!(client, slot = seat.slot, generation = seat.generation, "arbitration slot given");
+                Ok((Response::Arbitration(reply), vec![fd]))
+            }
             Request::ProxyAttach { layout } => {
                 self.proxy_attach(client, peer, &layout)?;
                 ok(Response::Ok)
@@ -673,6 +711,12 @@ impl Service {
                 }
             }
             s.ctrl.release_io_qid(qid);
+        }
+        // Its queues are gone, so none of its commands is still on a drive: what it announced
+        // on the arbitration board stops counting, and nothing it held blocks a drive.
+        if let Some(seat) = state.seat {
+            self.board.release(seat);
+            tracing::debug!(client, slot = seat.slot, "arbitration slot taken back");
         }
         for s in &self.ctrls {
             if let Some(emu) = &s.emulated {
