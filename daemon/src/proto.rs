@@ -282,6 +282,12 @@ pub struct ControllerStatus {
     /// I/O queue pairs the controller granted, and how many nobody holds.
     pub granted_pairs: u16,
     pub free_pairs: u16,
+    /// An emulated controller's I/O commands, and those its cost model ran with reads and
+    /// writes on the drive together (every client's; 0 for VFIO controllers).
+    #[serde(default)]
+    pub commands: u64,
+    #[serde(default)]
+    pub mixed_commands: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

@@ -273,6 +273,8 @@ impl Service {
                     name: s.ctrl.name().to_string(),
                     granted_pairs: s.ctrl.info().io_queue_pairs,
                     free_pairs: s.ctrl.free_io_queue_pairs(),
+                    commands: s.emulated.as_ref().map_or(0, |e| e.stats().commands),
+                    mixed_commands: s.emulated.as_ref().map_or(0, |e| e.stats().mixed_commands),
                 })
                 .collect(),
             clients: list,
