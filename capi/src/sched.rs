@@ -31,8 +31,8 @@ use crate::runtime::{lock, tutti_runtime_t, Runtime};
 use crate::status::TUTTI_OK;
 use std::ffi::c_char;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 use std::sync::OnceLock;
+use std::sync::{Arc, Mutex};
 use tutti_daemon::arbitration::SharedArbitration;
 use tutti_objstore::{Admit, Direction, GateUnit, IoGate, JobId, StoreAdmission};
 use tutti_scheduler::{

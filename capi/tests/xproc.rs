@@ -199,7 +199,10 @@ fn storer(socket: &str) {
     }
     let s = sched_stats(&rt);
     assert_eq!(s.xproc_active, 1);
-    println!("xproc-storer writes={} xproc_waits={} mixed={}", s.writes_issued, s.xproc_waits, s.mixed_issues);
+    println!(
+        "xproc-storer writes={} xproc_waits={} mixed={}",
+        s.writes_issued, s.xproc_waits, s.mixed_issues
+    );
     // SAFETY: a live handle.
     unsafe { ok(tutti_unregister_kv(rt.0)) };
 }

@@ -142,11 +142,14 @@ pub(crate) struct Seat {
 impl Board {
     pub fn new(drives: usize) -> Result<Board> {
         if drives == 0 || drives > MAX_DRIVES {
-            return Err(DaemonError::Config(format!("{drives} drives; the arbitration board covers 1..={MAX_DRIVES}")));
+            return Err(DaemonError::Config(format!(
+                "{drives} drives; the arbitration board covers 1..={MAX_DRIVES}"
+            )));
         }
         let slots = MAX_SLOTS;
         let len = board_len(slots, drives);
-        let name = CString::new("tuttid-arbitration").map_err(|_| DaemonError::Config("board name".into()))?;
+        let name =
+            CString::new("tuttid-arbitration").map_err(|_| DaemonError::Config("board name".into()))?;
         // SAFETY: a valid NUL-terminated name and plain flags.
         let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
         if raw < 0 {
@@ -225,6 +228,9 @@ pub struct BoardStats {
     pub stale_words: u64,
 }
 
+/// A word of another client as last seen: (the word, since when, ignored).
+type Seen = (u64, u64, bool);
+
 /// A client's side: its slot on the daemon's board. Its announcements go in its own row; the
 /// other rows are read, checked and, when stuck, ignored after a deadline (module docs).
 pub struct SharedArbitration {
@@ -236,8 +242,8 @@ pub struct SharedArbitration {
     stale_after_ns: AtomicU64,
     /// The daemon took the slot back (its row no longer carries this generation).
     lost: AtomicBool,
-    /// Blocking words seen: (slot, drive) → (word, first seen at, ignored as stale).
-    watch: Mutex<HashMap<(usize, usize), (u64, u64, bool)>>,
+    /// Blocking (or impossible) words seen, by (slot, drive).
+    watch: Mutex<HashMap<(usize, usize), Seen>>,
     invalid: AtomicU64,
     stale: AtomicU64,
 }
@@ -257,7 +263,11 @@ impl SharedArbitration {
     /// Maps the board the daemon sent (`fd`, with the slot and sizes of its reply) after
     /// checking it is what the reply says: a sealed memfd of the right length, whose header
     /// names this layout, with `drives` drives (the pool's).
-    pub fn attach(fd: OwnedFd, reply: &crate::proto::ArbitrationReply, drives: usize) -> Result<SharedArbitration> {
+    pub fn attach(
+        fd: OwnedFd,
+        reply: &crate::proto::ArbitrationReply,
+        drives: usize,
+    ) -> Result<SharedArbitration> {
         let bad = |what: String| DaemonError::Unexpected(format!("arbitration board: {what}"));
         let (slots, slot) = (reply.slots as usize, reply.slot as usize);
         if slots == 0 || slots > MAX_SLOTS || slot >= slots || reply.generation == 0 {
@@ -278,7 +288,10 @@ impl SharedArbitration {
         // SAFETY: fstat succeeded, so it filled `st` in.
         let st = unsafe { st.assume_init() };
         if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_size != len as libc::off_t {
-            return Err(bad(format!("{} bytes (mode {:#o}), not a {len}-byte regular file", st.st_size, st.st_mode)));
+            return Err(bad(format!(
+                "{} bytes (mode {:#o}), not a {len}-byte regular file",
+                st.st_size, st.st_mode
+            )));
         }
         // SAFETY: plain fcntl on a descriptor we own.
         let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
@@ -305,7 +318,8 @@ impl SharedArbitration {
             invalid: AtomicU64::new(0),
             stale: AtomicU64::new(0),
         };
-        if me.row(slot).iter().any(|w| Word::unpack(w.load(Ordering::SeqCst)).generation != reply.generation) {
+        if me.row(slot).iter().any(|w| Word::unpack(w.load(Ordering::SeqCst)).generation != reply.generation)
+        {
             return Err(bad(format!("slot {slot} does not carry generation {}", reply.generation)));
         }
         Ok(me)
@@ -337,7 +351,10 @@ impl SharedArbitration {
     }
 
     pub fn stats(&self) -> BoardStats {
-        BoardStats { invalid_words: self.invalid.load(Ordering::Relaxed), stale_words: self.stale.load(Ordering::Relaxed) }
+        BoardStats {
+            invalid_words: self.invalid.load(Ordering::Relaxed),
+            stale_words: self.stale.load(Ordering::Relaxed),
+        }
     }
 
     /// Announces this client's counts on `drive` (a CAS that keeps its generation: if the
@@ -394,11 +411,17 @@ impl SharedArbitration {
                     // Nobody holds a free slot, and no client has that much in flight.
                     if watch.insert((s, d), (raw, now_ns, true)).is_none_or(|(old, _, _)| old != raw) {
                         self.invalid.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(slot = s, drive = d, word = raw, "ignoring an impossible word on the arbitration board");
+                        tracing::warn!(
+                            slot = s,
+                            drive = d,
+                            word = raw,
+                            "ignoring an impossible word on the arbitration board"
+                        );
                     }
                     continue;
                 }
-                let blocks = if write { w.reads_in_flight > 0 || w.reads_ready > 0 } else { w.writes_in_flight > 0 };
+                let blocks =
+                    if write { w.reads_in_flight > 0 || w.reads_ready > 0 } else { w.writes_in_flight > 0 };
                 if !blocks {
                     watch.remove(&(s, d));
                     continue;

@@ -5,8 +5,8 @@
 use crate::arbitration::{Board, Seat};
 use crate::peer::PeerCred;
 use crate::proto::{
-    ArbitrationReply, ClientStatus, ControllerKind, ControllerReply, ControllerStatus, ErrorKind, PoolReply, Request, Response,
-    StatusReport, MAX_FILES, MAX_HASHES, MAX_IOVA_RANGES, MAX_MAP_LEN, MAX_NAME, PROTOCOL,
+    ArbitrationReply, ClientStatus, ControllerKind, ControllerReply, ControllerStatus, ErrorKind, PoolReply,
+    Request, Response, StatusReport, MAX_FILES, MAX_HASHES, MAX_IOVA_RANGES, MAX_MAP_LEN, MAX_NAME, PROTOCOL,
 };
 use crate::server::Handler;
 use std::collections::{HashMap, HashSet};
@@ -586,11 +586,9 @@ impl Service {
                 if let Some(s) = self.with_client(client, |c| c.seat).flatten() {
                     return Err(invalid(format!("this client holds arbitration slot {} already", s.slot)));
                 }
-                let fd = self
-                    .board
-                    .fd()
-                    .try_clone_to_owned()
-                    .map_err(|e| err(ErrorKind::Io, format!("duplicating the arbitration board's fd: {e}")))?;
+                let fd = self.board.fd().try_clone_to_owned().map_err(|e| {
+                    err(ErrorKind::Io, format!("duplicating the arbitration board's fd: {e}"))
+                })?;
                 let Some(seat) = self.board.assign() else {
                     return Err(err(
                         ErrorKind::Busy,
@@ -604,7 +602,12 @@ impl Service {
                     slots: self.board.slots() as u32,
                     drives: self.board.drives() as u32,
                 };
-                tracing::debug!(client, slot = seat.slot, generation = seat.generation, "arbitration slot given");
+                tracing::debug!(
+                    client,
+                    slot = seat.slot,
+                    generation = seat.generation,
+                    "arbitration slot given"
+                );
                 Ok((Response::Arbitration(reply), vec![fd]))
             }
             Request::ProxyAttach { layout } => {
