@@ -628,7 +628,8 @@ typedef struct tutti_sched_stats_t {
     uint64_t decode_windows;
     // 1 when the runtime arbitrates its drives with the other clients of its tuttid (ABI 1.7).
     uint64_t xproc_active;
-    // Layers the local policy let go that waited for another process's I/O on their drives.
+    // Times a layer the local policy let go was held because another process (a client of the
+    // same tuttid) had the other direction in flight, or a read ready, on its drives.
     uint64_t xproc_waits;
     // Words of the arbitration board that blocked I/O unchanged past the stale deadline and
     // were ignored from then on (a stopped or broken peer).

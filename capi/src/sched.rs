@@ -165,7 +165,8 @@ pub struct tutti_sched_stats_t {
     pub decode_windows: u64,
     /// 1 when the runtime arbitrates its drives with the other clients of its tuttid (ABI 1.7).
     pub xproc_active: u64,
-    /// Layers the local policy let go that waited for another process's I/O on their drives.
+    /// Times a layer the local policy let go was held because another process (a client of the
+    /// same tuttid) had the other direction in flight, or a read ready, on its drives.
     pub xproc_waits: u64,
     /// Words of the arbitration board that blocked I/O unchanged past the stale deadline and
     /// were ignored from then on (a stopped or broken peer).

@@ -179,8 +179,8 @@ pub struct ArbiterStats {
     pub writes_urgent_or_idle: u64,
     /// Units issued onto a drive with the other direction in flight (0 unless `Mode::Pass`).
     pub mixed_issues: u64,
-    /// Units the local policy let go that waited because a peer (another process) had the
-    /// other direction in flight, or a read ready, on their drives.
+    /// Requests the local policy let go that were answered `Wait` because a peer (another
+    /// process) had the other direction in flight, or a read ready, on their drives.
     pub xproc_waits: u64,
     pub backlog_bytes: u64,
     pub backlog_peak_bytes: u64,
