@@ -121,7 +121,6 @@ fn spawn(test: &str, role: &str, socket: &str) -> (Child, Lines<BufReader<ChildS
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", test, "--nocapture", "--test-threads=1"])
         .env(ROLE, format!("{role} {socket}"))
-        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -158,43 +157,13 @@ fn child_role() -> Option<(String, String)> {
     Some((role.to_string(), socket.to_string()))
 }
 
-/// Storing child: writes ROUNDS stores of 4 blocks of its own pattern, says so, waits for a
-/// line on stdin, commits them all, then reports its counters. (Committing writes the pool's
-/// journal from tuttid's own metadata path, which no scheduler arbitrates: the parent stops
-/// loading before that.)
+/// Storing child: ROUNDS stores of 4 blocks of its own pattern, each committed (tuttid
+/// appends to its journals then, holding the drives on the board), then its counters.
 fn storer(socket: &str) {
     let rt = connect(socket, "storer");
     let _mem = register_filled(&rt, BLOCKS, STORE_SEED);
-    let mut open = Vec::new();
     for r in 0..ROUNDS {
-        let keys = hashes(4, 500 + r);
-        let (mut st, mut job) = (null_mut(), null_mut());
-        // SAFETY: valid handles and buffers throughout.
-        unsafe {
-            ok(tutti_store_begin(rt.0, keys.as_ptr(), [0u32, 1, 2, 3].as_ptr(), 4, &mut st));
-            ok(tutti_store_submit(st, 0, LAYERS, &mut job));
-            ok(tutti_job_wait(job, WAIT_MS, null_mut()));
-            ok(tutti_job_destroy(job));
-        }
-        open.push(st);
-    }
-    println!("xproc-written");
-    let mut go = String::new();
-    std::io::stdin().read_line(&mut go).unwrap();
-    for (r, st) in open.into_iter().enumerate() {
-        let mut rep = tutti_store_report_t {
-            struct_size: std::mem::size_of::<tutti_store_report_t>() as u32,
-            stored: 0,
-            present: 0,
-            failed: 0,
-            failed_bitmap: null_mut(),
-            failed_bitmap_words: 0,
-        };
-        // SAFETY: a live store handle.
-        unsafe {
-            ok(tutti_store_commit(st, &mut rep));
-            ok(tutti_store_destroy(st));
-        }
+        let rep = store_all(&rt, &hashes(4, 500 + r), &[0, 1, 2, 3]);
         assert_eq!(rep.stored, 4, "round {r}");
     }
     let s = sched_stats(&rt);
@@ -236,31 +205,28 @@ fn two_client_processes_never_put_a_read_and_a_write_on_one_drive() {
     });
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut loads = 0u32;
-    let mut said = Vec::new();
-    while !said.iter().any(|l: &String| l.contains("xproc-written")) {
-        assert!(Instant::now() < deadline, "the storing child did not write its stores: {said:?}");
-        assert!(child.try_wait().unwrap().is_none(), "the storing child ended: {said:?}");
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "the storing child did not finish");
         load_and_check(&rt, &mut mem, &mine, LOAD_SEED);
         loads += 1;
-        said.extend(rx.try_iter());
         // Room for the other process's writes: reads go first, across processes too.
         std::thread::sleep(Duration::from_millis(2));
-    }
+    };
+    reader.join().unwrap();
+    let said: Vec<String> = rx.try_iter().collect();
+    let report = said.iter().find_map(|l| l.find("xproc-storer").map(|at| l[at..].to_string()));
+    let report = report.unwrap_or_else(|| panic!("the storing child did not report: {said:?}"));
+    assert!(status.success(), "the storing child failed: {said:?}");
     assert!(loads > 0);
-    // The drives never ran a read and a write together, whichever process sent them.
+    // The drives never ran a read and a write together, whichever process sent them (the
+    // child's data, and tuttid's journal appends at its commits).
     let ctrls = daemon.status().controllers;
     let mixed: u64 = ctrls.iter().map(|c| c.mixed_commands).sum();
     assert!(ctrls.iter().all(|c| c.commands > 0), "{ctrls:?}");
     assert_eq!(mixed, 0, "commands ran with the other direction in flight: {ctrls:?}");
-    // Now the child commits (tuttid writes the journal) and reports.
-    use std::io::Write;
-    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
-    let status = child.wait().unwrap();
-    reader.join().unwrap();
-    said.extend(rx.try_iter());
-    let report = said.iter().find_map(|l| l.find("xproc-storer").map(|at| l[at..].to_string()));
-    let report = report.unwrap_or_else(|| panic!("the storing child did not report: {said:?}"));
-    assert!(status.success(), "the storing child failed: {said:?}");
     let s = sched_stats(&rt);
     assert_eq!((s.xproc_active, s.mixed_issues, s.xproc_stale_words, s.xproc_invalid_words), (1, 0, 0, 0));
     assert_eq!(field(&report, "writes"), (ROUNDS * LAYERS) as u64);

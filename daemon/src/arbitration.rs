@@ -25,6 +25,11 @@
 //! again: a read that waits stays announced as ready, so writes defer to it and it goes next).
 //! Within one process the arbiter's lock orders the units, as before.
 //!
+//! **The daemon's own writes** (journal appends at a store's commit or an eviction) are
+//! announced in slot [`DAEMON_SLOT`] the same way ([`Board::hold_for_metadata`]): clients' reads
+//! wait while one is held, and it waits (bounded by [`METADATA_WAIT`]) for their reads in
+//! flight to finish.
+//!
 //! **A client that dies** (crash, SIGKILL) has its connection closed by the kernel; the daemon
 //! then zeroes its row (generation 0) before the slot can be given again, so nothing it held
 //! blocks a drive. A later slot holder gets a new generation: a client that lives on after its
@@ -58,6 +63,11 @@ pub const MAX_DRIVES: usize = 1024;
 /// A count over this in another client's word is garbage (ignored): a client has far fewer
 /// units in flight on one drive.
 pub const MAX_PLAUSIBLE: u64 = 4096;
+/// How long a metadata write of the daemon waits for the clients' reads in flight to drain
+/// before it goes anyway (with a warning).
+pub const METADATA_WAIT: Duration = Duration::from_secs(2);
+/// The daemon's own slot: its metadata writes (journal, superblocks) are announced there.
+pub const DAEMON_SLOT: usize = 0;
 /// A word that blocks a unit without changing for this long is ignored until it changes.
 pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(5);
 
@@ -130,6 +140,33 @@ pub(crate) struct Board {
     drives: usize,
     /// Per slot: the holder's generation (0: free), and the last generation given.
     held: Mutex<(Vec<u16>, Vec<u16>)>,
+    /// Serializes the daemon's metadata holds (its row is one for all its threads).
+    meta: Mutex<()>,
+    /// Slots of clients blocked in a request that holds the drives for metadata: they cannot
+    /// reap their reads meanwhile, so a hold does not wait for those.
+    in_meta: Mutex<Vec<usize>>,
+}
+
+/// The daemon's drives held for one of its metadata writes; dropping it lets the clients' reads go.
+pub(crate) struct MetaHold<'a> {
+    board: &'a Board,
+    caller: Option<usize>,
+    _one: std::sync::MutexGuard<'a, ()>,
+}
+
+impl Drop for MetaHold<'_> {
+    fn drop(&mut self) {
+        if let Some(c) = self.caller {
+            let mut v = self.board.in_meta.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(i) = v.iter().position(|&s| s == c) {
+                v.swap_remove(i);
+            }
+        }
+        let idle = Word { generation: 1, ..Word::default() }.pack();
+        for w in self.board.row(DAEMON_SLOT) {
+            w.store(idle, Ordering::SeqCst);
+        }
+    }
 }
 
 /// A slot given to a client.
@@ -171,7 +208,72 @@ impl Board {
         for (i, v) in [MAGIC, BOARD_VERSION, slots as u64, drives as u64].into_iter().enumerate() {
             w[i].store(v, Ordering::SeqCst);
         }
-        Ok(Board { shm, slots, drives, held: Mutex::new((vec![0; slots], vec![0; slots])) })
+        let board = Board {
+            shm,
+            slots,
+            drives,
+            held: Mutex::new((vec![0; slots], vec![0; slots])),
+            meta: Mutex::new(()),
+            in_meta: Mutex::new(Vec::new()),
+        };
+        // The daemon's own slot, generation 1 for as long as it runs.
+        {
+            let mut held = board.held.lock().unwrap_or_else(|p| p.into_inner());
+            held.0[DAEMON_SLOT] = 1;
+            held.1[DAEMON_SLOT] = 1;
+        }
+        let idle = Word { generation: 1, ..Word::default() }.pack();
+        for w in board.row(DAEMON_SLOT) {
+            w.store(idle, Ordering::SeqCst);
+        }
+        Ok(board)
+    }
+
+    /// Holds every drive for a metadata write of the daemon (a journal append, a flush):
+    /// announces a write in flight on each in its own row (clients' reads wait from then on),
+    /// then waits until no client has a read in flight (announce-then-check, as the clients
+    /// do; reads merely ready do not hold it: the write is short and their readers wait for
+    /// it). Past `within` it goes anyway, with a warning (a client whose row is stuck).
+    /// `caller`: the slot of the client whose request this is; it, and every client blocked in
+    /// such a request, cannot reap its reads until the request ends, so they are not waited for
+    /// (their reads in flight started before; no new one starts while the hold lasts).
+    pub fn hold_for_metadata(&self, caller: Option<usize>, within: Duration) -> MetaHold<'_> {
+        if let Some(c) = caller {
+            self.in_meta.lock().unwrap_or_else(|p| p.into_inner()).push(c);
+        }
+        let one = self.meta.lock().unwrap_or_else(|p| p.into_inner());
+        let busy = Word { generation: 1, writes_in_flight: 1, ..Word::default() }.pack();
+        for w in self.row(DAEMON_SLOT) {
+            w.store(busy, Ordering::SeqCst);
+        }
+        let start = std::time::Instant::now();
+        let mut spins = 0u32;
+        loop {
+            let blocked = self.in_meta.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let reading = (0..self.slots).filter(|&s| s != DAEMON_SLOT && !blocked.contains(&s)).find(|&s| {
+                self.row(s).iter().any(|w| {
+                    let w = Word::unpack(w.load(Ordering::SeqCst));
+                    // Garbage (a free slot's counts, implausible ones) holds nothing.
+                    w.generation != 0 && w.reads_in_flight > 0 && w.reads_in_flight <= MAX_PLAUSIBLE
+                })
+            });
+            let Some(slot) = reading else { break };
+            if start.elapsed() >= within {
+                tracing::warn!(
+                    slot,
+                    waited_ms = within.as_millis() as u64,
+                    "a client's reads stayed in flight past the deadline; the metadata write goes anyway"
+                );
+                break;
+            }
+            spins += 1;
+            if spins < 64 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+        MetaHold { board: self, caller, _one: one }
     }
 
     pub fn slots(&self) -> usize {
@@ -192,7 +294,7 @@ impl Board {
     /// A free slot, its row reset to the new generation with no counts.
     pub fn assign(&self) -> Option<Seat> {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        let slot = held.0.iter().position(|&g| g == 0)?;
+        let slot = held.0.iter().position(|&g| g == 0)?; // never the daemon's slot (generation 1)
         let generation = match held.1[slot].wrapping_add(1) {
             0 => 1,
             g => g,

@@ -186,6 +186,12 @@ impl Service {
         Ok(())
     }
 
+    /// Holds the drives for a metadata write made for `client` (see [`Board::hold_for_metadata`]).
+    fn hold_for_metadata(&self, client: u64) -> crate::arbitration::MetaHold<'_> {
+        let slot = self.with_client(client, |c| c.seat.map(|s| s.slot)).flatten();
+        self.board.hold_for_metadata(slot, crate::arbitration::METADATA_WAIT)
+    }
+
     fn with_client<T>(&self, client: u64, f: impl FnOnce(&mut ClientState) -> T) -> Option<T> {
         self.clients().get_mut(&client).map(f)
     }
@@ -576,7 +582,11 @@ impl Service {
             }
             Request::Reserve { identity, hashes } => {
                 cap("hashes", hashes.len(), MAX_HASHES)?;
-                let (id, entries) = self.pool.reserve(identity, &hashes).map_err(from_obj)?;
+                let (id, entries) = {
+                    // Evictions may append to the journals.
+                    let _held = self.hold_for_metadata(client);
+                    self.pool.reserve(identity, &hashes).map_err(from_obj)?
+                };
                 let news =
                     entries.iter().filter(|e| matches!(e, tutti_objstore::Reserved::New { .. })).count();
                 self.with_client(client, |c| c.reservations.insert(id, news));
@@ -679,7 +689,11 @@ impl Service {
                         verdicts.len()
                     )));
                 }
-                let results = self.pool.settle(id, &verdicts).map_err(from_obj)?;
+                let results = {
+                    // Committing flushes the drives and appends to the journals.
+                    let _held = self.hold_for_metadata(client);
+                    self.pool.settle(id, &verdicts).map_err(from_obj)?
+                };
                 self.with_client(client, |c| c.reservations.remove(&id));
                 ok(Response::Settled(results))
             }
@@ -754,6 +768,7 @@ impl Service {
         }
         for (id, news) in state.reservations {
             // Not committed, so never visible; its files are free again.
+            let _held = self.board.hold_for_metadata(None, crate::arbitration::METADATA_WAIT);
             if let Err(e) = self.pool.settle(id, &vec![Verdict::GiveUp; news]) {
                 tracing::error!(client, reservation = id, error = %e, "aborting a departed client's store failed");
             }
