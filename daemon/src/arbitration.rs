@@ -558,3 +558,63 @@ impl SharedArbitration {
         self.row(slot).get(drive)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::ArbitrationReply;
+    use std::sync::mpsc;
+
+    fn client_of(board: &Board) -> SharedArbitration {
+        let seat = board.assign().unwrap();
+        let reply = ArbitrationReply {
+            slot: seat.slot as u32,
+            generation: seat.generation,
+            slots: board.slots() as u32,
+            drives: board.drives() as u32,
+        };
+        SharedArbitration::attach(board.fd().try_clone_to_owned().unwrap(), &reply, board.drives()).unwrap()
+    }
+
+    #[test]
+    fn a_metadata_hold_blocks_reads_and_waits_for_those_in_flight_except_the_callers() {
+        let board = Board::new(2).unwrap();
+        let c = client_of(&board);
+        assert_ne!(c.slot(), DAEMON_SLOT);
+        assert!(c.clear(false, &[0, 1], 0), "the daemon's idle row holds nothing");
+        c.publish(1, 1, 0, 0);
+        std::thread::scope(|s| {
+            let (tx, rx) = mpsc::channel();
+            let b = &board;
+            s.spawn(move || {
+                let hold = b.hold_for_metadata(None, Duration::from_secs(60));
+                tx.send(()).unwrap();
+                drop(hold);
+            });
+            // Announced first: reads wait from now on ...
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while c.clear(false, &[0], 0) {
+                assert!(std::time::Instant::now() < deadline, "the hold was never announced");
+                std::thread::yield_now();
+            }
+            // ... and it waits for the read in flight on drive 1 (bounded only by its 60 s).
+            assert!(rx.try_recv().is_err());
+            c.publish(1, 0, 0, 0);
+            rx.recv_timeout(Duration::from_secs(20)).expect("the hold goes once the read finished");
+        });
+        assert!(c.clear(false, &[0, 1], 0), "released");
+        // The caller's own reads (it is blocked in the request) are not waited for.
+        c.publish(0, 1, 0, 0);
+        let (tx, rx) = mpsc::channel();
+        std::thread::scope(|s| {
+            let b = &board;
+            let slot = c.slot();
+            s.spawn(move || {
+                let _hold = b.hold_for_metadata(Some(slot), Duration::from_secs(60));
+                tx.send(()).unwrap();
+            });
+            rx.recv_timeout(Duration::from_secs(20)).expect("the caller's reads do not hold it");
+        });
+        assert!(board.in_meta.lock().unwrap().is_empty());
+    }
+}
