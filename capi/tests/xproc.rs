@@ -189,7 +189,7 @@ fn two_client_processes_never_put_a_read_and_a_write_on_one_drive() {
     let mut mem = register_filled(&rt, BLOCKS, LOAD_SEED);
     let mine = hashes(4, 400);
     assert_eq!(store_all(&rt, &mine, &[0, 1, 2, 3]).stored, 4);
-    let before: u64 = daemon.status().controllers.iter().map(|c| c.mixed_commands).sum();
+    let before: u64 = daemon.status().emulated_io.iter().map(|c| c.mixed_commands).sum();
     assert_eq!(before, 0);
 
     // The other process stores while this one loads, over and over, on the same two drives.
@@ -223,9 +223,9 @@ fn two_client_processes_never_put_a_read_and_a_write_on_one_drive() {
     assert!(loads > 0);
     // The drives never ran a read and a write together, whichever process sent them (the
     // child's data, and tuttid's journal appends at its commits).
-    let ctrls = daemon.status().controllers;
+    let ctrls = daemon.status().emulated_io;
     let mixed: u64 = ctrls.iter().map(|c| c.mixed_commands).sum();
-    assert!(ctrls.iter().all(|c| c.commands > 0), "{ctrls:?}");
+    assert!(ctrls.len() == 2 && ctrls.iter().all(|c| c.commands > 0), "{ctrls:?}");
     assert_eq!(mixed, 0, "commands ran with the other direction in flight: {ctrls:?}");
     let s = sched_stats(&rt);
     assert_eq!((s.xproc_active, s.mixed_issues, s.xproc_stale_words, s.xproc_invalid_words), (1, 0, 0, 0));

@@ -274,6 +274,9 @@ pub struct StatusReport {
     pub stats: ControlStats,
     pub controllers: Vec<ControllerStatus>,
     pub clients: Vec<ClientStatus>,
+    /// The emulated controllers' I/O counters (none for VFIO controllers).
+    #[serde(default)]
+    pub emulated_io: Vec<EmulatedIo>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -282,11 +285,14 @@ pub struct ControllerStatus {
     /// I/O queue pairs the controller granted, and how many nobody holds.
     pub granted_pairs: u16,
     pub free_pairs: u16,
-    /// An emulated controller's I/O commands, and those its cost model ran with reads and
-    /// writes on the drive together (every client's; 0 for VFIO controllers).
-    #[serde(default)]
+}
+
+/// An emulated controller's I/O counters (every client's commands and the daemon's).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct EmulatedIo {
+    pub name: String,
     pub commands: u64,
-    #[serde(default)]
+    /// Commands its cost model ran with reads and writes on the drive together.
     pub mixed_commands: u64,
 }
 

@@ -5,8 +5,9 @@
 use crate::arbitration::{Board, Seat};
 use crate::peer::PeerCred;
 use crate::proto::{
-    ArbitrationReply, ClientStatus, ControllerKind, ControllerReply, ControllerStatus, ErrorKind, PoolReply,
-    Request, Response, StatusReport, MAX_FILES, MAX_HASHES, MAX_IOVA_RANGES, MAX_MAP_LEN, MAX_NAME, PROTOCOL,
+    ArbitrationReply, ClientStatus, ControllerKind, ControllerReply, ControllerStatus, EmulatedIo, ErrorKind,
+    PoolReply, Request, Response, StatusReport, MAX_FILES, MAX_HASHES, MAX_IOVA_RANGES, MAX_MAP_LEN,
+    MAX_NAME, PROTOCOL,
 };
 use crate::server::Handler;
 use std::collections::{HashMap, HashSet};
@@ -279,8 +280,18 @@ impl Service {
                     name: s.ctrl.name().to_string(),
                     granted_pairs: s.ctrl.info().io_queue_pairs,
                     free_pairs: s.ctrl.free_io_queue_pairs(),
-                    commands: s.emulated.as_ref().map_or(0, |e| e.stats().commands),
-                    mixed_commands: s.emulated.as_ref().map_or(0, |e| e.stats().mixed_commands),
+                })
+                .collect(),
+            emulated_io: self
+                .ctrls
+                .iter()
+                .filter_map(|s| {
+                    let st = s.emulated.as_ref()?.stats();
+                    Some(EmulatedIo {
+                        name: s.ctrl.name().to_string(),
+                        commands: st.commands,
+                        mixed_commands: st.mixed_commands,
+                    })
                 })
                 .collect(),
             clients: list,
