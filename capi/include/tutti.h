@@ -57,11 +57,12 @@
 // `emulated_*latency_us` and `emulated_mixed_*` fields of `tutti_runtime_config_t`);
 // minor 6 added the scheduler in the job path (`tutti_sched_configure`,
 // `tutti_sched_config_t`, the `tutti_sched_layer_*`/`tutti_sched_decode_*`
-// timing hooks, `tutti_sched_stats`).
+// timing hooks, `tutti_sched_stats`); minor 7 added per-drive arbitration across the
+// clients of one tuttid and its counters (the `xproc_*` fields of `tutti_sched_stats_t`).
 #define TUTTI_ABI_VERSION 1
 
 // The minor version of ABI 1 this library implements (see `TUTTI_ABI_VERSION`).
-#define TUTTI_ABI_MINOR 6
+#define TUTTI_ABI_MINOR 7
 
 // 32-bit float KV.
 #define TUTTI_DTYPE_F32 1
@@ -625,6 +626,16 @@ typedef struct tutti_sched_stats_t {
     // Compute windows the engine announced.
     uint64_t prefill_windows;
     uint64_t decode_windows;
+    // 1 when the runtime arbitrates its drives with the other clients of its tuttid (ABI 1.7).
+    uint64_t xproc_active;
+    // Times a layer the local policy let go was held because another process (a client of the
+    // same tuttid) had the other direction in flight, or a read ready, on its drives.
+    uint64_t xproc_waits;
+    // Words of the arbitration board that blocked I/O unchanged past the stale deadline and
+    // were ignored from then on (a stopped or broken peer).
+    uint64_t xproc_stale_words;
+    // Impossible words of the board that were ignored (garbage).
+    uint64_t xproc_invalid_words;
 } tutti_sched_stats_t;
 
 // Counters since the runtime opened. Set `struct_size = sizeof(tutti_stats_t)`
@@ -1126,7 +1137,8 @@ int32_t tutti_sched_decode_start(struct tutti_runtime_t *rt, uint32_t context_to
 // `rt` is a runtime handle (checked).
 int32_t tutti_sched_decode_end(struct tutti_runtime_t *rt);
 
-// The scheduler's state and counters.
+// The scheduler's state and counters. `struct_size` may be the size of ABI 1.6 (without the
+// `xproc_*` fields) or 1.7.
 //
 // # Safety
 // `rt` is a runtime handle (checked); `out` points to a `tutti_sched_stats_t` with

@@ -1,5 +1,7 @@
 //! A runtime that is a client of tuttid: the daemon owns the drives and the
-//! pool; this process leases its own queue pairs and moves its own bytes.
+//! pool; this process leases its own queue pairs and moves its own bytes, and its scheduler
+//! arbitrates each drive with the daemon's other clients through the daemon's arbitration
+//! board (`tutti_daemon::arbitration`).
 
 use crate::config::{backend_for, tutti_geometry_t, Rig, TUTTI_EXECUTOR_DIRECT, TUTTI_EXECUTOR_GIO_HOST};
 use crate::error::{guard, CapiError};
@@ -109,7 +111,7 @@ pub unsafe extern "C" fn tutti_runtime_connect(
         }
         let geometry = c.geometry.to_geometry()?;
         let backend = backend_for(c.executor, c.io_timeout_ms, c.host_lane_blocks)?;
-        let store = tutti_daemon::remote::connect(
+        let (store, board) = tutti_daemon::remote::connect_arbitrated(
             Path::new(socket),
             &name,
             &backend,
@@ -125,6 +127,8 @@ pub unsafe extern "C" fn tutti_runtime_connect(
             ));
         }
         let rt = Runtime::new(store, Rig { emulated: Vec::new() }, c.executor, geometry)?;
+        // Its loads and stores defer to the other clients' on the same drives.
+        rt.sched.share(board)?;
         *out = RUNTIMES.insert(Arc::new(rt));
         Ok(TUTTI_OK)
     })

@@ -84,11 +84,12 @@ const EMPTY: &str = "\0";
 /// `emulated_*latency_us` and `emulated_mixed_*` fields of `tutti_runtime_config_t`);
 /// minor 6 added the scheduler in the job path (`tutti_sched_configure`,
 /// `tutti_sched_config_t`, the `tutti_sched_layer_*`/`tutti_sched_decode_*`
-/// timing hooks, `tutti_sched_stats`).
+/// timing hooks, `tutti_sched_stats`); minor 7 added per-drive arbitration across the
+/// clients of one tuttid and its counters (the `xproc_*` fields of `tutti_sched_stats_t`).
 pub const TUTTI_ABI_VERSION: u32 = 1;
 
 /// The minor version of ABI 1 this library implements (see `TUTTI_ABI_VERSION`).
-pub const TUTTI_ABI_MINOR: u32 = 6;
+pub const TUTTI_ABI_MINOR: u32 = 7;
 
 /// The ABI version of the loaded library (`TUTTI_ABI_VERSION` it was built with).
 ///

@@ -9,8 +9,20 @@
 //! the rest deferred to decode steps. A runtime whose engine gives no timings runs with the slack
 //! policy off and says so (`tutti_sched_stats_t::policy_off`, and a `tracing` event).
 //!
-//! Several engine processes on one tuttid each arbitrate their own jobs: the arbitration is per
-//! client process, not across processes.
+//! Across processes: a runtime connected to tuttid (`tutti_runtime_connect`) takes a slot on the
+//! daemon's arbitration board (`tutti_daemon::arbitration`), so the per-drive arbitration holds
+//! across every engine process of that daemon (vLLM's tensor-parallel workers are separate
+//! clients): the arbiter announces its per-drive counts there, and a layer its own policy lets go
+//! starts only when no other client has the other direction in flight on its drives (nor, for a
+//! write, a read ready); otherwise it waits (`tutti_sched_stats_t::xproc_waits`) and is asked
+//! again on the job's next advance (every `tutti_job_poll`/`wait` pass: the wait loop backs off
+//! to 20 µs sleeps, so a layer starts at most about that long after the other process's I/O
+//! finished, plus the time until the engine's next poll if it does not wait). A client that dies
+//! has its announcements cleared by the daemon; a word on the board that blocks I/O without
+//! changing for `tutti_daemon::arbitration::DEFAULT_STALE_AFTER` (a stopped peer, garbage) is
+//! ignored until it changes (`xproc_stale_words`), and impossible words at once
+//! (`xproc_invalid_words`). `TUTTI_SCHED_PASS` ignores the board (a baseline). A runtime opened
+//! in process (`tutti_runtime_open`) owns its drives and has no peers.
 
 use crate::error::{guard, CapiError, Result};
 use crate::profiler::now_ns;
@@ -19,11 +31,13 @@ use crate::runtime::{lock, tutti_runtime_t, Runtime};
 use crate::status::TUTTI_OK;
 use std::ffi::c_char;
 use std::path::Path;
+use std::sync::OnceLock;
 use std::sync::{Arc, Mutex};
+use tutti_daemon::arbitration::SharedArbitration;
 use tutti_objstore::{Admit, Direction, GateUnit, IoGate, JobId, StoreAdmission};
 use tutti_scheduler::{
-    Arbiter, ArbiterConfig, ArbiterStats, BacklogFull, Decision, IoKind, IoRates, Mode, OnlineConfig,
-    PolicyOff, RequestShape, SchedError, SlackTable, Unit,
+    Arbiter, ArbiterConfig, ArbiterStats, BacklogFull, Decision, DriveCounts, IoKind, IoRates, Mode,
+    OnlineConfig, PeerVerdict, Peers, PolicyOff, RequestShape, SchedError, SlackTable, Unit,
 };
 
 /// Layers go as they are asked for: reads and writes may share a drive (a baseline).
@@ -149,16 +163,51 @@ pub struct tutti_sched_stats_t {
     /// Compute windows the engine announced.
     pub prefill_windows: u64,
     pub decode_windows: u64,
+    /// 1 when the runtime arbitrates its drives with the other clients of its tuttid (ABI 1.7).
+    pub xproc_active: u64,
+    /// Times a layer the local policy let go was held because another process (a client of the
+    /// same tuttid) had the other direction in flight, or a read ready, on its drives.
+    pub xproc_waits: u64,
+    /// Words of the arbitration board that blocked I/O unchanged past the stale deadline and
+    /// were ignored from then on (a stopped or broken peer).
+    pub xproc_stale_words: u64,
+    /// Impossible words of the board that were ignored (garbage).
+    pub xproc_invalid_words: u64,
 }
 
-// SAFETY: repr(C) with `struct_size: u32` first; four u32, then u64s: no padding.
+/// Size of `tutti_sched_stats_t` in ABI 1.6 (before the `xproc_*` fields).
+const SCHED_STATS_V6: u32 = 16 + 18 * 8;
+
+// SAFETY: repr(C) with `struct_size: u32` first; four u32, then u64s: no padding. 1.7 appended
+// the `xproc_*` u64s.
 unsafe impl SizePrefixed for tutti_sched_stats_t {
     const NAME: &'static str = "tutti_sched_stats_t";
+    const SIZES: &'static [u32] = &[SCHED_STATS_V6, std::mem::size_of::<tutti_sched_stats_t>() as u32];
 }
 
 /// The runtime's arbiter, installed as its store's I/O gate.
 pub(crate) struct SchedGate {
     arbiter: Mutex<Arbiter>,
+    /// The daemon's arbitration board, for a client of tuttid.
+    board: OnceLock<Arc<SharedArbitration>>,
+}
+
+/// The other clients of the daemon, as the arbiter sees them: its counts go to this process's
+/// row of the board, and their rows are read before a unit starts.
+#[derive(Debug)]
+struct BoardPeers(Arc<SharedArbitration>);
+
+impl Peers for BoardPeers {
+    fn publish(&self, drive: usize, c: DriveCounts) {
+        self.0.publish(drive, c.reads_in_flight, c.writes_in_flight, c.reads_ready);
+    }
+    fn check(&self, kind: IoKind, drives: &[usize], now_ns: u64) -> PeerVerdict {
+        if self.0.clear(kind == IoKind::Write, drives, now_ns) {
+            PeerVerdict::Clear
+        } else {
+            PeerVerdict::Blocked
+        }
+    }
 }
 
 fn mode_of(code: u32) -> Result<Mode> {
@@ -256,7 +305,22 @@ impl SchedGate {
     /// The default: arbitration only, until the engine configures more.
     pub(crate) fn new(drives: usize, layers: u32, object_bytes: u64) -> Result<SchedGate> {
         let arbiter = arbiter_from(&tutti_sched_config_t::default(), drives, layers, object_bytes)?;
-        Ok(SchedGate { arbiter: Mutex::new(arbiter) })
+        Ok(SchedGate { arbiter: Mutex::new(arbiter), board: OnceLock::new() })
+    }
+
+    /// Arbitrates with the other clients of a tuttid through its board, from now on.
+    pub(crate) fn share(&self, board: Arc<SharedArbitration>) -> Result<()> {
+        let drives = self.with(|a| a.config().drives)?;
+        if board.drives() != drives {
+            return Err(CapiError::Io(format!(
+                "the arbitration board covers {} drives, the pool has {drives}",
+                board.drives()
+            )));
+        }
+        if self.board.set(board.clone()).is_err() {
+            return Err(CapiError::Busy("the runtime arbitrates through a board already".into()));
+        }
+        self.with(|a| a.set_peers(Some(Arc::new(BoardPeers(board)))))
     }
 
     pub(crate) fn with<T>(&self, f: impl FnOnce(&mut Arbiter) -> T) -> Result<T> {
@@ -339,7 +403,12 @@ pub unsafe extern "C" fn tutti_sched_configure(
             )));
         }
         let mode = arbiter.config().mode;
-        rt.sched.with(|a| *a = arbiter)?;
+        let mut arbiter = arbiter;
+        rt.sched.with(|a| {
+            // The board slot stays with the runtime (no unit in flight: its counts are 0).
+            arbiter.set_peers(a.peers().cloned());
+            *a = arbiter
+        })?;
         tracing::info!(%mode, "scheduler configured");
         Ok(TUTTI_OK)
     })
@@ -415,7 +484,7 @@ pub unsafe extern "C" fn tutti_sched_decode_end(rt: *mut tutti_runtime_t) -> i32
     })
 }
 
-fn fill(out: &mut tutti_sched_stats_t, a: &Arbiter, now: u64) {
+fn fill(out: &mut tutti_sched_stats_t, a: &Arbiter, board: Option<&Arc<SharedArbitration>>, now: u64) {
     let s: ArbiterStats = a.stats();
     let p = a.policy(now);
     out.mode = code_of(p.mode);
@@ -444,9 +513,17 @@ fn fill(out: &mut tutti_sched_stats_t, a: &Arbiter, now: u64) {
     out.bytes_dropped = s.bytes_dropped;
     out.prefill_windows = s.prefill_windows;
     out.decode_windows = s.decode_windows;
+    out.xproc_waits = s.xproc_waits;
+    if let Some(b) = board {
+        let bs = b.stats();
+        out.xproc_active = u64::from(!b.is_lost());
+        out.xproc_stale_words = bs.stale_words;
+        out.xproc_invalid_words = bs.invalid_words;
+    }
 }
 
-/// The scheduler's state and counters.
+/// The scheduler's state and counters. `struct_size` may be the size of ABI 1.6 (without the
+/// `xproc_*` fields) or 1.7.
 ///
 /// # Safety
 /// `rt` is a runtime handle (checked); `out` points to a `tutti_sched_stats_t` with
@@ -456,12 +533,21 @@ pub unsafe extern "C" fn tutti_sched_stats(rt: *mut tutti_runtime_t, out: *mut t
     guard("tutti_sched_stats", || {
         let rt = Runtime::get(rt)?;
         // SAFETY: forwarded from the caller.
-        let out = unsafe { ptr::sized_out(out)? };
+        let mut out = unsafe { ptr::sized_out_prefix(out)? };
         // Reap finished layers first, so the counts are current.
         rt.store.progress()?;
-        rt.sched.with(|a| fill(out, a, now_ns()))?;
+        rt.sched.with(|a| fill(&mut out.val, a, rt.sched.board.get(), now_ns()))?;
+        out.commit();
         Ok(TUTTI_OK)
     })
+}
+
+/// For tests in and of this crate: the arbitration board of runtime `rt` (a client of tuttid),
+/// if it has one. Not part of the C ABI.
+#[cfg(feature = "fault-injection")]
+#[doc(hidden)]
+pub fn sched_board(rt: *mut tutti_runtime_t) -> Result<Option<Arc<SharedArbitration>>> {
+    Ok(Runtime::get(rt)?.sched.board.get().cloned())
 }
 
 /// For tests in and of this crate: starts (or stops) recording the scheduler's decisions of

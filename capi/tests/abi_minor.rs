@@ -49,8 +49,8 @@ fn stats(rt: &Rt) -> tutti_stats_t {
 
 #[test]
 fn versions_and_sizes_of_each_minor() {
-    assert_eq!((tutti_abi_version(), tutti_abi_minor()), (1, 6));
-    assert_eq!((TUTTI_ABI_VERSION, TUTTI_ABI_MINOR), (1, 6));
+    assert_eq!((tutti_abi_version(), tutti_abi_minor()), (1, 7));
+    assert_eq!((TUTTI_ABI_VERSION, TUTTI_ABI_MINOR), (1, 7));
     // Each minor's structs end where the next one's fields begin.
     assert_eq!(offset_of!(tutti_stats_t, host_calls), STATS_V0);
     assert_eq!(offset_of!(tutti_job_status_t, host_calls), STATUS_V0);
@@ -67,7 +67,9 @@ fn versions_and_sizes_of_each_minor() {
     assert_eq!(size_of::<tutti_runtime_config_t>(), 160);
     // 1.6 added the scheduler's own structs (no struct of an earlier minor changed).
     assert_eq!(size_of::<tutti_sched_config_t>(), 72);
-    assert_eq!(size_of::<tutti_sched_stats_t>(), 16 + 18 * 8);
+    // 1.7 appended the cross-process arbitration counters to the scheduler's stats.
+    assert_eq!(offset_of!(tutti_sched_stats_t, xproc_active), 16 + 18 * 8);
+    assert_eq!(size_of::<tutti_sched_stats_t>(), 16 + 22 * 8);
 }
 
 #[test]
@@ -368,4 +370,31 @@ fn unknown_is_a_subset_of_failed_and_checks_its_buffer() {
         ok(tutti_job_destroy(job));
     }
     assert_eq!(stats(&rt).quarantined_files, 0);
+}
+
+#[test]
+fn an_abi_1_6_caller_of_the_scheduler_stats_gets_exactly_its_fields() {
+    let (rt, _mem) = kv(TUTTI_EXECUTOR_GIO_HOST);
+    store_all(&rt, &hashes(1, 71), &[0]);
+    const V6: usize = 16 + 18 * 8;
+    let mut buf = [0u64; size_of::<tutti_sched_stats_t>() / 8];
+    let p = buf.as_mut_ptr() as *mut u8;
+    // SAFETY: a live handle; `buf` is an aligned full-size buffer whose first V6 bytes are a
+    // 1.6 `tutti_sched_stats_t`.
+    let (writes, tail) = unsafe {
+        std::ptr::write_bytes(p.add(V6), SENTINEL, size_of::<tutti_sched_stats_t>() - V6);
+        std::ptr::write(p as *mut u32, V6 as u32);
+        ok(tutti_sched_stats(rt.0, p as *mut tutti_sched_stats_t));
+        (
+            std::ptr::read(p.add(offset_of!(tutti_sched_stats_t, writes_issued)) as *const u64),
+            std::slice::from_raw_parts(p.add(V6), size_of::<tutti_sched_stats_t>() - V6).to_vec(),
+        )
+    };
+    assert_eq!(writes, LAYERS as u64);
+    assert!(tail.iter().all(|&b| b == SENTINEL), "bytes past struct_size were written");
+    // A size between the versions is refused.
+    buf[0] = (V6 + 8) as u64;
+    // SAFETY: as above.
+    let code = unsafe { tutti_sched_stats(rt.0, buf.as_mut_ptr() as *mut tutti_sched_stats_t) };
+    expect(code, TUTTI_E_STRUCT_SIZE, "expects 160 or 192");
 }

@@ -105,7 +105,7 @@ impl Daemon {
         let (served, specs, drives) = open_drives(&cfg)?;
         let pool = Arc::new(LocalPool::open(specs, &cfg.pool)?);
         let server = Server::bind(&cfg.socket, cfg.mode)?;
-        let service = Arc::new(Service::new(pool, served, drives, cfg.socket.display().to_string()));
+        let service = Arc::new(Service::new(pool, served, drives, cfg.socket.display().to_string())?);
         let stop = Arc::new(AtomicBool::new(false));
         let (h, s) = (service.clone(), stop.clone());
         let thread = std::thread::Builder::new()

@@ -11,11 +11,14 @@
 //! - [`proto`]: the requests and replies;
 //! - [`Daemon`]: opens the drives and the pool and serves them (`service.rs`: the daemon's
 //!   side of every request, and what each client holds until it goes);
-//! - [`remote`]: an engine process's side, a `KvStore` whose pool lives in the daemon.
+//! - [`remote`]: an engine process's side, a `KvStore` whose pool lives in the daemon;
+//! - [`arbitration`]: the shared per-drive board through which the clients' schedulers keep
+//!   reads and writes off one drive at once across processes.
 
 // Libraries report through return values and `tracing`, never by printing.
 #![warn(clippy::print_stdout, clippy::print_stderr)]
 
+pub mod arbitration;
 pub mod client;
 mod daemon;
 pub mod error;

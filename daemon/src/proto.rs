@@ -12,8 +12,10 @@ use tutti_objstore::io::proxy::LayoutSpec;
 use tutti_objstore::io::{Direction, LayerOutcome, Pair};
 use tutti_objstore::{BlockHash, ControlStats, FileId, IdentityId, Lookup, PoolShape, Reserved, Verdict};
 
-/// Bumped on any change a peer of the other version would misread.
-pub const PROTOCOL: u32 = 1;
+/// Bumped on any change a peer of the other version would misread. 2: the per-drive
+/// arbitration board ([`Request::Arbitration`]); a client of 1 would put reads and writes on a
+/// drive together with the clients that arbitrate, so it is refused at hello.
+pub const PROTOCOL: u32 = 2;
 /// Most chained hashes in one lookup, contains or reserve.
 pub const MAX_HASHES: usize = 1 << 20;
 /// Most files in one begin/end load.
@@ -139,6 +141,9 @@ pub enum Request {
     ProxyPoll {
         token: u64,
     },
+    /// A slot on the per-drive arbitration board (its memfd comes with the reply; see
+    /// [`crate::arbitration`]). One per client; given back when the client goes.
+    Arbitration,
 }
 
 impl Request {
@@ -172,6 +177,7 @@ impl Request {
             Request::ProxyUnregisterPairs { .. } => "proxy-unregister-pairs",
             Request::ProxySubmit { .. } => "proxy-submit",
             Request::ProxyPoll { .. } => "proxy-poll",
+            Request::Arbitration => "arbitration",
         }
     }
 }
@@ -216,6 +222,17 @@ pub enum Response {
     /// A pair-list handle or transfer token (None: none was made, or full for now).
     Handle(Option<u64>),
     Outcome(Option<LayerOutcome>),
+    /// The board's memfd comes with it.
+    Arbitration(ArbitrationReply),
+}
+
+/// The client's slot on the arbitration board and the board's shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArbitrationReply {
+    pub slot: u32,
+    pub generation: u16,
+    pub slots: u32,
+    pub drives: u32,
 }
 
 /// How a client reaches one controller.
@@ -257,6 +274,9 @@ pub struct StatusReport {
     pub stats: ControlStats,
     pub controllers: Vec<ControllerStatus>,
     pub clients: Vec<ClientStatus>,
+    /// The emulated controllers' I/O counters (none for VFIO controllers).
+    #[serde(default)]
+    pub emulated_io: Vec<EmulatedIo>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -265,6 +285,15 @@ pub struct ControllerStatus {
     /// I/O queue pairs the controller granted, and how many nobody holds.
     pub granted_pairs: u16,
     pub free_pairs: u16,
+}
+
+/// An emulated controller's I/O counters (every client's commands and the daemon's).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct EmulatedIo {
+    pub name: String,
+    pub commands: u64,
+    /// Commands its cost model ran with reads and writes on the drive together.
+    pub mixed_commands: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -285,4 +314,7 @@ pub struct ClientStatus {
     pub loading_files: usize,
     /// The daemon moves this client's layers (it could lease no queue pair).
     pub proxied: bool,
+    /// Its slot on the arbitration board, if it took one.
+    #[serde(default)]
+    pub arbitration_slot: Option<u32>,
 }

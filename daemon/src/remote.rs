@@ -12,6 +12,7 @@
 //! reserves for it; type1 pins the pages of the process that maps them. The store's control path is the daemon's
 //! ([`PoolControl`] over the socket); its data path is this process's own.
 
+use crate::arbitration::SharedArbitration;
 use crate::client::Connection;
 use crate::error::{DaemonError, Result};
 use crate::proto::{ControllerKind, ErrorKind, PoolReply, Request, Response, StatusReport, PROTOCOL};
@@ -371,6 +372,31 @@ impl tutti_objstore::io::proxy::LayerService for RemoteLayers {
 /// this process's layers on its shared pairs instead, straight into and out
 /// of this process's memory (slower: a round trip per layer).
 pub fn connect(socket: &Path, name: &str, backend: &Backend, timeout: Duration) -> Result<KvStore> {
+    Ok(open(socket, name, backend, timeout, false)?.0)
+}
+
+/// As [`connect`], and takes a slot on the daemon's arbitration board
+/// ([`crate::arbitration`]): the caller's scheduler announces this process's I/O there and
+/// defers to the other clients'. (A store from [`connect`] takes no slot: its I/O is not
+/// arbitrated against other processes.)
+pub fn connect_arbitrated(
+    socket: &Path,
+    name: &str,
+    backend: &Backend,
+    timeout: Duration,
+) -> Result<(KvStore, Arc<SharedArbitration>)> {
+    let (store, board) = open(socket, name, backend, timeout, true)?;
+    let board = board.ok_or_else(|| DaemonError::Unexpected("no arbitration board".into()))?;
+    Ok((store, board))
+}
+
+fn open(
+    socket: &Path,
+    name: &str,
+    backend: &Backend,
+    timeout: Duration,
+    arbitrated: bool,
+) -> Result<(KvStore, Option<Arc<SharedArbitration>>)> {
     let client = Arc::new(Client::connect(socket, name, timeout)?);
     let (reply, fds) = client.call_fds(Request::Pool)?;
     let Response::Pool(pool) = reply else { return Err(unexpected("pool", &reply)) };
@@ -387,15 +413,25 @@ pub fn connect(socket: &Path, name: &str, backend: &Backend, timeout: Duration) 
         })?;
         drives.push(DriveSpec::new(ctrl.clone(), nsid));
     }
+    let board = if arbitrated {
+        let (reply, fds) = client.call_fds(Request::Arbitration)?;
+        let Response::Arbitration(a) = reply else { return Err(unexpected("arbitration", &reply)) };
+        let [fd]: [OwnedFd; 1] = fds.try_into().map_err(|got: Vec<OwnedFd>| {
+            DaemonError::Unexpected(format!("arbitration: {} file descriptors; want the board's", got.len()))
+        })?;
+        Some(Arc::new(SharedArbitration::attach(fd, &a, pool.drives.len())?))
+    } else {
+        None
+    };
     let control: Arc<dyn PoolControl> = Arc::new(RemotePool { client: client.clone() });
     let starved = ctrls.iter().find(|c| c.free_io_queue_pairs() == 0);
     if let Some(c) = starved {
         tracing::warn!(device = %c.name(), granted = c.info().io_queue_pairs,
             "no I/O queue pair left to lease; tuttid moves this client's layers on its shared pair");
         let service = Arc::new(RemoteLayers { client: client.clone() });
-        return Ok(KvStore::attach_proxied(drives, pool.shape, control, service)?);
+        return Ok((KvStore::attach_proxied(drives, pool.shape, control, service)?, board));
     }
-    Ok(KvStore::attach(drives, pool.shape, control, backend)?)
+    Ok((KvStore::attach(drives, pool.shape, control, backend)?, board))
 }
 
 fn leased_controllers(

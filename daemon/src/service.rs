@@ -2,10 +2,12 @@
 //! client holds, so that a client that goes away (closed, crashed, killed)
 //! gives everything back.
 
+use crate::arbitration::{Board, Seat};
 use crate::peer::PeerCred;
 use crate::proto::{
-    ClientStatus, ControllerKind, ControllerReply, ControllerStatus, ErrorKind, PoolReply, Request, Response,
-    StatusReport, MAX_FILES, MAX_HASHES, MAX_IOVA_RANGES, MAX_MAP_LEN, MAX_NAME, PROTOCOL,
+    ArbitrationReply, ClientStatus, ControllerKind, ControllerReply, ControllerStatus, EmulatedIo, ErrorKind,
+    PoolReply, Request, Response, StatusReport, MAX_FILES, MAX_HASHES, MAX_IOVA_RANGES, MAX_MAP_LEN,
+    MAX_NAME, PROTOCOL,
 };
 use crate::server::Handler;
 use std::collections::{HashMap, HashSet};
@@ -52,6 +54,8 @@ struct ClientState {
     reservations: HashMap<u64, usize>,
     /// I/O references held for the client's loads (a file may be in several).
     loads: HashMap<FileId, u32>,
+    /// Its slot on the arbitration board.
+    seat: Option<Seat>,
 }
 
 pub(crate) struct Service {
@@ -64,6 +68,8 @@ pub(crate) struct Service {
     /// Layer transfers the daemon runs for clients without queue pairs.
     proxies: Mutex<HashMap<u64, Arc<Mutex<LayerHost>>>>,
     next_client: AtomicU64,
+    /// The per-drive arbitration board the clients share.
+    board: Board,
 }
 
 fn err(kind: ErrorKind, message: impl Into<String>) -> Response {
@@ -92,8 +98,14 @@ fn from_driver(e: tutti_driver::DriverError) -> Response {
 }
 
 impl Service {
-    pub fn new(pool: Arc<LocalPool>, ctrls: Vec<Served>, drives: Vec<(u32, u32)>, socket: String) -> Self {
-        Service {
+    pub fn new(
+        pool: Arc<LocalPool>,
+        ctrls: Vec<Served>,
+        drives: Vec<(u32, u32)>,
+        socket: String,
+    ) -> crate::Result<Self> {
+        let board = Board::new(drives.len())?;
+        Ok(Service {
             pool,
             ctrls,
             drives,
@@ -102,7 +114,8 @@ impl Service {
             clients: Mutex::new(HashMap::new()),
             proxies: Mutex::new(HashMap::new()),
             next_client: AtomicU64::new(1),
-        }
+            board,
+        })
     }
 
     fn clients(&self) -> MutexGuard<'_, HashMap<u64, ClientState>> {
@@ -174,6 +187,12 @@ impl Service {
         Ok(())
     }
 
+    /// Holds the drives for a metadata write made for `client` (see [`Board::hold_for_metadata`]).
+    fn hold_for_metadata(&self, client: u64) -> crate::arbitration::MetaHold<'_> {
+        let slot = self.with_client(client, |c| c.seat.map(|s| s.slot)).flatten();
+        self.board.hold_for_metadata(slot, crate::arbitration::METADATA_WAIT)
+    }
+
     fn with_client<T>(&self, client: u64, f: impl FnOnce(&mut ClientState) -> T) -> Option<T> {
         self.clients().get_mut(&client).map(f)
     }
@@ -238,6 +257,7 @@ impl Service {
                 reservations: c.reservations.len(),
                 loading_files: c.loads.len(),
                 proxied: false,
+                arbitration_slot: c.seat.map(|s| s.slot as u32),
             })
             .collect();
         drop(clients);
@@ -260,6 +280,18 @@ impl Service {
                     name: s.ctrl.name().to_string(),
                     granted_pairs: s.ctrl.info().io_queue_pairs,
                     free_pairs: s.ctrl.free_io_queue_pairs(),
+                })
+                .collect(),
+            emulated_io: self
+                .ctrls
+                .iter()
+                .filter_map(|s| {
+                    let st = s.emulated.as_ref()?.stats();
+                    Some(EmulatedIo {
+                        name: s.ctrl.name().to_string(),
+                        commands: st.commands,
+                        mixed_commands: st.mixed_commands,
+                    })
                 })
                 .collect(),
             clients: list,
@@ -561,11 +593,43 @@ impl Service {
             }
             Request::Reserve { identity, hashes } => {
                 cap("hashes", hashes.len(), MAX_HASHES)?;
-                let (id, entries) = self.pool.reserve(identity, &hashes).map_err(from_obj)?;
+                let (id, entries) = {
+                    // Evictions may append to the journals.
+                    let _held = self.hold_for_metadata(client);
+                    self.pool.reserve(identity, &hashes).map_err(from_obj)?
+                };
                 let news =
                     entries.iter().filter(|e| matches!(e, tutti_objstore::Reserved::New { .. })).count();
                 self.with_client(client, |c| c.reservations.insert(id, news));
                 ok(Response::Reserved { id, entries })
+            }
+            Request::Arbitration => {
+                if let Some(s) = self.with_client(client, |c| c.seat).flatten() {
+                    return Err(invalid(format!("this client holds arbitration slot {} already", s.slot)));
+                }
+                let fd = self.board.fd().try_clone_to_owned().map_err(|e| {
+                    err(ErrorKind::Io, format!("duplicating the arbitration board's fd: {e}"))
+                })?;
+                let Some(seat) = self.board.assign() else {
+                    return Err(err(
+                        ErrorKind::Busy,
+                        format!("all {} arbitration slots are held by connected clients", self.board.slots()),
+                    ));
+                };
+                self.with_client(client, |c| c.seat = Some(seat));
+                let reply = ArbitrationReply {
+                    slot: seat.slot as u32,
+                    generation: seat.generation,
+                    slots: self.board.slots() as u32,
+                    drives: self.board.drives() as u32,
+                };
+                tracing::debug!(
+                    client,
+                    slot = seat.slot,
+                    generation = seat.generation,
+                    "arbitration slot given"
+                );
+                Ok((Response::Arbitration(reply), vec![fd]))
             }
             Request::ProxyAttach { layout } => {
                 self.proxy_attach(client, peer, &layout)?;
@@ -636,7 +700,11 @@ impl Service {
                         verdicts.len()
                     )));
                 }
-                let results = self.pool.settle(id, &verdicts).map_err(from_obj)?;
+                let results = {
+                    // Committing flushes the drives and appends to the journals.
+                    let _held = self.hold_for_metadata(client);
+                    self.pool.settle(id, &verdicts).map_err(from_obj)?
+                };
                 self.with_client(client, |c| c.reservations.remove(&id));
                 ok(Response::Settled(results))
             }
@@ -674,6 +742,12 @@ impl Service {
             }
             s.ctrl.release_io_qid(qid);
         }
+        // Its queues are gone, so none of its commands is still on a drive: what it announced
+        // on the arbitration board stops counting, and nothing it held blocks a drive.
+        if let Some(seat) = state.seat {
+            self.board.release(seat);
+            tracing::debug!(client, slot = seat.slot, "arbitration slot taken back");
+        }
         for s in &self.ctrls {
             if let Some(emu) = &s.emulated {
                 emu.iommu().unmap_owner(client);
@@ -705,6 +779,7 @@ impl Service {
         }
         for (id, news) in state.reservations {
             // Not committed, so never visible; its files are free again.
+            let _held = self.board.hold_for_metadata(None, crate::arbitration::METADATA_WAIT);
             if let Err(e) = self.pool.settle(id, &vec![Verdict::GiveUp; news]) {
                 tracing::error!(client, reservation = id, error = %e, "aborting a departed client's store failed");
             }

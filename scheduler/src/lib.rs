@@ -35,7 +35,8 @@ pub mod sim;
 pub mod table;
 
 pub use arbiter::{
-    Arbiter, ArbiterConfig, ArbiterStats, BacklogFull, Decision, Event, Mode, PolicyOff, PolicyState, Unit,
+    Arbiter, ArbiterConfig, ArbiterStats, BacklogFull, Decision, DriveCounts, Event, Mode, PeerVerdict,
+    Peers, PolicyOff, PolicyState, Unit,
 };
 pub use compute::{ComputeModel, GpuModel, IoPartition, ModelGeometry};
 pub use error::{Backpressure, SchedError};

@@ -43,7 +43,7 @@ ABI_VERSION = 1
 # the staged data path, the CUDA executor; 1.5: the emulated cost model; 1.6:
 # the scheduler in the job path); a library of an older minor would refuse
 # their sizes or lack the calls.
-ABI_MINOR = 6
+ABI_MINOR = 7
 LIB_NAME = "libtutti.so"
 
 # Constants of tutti.h.
@@ -314,6 +314,11 @@ class SchedStats(Structure):
         ("bytes_dropped", c_uint64),
         ("prefill_windows", c_uint64),
         ("decode_windows", c_uint64),
+        # ABI 1.7: arbitration across the clients of one tuttid.
+        ("xproc_active", c_uint64),
+        ("xproc_waits", c_uint64),
+        ("xproc_stale_words", c_uint64),
+        ("xproc_invalid_words", c_uint64),
     ]
 
 

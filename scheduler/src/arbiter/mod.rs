@@ -24,13 +24,22 @@
 //! - **Urgent**: a unit the engine blocks on (it waits for the job) skips the slack test, never
 //!   the arbitration, so every deferred write is eventually written.
 //!
+//! - **Across processes** ([`Arbiter::set_peers`]): with the arbiters of other engine processes
+//!   on the same drives attached, a unit the local policy lets go starts only when no peer has
+//!   the other direction in flight on its drives (nor, for a write, a read ready); otherwise it
+//!   waits and counts in [`ArbiterStats::xproc_waits`]. `Mode::Pass` ignores the peers.
+//!
 //! The arbiter keeps no clock: every call carries `now_ns`. It can record every decision
 //! ([`Arbiter::record`]) so tests check the invariants from the log, not from timings.
 
+mod peers;
 #[cfg(test)]
 mod tests;
 
+pub use peers::{DriveCounts, PeerVerdict, Peers};
+
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use crate::online::{OnlineConfig, OnlineSlack};
 use crate::policy::IoRates;
@@ -170,6 +179,9 @@ pub struct ArbiterStats {
     pub writes_urgent_or_idle: u64,
     /// Units issued onto a drive with the other direction in flight (0 unless `Mode::Pass`).
     pub mixed_issues: u64,
+    /// Requests the local policy let go that were answered `Wait` because a peer (another
+    /// process) had the other direction in flight, or a read ready, on their drives.
+    pub xproc_waits: u64,
     pub backlog_bytes: u64,
     pub backlog_peak_bytes: u64,
     pub stores_refused: u64,
@@ -273,6 +285,8 @@ pub struct Arbiter {
     stats: ArbiterStats,
     seq: u64,
     log: Option<Vec<Event>>,
+    /// Arbiters of other processes on the same drives.
+    peers: Option<Arc<dyn Peers>>,
 }
 
 fn touched(drive_bytes: &[u64]) -> Vec<usize> {
@@ -308,7 +322,63 @@ impl Arbiter {
             stats: ArbiterStats::default(),
             seq: 0,
             log: None,
+            peers: None,
         })
+    }
+
+    /// Attaches (or with `None` detaches) the arbiters of other processes on the same drives;
+    /// this arbiter's counts on every drive are announced at once.
+    pub fn set_peers(&mut self, peers: Option<Arc<dyn Peers>>) {
+        self.peers = peers;
+        self.publish(0..self.drives.len());
+    }
+
+    /// The peers attached with [`Arbiter::set_peers`].
+    pub fn peers(&self) -> Option<&Arc<dyn Peers>> {
+        self.peers.as_ref()
+    }
+
+    fn counts(&self, d: usize) -> DriveCounts {
+        let s = &self.drives[d];
+        DriveCounts {
+            reads_in_flight: s.reads_in_flight,
+            writes_in_flight: s.writes_in_flight,
+            reads_ready: s.reads_ready,
+        }
+    }
+
+    /// Announces this arbiter's counts on `drives` to the peers.
+    fn publish(&self, drives: impl IntoIterator<Item = usize>) {
+        if let Some(p) = &self.peers {
+            for d in drives {
+                p.publish(d, self.counts(d));
+            }
+        }
+    }
+
+    /// Whether the peers let `unit` start on `drives`: the unit is announced in flight first,
+    /// then the peers are read (announce-then-check, see [`Peers`]); when they forbid it, the
+    /// announcement is taken back.
+    fn peers_allow(&self, unit: &Unit, drives: &[usize], now_ns: u64) -> bool {
+        let Some(p) = &self.peers else {
+            return true;
+        };
+        if self.config.mode == Mode::Pass {
+            return true;
+        }
+        for &d in drives {
+            let mut c = self.counts(d);
+            match unit.kind {
+                IoKind::Read => c.reads_in_flight = c.reads_in_flight.saturating_add(1),
+                IoKind::Write => c.writes_in_flight = c.writes_in_flight.saturating_add(1),
+            }
+            p.publish(d, c);
+        }
+        if p.check(unit.kind, drives, now_ns) == PeerVerdict::Clear {
+            return true;
+        }
+        self.publish(drives.iter().copied());
+        false
     }
 
     pub fn config(&self) -> &ArbiterConfig {
@@ -552,6 +622,8 @@ impl Arbiter {
                         self.drives[d].reads_ready += 1;
                     }
                     self.ready.insert(key, drives.clone());
+                    // Peers' writes defer to this read from now on.
+                    self.publish(drives.iter().copied());
                     let (job, layer, ds) = (unit.job, unit.layer, drives.clone());
                     self.log(|seq| Event::Ready { seq, job, layer, drives: ds });
                 }
@@ -580,6 +652,10 @@ impl Arbiter {
                 }
             }
         };
+        if decision == Decision::Go && !self.peers_allow(unit, &drives, now_ns) {
+            self.stats.xproc_waits += 1;
+            return Ok(Decision::Wait);
+        }
         if decision == Decision::Go {
             self.start(unit, &drives, now_ns);
         }
@@ -660,6 +736,7 @@ impl Arbiter {
         let (job, layer, kind, ds) = (unit.job, unit.layer, unit.kind, drives.to_vec());
         self.log(|seq| Event::Issue { seq, job, layer, kind, drives: ds, in_flight });
         self.running.insert(key, unit.clone());
+        self.publish(drives.iter().copied());
     }
 
     /// The unit `(job, layer)` finished (successfully or not).
@@ -668,7 +745,8 @@ impl Arbiter {
             .running
             .remove(&(job, layer))
             .ok_or(SchedError::UnknownUnit { what: "running unit of job", id: job })?;
-        for d in touched(&unit.drive_bytes) {
+        let drives = touched(&unit.drive_bytes);
+        for &d in &drives {
             let st = &mut self.drives[d];
             match unit.kind {
                 IoKind::Read => st.reads_in_flight = st.reads_in_flight.saturating_sub(1),
@@ -679,6 +757,7 @@ impl Arbiter {
                 st.busy_until_ns = 0;
             }
         }
+        self.publish(drives);
         if unit.kind == IoKind::Write {
             self.release(job, unit.drive_bytes.iter().sum());
         }
@@ -693,9 +772,10 @@ impl Arbiter {
         let keys: Vec<(u64, u32)> = self.ready.range((job, 0)..=(job, u32::MAX)).map(|(k, _)| *k).collect();
         for k in keys {
             if let Some(drives) = self.ready.remove(&k) {
-                for d in drives {
+                for &d in &drives {
                     self.drives[d].reads_ready = self.drives[d].reads_ready.saturating_sub(1);
                 }
+                self.publish(drives);
             }
         }
         let running_bytes: u64 = self

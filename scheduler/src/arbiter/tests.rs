@@ -362,3 +362,80 @@ fn random_traffic_keeps_the_invariants() {
         check_log(&a.record(false), 3);
     }
 }
+
+/// Two arbiters' announced counts, per (arbiter, drive), as a shared region would hold them.
+#[derive(Debug, Default)]
+struct Board {
+    rows: std::sync::Mutex<HashMap<(usize, usize), DriveCounts>>,
+}
+
+#[derive(Debug)]
+struct Seat {
+    board: Arc<Board>,
+    me: usize,
+}
+
+impl Peers for Seat {
+    fn publish(&self, drive: usize, counts: DriveCounts) {
+        self.board.rows.lock().unwrap().insert((self.me, drive), counts);
+    }
+    fn check(&self, kind: IoKind, drives: &[usize], _now_ns: u64) -> PeerVerdict {
+        let rows = self.board.rows.lock().unwrap();
+        let blocked = rows.iter().any(|(&(who, d), c)| {
+            who != self.me
+                && drives.contains(&d)
+                && match kind {
+                    IoKind::Read => c.writes_in_flight > 0,
+                    IoKind::Write => c.reads_in_flight > 0 || c.reads_ready > 0,
+                }
+        });
+        if blocked {
+            PeerVerdict::Blocked
+        } else {
+            PeerVerdict::Clear
+        }
+    }
+}
+
+fn seated(board: &Arc<Board>, me: usize, mode: Mode) -> Arbiter {
+    let mut a = arb(mode, 0);
+    a.set_peers(Some(Arc::new(Seat { board: board.clone(), me })));
+    a
+}
+
+#[test]
+fn peers_hold_a_unit_the_local_policy_lets_go() {
+    let board = Arc::new(Board::default());
+    let mut reader = seated(&board, 0, Mode::Arbitrate);
+    let mut writer = seated(&board, 1, Mode::Arbitrate);
+    bind(&mut writer, 2000, 7);
+    // A write in flight in the other process holds a read on its drive.
+    assert_eq!(writer.request(&unit(7, 0, IoKind::Write, [1000, 0]), false, 0).unwrap(), Decision::Go);
+    assert_eq!(reader.request(&unit(1, 0, IoKind::Read, [1000, 0]), false, 0).unwrap(), Decision::Wait);
+    assert_eq!(reader.stats().xproc_waits, 1);
+    // The read is ready meanwhile: the writer's next write on that drive defers to it.
+    assert_eq!(writer.request(&unit(7, 1, IoKind::Write, [1000, 0]), false, 0).unwrap(), Decision::Wait);
+    assert_eq!(writer.stats().xproc_waits, 1);
+    // A drive without the other direction is free.
+    assert_eq!(reader.request(&unit(2, 0, IoKind::Read, [0, 1000]), false, 0).unwrap(), Decision::Go);
+    writer.complete(7, 0).unwrap();
+    assert_eq!(reader.request(&unit(1, 0, IoKind::Read, [1000, 0]), false, 0).unwrap(), Decision::Go);
+    // The read's announcement was taken back each time it waited: once it finishes and the
+    // other read is forgotten, the write goes.
+    reader.complete(1, 0).unwrap();
+    reader.complete(2, 0).unwrap();
+    assert_eq!(writer.request(&unit(7, 1, IoKind::Write, [1000, 0]), false, 0).unwrap(), Decision::Go);
+    assert_eq!(board.rows.lock().unwrap()[&(1, 0)].writes_in_flight, 1);
+    assert_eq!(board.rows.lock().unwrap()[&(0, 0)], DriveCounts::default());
+}
+
+#[test]
+fn pass_mode_ignores_the_peers() {
+    let board = Arc::new(Board::default());
+    let mut reader = seated(&board, 0, Mode::Pass);
+    let mut writer = seated(&board, 1, Mode::Arbitrate);
+    bind(&mut writer, 1000, 7);
+    assert_eq!(writer.request(&unit(7, 0, IoKind::Write, [1000, 0]), false, 0).unwrap(), Decision::Go);
+    assert_eq!(reader.request(&unit(1, 0, IoKind::Read, [1000, 0]), false, 0).unwrap(), Decision::Go);
+    assert_eq!(reader.stats().xproc_waits, 0);
+}
