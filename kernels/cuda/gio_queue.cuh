@@ -144,6 +144,7 @@ TT_DEVICE uint32_t tt_cq_drain(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q
         tt_st_mmio_u32(q->cq_db, (uint32_t)(head % depth));
         /* ... and this doorbell before the next holder's (as after the SQ doorbell). */
         tt_fence_system();
+        tt_doorbell_wake(q->wake);
         tt_atomic_add_u64(&q->cq_doorbells, 1);
     }
     return n;
@@ -194,6 +195,7 @@ TT_DEVICE void tt_sq_publish(struct tt_nvmeq* q) {
             tt_st_mmio_u32(q->sq_db, (uint32_t)(tail % depth));
             /* ... and this doorbell before the next holder's. */
             tt_fence_system();
+            tt_doorbell_wake(q->wake);
             tt_atomic_add_u64(&q->sq_doorbells, 1);
         }
         tt_lock_release(&q->tail_lock);
