@@ -213,6 +213,8 @@ struct Engine {
     dma: DmaView,
     /// The IOMMU as queue memory (SQ fetches, CQ posts) is reached through.
     qmem: DmaView,
+    /// The data pieces of the command being executed, reused from command to command.
+    pieces: Vec<super::walk::SglPiece>,
 }
 
 impl Engine {
@@ -235,6 +237,7 @@ impl Engine {
             cost_free: shared.cfg.cost.is_free(),
             dma: DmaView::new(&shared.iommu),
             qmem: DmaView::new(&shared.iommu),
+            pieces: Vec::with_capacity(16),
             shared,
         }
     }
