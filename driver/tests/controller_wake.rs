@@ -34,7 +34,8 @@ fn wait_parked(emu: &EmulatedController) {
 #[test]
 fn a_doorbell_wakes_a_parked_controller() {
     let emu = EmulatedController::start(cfg("emu-wake")).expect("starts");
-    let ctrl = Controller::new(emu.registers(), emu.dma_space(), ControllerOptions::default()).expect("bring-up");
+    let ctrl =
+        Controller::new(emu.registers(), emu.dma_space(), ControllerOptions::default()).expect("bring-up");
     let mut qp = ctrl.create_io_queue_pair(8).expect("queue pair");
     for _ in 0..3 {
         wait_parked(&emu);
@@ -92,7 +93,8 @@ fn a_doorbell_without_a_wake_is_served_by_the_park_timeout() {
 #[test]
 fn an_idle_controller_parks_instead_of_polling() {
     let emu = EmulatedController::start(cfg("emu-idle")).expect("starts");
-    let _ctrl = Controller::new(emu.registers(), emu.dma_space(), ControllerOptions::default()).expect("bring-up");
+    let _ctrl =
+        Controller::new(emu.registers(), emu.dma_space(), ControllerOptions::default()).expect("bring-up");
     wait_parked(&emu);
     let before = emu.stats().parks;
     std::thread::sleep(Duration::from_millis(300));

@@ -56,7 +56,9 @@ pub fn wake_controller(wake: &AtomicU32) {
 fn futex_wake(word: &AtomicU32) {
     // SAFETY: FUTEX_WAKE only reads the address, which is a live, aligned word;
     // not FUTEX_PRIVATE: the word may be mapped by another process.
-    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX, 0usize, 0usize, 0u32) };
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX, 0usize, 0usize, 0u32)
+    };
 }
 
 /// Waits until `word` is no longer `seen`, a wake, a signal, or `timeout`.
@@ -68,7 +70,15 @@ pub(crate) fn futex_wait(word: &AtomicU32, seen: u32, timeout: std::time::Durati
     // SAFETY: the word is live and aligned and `ts` outlives the call; the
     // kernel compares the word with `seen` before sleeping.
     unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, seen, &ts as *const libc::timespec, 0usize, 0u32)
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            seen,
+            &ts as *const libc::timespec,
+            0usize,
+            0u32,
+        )
     };
 }
 

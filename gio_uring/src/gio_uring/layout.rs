@@ -223,8 +223,9 @@ pub(super) fn build(
                     exec.map_doorbell(doorbell(q.cq_doorbell_ptr())?, kind)?,
                 )
             };
-            // SAFETY: the wake word lives in the same register file as the doorbells (above).
             let wake = match q.sq_doorbell().wake_ptr() {
+                // SAFETY: the wake word lives in the same register file as the doorbells
+                // (mapped above), which `q` keeps mapped for as long.
                 Some(w) => unsafe { exec.map_wake(w)? }.unwrap_or(0),
                 None => 0,
             };

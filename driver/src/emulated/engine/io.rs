@@ -157,11 +157,11 @@ impl Engine {
         let offset = sqe.slba() << lba_shift;
         let counters = &self.shared.counters;
         if is_read {
-            let r = self.media.read(index, offset, &pieces, &self.dma);
+            let r = self.media.read(index, offset, pieces, &self.dma);
             r.map_err(|e| self.media_status(e, true))?;
             super::bump(&counters.bytes_read, bytes);
         } else {
-            let r = self.media.write(index, offset, &pieces, &self.dma);
+            let r = self.media.write(index, offset, pieces, &self.dma);
             r.map_err(|e| self.media_status(e, false))?;
             // Without a write cache (or with FUA) a write is durable when it completes.
             if sqe.cdw12 & FUA != 0 || !self.features.write_cache {
