@@ -25,6 +25,18 @@ fn block_threads() -> Vec<String> {
     out
 }
 
+/// The emulated controllers' threads (named "nvme-<name>"): their task ids.
+fn controller_threads() -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc/self/task").unwrap() {
+        let dir = e.unwrap().path();
+        if std::fs::read_to_string(dir.join("comm")).is_ok_and(|c| c.starts_with("nvme-")) {
+            out.push(dir.file_name().unwrap().to_string_lossy().into_owned());
+        }
+    }
+    out
+}
+
 /// Context switches (voluntary + involuntary) of one task so far.
 fn switches(tid: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap();
@@ -99,4 +111,19 @@ fn the_executor_runs_one_os_thread_per_configured_thread_whatever_its_lanes() {
     assert!(woke < 200, "the idle executor thread switched {woke} times in 0.5 s");
     // ... and work pushed after the idle spell wakes it.
     some_io(&rig);
+
+    // The idle emulated controller parks on its wake word too: its thread
+    // wakes a few hundred times in half a second (parks grow to 2 ms), where
+    // sleeping 200 us steps switched 2,500 times and more.
+    let ctl = controller_threads();
+    assert_eq!(ctl.len(), 1);
+    std::thread::sleep(Duration::from_millis(50));
+    let before = switches(&ctl[0]);
+    std::thread::sleep(Duration::from_millis(500));
+    let woke = switches(&ctl[0]) - before;
+    assert!(woke < 800, "the idle controller thread switched {woke} times in 0.5 s");
+    // ... and the lanes' doorbell stores wake it (not its park timeout).
+    let woken = rig.emus[0].stats().woken;
+    some_io(&rig);
+    assert!(rig.emus[0].stats().woken > woken, "the lanes' doorbells did not wake the parked controller");
 }

@@ -241,3 +241,22 @@ fn a_relay_too_small_for_the_queues_is_refused_by_name() {
     one_round_trip(&rig, 12);
     assert_eq!(exec.relay().unwrap().stats().watched, 4);
 }
+
+#[test]
+fn relayed_doorbells_wake_a_parked_emulated_controller() {
+    let (rig, _exec) = relay_rig(ExecMode::Persistent, 1, 1, opts());
+    one_round_trip(&rig, 7);
+    for seed in 0..3 {
+        // Idle: the controller parks on its register file's wake word.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let wake = rig.emus[0].register_file().wake();
+        while wake.load(std::sync::atomic::Ordering::Acquire) != tutti_driver::emulated::regs::WAKE_PARKED {
+            assert!(Instant::now() < deadline, "the idle controller never parked");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let before = rig.emus[0].stats().woken;
+        one_round_trip(&rig, seed);
+        // The lanes store only into mailboxes: the relay's doorbell writes woke it.
+        assert!(rig.emus[0].stats().woken > before, "the relay's doorbells did not wake the controller");
+    }
+}

@@ -144,6 +144,7 @@ TT_DEVICE uint32_t tt_cq_drain(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q
         tt_st_mmio_u32(q->cq_db, (uint32_t)(head % depth));
         /* ... and this doorbell before the next holder's (as after the SQ doorbell). */
         tt_fence_system();
+        tt_doorbell_wake(q->wake);
         tt_atomic_add_u64(&q->cq_doorbells, 1);
     }
     return n;
@@ -194,6 +195,7 @@ TT_DEVICE void tt_sq_publish(struct tt_nvmeq* q) {
             tt_st_mmio_u32(q->sq_db, (uint32_t)(tail % depth));
             /* ... and this doorbell before the next holder's. */
             tt_fence_system();
+            tt_doorbell_wake(q->wake);
             tt_atomic_add_u64(&q->sq_doorbells, 1);
         }
         tt_lock_release(&q->tail_lock);
@@ -254,7 +256,8 @@ TT_DEVICE uint32_t tt_sq_submit(const struct tt_exec_ctx* ctx, uint32_t qidx, ui
     const uint32_t depth = q->depth;
     const uint32_t slot = (uint32_t)(ticket % depth);
     const uint32_t lap = (uint32_t)(ticket / depth);
-    const uint64_t deadline = tt_now_ns() + ctx->submit_timeout_ns;
+    /* Set at the first wait: a slot that is free at once costs no clock reading. */
+    uint64_t deadline = 0;
     uint32_t sleep = 32;
     for (;;) {
         if (tt_ld_relaxed_u32(&q->dead)) return TT_STATUS(TT_KIND_QUEUE_DEAD, qidx);
@@ -264,6 +267,7 @@ TT_DEVICE uint32_t tt_sq_submit(const struct tt_exec_ctx* ctx, uint32_t qidx, ui
         /* The previous lap's command may never complete: expire it when it is due. */
         bool expired = false;
         const uint64_t now = tt_now_ns();
+        if (deadline == 0) deadline = now + ctx->submit_timeout_ns;
         const uint32_t reaped =
             turn ? tt_cq_reap(ctx, q) : tt_cq_reap_expire(ctx, q, slot, TT_SLOT_FREE, now, &expired);
         tt_sq_publish(q);
@@ -296,6 +300,7 @@ TT_DEVICE uint32_t tt_sq_submit(const struct tt_exec_ctx* ctx, uint32_t qidx, ui
  * timeout. Its publication is bounded by the commands ahead of it (each bounded
  * the same way) unless it lies behind a dead queue's hole; a hard deadline of
  * submit + 2 x command timeout backs both arguments up. */
+#define TT_WAIT_CLOCK_POLLS 8u
 TT_DEVICE void tt_wait_ioctx(const struct tt_exec_ctx* ctx, uint32_t b, uint32_t index) {
     struct tt_ioctx* io = &ctx->iocbs[b].ioctx[index];
     if (tt_ld_acquire_u32(&io->status) != TT_STATUS_PENDING) return;
@@ -306,9 +311,12 @@ TT_DEVICE void tt_wait_ioctx(const struct tt_exec_ctx* ctx, uint32_t b, uint32_t
     const uint64_t owner = ((uint64_t)tt_ioctx_ref(b, index) << 32) | (uint32_t)(ticket / q->depth);
     const uint64_t hard = tt_now_ns() + ctx->submit_timeout_ns + 2 * ctx->command_timeout_ns;
     uint32_t sleep = 32;
-    while (tt_ld_acquire_u32(&io->status) == TT_STATUS_PENDING) {
-        /* One clock reading per poll: on the host it costs more than the poll itself. */
-        const uint64_t now = tt_now_ns();
+    uint64_t now = 0;
+    for (uint32_t polls = 0; tt_ld_acquire_u32(&io->status) == TT_STATUS_PENDING; polls++) {
+        /* One clock reading every TT_WAIT_CLOCK_POLLS polls: on the host it costs more
+         * than the poll itself. An older reading only makes an expiry later, by at
+         * most that many backoff sleeps (each <= max_backoff). */
+        if (polls % TT_WAIT_CLOCK_POLLS == 0) now = tt_now_ns();
         if (now > hard && tt_slot_expire(ctx, q, slot, owner, now, true)) return;
         bool expired = false;
         const uint32_t reaped = tt_cq_reap_expire(ctx, q, slot, owner, now, &expired);

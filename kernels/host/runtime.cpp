@@ -193,6 +193,7 @@ struct BlockRun {
     Barrier block_bar;
     uint32_t cur = 0;
     uint32_t live = 0;
+    uint64_t now_hint = 0; /* a clock reading for run_next (0: none) */
     Ctx main;
     unsigned char* stacks = nullptr;
     size_t stacks_len = 0;
@@ -257,8 +258,13 @@ void switch_to(BlockRun* b, uint32_t i) {
  * thread waits for the earliest one that will. */
 void run_next(BlockRun* b) {
     const uint32_t n = (uint32_t)b->lanes.size();
+    /* A reading the caller just took (a lane going to sleep), for the first pass:
+     * an older time only makes a sleeper ready later, by nanoseconds. */
+    uint64_t hint = b->now_hint;
+    b->now_hint = 0;
     for (;;) {
-        uint64_t now = 0;
+        uint64_t now = hint;
+        hint = 0;
         for (uint32_t k = 1; k <= n; k++) {
             uint32_t i = b->cur + k;
             if (i >= n) i -= n;
@@ -444,7 +450,9 @@ void tt_host_nanosleep(uint32_t ns) {
     }
     Lane& me = b->lanes[b->cur];
     me.state = kSleep;
-    me.wake = now_ns() + ns;
+    const uint64_t t = now_ns();
+    me.wake = t + ns;
+    b->now_hint = t;
     run_next(b);
 }
 

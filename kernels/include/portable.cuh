@@ -71,6 +71,8 @@ TT_DEVICE void tt_st_relaxed_u64(uint64_t* p, uint64_t v) { *(volatile uint64_t*
 TT_DEVICE void tt_st_mmio_u32(uint32_t* p, uint32_t v) {
     asm volatile("st.mmio.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
+/* Host lanes only (below): a GPU never wakes an emulated controller itself. */
+TT_DEVICE void tt_doorbell_wake(uint32_t* wake) { (void)wake; }
 /* Orders everything before it with everything after it, for the whole system (host, drives). */
 TT_DEVICE void tt_fence_system() { __threadfence_system(); }
 /* The same among this GPU's threads (state that only the executor touches). */
@@ -142,6 +144,13 @@ TT_DEVICE void tt_st_relaxed_u64(uint64_t* p, uint64_t v) { __atomic_store_n(p, 
  * uncached is written by the same single aligned store, after the release fence. */
 TT_DEVICE void tt_st_mmio_u32(uint32_t* p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 TT_DEVICE void tt_fence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+/* After a doorbell store and a system fence: wakes an emulated controller
+ * parked on its wake word (1 while parked; the writer that swaps it to 0
+ * makes the futex call). `wake` is NULL for a real drive. */
+TT_DEVICE void tt_doorbell_wake(uint32_t* wake) {
+    if (wake && __atomic_load_n(wake, __ATOMIC_RELAXED) != 0 && __atomic_exchange_n(wake, 0u, __ATOMIC_SEQ_CST) != 0)
+        tt_host_wake(wake);
+}
 TT_DEVICE void tt_fence_device() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
 TT_DEVICE uint32_t tt_atomic_add_u32(uint32_t* p, uint32_t v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }

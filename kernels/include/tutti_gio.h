@@ -271,7 +271,8 @@ struct tt_nvmeq {
     uint32_t drive;
     uint32_t cid_shift; /* bits of the CID that hold the slot */
     struct tt_qgate* gate; /* shared memory: the host's hold on this queue */
-    uint64_t pad0[5];
+    uint32_t* wake;        /* host lanes: emulated controller's wake word, or NULL */
+    uint64_t pad0[4];
     /* submission */
     uint64_t ticket;
     uint64_t hole; /* lowest ticket whose submitter gave up (never published), or ~0 */

@@ -228,7 +228,10 @@ pub struct NvmeQueue {
     pub cid_shift: u32,
     /// Executor address of this queue's [`QueueGate`] (shared memory).
     pub gate: u64,
-    pub pad0: [u64; 5],
+    /// Host lanes only: executor address of an emulated controller's wake
+    /// word, woken after each doorbell store (0: none; a GPU leaves it alone).
+    pub wake: u64,
+    pub pad0: [u64; 4],
     pub ticket: u64,
     pub hole: u64,
     pub pad1: [u64; 6],

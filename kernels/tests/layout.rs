@@ -54,7 +54,7 @@ fn layouts() -> Vec<Layout> {
         layout!(Control => "tt_control" { stop, running, parts_done, iocbs_done, lost_posts, active_blocks, rsvd0, rsvd }),
         layout!(DriveDesc => "tt_drive" { first_queue, nqueues, nsid, lba_shift, max_lbas, flags, rsvd }),
         layout!(NvmeQueue => "tt_nvmeq" { sq, cq, sq_db, cq_db, slot_owner, slot_time, slot_ready, slot_turn,
-            depth, qid, drive, cid_shift, gate, pad0, ticket, hole, pad1, sq_tail, tail_lock, dead, pad2, cq_head,
+            depth, qid, drive, cid_shift, gate, wake, pad0, ticket, hole, pad1, sq_tail, tail_lock, dead, pad2, cq_head,
             sq_head, head_lock, rsvd0, pad3, completed, errors, expired, stale, sq_doorbells, cq_doorbells,
             pad4 }),
         layout!(LayerTableDesc => "tt_layer_table" { kind, layers, ndrives, chunks, files, blocks, object_units,

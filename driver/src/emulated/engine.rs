@@ -26,8 +26,14 @@ use std::time::{Duration, Instant};
 const ADMIN_QID: u16 = 0;
 /// NVMe 1.4.0 (§3.1.2).
 const VERSION: u32 = 0x0001_0400;
-/// The longest the idle thread sleeps between polls.
-const MAX_IDLE_SLEEP: Duration = Duration::from_micros(200);
+/// The longest a parked controller waits for a wake before it looks at the
+/// doorbells anyway: a doorbell written without [`wake_controller`] (a writer
+/// that does not know the wake word) is still served, this much later.
+///
+/// [`wake_controller`]: super::regs::wake_controller
+const MAX_PARK: Duration = Duration::from_millis(2);
+/// The first parked wait of an idle spell; each next one doubles, to [`MAX_PARK`].
+const FIRST_PARK: Duration = Duration::from_micros(50);
 
 /// Puts the registers into their state after a power-on reset.
 pub(super) fn reset_registers(shared: &Shared) {
@@ -47,8 +53,12 @@ pub(super) fn run(shared: Arc<Shared>, media: Media) {
     while !engine.shared.stop.load(Ordering::Acquire) {
         if engine.step() {
             idle.reset();
-        } else {
-            idle.wait(engine.pending.first().map(|p| p.due));
+            continue;
+        }
+        if let Some(timeout) = idle.wait(engine.next_due()) {
+            if engine.park(timeout) {
+                idle.reset();
+            }
         }
     }
     if let Err(e) = engine.media.flush() {
@@ -56,19 +66,21 @@ pub(super) fn run(shared: Arc<Shared>, media: Media) {
     }
 }
 
-/// Spin briefly, then yield for [`YIELD_WINDOW`], then sleep in growing steps up
-/// to [`MAX_IDLE_SLEEP`]: a busy controller reacts within microseconds (also to a
-/// host that comes back after a short gap: a gio executor's next IOCB, a queue
-/// pair's next batch), an idle one wakes a few thousand times a second instead of
-/// holding a core.
+/// Spin briefly, then yield for [`YIELD_WINDOW`], then park on the register
+/// file's wake word for growing times up to [`MAX_PARK`]: a busy controller
+/// reacts within microseconds (also to a host that comes back after a short
+/// gap: a gio executor's next IOCB, a queue pair's next batch), an idle one
+/// sleeps until a doorbell write wakes it, and still looks every [`MAX_PARK`].
 #[derive(Default)]
 struct Backoff {
     idle: u32,
     /// When the current idle spell's yielding began.
     since: Option<Instant>,
+    /// Parked waits in this idle spell.
+    parks: u32,
 }
 
-/// How long an idle controller keeps yielding the core before it sleeps.
+/// How long an idle controller keeps yielding the core before it parks.
 const YIELD_WINDOW: Duration = Duration::from_micros(50);
 /// Idle passes that only spin.
 const SPINS: u32 = 64;
@@ -77,33 +89,30 @@ impl Backoff {
     fn reset(&mut self) {
         self.idle = 0;
         self.since = None;
+        self.parks = 0;
     }
-    fn wait(&mut self, next_due: Option<Instant>) {
+    /// Spins or yields once and returns `None`, or says to park for at most the returned time.
+    fn wait(&mut self, next_due: Option<Instant>) -> Option<Duration> {
         self.idle = self.idle.saturating_add(1);
         if self.idle <= SPINS {
             std::hint::spin_loop();
-            return;
+            return None;
         }
         let now = Instant::now();
         let since = *self.since.get_or_insert(now);
         if now.duration_since(since) < YIELD_WINDOW {
             std::thread::yield_now();
-            // Sleeping starts from the first step once the window is over.
-            self.idle = SPINS + 1;
-            return;
+            return None;
         }
-        let n = self.idle - SPINS - 1;
-        let step = Duration::from_micros(5u64 << (n / 8).min(6));
-        let mut sleep = step.min(MAX_IDLE_SLEEP);
+        let mut park = FIRST_PARK.saturating_mul(1 << self.parks.min(8)).min(MAX_PARK);
+        self.parks = self.parks.saturating_add(1);
         // A completion already due but not postable must not turn this into a spin.
         if let Some(left) = next_due.map(|d| d.saturating_duration_since(now)) {
             if !left.is_zero() {
-                sleep = sleep.min(left);
+                park = park.min(left);
             }
         }
-        if !sleep.is_zero() {
-            std::thread::sleep(sleep);
-        }
+        Some(park)
     }
 }
 
@@ -204,6 +213,8 @@ struct Engine {
     dma: DmaView,
     /// The IOMMU as queue memory (SQ fetches, CQ posts) is reached through.
     qmem: DmaView,
+    /// The data pieces of the command being executed, reused from command to command.
+    pieces: Vec<super::walk::SglPiece>,
 }
 
 impl Engine {
@@ -226,6 +237,7 @@ impl Engine {
             cost_free: shared.cfg.cost.is_free(),
             dma: DmaView::new(&shared.iommu),
             qmem: DmaView::new(&shared.iommu),
+            pieces: Vec::with_capacity(16),
             shared,
         }
     }
@@ -254,6 +266,41 @@ impl Engine {
 
     fn write_csts(&self) {
         self.shared.regs.set32(offset::CSTS, Csts::build(self.rdy, self.cfs, self.shst).0);
+    }
+
+    /// When something is due that no doorbell will announce: the oldest
+    /// held-back completion, or the end of the enabling delay.
+    fn next_due(&self) -> Option<Instant> {
+        let ready = match self.phase {
+            Phase::Enabling(at) => Some(at),
+            _ => None,
+        };
+        match (self.pending.first().map(|p| p.due), ready) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Parks the thread on the register file's wake word for at most
+    /// `timeout`, after one more look at the registers with the word set (a
+    /// doorbell written before the word was set is seen by that look, one
+    /// written after it wakes us). Returns whether that look found work.
+    fn park(&mut self, timeout: Duration) -> bool {
+        let shared = self.shared.clone();
+        let wake = shared.regs.wake();
+        wake.store(super::regs::WAKE_PARKED, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if shared.stop.load(Ordering::Acquire) || self.step() {
+            wake.store(0, Ordering::Relaxed);
+            return true;
+        }
+        bump(&shared.counters.parks, 1);
+        super::regs::futex_wait(wake, super::regs::WAKE_PARKED, timeout);
+        // A writer that saw the word set swapped it to 0 (and woke us).
+        if wake.swap(0, Ordering::Relaxed) != super::regs::WAKE_PARKED {
+            bump(&shared.counters.woken, 1);
+        }
+        false
     }
 
     /// One pass over registers and queues; returns whether anything happened.

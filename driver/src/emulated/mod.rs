@@ -46,6 +46,8 @@ pub(crate) struct Counters {
     pub cost_delayed: AtomicU64,
     pub mixed_commands: AtomicU64,
     pub mixed_nanos: AtomicU64,
+    pub parks: AtomicU64,
+    pub woken: AtomicU64,
 }
 
 /// Timestamps of one stretch of work, for a benchmark's breakdown of where a
@@ -101,6 +103,10 @@ pub struct EmulatedStats {
     pub mixed_commands: u64,
     /// Modelled nanoseconds of transfers paced at the mixed rate (overlaps counted once).
     pub mixed_nanos: u64,
+    /// Times the idle controller thread parked on its wake word.
+    pub parks: u64,
+    /// Parks a doorbell writer ended ([`regs::wake_controller`]) rather than the timeout.
+    pub woken: u64,
 }
 
 /// State shared by the controller handle and its thread.
@@ -178,6 +184,7 @@ impl EmulatedController {
     /// Makes the controller report Controller Fatal Status and stop processing.
     pub fn set_fatal(&self) {
         self.shared.fatal.store(true, Ordering::Release);
+        regs::wake_controller(self.shared.regs.wake());
     }
     /// Starts recording when the next command is fetched and when completions
     /// are written ([`trace_take`](Self::trace_take)); costs nothing measurable.
@@ -212,6 +219,8 @@ impl EmulatedController {
             cost_delayed_commands: c.cost_delayed.load(Ordering::Relaxed),
             mixed_commands: c.mixed_commands.load(Ordering::Relaxed),
             mixed_nanos: c.mixed_nanos.load(Ordering::Relaxed),
+            parks: c.parks.load(Ordering::Relaxed),
+            woken: c.woken.load(Ordering::Relaxed),
         }
     }
 }
@@ -219,6 +228,7 @@ impl EmulatedController {
 impl Drop for EmulatedController {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
+        regs::wake_controller(self.shared.regs.wake());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

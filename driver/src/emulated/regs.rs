@@ -10,6 +10,13 @@
 //! is as coherent between processes as between threads. The memfd is sealed
 //! against shrinking and growing, so no process holding it can make the
 //! mapping shorter under another one (which would raise SIGBUS there).
+//!
+//! One word of the file, [`WAKE_WORD`], lets the controller thread park
+//! instead of polling: it sets the word to [`WAKE_PARKED`] before its last look
+//! at the doorbells and then waits on it (a shared futex, so a client process
+//! ringing through its own mapping wakes it too). Every doorbell writer calls
+//! [`wake_controller`] after its store. The wait always has a timeout, so a
+//! writer that does not (an older client, a GPU) is served late, never lost.
 
 use crate::error::{DriverError, Result};
 use crate::spec::registers::{bar_len_for, offset};
@@ -25,6 +32,71 @@ use std::sync::atomic::{AtomicU32, Ordering};
 pub const MAX_REGISTER_FILE: usize = 16 << 20;
 
 const PAGE: usize = 4096;
+
+/// Offset of the controller's wake word: the last dword of the command-set
+/// specific registers (0xF00..0x1000), which the NVM command set leaves unused.
+pub const WAKE_WORD: usize = 0xFFC;
+/// The wake word's value while the controller thread is parked (or about to).
+pub const WAKE_PARKED: u32 = 1;
+
+/// Called by a doorbell writer after its store (`wake` is the register file's
+/// [`WAKE_WORD`]): wakes the controller if it is parked. Costs a full fence and
+/// a load when it is not; the futex wake happens once per park.
+#[inline]
+pub fn wake_controller(wake: &AtomicU32) {
+    // Orders the doorbell store before the load (the controller orders its
+    // WAKE_PARKED store before its doorbell loads the same way): either it
+    // sees our doorbell or we see it parked.
+    std::sync::atomic::fence(Ordering::SeqCst);
+    if wake.load(Ordering::Relaxed) != 0 && wake.swap(0, Ordering::SeqCst) != 0 {
+        futex_wake(wake);
+    }
+}
+
+fn futex_wake(word: &AtomicU32) {
+    // SAFETY: FUTEX_WAKE only reads the address, which is a live, aligned word;
+    // not FUTEX_PRIVATE: the word may be mapped by another process.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX, 0usize, 0usize, 0u32)
+    };
+}
+
+/// Waits until `word` is no longer `seen`, a wake, a signal, or `timeout`.
+pub(crate) fn futex_wait(word: &AtomicU32, seen: u32, timeout: std::time::Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: the word is live and aligned and `ts` outlives the call; the
+    // kernel compares the word with `seen` before sleeping.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            seen,
+            &ts as *const libc::timespec,
+            0usize,
+            0u32,
+        )
+    };
+}
+
+/// Register files mapped in this process: (start address, length).
+static MAPPED: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
+
+/// The wake word of the emulated register file (mapped in this process) that
+/// `doorbell` lies in, for writers that only hold a doorbell's address (a GPU
+/// doorbell relay, the host executor's queue descriptors). `None` when the
+/// address is in no register file: a real BAR.
+pub fn wake_word_of(doorbell: *const u32) -> Option<NonNull<u32>> {
+    let a = doorbell as usize;
+    let mapped = MAPPED.lock().unwrap_or_else(|e| e.into_inner());
+    mapped
+        .iter()
+        .find(|&&(start, len)| a >= start && a < start + len)
+        .and_then(|&(start, _)| NonNull::new((start + WAKE_WORD) as *mut u32))
+}
 
 pub struct RegisterFile {
     name: String,
@@ -110,6 +182,7 @@ impl RegisterFile {
             .len(len)
             .map_raw(&fd)
             .map_err(|e| DriverError::io(format!("{name}: mapping the register file"), e))?;
+        MAPPED.lock().unwrap_or_else(|e| e.into_inner()).push((map.as_ptr() as usize, map.len()));
         Ok(RegisterFile { name: name.to_string(), map, fd })
     }
 
@@ -149,6 +222,18 @@ impl RegisterFile {
     fn read_only(offset: usize) -> bool {
         offset < offset::VS + 4 || offset == offset::CSTS
     }
+
+    /// The controller's wake word ([`WAKE_WORD`]).
+    pub fn wake(&self) -> &AtomicU32 {
+        self.word(WAKE_WORD)
+    }
+}
+
+impl Drop for RegisterFile {
+    fn drop(&mut self) {
+        let start = self.map.as_ptr() as usize;
+        MAPPED.lock().unwrap_or_else(|e| e.into_inner()).retain(|&(s, _)| s != start);
+    }
 }
 
 impl Registers for RegisterFile {
@@ -166,12 +251,16 @@ impl Registers for RegisterFile {
         check_register(&self.name, self.len(), offset, 4)?;
         if !Self::read_only(offset) {
             self.word(offset).store(value, Ordering::Release);
+            wake_controller(self.wake());
         }
         Ok(())
     }
     fn doorbell_ptr(&self, offset: usize) -> Result<(NonNull<u32>, DoorbellKind)> {
         check_register(&self.name, self.len(), offset, 4)?;
         Ok((NonNull::from(self.word(offset)).cast(), DoorbellKind::Memory))
+    }
+    fn wake_word(&self) -> Option<NonNull<u32>> {
+        Some(NonNull::from(self.wake()).cast())
     }
 }
 

@@ -40,10 +40,10 @@ impl SglPiece {
     }
 }
 
-fn push_segment(out: &mut Vec<IovaSegment>, iova: u64, len: u64) {
+fn push_segment(out: &mut Vec<SglPiece>, iova: u64, len: u64) {
     match out.last_mut() {
-        Some(last) if last.iova.checked_add(last.len) == Some(iova) => last.len += len,
-        _ => out.push(IovaSegment { iova, len }),
+        Some(SglPiece::Data(last)) if last.iova.checked_add(last.len) == Some(iova) => last.len += len,
+        _ => out.push(SglPiece::Data(IovaSegment { iova, len })),
     }
 }
 
@@ -62,31 +62,50 @@ pub fn walk_prp(
     prp2: u64,
     len: u64,
     page_size: u64,
-    mut read: impl FnMut(u64, &mut [u8]) -> Result<(), IommuFault>,
+    read: impl FnMut(u64, &mut [u8]) -> Result<(), IommuFault>,
 ) -> Result<Vec<IovaSegment>, Status> {
+    let mut out = Vec::new();
+    walk_prp_into(prp1, prp2, len, page_size, read, &mut out)?;
+    let segment = |p: SglPiece| match p {
+        SglPiece::Data(seg) => Some(seg),
+        SglPiece::Skip(_) => None,
+    };
+    Ok(out.into_iter().filter_map(segment).collect())
+}
+
+/// [`walk_prp`] into `out` (cleared first; only [`SglPiece::Data`] pieces), so
+/// that a controller reuses one buffer instead of allocating per command.
+pub fn walk_prp_into(
+    prp1: u64,
+    prp2: u64,
+    len: u64,
+    page_size: u64,
+    mut read: impl FnMut(u64, &mut [u8]) -> Result<(), IommuFault>,
+    out: &mut Vec<SglPiece>,
+) -> Result<(), Status> {
+    out.clear();
     if !page_size.is_power_of_two() || page_size < 4096 {
         return Err(Status::INVALID_FIELD);
     }
-    let mut out = Vec::new();
     if len == 0 {
-        return Ok(out);
+        return Ok(());
     }
     let offset_mask = page_size - 1;
     if prp1 & 0x3 != 0 {
         return Err(Status::PRP_OFFSET_INVALID);
     }
     let first = len.min(page_size - (prp1 & offset_mask));
-    push_segment(&mut out, prp1, first);
+    push_segment(out, prp1, first);
     let mut remaining = len - first;
     if remaining == 0 {
-        return Ok(out);
+        return Ok(());
     }
     if remaining <= page_size {
         if prp2 & offset_mask != 0 {
             return Err(Status::PRP_OFFSET_INVALID);
         }
-        push_segment(&mut out, prp2, remaining);
-        return Ok(out);
+        push_segment(out, prp2, remaining);
+        return Ok(());
     }
 
     if prp2 & (PRP_ENTRY_SIZE - 1) != 0 {
@@ -112,7 +131,7 @@ pub fn walk_prp(
                 return Err(Status::PRP_OFFSET_INVALID);
             }
             let n = remaining.min(page_size);
-            push_segment(&mut out, entry, n);
+            push_segment(out, entry, n);
             remaining -= n;
         }
         entries_left -= data_entries;
@@ -124,19 +143,19 @@ pub fn walk_prp(
             list = next;
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Collects the data pieces of an SGL and checks each data descriptor.
-struct SglCollector {
-    out: Vec<SglPiece>,
+struct SglCollector<'a> {
+    out: &'a mut Vec<SglPiece>,
     total: u64,
     len: u64,
     mode: SglSupport,
     is_read: bool,
 }
 
-impl SglCollector {
+impl SglCollector<'_> {
     /// A Data Block or Bit Bucket descriptor (any other type is refused here).
     fn data(&mut self, d: &SglDescriptor) -> Result<(), Status> {
         check_subtype(d)?;
@@ -206,12 +225,28 @@ pub fn walk_sgl(
     len: u64,
     mode: SglSupport,
     is_read: bool,
-    mut read: impl FnMut(u64, &mut [u8]) -> Result<(), IommuFault>,
+    read: impl FnMut(u64, &mut [u8]) -> Result<(), IommuFault>,
 ) -> Result<Vec<SglPiece>, Status> {
+    let mut out = Vec::new();
+    walk_sgl_into(sgl1, len, mode, is_read, read, &mut out)?;
+    Ok(out)
+}
+
+/// [`walk_sgl`] into `out` (cleared first), so that a controller reuses one
+/// buffer instead of allocating per command.
+pub fn walk_sgl_into(
+    sgl1: SglDescriptor,
+    len: u64,
+    mode: SglSupport,
+    is_read: bool,
+    mut read: impl FnMut(u64, &mut [u8]) -> Result<(), IommuFault>,
+    out: &mut Vec<SglPiece>,
+) -> Result<(), Status> {
+    out.clear();
     if mode == SglSupport::None {
         return Err(Status::INVALID_FIELD);
     }
-    let mut c = SglCollector { out: Vec::new(), total: 0, len, mode, is_read };
+    let mut c = SglCollector { out, total: 0, len, mode, is_read };
     let mut next = match sgl1.kind() {
         SglKind::Segment | SglKind::LastSegment => {
             check_subtype(&sgl1)?;
@@ -259,7 +294,7 @@ pub fn walk_sgl(
     if c.total != len {
         return Err(Status::DATA_SGL_LENGTH_INVALID);
     }
-    Ok(c.out)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -41,6 +41,12 @@ pub trait Registers: Send + Sync {
     }
     /// The address of a 32-bit doorbell register and how stores to it must be made.
     fn doorbell_ptr(&self, offset: usize) -> Result<(NonNull<u32>, DoorbellKind)>;
+    /// A word that a doorbell writer hands to
+    /// [`wake_controller`](crate::emulated::regs::wake_controller) after its
+    /// store, for a software controller that parks; `None` for a real BAR.
+    fn wake_word(&self) -> Option<NonNull<u32>> {
+        None
+    }
 }
 
 /// Bounds check shared by every `Registers` implementation.
@@ -68,6 +74,8 @@ pub struct Doorbell {
     ptr: NonNull<u32>,
     kind: DoorbellKind,
     offset: usize,
+    /// The controller's wake word ([`Registers::wake_word`]), in the same BAR.
+    wake: Option<NonNull<u32>>,
     _bar: Arc<dyn Registers>,
 }
 
@@ -81,7 +89,8 @@ impl Doorbell {
     pub fn new(bar: &Arc<dyn Registers>, offset: usize) -> Result<Doorbell> {
         check_register(bar.name(), bar.len(), offset, 4)?;
         let (ptr, kind) = bar.doorbell_ptr(offset)?;
-        Ok(Doorbell { ptr, kind, offset, _bar: bar.clone() })
+        let wake = if kind == DoorbellKind::Memory { bar.wake_word() } else { None };
+        Ok(Doorbell { ptr, kind, offset, wake, _bar: bar.clone() })
     }
 
     /// Writes `value` to the doorbell. Every store to queue memory made by this
@@ -97,9 +106,19 @@ impl Doorbell {
             DoorbellKind::Memory => {
                 // SAFETY: `ptr` is 4-byte aligned memory owned by the emulated register file that
                 // `_bar` keeps alive; every access to it goes through atomics.
-                unsafe { AtomicU32::from_ptr(self.ptr.as_ptr()) }.store(value, Ordering::Release)
+                unsafe { AtomicU32::from_ptr(self.ptr.as_ptr()) }.store(value, Ordering::Release);
+                if let Some(w) = self.wake {
+                    // SAFETY: as above: an aligned word of the same register file.
+                    crate::emulated::regs::wake_controller(unsafe { AtomicU32::from_ptr(w.as_ptr()) });
+                }
             }
         }
+    }
+
+    /// The controller's wake word, for an executor that rings this doorbell
+    /// itself ([`Registers::wake_word`]); `None` for a real BAR.
+    pub fn wake_ptr(&self) -> Option<NonNull<u32>> {
+        self.wake
     }
 
     pub fn as_ptr(&self) -> *mut u32 {

@@ -163,6 +163,11 @@ impl Executor for HostExecutor {
         }
     }
 
+    unsafe fn map_wake(&self, wake: NonNull<u32>) -> Result<Option<u64>> {
+        // Lanes store doorbells themselves only without a relay; the relay wakes otherwise.
+        Ok(self.relay.is_none().then_some(wake.as_ptr() as u64))
+    }
+
     fn flush_doorbells(&self) -> Result<()> {
         if let Some(relay) = &self.relay {
             relay.flush()?;

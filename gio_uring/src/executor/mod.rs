@@ -88,6 +88,16 @@ pub trait Executor: Send + Sync {
         // SAFETY: the caller's contract, passed on.
         unsafe { self.map_host(doorbell.as_ptr().cast(), 4, range) }
     }
+    /// The executor address of an emulated controller's wake word for the
+    /// kernels to wake it after their doorbell stores (host lanes), or `None`
+    /// when they do not (a GPU; doorbells relayed by a thread that wakes it).
+    ///
+    /// # Safety
+    /// `wake` must stay valid until the doorbells mapped with it are dropped.
+    unsafe fn map_wake(&self, wake: NonNull<u32>) -> Result<Option<u64>> {
+        let _ = wake;
+        Ok(None)
+    }
     /// Makes every doorbell value the kernels stored reach its register before
     /// it returns (queue recovery calls it before deleting queue pairs). Only
     /// an executor that relays doorbells has anything to do.

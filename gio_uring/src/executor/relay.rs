@@ -163,6 +163,8 @@ struct Entry {
     slot: usize,
     doorbell: NonNull<u32>,
     kind: DoorbellKind,
+    /// The emulated controller's wake word (in the doorbell's register file).
+    wake: Option<NonNull<u32>>,
     relayed: Arc<AtomicU64>,
 }
 
@@ -224,7 +226,11 @@ impl Shared {
             DoorbellKind::Memory => {
                 // SAFETY: a 4-byte aligned word of an emulated register file, valid while the
                 // entry is registered; the emulated controller reads it atomically.
-                unsafe { AtomicU32::from_ptr(e.doorbell.as_ptr()) }.store(value, Ordering::Release)
+                unsafe { AtomicU32::from_ptr(e.doorbell.as_ptr()) }.store(value, Ordering::Release);
+                if let Some(w) = e.wake {
+                    // SAFETY: a word of the same register file as the doorbell, as valid.
+                    tutti_driver::emulated::regs::wake_controller(unsafe { AtomicU32::from_ptr(w.as_ptr()) });
+                }
             }
         }
         e.relayed.fetch_add(1, Ordering::Relaxed);
@@ -323,7 +329,11 @@ impl DoorbellRelay {
         reg.used[slot] = true;
         self.shared.mailbox(slot).store(MAILBOX_IDLE, Ordering::Relaxed);
         let relayed = Arc::new(AtomicU64::new(0));
-        reg.entries.push(Entry { slot, doorbell, kind, relayed: relayed.clone() });
+        let wake = match kind {
+            DoorbellKind::Memory => tutti_driver::emulated::regs::wake_word_of(doorbell.as_ptr()),
+            DoorbellKind::Mmio => None,
+        };
+        reg.entries.push(Entry { slot, doorbell, kind, wake, relayed: relayed.clone() });
         tracing::debug!(slot, doorbell = ?doorbell, ?kind, "doorbell relayed");
         Ok(Watch { shared: self.shared.clone(), slot, relayed })
     }

@@ -223,11 +223,18 @@ pub(super) fn build(
                     exec.map_doorbell(doorbell(q.cq_doorbell_ptr())?, kind)?,
                 )
             };
+            let wake = match q.sq_doorbell().wake_ptr() {
+                // SAFETY: the wake word lives in the same register file as the doorbells
+                // (mapped above), which `q` keeps mapped for as long.
+                Some(w) => unsafe { exec.map_wake(w)? }.unwrap_or(0),
+                None => 0,
+            };
             let desc = NvmeQueue {
                 sq: sqm.exec_addr(),
                 cq: cqm.exec_addr(),
                 sq_db: sdb.exec_addr(),
                 cq_db: cdb.exec_addr(),
+                wake,
                 slot_owner: private.exec_at(ql.owner),
                 slot_time: private.exec_at(ql.time),
                 slot_ready: private.exec_at(ql.ready),

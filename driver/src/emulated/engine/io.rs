@@ -4,7 +4,7 @@ use super::{Done, Engine};
 use crate::emulated::config::NamespaceConfig;
 use crate::emulated::cost::Direction;
 use crate::emulated::media::MediaError;
-use crate::emulated::walk::{walk_prp, walk_sgl, SglPiece};
+use crate::emulated::walk::{walk_prp_into, walk_sgl_into, SglPiece};
 use crate::spec::{IoOpcode, Psdt, Status, SubmissionEntry};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -103,26 +103,25 @@ impl Engine {
         (cfg.mdts != 0).then(|| 1u64 << (cfg.mdts as u32 + 12 + cfg.mps_min as u32))
     }
 
-    /// The host memory a command's data pointer describes (§4.3 PRP, §4.4 SGL).
+    /// The host memory a command's data pointer describes (§4.3 PRP, §4.4
+    /// SGL), into `out` (a buffer the engine reuses: no allocation per command).
     pub(super) fn data_pieces(
         &self,
         sqe: &SubmissionEntry,
         len: u64,
         is_read: bool,
-    ) -> Result<Vec<SglPiece>, Status> {
+        out: &mut Vec<SglPiece>,
+    ) -> Result<(), Status> {
         let iommu = &self.dma;
         let read = |iova: u64, buf: &mut [u8]| iommu.dma_read(iova, buf);
         match sqe.psdt() {
-            Psdt::Prp => {
-                let segs = walk_prp(sqe.prp1(), sqe.prp2(), len, self.page_size(), read)?;
-                Ok(segs.into_iter().map(SglPiece::Data).collect())
-            }
+            Psdt::Prp => walk_prp_into(sqe.prp1(), sqe.prp2(), len, self.page_size(), read, out),
             Psdt::SglContiguousMeta | Psdt::SglMetaSegment => {
                 let mode = self.shared.cfg.sgl;
                 if !mode.available() {
                     return Err(Status::INVALID_FIELD);
                 }
-                walk_sgl(sqe.sgl1(), len, mode, is_read, read)
+                walk_sgl_into(sqe.sgl1(), len, mode, is_read, read, out)
             }
             Psdt::Reserved => Err(Status::INVALID_FIELD),
         }
@@ -137,15 +136,32 @@ impl Engine {
             return Err(Status::INVALID_FIELD);
         }
         check_lba_range(&ns, sqe.slba(), nlb)?;
-        let pieces = self.data_pieces(sqe, bytes, is_read)?;
-        let offset = sqe.slba() << ns.lba_shift;
+        let mut pieces = std::mem::take(&mut self.pieces);
+        let r = self.move_data(is_read, sqe, index, bytes, ns.lba_shift, &mut pieces);
+        self.pieces = pieces;
+        r
+    }
+
+    /// The data movement of [`read_write`](Self::read_write), with the engine's piece buffer.
+    fn move_data(
+        &mut self,
+        is_read: bool,
+        sqe: &SubmissionEntry,
+        index: usize,
+        bytes: u64,
+        lba_shift: u8,
+        pieces: &mut Vec<SglPiece>,
+    ) -> Result<u64, Status> {
+        self.data_pieces(sqe, bytes, is_read, pieces)?;
+        let pieces = &pieces[..];
+        let offset = sqe.slba() << lba_shift;
         let counters = &self.shared.counters;
         if is_read {
-            let r = self.media.read(index, offset, &pieces, &self.dma);
+            let r = self.media.read(index, offset, pieces, &self.dma);
             r.map_err(|e| self.media_status(e, true))?;
             super::bump(&counters.bytes_read, bytes);
         } else {
-            let r = self.media.write(index, offset, &pieces, &self.dma);
+            let r = self.media.write(index, offset, pieces, &self.dma);
             r.map_err(|e| self.media_status(e, false))?;
             // Without a write cache (or with FUA) a write is durable when it completes.
             if sqe.cdw12 & FUA != 0 || !self.features.write_cache {
@@ -183,7 +199,8 @@ impl Engine {
         let (index, ns) = self.namespace(sqe.nsid)?;
         let ranges = (sqe.cdw10 & 0xff) as usize + 1;
         let mut raw = vec![0u8; ranges * DSM_RANGE_LEN];
-        let pieces = self.data_pieces(sqe, raw.len() as u64, false)?;
+        let mut pieces = Vec::new();
+        self.data_pieces(sqe, raw.len() as u64, false, &mut pieces)?;
         let mut pos = 0usize;
         for piece in &pieces {
             let n = piece.len() as usize;
