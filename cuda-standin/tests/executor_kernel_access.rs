@@ -69,8 +69,10 @@ fn a_staged_table_over_memory_the_kernels_cannot_reach_is_refused_at_registratio
     // The same memory registered with the executor: accepted, and the table works as a table.
     // SAFETY: `buf` outlives the mapping (both live to the end of the test).
     let map = unsafe { rig.exec.map_host(start as *mut u8, bytes, HostRange::Memory) }.unwrap();
-    let id = rig.ring.register_staged_table(&table(&g, map.exec_addr()), 4).unwrap();
-    rig.ring.unregister_table(id).unwrap();
+    // Kept registered to the end: a table unregistered now would free its staging memory
+    // while the executor defers unregistering it, and the next table's staging memory could
+    // land at the same address (ALREADY_REGISTERED; see the session note of 2026-11-24).
+    let mapped = rig.ring.register_staged_table(&table(&g, map.exec_addr()), 4).unwrap();
 
     // Registered memory too short for the table: its last byte is refused.
     let (buf2, start2) = pageable(bytes);
@@ -82,8 +84,9 @@ fn a_staged_table_over_memory_the_kernels_cannot_reach_is_refused_at_registratio
 
     // CUDA device memory (what an engine's KV cache is on a GPU): accepted.
     let dev = rig.exec.alloc(MemKind::Private, bytes).unwrap();
-    let id = rig.ring.register_staged_table(&table(&g, dev.exec_addr()), 4).unwrap();
-    rig.ring.unregister_table(id).unwrap();
+    let on_device = rig.ring.register_staged_table(&table(&g, dev.exec_addr()), 4).unwrap();
+    rig.ring.unregister_table(on_device).unwrap();
+    rig.ring.unregister_table(mapped).unwrap();
 
     // Host buffers go last: an executor may release their registrations only once idle.
     drop(map);
