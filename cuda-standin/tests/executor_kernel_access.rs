@@ -102,3 +102,37 @@ fn the_host_executor_reaches_any_memory_of_the_process() {
     exec.check_kernel_access(start, PAGE as u64).unwrap();
     drop(buf);
 }
+
+/// Memory whose mapping was dropped while the executor defers unregistering it (kernels
+/// may run) is registered again: the engine unregisters its KV memory and registers the
+/// same memory, or a new staged table's memory lands where a dropped one's was. The
+/// driver refuses a range that is still registered; in launch mode the deferred
+/// unregistration runs first, under a persistent kernel the refusal says why.
+#[test]
+fn memory_registered_again_after_its_mapping_was_dropped() {
+    let _g = serial();
+    let Some((s, path)) = standin() else { return };
+    let (buf, start) = pageable(1 << 16);
+    {
+        let rig = rig(config(&path, ExecMode::Launch), opts());
+        // SAFETY: `buf` outlives every mapping (dropped after the rig).
+        let m = unsafe { rig.exec.map_host(start as *mut u8, 1 << 16, HostRange::Memory) }.unwrap();
+        drop(m);
+        // SAFETY: as above.
+        let again = unsafe { rig.exec.map_host(start as *mut u8, 1 << 16, HostRange::Memory) };
+        again.unwrap();
+    }
+    {
+        let rig = rig(config(&path, ExecMode::Persistent), opts());
+        round_trip(&rig, 4, 1);
+        // SAFETY: as above.
+        let m = unsafe { rig.exec.map_host(start as *mut u8, 1 << 16, HostRange::Memory) }.unwrap();
+        drop(m);
+        // SAFETY: as above.
+        let e = unsafe { rig.exec.map_host(start as *mut u8, 1 << 16, HostRange::Memory) }.err().unwrap();
+        let e = e.to_string();
+        assert!(e.contains("persistent") && e.contains(&format!("{start:#x}")), "{e}");
+    }
+    drop(buf);
+    assert!(s.violations().is_empty(), "{:?}", s.violations());
+}

@@ -470,7 +470,7 @@ impl CudaExecutor {
             cfg.mode,
             shape.max_blocks
         );
-        let registry = Registry::new(&ctx);
+        let registry = Registry::new(&ctx, cfg.mode == ExecMode::Launch);
         tracing::info!(executor = %name, driver = version, blocks = shape.max_blocks, "CUDA executor ready");
         Ok(CudaExecutor {
             cfg,

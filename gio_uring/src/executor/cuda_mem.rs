@@ -310,6 +310,28 @@ impl Current<'_> {
         self.driver.deferred.len()
     }
 
+    /// Deferred host unregistrations whose registration starts in `start..end`.
+    fn deferred_unregisters_in(&self, start: usize, end: usize) -> usize {
+        self.driver
+            .deferred
+            .iter()
+            .filter(|d| matches!(d, Deferred::Unregister(p) if (start..end).contains(&(*p as usize))))
+            .count()
+    }
+
+    /// Performs now the deferred host unregistrations whose registration starts in
+    /// `start..end` (the caller knows no kernel still uses them, and that the
+    /// driver's wait for the device ends: launch mode).
+    fn release_unregisters_in(&mut self, start: usize, end: usize) {
+        let (now, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.driver.deferred)
+            .into_iter()
+            .partition(|d| matches!(d, Deferred::Unregister(p) if (start..end).contains(&(*p as usize))));
+        self.driver.deferred = keep;
+        for d in now {
+            self.free(d);
+        }
+    }
+
     fn free(&self, what: Deferred) {
         // SAFETY: each pointer came from the matching allocation call of this context and is
         // released exactly once (it left its owner when it was handed to `release`).
@@ -498,6 +520,7 @@ struct Registered {
 pub(super) struct Registry {
     ctx: Arc<CudaCtx>,
     map: Mutex<HashMap<usize, Registered>>,
+    unregister_now: bool,
 }
 
 /// Why [`Registry::map`] failed.
@@ -517,8 +540,10 @@ impl From<MapError> for GioError {
 }
 
 impl Registry {
-    pub fn new(ctx: &Arc<CudaCtx>) -> Arc<Self> {
-        Arc::new(Registry { ctx: ctx.clone(), map: Mutex::default() })
+    /// `unregister_now`: a deferred unregistration may be run when the same memory is
+    /// registered again (launch mode: the driver's wait for the device ends).
+    pub fn new(ctx: &Arc<CudaCtx>, unregister_now: bool) -> Arc<Self> {
+        Arc::new(Registry { ctx: ctx.clone(), map: Mutex::default(), unregister_now })
     }
 
     /// # Safety
@@ -541,7 +566,27 @@ impl Registry {
                 (base, r.dev)
             }
             None => {
-                let cur = self.ctx.enter().map_err(MapError::Other)?;
+                let mut cur = self.ctx.enter().map_err(MapError::Other)?;
+                // A registration of this memory whose mapping was dropped may still wait in the
+                // deferred list (frees wait while kernels may run): the driver would refuse the
+                // range as already registered. In launch mode its unregistration can run now
+                // (the mapping's users are gone and the driver's wait for running launches
+                // ends); under a persistent kernel it would block until the kernel stops.
+                // An old registration that starts below `start` is not looked for: the driver
+                // refuses the range then, and that error is returned.
+                if cur.deferred_unregisters_in(start, end) > 0 {
+                    if !self.unregister_now {
+                        return Err(MapError::Other(GioError::Executor {
+                            executor: "cuda".into(),
+                            what: format!(
+                                "host memory {start:#x}..{end:#x} was registered before and its release \
+                                 waits for the persistent I/O kernel to stop; it cannot be registered again \
+                                 until then (stop the executor, or use launch mode)"
+                            ),
+                        }));
+                    }
+                    cur.release_unregisters_in(start, end);
+                }
                 // IOMEMORY tells the driver the range is device registers (a BAR), which it
                 // maps uncached for the GPU's stores (DESIGN.md: doorbells written by the GPU).
                 let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP
