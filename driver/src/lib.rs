@@ -16,6 +16,7 @@ pub mod command;
 pub mod controller;
 pub mod emulated;
 pub mod error;
+pub mod futex;
 pub mod owner;
 pub mod pci;
 pub mod queue;

@@ -149,23 +149,7 @@ impl RingView {
         // either it sees us and bumps wake_seq, or we see its value here.
         fence(Ordering::SeqCst);
         if !self.ready() {
-            let ts = libc::timespec {
-                tv_sec: timeout.as_secs() as libc::time_t,
-                tv_nsec: timeout.subsec_nanos() as libc::c_long,
-            };
-            // SAFETY: a futex wait on a live, aligned u32 with a relative timeout; it
-            // returns at once if the word no longer holds `seen`.
-            unsafe {
-                libc::syscall(
-                    libc::SYS_futex,
-                    seq.as_ptr(),
-                    libc::FUTEX_WAIT,
-                    seen,
-                    &ts as *const libc::timespec,
-                    std::ptr::null::<u32>(),
-                    0,
-                )
-            };
+            tutti_driver::futex::wait(seq, seen, timeout);
         }
         sleepers.fetch_sub(1, Ordering::SeqCst);
     }

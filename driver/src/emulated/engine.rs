@@ -295,7 +295,7 @@ impl Engine {
             return true;
         }
         bump(&shared.counters.parks, 1);
-        super::regs::futex_wait(wake, super::regs::WAKE_PARKED, timeout);
+        crate::futex::wait(wake, super::regs::WAKE_PARKED, timeout);
         // A writer that saw the word set swapped it to 0 (and woke us).
         if wake.swap(0, Ordering::Relaxed) != super::regs::WAKE_PARKED {
             bump(&shared.counters.woken, 1);

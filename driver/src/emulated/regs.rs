@@ -49,37 +49,8 @@ pub fn wake_controller(wake: &AtomicU32) {
     // sees our doorbell or we see it parked.
     std::sync::atomic::fence(Ordering::SeqCst);
     if wake.load(Ordering::Relaxed) != 0 && wake.swap(0, Ordering::SeqCst) != 0 {
-        futex_wake(wake);
+        crate::futex::wake(wake);
     }
-}
-
-fn futex_wake(word: &AtomicU32) {
-    // SAFETY: FUTEX_WAKE only reads the address, which is a live, aligned word;
-    // not FUTEX_PRIVATE: the word may be mapped by another process.
-    unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX, 0usize, 0usize, 0u32)
-    };
-}
-
-/// Waits until `word` is no longer `seen`, a wake, a signal, or `timeout`.
-pub(crate) fn futex_wait(word: &AtomicU32, seen: u32, timeout: std::time::Duration) {
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: the word is live and aligned and `ts` outlives the call; the
-    // kernel compares the word with `seen` before sleeping.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT,
-            seen,
-            &ts as *const libc::timespec,
-            0usize,
-            0u32,
-        )
-    };
 }
 
 /// Register files mapped in this process: (start address, length).
