@@ -46,8 +46,7 @@
 use crate::error::{DaemonError, Result};
 use memmap2::{MmapOptions, MmapRaw};
 use std::collections::HashMap;
-use std::ffi::CString;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -129,10 +128,6 @@ impl Shm {
     }
 }
 
-fn os_err(what: &str) -> DaemonError {
-    DaemonError::io(what, std::io::Error::last_os_error())
-}
-
 /// The daemon's side: the board, and which slot each client holds.
 pub(crate) struct Board {
     shm: Shm,
@@ -185,24 +180,8 @@ impl Board {
         }
         let slots = MAX_SLOTS;
         let len = board_len(slots, drives);
-        let name =
-            CString::new("tuttid-arbitration").map_err(|_| DaemonError::Config("board name".into()))?;
-        // SAFETY: a valid NUL-terminated name and plain flags.
-        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-        if raw < 0 {
-            return Err(os_err("memfd_create for the arbitration board"));
-        }
-        // SAFETY: a new descriptor nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: plain syscalls on a descriptor we own.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-            return Err(os_err("sizing the arbitration board"));
-        }
-        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-        // SAFETY: as above.
-        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
-            return Err(os_err("sealing the arbitration board"));
-        }
+        let fd = tutti_driver::memfd::create_sealed("tuttid-arbitration", len)
+            .map_err(|e| DaemonError::io("the arbitration board's memfd", e))?;
         let shm = Shm::map(fd, len)?;
         let w = shm.words();
         for (i, v) in [MAGIC, BOARD_VERSION, slots as u64, drives as u64].into_iter().enumerate() {
@@ -382,24 +361,7 @@ impl SharedArbitration {
             return Err(bad(format!("covers {} drives, the pool has {drives}", reply.drives)));
         }
         let len = board_len(slots, drives);
-        let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
-        // SAFETY: `st` is writable memory of the right size for fstat.
-        if unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) } != 0 {
-            return Err(os_err("fstat of the arbitration board"));
-        }
-        // SAFETY: fstat succeeded, so it filled `st` in.
-        let st = unsafe { st.assume_init() };
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_size != len as libc::off_t {
-            return Err(bad(format!(
-                "{} bytes (mode {:#o}), not a {len}-byte regular file",
-                st.st_size, st.st_mode
-            )));
-        }
-        // SAFETY: plain fcntl on a descriptor we own.
-        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
-            return Err(bad("not a memfd sealed against shrinking".into()));
-        }
+        tutti_driver::memfd::check_sealed(fd.as_fd(), len).map_err(bad)?;
         let shm = Shm::map(fd, len)?;
         let w = shm.words();
         let header: Vec<u64> = (0..4).map(|i| w[i].load(Ordering::SeqCst)).collect();

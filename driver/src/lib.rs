@@ -17,6 +17,7 @@ pub mod controller;
 pub mod emulated;
 pub mod error;
 pub mod futex;
+pub mod memfd;
 pub mod owner;
 pub mod pci;
 pub mod queue;

@@ -22,8 +22,7 @@ use crate::error::{DriverError, Result};
 use crate::spec::registers::{bar_len_for, offset};
 use crate::transport::{check_register, DoorbellKind, Registers};
 use memmap2::{MmapOptions, MmapRaw};
-use std::ffi::CString;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -80,33 +79,8 @@ impl RegisterFile {
     /// new sealed memfd.
     pub fn new(name: &str, max_qid: u16, dstrd: u8) -> Result<Self> {
         let len = bar_len_for(max_qid, dstrd).next_multiple_of(PAGE);
-        let label: String = format!("tutti-bar0-{name}").chars().filter(|c| *c != '\0').take(200).collect();
-        let cname = CString::new(label).map_err(|_| DriverError::invalid("register file name"))?;
-        // SAFETY: `cname` is a valid NUL-terminated string; the flags are plain constants.
-        let raw = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-        if raw < 0 {
-            return Err(DriverError::io(
-                format!("{name}: memfd_create for the register file"),
-                std::io::Error::last_os_error(),
-            ));
-        }
-        // SAFETY: `raw` is a new descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: plain syscalls on a descriptor we own.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-            return Err(DriverError::io(
-                format!("{name}: sizing the register file memfd to {len} bytes"),
-                std::io::Error::last_os_error(),
-            ));
-        }
-        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-        // SAFETY: as above.
-        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
-            return Err(DriverError::io(
-                format!("{name}: sealing the register file memfd"),
-                std::io::Error::last_os_error(),
-            ));
-        }
+        let fd = crate::memfd::create_sealed(&format!("tutti-bar0-{name}"), len)
+            .map_err(|e| DriverError::io(format!("{name}: the register file's memfd"), e))?;
         Self::map(name, fd, len)
     }
 
@@ -124,27 +98,7 @@ impl RegisterFile {
                 bar_len_for(0, 0)
             )));
         }
-        let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
-        // SAFETY: `st` is writable memory of the right size for fstat.
-        if unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) } != 0 {
-            return Err(DriverError::io(
-                format!("{name}: fstat of the register file"),
-                std::io::Error::last_os_error(),
-            ));
-        }
-        // SAFETY: fstat succeeded, so it filled `st` in.
-        let st = unsafe { st.assume_init() };
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_size != len as libc::off_t {
-            return Err(bad(format!(
-                "the file is {} bytes (mode {:#o}), not a {len:#x}-byte regular file",
-                st.st_size, st.st_mode
-            )));
-        }
-        // SAFETY: plain fcntl on a descriptor we own.
-        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
-            return Err(bad("the file is not a memfd sealed against shrinking".into()));
-        }
+        crate::memfd::check_sealed(fd.as_fd(), len).map_err(bad)?;
         Self::map(name, fd, len)
     }
 
