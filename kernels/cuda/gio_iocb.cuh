@@ -5,7 +5,7 @@
  * IOCTXs in runs of blockDim, every nparts-th run. A lane builds the command
  * for its IOCTX — from the IOCTX itself, or for a layer IOCB by expanding a
  * (file, block) pair through the device-resident layer table — takes a ticket
- * (tt_warp_reserve), submits, and after its last submission waits for each of
+ * (tt_warp_enter), submits, and after its last submission waits for each of
  * its IOCTXs to finish. The last part to finish posts the IOCB's completion.
  */
 #ifndef TUTTI_GIO_IOCB_CUH
@@ -330,16 +330,16 @@ TT_DEVICE void tt_process_staged(const struct tt_exec_ctx* ctx, uint32_t b, cons
                     tt_atomic_add_u64(&sg->waits, 1);
                 }
             }
-            if (!tt_warp_enter(ctx, target) && target >= 0) {
+            uint64_t ticket = 0;
+            if (!tt_warp_enter(ctx, target, &ticket) && target >= 0) {
                 tt_finish_ioctx(ctx, ref, TT_STATUS(TT_KIND_QUEUE_RECOVERING, queue), 0);
                 tt_stage_release(sg, slot, TT_STATUS_SUCCESS);
                 target = -1;
                 pending = false;
             }
-            const uint64_t ticket = tt_warp_reserve(ctx, target);
             if (target >= 0) {
                 pending = false;
-                const uint32_t st = tt_sq_submit(ctx, queue, ticket, &sqe, ref, io);
+                const uint32_t st = tt_sq_submit(ctx, queue, ticket, &sqe, ref, io, true);
                 if (st != TT_STATUS_PENDING) {
                     /* Never published: the drive never saw the slot. */
                     tt_finish_ioctx(ctx, ref, st, 0);
@@ -413,20 +413,25 @@ TT_NOINLINE void tt_process_part(const struct tt_exec_ctx* ctx, uint32_t b, uint
             else
                 tt_finish_ioctx(ctx, ref, st, 0);
         }
-        if (!tt_warp_enter(ctx, target) && target >= 0) {
+        uint64_t ticket = 0;
+        if (!tt_warp_enter(ctx, target, &ticket) && target >= 0) {
             tt_finish_ioctx(ctx, ref, TT_STATUS(TT_KIND_QUEUE_RECOVERING, queue), 0);
             target = -1;
         }
-        const uint64_t ticket = tt_warp_reserve(ctx, target);
+        int32_t written = -1;
         if (target >= 0) {
-            const uint32_t st = tt_sq_submit(ctx, queue, ticket, &sqe, ref, &iocb->ioctx[i]);
+            const uint32_t st = tt_sq_submit(ctx, queue, ticket, &sqe, ref, &iocb->ioctx[i], false);
             if (st != TT_STATUS_PENDING) {
                 tt_finish_ioctx(ctx, ref, st, 0);
                 tt_queue_leave(ctx, queue);
-            } else if (round < 64u) {
-                admitted |= 1ull << round;
+            } else {
+                written = target;
+                if (round < 64u) admitted |= 1ull << round;
             }
         }
+        /* One doorbell per queue for the warp's entries (the lane's entry stays
+         * admitted, so the queue cannot be recovered under it meanwhile). */
+        tt_warp_publish(ctx, written);
     }
 
     round = 0;

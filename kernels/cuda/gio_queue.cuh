@@ -3,7 +3,7 @@
  *
  * Submission (see struct tt_nvmeq in tutti_gio.h):
  *   1. tickets: a warp takes one ticket per lane with a single atomic add per
- *      queue it targets (tt_warp_reserve);
+ *      queue it targets, once the queue's gate admits it (tt_warp_enter);
  *   2. ordered laps: ticket t owns slot t % depth on lap t / depth and waits
  *      until slot_turn says the previous lap's command finished (its CID is
  *      free) and the last SQHD says the SQ has room;
@@ -204,16 +204,19 @@ TT_DEVICE void tt_sq_publish(struct tt_nvmeq* q) {
     }
 }
 
-/* Each lane names the queue it is about to submit to (-1: none); one atomic
- * per distinct queue in the warp adds the lanes to the queue's users, then
- * reads whether the host is recovering it (tt_qgate). True if the lane was
- * admitted: it must tt_queue_leave once its command has finished. Refused
- * lanes have not touched the queue. Every lane of the warp must call this. */
-TT_DEVICE bool tt_warp_enter(const struct tt_exec_ctx* ctx, int32_t queue) {
+/* Each lane names the queue it is about to submit to (-1: none). Per distinct
+ * queue in the warp, one lane adds the lanes to the queue's users, reads whether
+ * the host is recovering it (tt_qgate), and only if not takes one ticket per lane
+ * with a single atomic add. True if the lane was admitted, with its ticket in
+ * *ticket: it must tt_queue_leave once its command has finished. Refused lanes
+ * have not touched the queue (and took no ticket: tickets have no holes). Every
+ * lane of the warp must call this. */
+TT_DEVICE bool tt_warp_enter(const struct tt_exec_ctx* ctx, int32_t queue, uint64_t* ticket) {
     const uint32_t peers = tt_warp_match((uint32_t)queue);
     const uint32_t lane = tt_lane_id();
     const uint32_t leader = tt_ffs(peers) - 1u;
-    uint64_t admitted = 0;
+    /* 0: refused; else the first ticket of the group, plus one. */
+    uint64_t first = 0;
     if (queue >= 0 && lane == leader) {
         struct tt_qgate* g = ctx->queues[queue].gate;
         const uint32_t n = tt_popc(peers);
@@ -223,10 +226,11 @@ TT_DEVICE bool tt_warp_enter(const struct tt_exec_ctx* ctx, int32_t queue) {
         if (tt_ld_acquire_u32(&g->recovering))
             tt_atomic_add_sys_u32(&g->users, 0u - n);
         else
-            admitted = 1;
+            first = tt_atomic_add_u64(&ctx->queues[queue].ticket, n) + 1u;
     }
-    admitted = tt_warp_shfl_u64(admitted, leader);
-    return queue >= 0 && admitted != 0;
+    first = tt_warp_shfl_u64(first, leader);
+    *ticket = first - 1u + tt_popc(peers & ((1u << lane) - 1u));
+    return queue >= 0 && first != 0;
 }
 
 /* The end of an admitted command's use of queue `qidx`: everything this lane
@@ -236,22 +240,12 @@ TT_DEVICE void tt_queue_leave(const struct tt_exec_ctx* ctx, uint32_t qidx) {
     tt_atomic_add_sys_u32(&ctx->queues[qidx].gate->users, 0xFFFFFFFFu);
 }
 
-/* Each lane names the queue it wants a ticket on (-1: none); one atomic per
- * distinct queue in the warp. Every lane of the warp must call this. */
-TT_DEVICE uint64_t tt_warp_reserve(const struct tt_exec_ctx* ctx, int32_t queue) {
-    const uint32_t peers = tt_warp_match((uint32_t)queue);
-    const uint32_t lane = tt_lane_id();
-    const uint32_t leader = tt_ffs(peers) - 1u;
-    uint64_t base = 0;
-    if (queue >= 0 && lane == leader) base = tt_atomic_add_u64(&ctx->queues[queue].ticket, tt_popc(peers));
-    base = tt_warp_shfl_u64(base, leader);
-    return base + tt_popc(peers & ((1u << lane) - 1u));
-}
-
-/* Puts `cmd` into slot ticket % depth of queue `qidx` and publishes it.
+/* Puts `cmd` into slot ticket % depth of queue `qidx` and, if `publish`, publishes it.
+ * A caller passing false must publish the queue itself (tt_warp_publish), or leave it
+ * to the wait (tt_wait_ioctx publishes while its command is unreaped).
  * Returns TT_STATUS_PENDING once submitted, or the status the IOCTX fails with. */
 TT_DEVICE uint32_t tt_sq_submit(const struct tt_exec_ctx* ctx, uint32_t qidx, uint64_t ticket, struct tt_sqe* cmd,
-                                uint32_t ref, struct tt_ioctx* io) {
+                                uint32_t ref, struct tt_ioctx* io, bool publish) {
     struct tt_nvmeq* q = &ctx->queues[qidx];
     const uint32_t depth = q->depth;
     const uint32_t slot = (uint32_t)(ticket % depth);
@@ -289,10 +283,24 @@ TT_DEVICE uint32_t tt_sq_submit(const struct tt_exec_ctx* ctx, uint32_t qidx, ui
     for (int k = 0; k < 8; k++) tt_st_relaxed_u64(&entry[k], cmd->w[k]);
     /* System-scope release: the entry reaches the controller before any doorbell that covers it. */
     tt_st_release_u64(&q->slot_ready[slot], ticket + 1);
-    /* Pairs with the fence in tt_sq_publish after the lock is dropped. */
-    tt_fence_device();
-    tt_sq_publish(q);
+    if (publish) {
+        /* Pairs with the fence in tt_sq_publish after the lock is dropped. */
+        tt_fence_device();
+        tt_sq_publish(q);
+    }
     return TT_STATUS_PENDING;
+}
+
+/* Each lane names the queue it just wrote an entry to (-1: none); the lowest
+ * lane per distinct queue publishes it, so a warp's entries reach the drive
+ * with one doorbell per queue rather than one per lane. An entry this look
+ * misses (its writer's release not yet visible here) is published by its own
+ * lane's tt_wait_ioctx. Every lane of the warp must call this. */
+TT_DEVICE void tt_warp_publish(const struct tt_exec_ctx* ctx, int32_t queue) {
+    const uint32_t peers = tt_warp_match((uint32_t)queue);
+    if (queue < 0 || tt_lane_id() != tt_ffs(peers) - 1u) return;
+    tt_fence_device();
+    tt_sq_publish(&ctx->queues[queue]);
 }
 
 /* Waits until IOCTX `index` of IOCB `b` (submitted by this lane) is finished,

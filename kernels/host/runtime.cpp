@@ -168,6 +168,12 @@ struct Warp {
     /* Double-buffered by barrier generation: a lane cannot reach exchange g + 2 before
      * every lane has read exchange g (it needs them all at g + 1 first). */
     uint64_t slots[2][32] = {};
+    /* What tt_host_warp_match and tt_host_warp_any derive from slots[buf]: computed once,
+     * by the first lane to read them after the exchange (reduced_gen[buf] is then the
+     * barrier generation that exchange completed), not once per lane. */
+    uint32_t match[2][32] = {};
+    uint32_t any[2] = {};
+    uint32_t reduced_gen[2] = {~0u, ~0u};
 };
 
 struct Lane {
@@ -391,7 +397,12 @@ int block_init(Launch* l, BlockRun* b, uint32_t index) {
         if (mprotect(lo, kGuard, PROT_NONE) != 0) return errno;
         Lane& lane = b->lanes[t];
         lane.id = tt_host_lane_ctx{t, l->first + index, n, l->grid, 0};
-        ctx_init(&lane.ctx, lo + kGuard, kLaneStack);
+        /* Stack tops 4 KiB apart would put every lane's hot frames in the same L1 sets
+         * (a switch then misses on each line it touches): start each lane's stack a
+         * different number of cache lines below its top (19 lines, coprime with the
+         * 64 sets, spreads 32 lanes over all of them). */
+        const size_t stagger = (size_t)(t * 19u % 64u) * 64u;
+        ctx_init(&lane.ctx, lo + kGuard, kLaneStack - stagger);
 #if defined(TT_HOST_VALGRIND)
         b->stack_ids.push_back(VALGRIND_STACK_REGISTER(lo + kGuard, lo + kGuard + kLaneStack));
 #endif
@@ -415,14 +426,53 @@ extern "C" void tt_host_fiber_entry() {
     abort(); /* unreachable: a finished lane is never picked again */
 }
 
-void tt_host_warp_exchange(uint64_t v, uint64_t* all) {
+const uint64_t* tt_host_warp_exchange(uint64_t v) {
     BlockRun* b = t_block;
     const uint32_t t = b->cur;
     Warp& w = b->warps[t / 32];
     const uint32_t buf = w.bar.gen & 1u;
     w.slots[buf][t & 31] = v;
     arrive_and_wait(b, &w.bar);
-    memcpy(all, w.slots[buf], sizeof w.slots[buf]);
+    return w.slots[buf];
+}
+
+namespace {
+/* The warp of the calling lane after an exchange into buffer `buf`, its reductions
+ * computed: every lane's match mask (lanes whose low 32 bits are equal) and any.
+ * Until this lane's next exchange, bar.gen stays the generation this one completed. */
+Warp& warp_reduced(uint32_t buf) {
+    BlockRun* b = t_block;
+    Warp& w = b->warps[b->cur / 32];
+    if (w.reduced_gen[buf] != w.bar.gen) {
+        const uint64_t* slot = w.slots[buf];
+        uint32_t left = 0xFFFFFFFFu;
+        uint64_t any = 0;
+        while (left) {
+            const uint32_t first = (uint32_t)__builtin_ctz(left);
+            const uint32_t v = (uint32_t)slot[first];
+            uint32_t mask = 0;
+            for (uint32_t i = first; i < 32; i++) mask |= (uint32_t)((uint32_t)slot[i] == v) << i;
+            for (uint32_t m = mask; m; m &= m - 1) w.match[buf][__builtin_ctz(m)] = mask;
+            left &= ~mask;
+        }
+        for (uint32_t i = 0; i < 32; i++) any |= slot[i];
+        w.any[buf] = any != 0;
+        w.reduced_gen[buf] = w.bar.gen;
+    }
+    return w;
+}
+}  // namespace
+
+uint32_t tt_host_warp_match(uint32_t v) {
+    const uint32_t buf = t_block->warps[t_block->cur / 32].bar.gen & 1u;
+    tt_host_warp_exchange(v);
+    return warp_reduced(buf).match[buf][t_block->cur & 31];
+}
+
+bool tt_host_warp_any(bool pred) {
+    const uint32_t buf = t_block->warps[t_block->cur / 32].bar.gen & 1u;
+    tt_host_warp_exchange(pred ? 1 : 0);
+    return warp_reduced(buf).any[buf] != 0;
 }
 
 void tt_host_block_sync(void) {

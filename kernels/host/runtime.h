@@ -22,8 +22,15 @@ struct tt_host_lane_ctx {
 /* The lane running on this OS thread now (switched with the fiber). */
 extern thread_local struct tt_host_lane_ctx* tt_host_lane;
 
-/* Warp collective: every lane of the warp passes `v`; `all[i]` receives lane i's value. */
-void tt_host_warp_exchange(uint64_t v, uint64_t* all);
+/* Warp collective: every lane of the warp passes `v`; returns the warp's 32 values (lane i's
+ * at [i]), readable until the calling lane's next exchange (double-buffered: no lane can
+ * write this buffer again before every lane has passed that next exchange). */
+const uint64_t* tt_host_warp_exchange(uint64_t v);
+/* Warp collectives with one result per lane, computed once per warp rather than by
+ * every lane: the lanes whose `v` equals the caller's (bit i: lane i), and whether
+ * any lane passed true. */
+uint32_t tt_host_warp_match(uint32_t v);
+bool tt_host_warp_any(bool pred);
 /* __syncthreads. */
 void tt_host_block_sync(void);
 /* Storage shared by the lanes of this block; successive calls get successive chunks. */

@@ -173,26 +173,12 @@ TT_DEVICE uint64_t tt_atomic_min_u64(uint64_t* p, uint64_t v) {
 }
 
 TT_DEVICE uint32_t tt_lane_id() { return tt_host_lane->thread_idx & (TT_WARP_SIZE - 1); }
-/* Host collectives: every lane posts a value, all lanes read all values (runtime.cpp). */
-TT_DEVICE bool tt_warp_any(bool pred) {
-    uint64_t all[TT_WARP_SIZE];
-    tt_host_warp_exchange(pred ? 1 : 0, all);
-    for (uint32_t i = 0; i < TT_WARP_SIZE; i++)
-        if (all[i]) return true;
-    return false;
-}
-TT_DEVICE uint32_t tt_warp_match(uint32_t v) {
-    uint64_t all[TT_WARP_SIZE];
-    tt_host_warp_exchange(v, all);
-    uint32_t mask = 0;
-    for (uint32_t i = 0; i < TT_WARP_SIZE; i++)
-        if ((uint32_t)all[i] == v) mask |= 1u << i;
-    return mask;
-}
+/* Host collectives: every lane posts a value, then reads the warp's values, or
+ * a result computed once for the warp, in place (runtime.cpp). */
+TT_DEVICE bool tt_warp_any(bool pred) { return tt_host_warp_any(pred); }
+TT_DEVICE uint32_t tt_warp_match(uint32_t v) { return tt_host_warp_match(v); }
 TT_DEVICE uint64_t tt_warp_shfl_u64(uint64_t v, uint32_t src) {
-    uint64_t all[TT_WARP_SIZE];
-    tt_host_warp_exchange(v, all);
-    return all[src & (TT_WARP_SIZE - 1)];
+    return tt_host_warp_exchange(v)[src & (TT_WARP_SIZE - 1)];
 }
 TT_DEVICE void tt_syncthreads() { tt_host_block_sync(); }
 TT_DEVICE uint32_t tt_popc(uint32_t v) { return (uint32_t)__builtin_popcount(v); }
