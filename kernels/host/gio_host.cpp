@@ -27,6 +27,11 @@ void* tt_host_launch_blocks(uint32_t kernel, uint32_t grid, uint32_t first, uint
     return tt_host_launch_blocks_fn(kernel_fn(kernel), grid, first, count, block, args, err, errlen);
 }
 
+/* One block run on its callers' threads (runtime.cpp, tt_host_inline_run). */
+void* tt_host_inline(uint32_t kernel, uint32_t block, const tt_host_args* args, char* err, size_t errlen) {
+    return tt_host_inline_new(kernel_fn(kernel), block, args, err, errlen);
+}
+
 /* The executor's ring operations, callable from Rust tests and benches. */
 int tt_host_ring_pop(tt_ring* r, uint64_t* out) { return tt_ring_pop(r, out) ? 1 : 0; }
 int tt_host_ring_push(tt_ring* r, uint64_t v) { return tt_ring_push(r, v) ? 1 : 0; }

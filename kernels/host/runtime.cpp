@@ -68,6 +68,7 @@ constexpr uint32_t kMaxLanes = 4096;
 constexpr uint64_t kSlackNs = 5000;
 /* Below this the OS thread yields the core instead of sleeping. */
 constexpr uint64_t kYieldNs = 2000;
+constexpr uint64_t kInlineYieldNs = 50000;
 
 /* ------------------------------------------------------------- contexts */
 
@@ -200,6 +201,10 @@ struct BlockRun {
     uint32_t cur = 0;
     uint32_t live = 0;
     uint64_t now_hint = 0; /* a clock reading for run_next (0: none) */
+    /* Run by its caller (tt_host_inline_run) rather than by a thread of its own: when no
+     * lane can run, run_next goes back to the caller once `deadline` (ns) has passed. */
+    bool inline_run = false;
+    uint64_t deadline = 0;
     Ctx main;
     unsigned char* stacks = nullptr;
     size_t stacks_len = 0;
@@ -303,8 +308,18 @@ void run_next(BlockRun* b) {
         if (earliest == UINT64_MAX) deadlock(b);
         now = now_ns();
         if (earliest <= now + kSlackNs) continue;
+        if (b->inline_run) {
+            if (now >= b->deadline) {
+                /* Back to the caller; its next run resumes this scan. */
+                ctx_switch(&b->lanes[b->cur].ctx, &b->main);
+                continue;
+            }
+            if (b->deadline < earliest) earliest = b->deadline;
+        }
         const uint64_t dt = earliest - now;
-        if (dt < kYieldNs)
+        /* A caller-driven block yields rather than sleeps for longer: its thread's
+         * timer slack is the caller's (50 us by default), not ours. */
+        if (dt < (b->inline_run ? kInlineYieldNs : kYieldNs))
             sched_yield();
         else if (parked)
             futex_wait(parked->park_word, parked->park_seen, dt);
@@ -367,6 +382,8 @@ void* block_main(void* p) {
     return nullptr;
 }
 
+void lanes_reset(BlockRun* b);
+
 /* Sets up block `index` of a launch: lanes, barriers, stacks. Returns 0 or an errno. */
 int block_init(Launch* l, BlockRun* b, uint32_t index) {
     const uint32_t n = l->block_dim;
@@ -397,17 +414,40 @@ int block_init(Launch* l, BlockRun* b, uint32_t index) {
         if (mprotect(lo, kGuard, PROT_NONE) != 0) return errno;
         Lane& lane = b->lanes[t];
         lane.id = tt_host_lane_ctx{t, l->first + index, n, l->grid, 0};
+#if defined(TT_HOST_VALGRIND)
+        b->stack_ids.push_back(VALGRIND_STACK_REGISTER(lo + kGuard, lo + kGuard + kLaneStack));
+#endif
+    }
+    lanes_reset(b);
+    return 0;
+}
+
+/* Every lane of `b` at the start of the kernel, none waiting anywhere. */
+void lanes_reset(BlockRun* b) {
+    const uint32_t n = (uint32_t)b->lanes.size();
+    const size_t per = kLaneStack + kGuard;
+    b->live = n;
+    b->cur = 0;
+    b->block_bar.expected = n;
+    b->block_bar.arrived = 0;
+    for (Warp& w : b->warps) {
+        w.bar.expected = 32;
+        w.bar.arrived = 0;
+    }
+    for (uint32_t t = 0; t < n; t++) {
+        unsigned char* lo = b->stacks + per * t;
+        Lane& lane = b->lanes[t];
+        lane.state = kRun;
+        lane.waiting = nullptr;
+        lane.park_word = nullptr;
+        lane.id.shared_offset = 0;
         /* Stack tops 4 KiB apart would put every lane's hot frames in the same L1 sets
          * (a switch then misses on each line it touches): start each lane's stack a
          * different number of cache lines below its top (19 lines, coprime with the
          * 64 sets, spreads 32 lanes over all of them). */
         const size_t stagger = (size_t)(t * 19u % 64u) * 64u;
         ctx_init(&lane.ctx, lo + kGuard, kLaneStack - stagger);
-#if defined(TT_HOST_VALGRIND)
-        b->stack_ids.push_back(VALGRIND_STACK_REGISTER(lo + kGuard, lo + kGuard + kLaneStack));
-#endif
     }
-    return 0;
 }
 
 }  // namespace
@@ -602,3 +642,76 @@ extern "C" void tt_host_launch_join(void* launch) {
     for (auto& b : l->blocks) pthread_join(b->tid, nullptr);
     delete l;
 }
+
+/* ------------------------------------------------------------ inline runs */
+
+/* One block of `block` lanes running `fn` on the threads of its callers, one call at a
+ * time (tt_host_inline_run): no thread of its own. */
+extern "C" void* tt_host_inline_new(tt_host_kernel_fn fn, uint32_t block, const tt_host_args* args, char* err,
+                                    size_t errlen) {
+    if (!fn || !args) {
+        set_err(err, errlen, "no kernel or no arguments", 0);
+        return nullptr;
+    }
+    if (block == 0 || block % 32 != 0 || block > kMaxLanes) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "invalid inline block of %u threads (a multiple of 32, at most %u)", block,
+                 kMaxLanes);
+        set_err(err, errlen, msg, 0);
+        return nullptr;
+    }
+    Launch* l = new (std::nothrow) Launch();
+    if (!l) {
+        set_err(err, errlen, "out of memory", 0);
+        return nullptr;
+    }
+    int rc = 0;
+    try {
+        l->fn = fn;
+        l->args = *args;
+        l->grid = 1;
+        l->first = 0;
+        l->block_dim = block;
+        l->blocks.push_back(std::make_unique<BlockRun>());
+        rc = block_init(l, l->blocks.back().get(), 0);
+    } catch (...) {
+        delete l;
+        set_err(err, errlen, "out of memory", 0);
+        return nullptr;
+    }
+    if (rc != 0) {
+        delete l;
+        set_err(err, errlen, "cannot map lane stacks", rc);
+        return nullptr;
+    }
+    BlockRun* b = l->blocks[0].get();
+    b->inline_run = true;
+    b->live = 0; /* not started: the first run with start = 1 starts it */
+    return l;
+}
+
+/* Runs the block on the calling thread until no lane can run and `deadline_ns`
+ * (CLOCK_MONOTONIC) has passed, or until every lane has returned; meanwhile it
+ * sleeps as a block thread would, but never past the deadline. A block whose lanes
+ * have all returned is started afresh first if `start`. Returns 1 once every lane
+ * has returned (the kernel is not running), else 0. Not for concurrent callers. */
+extern "C" int tt_host_inline_run(void* h, int start, uint64_t deadline_ns) {
+    Launch* l = static_cast<Launch*>(h);
+    BlockRun* b = l->blocks[0].get();
+    if (b->live == 0) {
+        if (!start) return 1;
+        lanes_reset(b);
+    }
+    BlockRun* const saved_block = t_block;
+    tt_host_lane_ctx* const saved_lane = tt_host_lane;
+    b->deadline = deadline_ns;
+    t_block = b;
+    tt_host_lane = &b->lanes[b->cur].id;
+    ctx_switch(&b->main, &b->lanes[b->cur].ctx);
+    t_block = saved_block;
+    tt_host_lane = saved_lane;
+    return b->live == 0 ? 1 : 0;
+}
+
+/* Frees an inline block. Lanes that have not returned are dropped where they wait. */
+extern "C" void tt_host_inline_free(void* h) { delete static_cast<Launch*>(h); }

@@ -75,6 +75,12 @@ void* tt_host_launch_blocks_fn(tt_host_kernel_fn fn, uint32_t grid, uint32_t fir
 int tt_host_launch_finished(void* launch);
 /* Waits for every lane, then frees the launch. */
 void tt_host_launch_join(void* launch);
+/* A block of `block` lanes running `fn` on its callers' threads instead of its own: see
+ * tt_host_inline_run (runtime.cpp). NULL with a message in err on failure. */
+void* tt_host_inline_new(tt_host_kernel_fn fn, uint32_t block, const struct tt_host_args* args, char* err,
+                         size_t errlen);
+int tt_host_inline_run(void* h, int start, uint64_t deadline_ns);
+void tt_host_inline_free(void* h);
 /* Wakes every OS thread parked (tt_host_park) on `word`; the caller changed it first. */
 void tt_host_wake(uint32_t* word);
 #ifdef __cplusplus

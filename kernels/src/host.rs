@@ -76,6 +76,15 @@ extern "C" {
         errlen: usize,
     ) -> *mut c_void;
     fn tt_host_launch_finished(launch: *mut c_void) -> c_int;
+    fn tt_host_inline(
+        kernel: u32,
+        block: u32,
+        args: *const HostArgs,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> *mut c_void;
+    fn tt_host_inline_run(h: *mut c_void, start: c_int, deadline_ns: u64) -> c_int;
+    fn tt_host_inline_free(h: *mut c_void);
     fn tt_host_launch_join(launch: *mut c_void);
     fn tt_host_ring_pop(ring: *mut RingHeader, out: *mut u64) -> c_int;
     fn tt_host_ring_push(ring: *mut RingHeader, value: u64) -> c_int;
@@ -169,6 +178,68 @@ impl Drop for HostLaunch {
         // SAFETY: joined and freed exactly once, here.
         unsafe { tt_host_launch_join(self.handle.as_ptr()) }
     }
+}
+
+/// One block of a kernel run on the threads of its callers, one call at a time,
+/// instead of on a thread of its own: [`HostInline::run`] switches the calling
+/// thread onto the block's lanes (fibers) until none can run before a deadline,
+/// or the kernel returns. Between runs the lanes stay where they wait.
+pub struct HostInline {
+    handle: NonNull<c_void>,
+    kernel: HostKernel,
+}
+
+// SAFETY: the block's state is only touched inside `run`, which takes `&mut self`; the lanes
+// keep nothing tied to the OS thread between runs (the runtime saves and restores its
+// thread-locals around each run).
+unsafe impl Send for HostInline {}
+
+impl HostInline {
+    /// A block of `block` lanes (a multiple of 32) of `kernel`, not started.
+    ///
+    /// # Safety
+    /// As for [`HostLaunch::start`], until the block is dropped.
+    pub unsafe fn new(kernel: HostKernel, block: u32, args: HostArgs) -> Result<Self, KernelError> {
+        let mut err = [0 as c_char; 256];
+        // SAFETY: as in `HostLaunch::start_blocks`.
+        let handle = unsafe { tt_host_inline(kernel as u32, block, &args, err.as_mut_ptr(), err.len()) };
+        match NonNull::new(handle) {
+            Some(handle) => Ok(HostInline { handle, kernel }),
+            None => {
+                // SAFETY: the runtime NUL-terminates the message within the buffer (snprintf).
+                let reason = unsafe { CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned();
+                Err(KernelError::HostLaunch { kernel: kernel.name(), grid: 1, block, reason })
+            }
+        }
+    }
+
+    pub fn kernel(&self) -> HostKernel {
+        self.kernel
+    }
+
+    /// Runs the lanes on this thread until none can run and `deadline_ns`
+    /// (CLOCK_MONOTONIC) has passed, sleeping meanwhile as a block thread would
+    /// (never past the deadline), or until the kernel returns. A kernel that has
+    /// returned is started again first if `start`. True once it has returned.
+    pub fn run(&mut self, start: bool, deadline_ns: u64) -> bool {
+        // SAFETY: `handle` is live until drop; `&mut self` keeps runs one at a time.
+        unsafe { tt_host_inline_run(self.handle.as_ptr(), c_int::from(start), deadline_ns) != 0 }
+    }
+}
+
+impl Drop for HostInline {
+    fn drop(&mut self) {
+        // SAFETY: freed exactly once, here.
+        unsafe { tt_host_inline_free(self.handle.as_ptr()) }
+    }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock of [`HostInline::run`]'s deadline.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid out pointer; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The executor's consumer side of a ring (the code `tt_gio_issue` uses).

@@ -181,10 +181,10 @@ fn command_rates_cover_every_path_and_batch_and_the_reads_are_checked() {
     assert_eq!(u(&r["read_bytes"]), 4096);
     assert_eq!(r["data_pointer"], "SGL");
     // The read buffer (8 reads of 4K) is checked after the queue pair and each gio mode.
-    assert_eq!(u(&r["bytes_verified"]), 3 * 8 * 4096);
+    assert_eq!(u(&r["bytes_verified"]), 4 * 8 * 4096);
     let results = r["results"].as_array().expect("results");
     let nop_ok = r["io_uring_unavailable"].is_null();
-    for path in ["IoQueuePair", "gio launch", "gio persistent"] {
+    for path in ["IoQueuePair", "gio launch", "gio persistent", "gio inline"] {
         for batch in [1u64, 8] {
             let m = results
                 .iter()

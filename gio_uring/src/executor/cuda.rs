@@ -337,6 +337,11 @@ impl CudaExecutor {
         if cfg.blocks_per_sm == Some(0) || cfg.sm_count == Some(0) {
             return Err(config_err("blocks_per_sm and sm_count must be at least 1 when set"));
         }
+        if cfg.mode == ExecMode::Inline {
+            return Err(config_err(
+                "inline mode runs lanes on the calling host thread: only the host executor has it",
+            ));
+        }
         if cfg.mode == ExecMode::Persistent && cfg.sm_count.is_none() {
             return Err(config_err(
                 "persistent mode needs an SM partition (sm_count): a kernel that never returns would hold \
@@ -432,7 +437,7 @@ impl CudaExecutor {
                 })
             };
             let io = match cfg.mode {
-                ExecMode::Launch => kernels.issue,
+                ExecMode::Launch | ExecMode::Inline => kernels.issue,
                 ExecMode::Persistent => kernels.persistent,
             };
             let io_cost = cost(io, bt)?;
@@ -443,7 +448,7 @@ impl CudaExecutor {
             })?;
             let occ = occ.max(0) as u32;
             let per_sm = match cfg.mode {
-                ExecMode::Launch => occ,
+                ExecMode::Launch | ExecMode::Inline => occ,
                 // A grid that fills the partition keeps tt_gio_wait from ever becoming resident.
                 ExecMode::Persistent => {
                     occ.min(sm.blocks_leaving_room(io_cost, Some(cost(kernels.wait, WAIT_BLOCK_MAX)?)))

@@ -14,10 +14,10 @@ use crate::mem::{ExecMemory, HostMapping, HostMemory, HostRange, MemKind};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tutti_driver::transport::DoorbellKind;
 use tutti_kernels::abi::{ExecCtx, RingHeader};
-use tutti_kernels::host::{HostArgs, HostKernel, HostLaunch};
+use tutti_kernels::host::{monotonic_ns, HostArgs, HostInline, HostKernel, HostLaunch};
 
 /// How many lanes, and in which mode.
 #[derive(Clone, Debug)]
@@ -53,7 +53,13 @@ struct State {
     binding: Option<ExecBinding>,
     persistent: Option<HostLaunch>,
     launches: Vec<HostLaunch>,
+    /// Inline mode: the block its callers run.
+    inline: Option<HostInline>,
 }
+
+/// Inline mode: how long `stop` runs the lanes for the commands still in flight
+/// (each is bounded by the ring's command timeout) before it gives up on them.
+const INLINE_STOP_WAIT: Duration = Duration::from_secs(30);
 
 /// Runs the I/O kernels on host threads. Needs no GPU; used in tests and on
 /// machines without CUDA, against emulated or real (VFIO) controllers.
@@ -92,6 +98,12 @@ impl HostExecutor {
         if cfg.blocks == 0 || cfg.max_launches == 0 {
             return Err(GioError::invalid("blocks and max_launches must be at least 1"));
         }
+        if cfg.mode == ExecMode::Inline && cfg.blocks != 1 {
+            return Err(GioError::invalid(format!(
+                "inline mode runs one block on the calling thread, not {}",
+                cfg.blocks
+            )));
+        }
         let (relay, via) = match &cfg.doorbells {
             DoorbellMode::Direct => (None, ""),
             DoorbellMode::Relay(rc) => (Some(DoorbellRelay::new(rc.clone())?), ", doorbell relay"),
@@ -128,6 +140,15 @@ impl HostExecutor {
         };
         st.launches.push(launch);
         Ok(())
+    }
+
+    /// Inline mode: runs the block on this thread until no lane can run and
+    /// `max` has passed (0: just what can run now), starting its kernel afresh
+    /// first if it had returned and `start`.
+    fn pump(&self, st: &mut State, start: bool, max: Duration) -> Result<bool> {
+        let Some(block) = st.inline.as_mut() else { return Err(self.err("not started")) };
+        let deadline = monotonic_ns().saturating_add(max.as_nanos().min(u64::MAX as u128) as u64);
+        Ok(block.run(start, deadline))
     }
 }
 
@@ -193,12 +214,27 @@ impl Executor for HostExecutor {
             };
             st.persistent = Some(launch);
         }
+        if self.cfg.mode == ExecMode::Inline {
+            // SAFETY: as in `launch`: the block is dropped in `stop`, before the context goes.
+            let block = unsafe {
+                HostInline::new(
+                    HostKernel::Issue,
+                    self.cfg.block_lanes,
+                    HostArgs::exec(binding.ctx as *mut ExecCtx),
+                )?
+            };
+            st.inline = Some(block);
+        }
         Ok(())
     }
 
     fn kick(&self, sm_budget: u32) -> Result<()> {
-        if self.cfg.mode == ExecMode::Persistent {
-            return Ok(());
+        match self.cfg.mode {
+            ExecMode::Persistent => return Ok(()),
+            // Submits what was pushed: the lanes build, submit and publish, then return
+            // here once they only wait for the drives.
+            ExecMode::Inline => return self.pump(&mut *self.state()?, true, Duration::ZERO).map(|_| ()),
+            ExecMode::Launch => {}
         }
         let mut st = self.state()?;
         st.launches.retain(|l| !l.finished());
@@ -217,6 +253,7 @@ impl Executor for HostExecutor {
                 }
                 _ => Ok(()),
             },
+            ExecMode::Inline => self.pump(&mut st, queued, Duration::ZERO).map(|_| ()),
             ExecMode::Launch => {
                 st.launches.retain(|l| !l.finished());
                 // A launch that found the ring empty just before more parts were pushed
@@ -227,6 +264,14 @@ impl Executor for HostExecutor {
                 Ok(())
             }
         }
+    }
+
+    fn drive(&self, queued: bool, max: Duration) -> Result<bool> {
+        if self.cfg.mode != ExecMode::Inline {
+            return Ok(false);
+        }
+        self.pump(&mut *self.state()?, queued, max)?;
+        Ok(true)
     }
 
     fn wait_kernel(&self, ids: &[u32], seqs: &[u32], timeout: Duration) -> Result<u32> {
@@ -247,6 +292,13 @@ impl Executor for HostExecutor {
         // SAFETY: `ids`, `seqs` and `done` outlive the launch, which is joined before returning;
         // the context outlives the executor's use as in `launch`.
         let launch = unsafe { HostLaunch::start(HostKernel::Wait, 1, 32, args)? };
+        if self.cfg.mode == ExecMode::Inline {
+            // Nothing completes unless this thread runs the lanes meanwhile. The wait
+            // kernel returns by its own timeout; this loop ends with it.
+            while !launch.finished() {
+                self.drive(true, Duration::from_micros(100))?;
+            }
+        }
         launch.join();
         Ok(done.load(Ordering::Acquire))
     }
@@ -269,6 +321,18 @@ impl Executor for HostExecutor {
         }
         for l in st.launches.drain(..) {
             l.join();
+        }
+        if self.cfg.mode == ExecMode::Inline && st.inline.is_some() {
+            // Runs the kernel to its return: what is queued or in flight finishes (or
+            // times out) first, as a joined launch's would.
+            let start = Instant::now();
+            while !self.pump(&mut st, false, Duration::from_millis(1))? {
+                if start.elapsed() > INLINE_STOP_WAIT {
+                    tracing::warn!(executor = %self.name, "inline lanes still waiting at stop; dropped where they wait");
+                    break;
+                }
+            }
+            st.inline = None;
         }
         Ok(())
     }

@@ -30,6 +30,10 @@ pub enum ExecMode {
     Launch,
     /// One kernel runs from start to stop, polling the submission ring.
     Persistent,
+    /// Host executor only: one block whose lanes run on the threads that call
+    /// gio_uring (issue submits, waits reap), like io_uring without SQPOLL. No
+    /// thread of its own, so nothing runs, and no CPU is spent, between calls.
+    Inline,
 }
 
 /// How work is cut up for an executor.
@@ -119,6 +123,13 @@ pub trait Executor: Send + Sync {
     fn kick(&self, sm_budget: u32) -> Result<()>;
     /// Called while the host waits; `queued` says the submission ring is not empty.
     fn poll(&self, queued: bool) -> Result<()>;
+    /// A caller-driven executor ([`ExecMode::Inline`]) runs its lanes here, on the
+    /// waiting thread, for up to `max`, and returns true. Executors with lanes of
+    /// their own return false: the waiter then blocks on the completion ring.
+    fn drive(&self, queued: bool, max: Duration) -> Result<bool> {
+        let _ = (queued, max);
+        Ok(false)
+    }
     /// Runs `tt_gio_wait` on the executor for IOCB indices `ids` at issue
     /// sequence numbers `seqs`; returns how many completed before `timeout`.
     fn wait_kernel(&self, ids: &[u32], seqs: &[u32], timeout: Duration) -> Result<u32>;

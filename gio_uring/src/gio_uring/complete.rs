@@ -137,16 +137,18 @@ impl GioUring {
                     return Err(GioError::WaitTimeout { pending, waited: start.elapsed() });
                 }
             }
-            self.exec.poll(!self.sq.is_empty())?;
+            let queued = !self.sq.is_empty();
+            self.exec.poll(queued)?;
             spins += 1;
+            let nap = Duration::from_micros(50).min(timeout.saturating_sub(start.elapsed()));
             match spins {
                 0..=16 => std::hint::spin_loop(),
+                // An inline executor's lanes run on this thread, until they posted or `nap` passed.
+                _ if self.exec.drive(queued, nap)? => {}
                 _ if start.elapsed() < HOST_YIELD_WINDOW => std::thread::yield_now(),
                 // Block until the executor posts (a host executor wakes this; a GPU
                 // cannot, so the wait is as short as the sleep it replaces).
-                _ => self
-                    .cq
-                    .wait_published(Duration::from_micros(50).min(timeout.saturating_sub(start.elapsed()))),
+                _ => self.cq.wait_published(nap),
             }
         }
     }

@@ -41,8 +41,21 @@ pub fn cuda_config(mode: ExecMode, blocks: u32) -> CudaExecutorConfig {
     }
 }
 
+/// `TUTTI_TEST_EXECUTOR=inline`: every rig's host executor runs in
+/// [`ExecMode::Inline`] (one block, on the test's own thread), whatever mode and
+/// blocks the test asked for.
+pub fn on_inline() -> bool {
+    std::env::var("TUTTI_TEST_EXECUTOR").is_ok_and(|v| v == "inline")
+}
+
 /// The executor of a test rig: the host executor, or the CUDA one (`on_cuda`).
 pub fn executor(mode: ExecMode, blocks: u32) -> Arc<dyn Executor> {
+    if on_inline() {
+        return Arc::new(
+            HostExecutor::new(HostExecutorConfig { mode: ExecMode::Inline, blocks: 1, ..Default::default() })
+                .expect("host executor (inline)"),
+        );
+    }
     if on_cuda() {
         Arc::new(
             CudaExecutor::new(cuda_config(mode, blocks)).expect("CUDA executor (TUTTI_TEST_EXECUTOR=cuda)"),

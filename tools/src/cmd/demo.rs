@@ -131,7 +131,8 @@ pub struct Args {
     /// How gio_uring's host executor runs the CUDA kernel source: `launch` starts the lane
     /// threads for every submission (on a GPU, a kernel launch per layer; on the host, thread
     /// start-up, which dominates the host CPU per layer), `persistent` keeps them polling the
-    /// submission ring (like io_uring's SQPOLL).
+    /// submission ring (like io_uring's SQPOLL), `inline` runs one block's lanes on the calling
+    /// thread (like io_uring without SQPOLL; host executor only).
     #[arg(long, value_enum, default_value_t = ExecFlag::Persistent)]
     pub executor: ExecFlag,
     /// OS threads of gio_uring's host executor, each running one block of 32 lanes as

@@ -16,6 +16,8 @@ pub mod status;
 pub enum ExecFlag {
     Persistent,
     Launch,
+    /// Host executor only: lanes run on the calling thread (issue submits, waits reap).
+    Inline,
 }
 
 impl ExecFlag {
@@ -23,6 +25,7 @@ impl ExecFlag {
         match self {
             ExecFlag::Persistent => tutti_gio_uring::ExecMode::Persistent,
             ExecFlag::Launch => tutti_gio_uring::ExecMode::Launch,
+            ExecFlag::Inline => tutti_gio_uring::ExecMode::Inline,
         }
     }
 }

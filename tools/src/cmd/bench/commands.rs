@@ -163,6 +163,15 @@ const QPAIR: &str = "IoQueuePair";
 const QPAIR_NULL: &str = "IoQueuePair null media";
 const GIO_LAUNCH: &str = "gio launch";
 const GIO_PERSISTENT: &str = "gio persistent";
+const GIO_INLINE: &str = "gio inline";
+
+fn gio_path(mode: ExecMode) -> &'static str {
+    match mode {
+        ExecMode::Launch => GIO_LAUNCH,
+        ExecMode::Persistent => GIO_PERSISTENT,
+        ExecMode::Inline => GIO_INLINE,
+    }
+}
 
 /// Runs `batch_fn` (one batch of `batch` commands) for about `seconds`, after a warm-up.
 fn measure(
@@ -325,7 +334,7 @@ fn gio_batches(
     mode: ExecMode,
     emu: Option<&EmulatedController>,
 ) -> anyhow::Result<(Vec<Measure>, Option<Idle>, Vec<Stage>)> {
-    let path = if mode == ExecMode::Persistent { GIO_PERSISTENT } else { GIO_LAUNCH };
+    let path = gio_path(mode);
     let drives = vec![DriveQueues::create(ctrl, 1, 1, depth)?];
     let exec = Arc::new(HostExecutor::new(HostExecutorConfig {
         mode,
@@ -483,7 +492,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     };
     buf.fill(0);
 
-    let paths = if rig.emulator(0).is_some() { 6u64 } else { 4 };
+    let paths = if rig.emulator(0).is_some() { 7u64 } else { 5 };
     let bar = count_bar(paths * args.batches.len() as u64, "commands", args.out.quiet);
     let mut results = Vec::new();
     let mut io_uring_unavailable = None;
@@ -526,7 +535,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         buf.fill(0);
     }
     bar.inc(args.batches.len() as u64);
-    for mode in [ExecMode::Launch, ExecMode::Persistent] {
+    for mode in [ExecMode::Launch, ExecMode::Persistent, ExecMode::Inline] {
         bar.set_message(format!("gio {mode:?}"));
         let (measures, idle, stages) = gio_batches(ctrl, &buf, args, lbas, depth, mode, emu)?;
         results.extend(measures);
@@ -534,7 +543,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         if idle.is_some() {
             idle_persistent = idle;
         }
-        check(if mode == ExecMode::Launch { GIO_LAUNCH } else { GIO_PERSISTENT })?;
+        check(gio_path(mode))?;
         bar.inc(args.batches.len() as u64);
     }
     bar.finish_and_clear();
@@ -573,7 +582,7 @@ fn text(r: &Report) -> String {
             batches.push(m.batch);
         }
     }
-    let paths = [NOP, MEMCPY, QPAIR, QPAIR_NULL, GIO_LAUNCH, GIO_PERSISTENT];
+    let paths = [NOP, MEMCPY, QPAIR, QPAIR_NULL, GIO_LAUNCH, GIO_PERSISTENT, GIO_INLINE];
     let mut headers = vec!["batch".to_string()];
     for p in paths.iter().filter(|p| r.results.iter().any(|m| m.path == **p)) {
         headers.push(format!("{p} ns"));
@@ -628,7 +637,8 @@ fn text(r: &Report) -> String {
     out.push_str(
         "\nns per command: wall time of a batch (submit, doorbell, device, completion) over its commands.\n\
          IoQueuePair: the driver's queue pair, driven by this thread; gio: gio_uring IOCBs run by the host \
-         executor (the CUDA kernel source on CPU threads),\nlaunched per IOCB or persistent. The emulated \
+         executor (the CUDA kernel source on CPU threads),\nlaunched per IOCB, persistent, or inline (its lanes run \
+         on the thread that issues and waits, like io_uring without SQPOLL). The emulated \
          controller is a host thread too, so device time is CPU time here.\nThe host executor runs each \
          CUDA block on one OS thread, its 32 lanes as fibers; process CPU counts every thread.\n\
          memcpy: the data copy of each Read alone (RAM to the read buffer); IoQueuePair null media: the same \

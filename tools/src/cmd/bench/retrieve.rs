@@ -62,8 +62,9 @@ pub struct Args {
     /// file system (ext4, xfs): on tmpfs io_uring hands every buffered read to a worker thread.
     #[arg(long)]
     pub file_dir: Option<PathBuf>,
-    /// How the host executor runs: persistent (a kernel polls the ring, as with SQPOLL) or launch
-    /// (each submission starts the lane threads; on the host that is thread creation, not a CUDA launch).
+    /// How the host executor runs: persistent (a kernel polls the ring, as with SQPOLL), launch
+    /// (each submission starts the lane threads; on the host that is thread creation, not a CUDA launch),
+    /// or inline (one block whose lanes run on the calling thread; needs --exec-blocks 1).
     #[arg(long, value_enum, default_value_t = ExecFlag::Persistent)]
     pub executor: ExecFlag,
     /// OS threads of the host executor (one block of 32 lanes each); every layer IOCB is split over them.
