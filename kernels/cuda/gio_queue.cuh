@@ -150,9 +150,22 @@ TT_DEVICE uint32_t tt_cq_drain(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q
     return n;
 }
 
+/* True if the completion entry at the head looks posted (its phase tag matches),
+ * read without the head lock: a stale head only makes this true for an entry
+ * already consumed, and the caller then takes the lock for nothing. A poll of an
+ * empty queue costs this load rather than a lock. */
+TT_DEVICE bool tt_cq_ready(const struct tt_nvmeq* q) {
+    const uint32_t depth = q->depth;
+    const uint64_t head = tt_ld_relaxed_u64(&q->cq_head);
+    const uint32_t* e = (const uint32_t*)(q->cq + (size_t)(head % depth) * 16u);
+    const uint32_t phase = ((head / depth) & 1u) ? 0u : 1u;
+    return ((tt_ld_relaxed_u32(e + 3) >> 16) & 1u) == phase;
+}
+
 /* Consumes every completion entry present, if no other thread is doing so.
  * Returns how many were consumed. */
 TT_DEVICE uint32_t tt_cq_reap(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q) {
+    if (!tt_cq_ready(q)) return 0;
     if (!tt_lock_try(&q->head_lock)) return 0;
     const uint32_t n = tt_cq_drain(ctx, q);
     tt_lock_release(&q->head_lock);
@@ -166,6 +179,12 @@ TT_DEVICE uint32_t tt_cq_reap(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q)
 TT_DEVICE uint32_t tt_cq_reap_expire(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q, uint32_t slot,
                                      uint64_t expect, uint64_t now, bool* expired) {
     *expired = false;
+    if (!tt_cq_ready(q)) {
+        /* Nothing to reap: the lock is needed only if the command is due to expire. */
+        const uint64_t owner = expect == TT_SLOT_FREE ? tt_ld_acquire_u64(&q->slot_owner[slot]) : expect;
+        const uint64_t t0 = tt_ld_relaxed_u64(&q->slot_time[slot]);
+        if (owner == TT_SLOT_FREE || t0 == 0 || t0 > now || now - t0 < ctx->command_timeout_ns) return 0;
+    }
     if (!tt_lock_try(&q->head_lock)) return 0;
     const uint32_t n = tt_cq_drain(ctx, q);
     *expired = tt_slot_expire(ctx, q, slot, expect, now);
@@ -180,6 +199,11 @@ TT_DEVICE uint32_t tt_cq_reap_expire(const struct tt_exec_ctx* ctx, struct tt_nv
  * two see the other). */
 TT_DEVICE void tt_sq_publish(struct tt_nvmeq* q) {
     const uint32_t depth = q->depth;
+    /* Nothing ready at the tail: nothing can be published (an entry behind it waits
+     * for the one at the tail, whose writer publishes both). A stale tail only sends
+     * us on to the lock. */
+    const uint64_t at = tt_ld_relaxed_u64(&q->sq_tail);
+    if (tt_ld_acquire_u64(&q->slot_ready[at % depth]) != at + 1) return;
     for (;;) {
         if (!tt_lock_try(&q->tail_lock)) return;
         const uint64_t start = tt_ld_relaxed_u64(&q->sq_tail);
