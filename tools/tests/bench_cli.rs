@@ -233,8 +233,8 @@ fn command_breakdown_times_every_stage_and_the_copy_and_null_media_rows_are_ther
             assert!(u(&m["commands"]) >= 3 * batch, "{path} {batch}");
         }
     }
-    // Only the three real-media paths are verified: null media moves nothing.
-    assert_eq!(u(&r["bytes_verified"]), 3 * 8 * 4096);
+    // Only the four real-media paths are verified: null media moves nothing.
+    assert_eq!(u(&r["bytes_verified"]), 4 * 8 * 4096);
     // Without --breakdown nothing is traced.
     let plain = json(&["commands", "--batches", "1", "--seconds", "0.05", "--capacity-mib", "4"]);
     assert_eq!(plain["breakdown"].as_array().map(Vec::len), Some(0));

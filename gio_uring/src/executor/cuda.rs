@@ -893,6 +893,17 @@ impl Executor for CudaExecutor {
         Ok(())
     }
 
+    fn budget(&self, sm_budget: u32) -> Result<()> {
+        if self.cfg.mode != ExecMode::Persistent {
+            return Ok(());
+        }
+        let grid = sm_budget.saturating_mul(self.shape.blocks_per_unit).clamp(1, self.shape.max_blocks);
+        let b = self.state.lock().map_err(|_| self.err("state lock poisoned"))?.binding;
+        let b = b.ok_or_else(|| self.err("not started"))?;
+        self.set_active_blocks(&b, grid);
+        Ok(())
+    }
+
     fn kick(&self, sm_budget: u32) -> Result<()> {
         self.live_check()?;
         let grid = sm_budget.saturating_mul(self.shape.blocks_per_unit).clamp(1, self.shape.max_blocks);

@@ -119,6 +119,14 @@ pub trait Executor: Send + Sync {
     }
     /// Called once the context is laid out; a persistent executor starts here.
     fn start(&self, binding: ExecBinding) -> Result<()>;
+    /// Parts are about to be pushed to the submission ring, to be run with
+    /// `sm_budget`: a persistent kernel that limits which blocks take work must
+    /// know before the parts are there to take (set after the push, an idle
+    /// block outside the budget could take one first).
+    fn budget(&self, sm_budget: u32) -> Result<()> {
+        let _ = sm_budget;
+        Ok(())
+    }
     /// Parts were pushed to the submission ring, to be run with `sm_budget`.
     fn kick(&self, sm_budget: u32) -> Result<()>;
     /// Called while the host waits; `queued` says the submission ring is not empty.

@@ -106,6 +106,8 @@ impl GioUring {
         }
         let budget_blocks =
             sm_budget.saturating_mul(shape.blocks_per_unit).min(shape.max_blocks).min(MAX_PARTS);
+        // Before the push: a block outside the budget must not take these parts.
+        self.exec.budget(sm_budget)?;
         for &id in ids {
             let slot = Self::slot(&mut pool, id)?;
             let parts = slot.count.div_ceil(shape.block_threads).clamp(1, budget_blocks.max(1));
