@@ -450,6 +450,39 @@ void lanes_reset(BlockRun* b) {
     }
 }
 
+/* A launch of blocks first .. first+count-1 of a grid of `grid`, lanes and stacks set
+ * up, no thread started. NULL with a message in err on failure. */
+Launch* launch_new(tt_host_kernel_fn fn, const tt_host_args* args, uint32_t grid, uint32_t first, uint32_t count,
+                   uint32_t block, char* err, size_t errlen) {
+    Launch* l = new (std::nothrow) Launch();
+    if (!l) {
+        set_err(err, errlen, "out of memory", 0);
+        return nullptr;
+    }
+    int rc = 0;
+    try {
+        l->fn = fn;
+        l->args = *args;
+        l->grid = grid;
+        l->first = first;
+        l->block_dim = block;
+        for (uint32_t b = 0; b < count && rc == 0; b++) {
+            l->blocks.push_back(std::make_unique<BlockRun>());
+            rc = block_init(l, l->blocks.back().get(), b);
+        }
+    } catch (...) {
+        delete l;
+        set_err(err, errlen, "out of memory", 0);
+        return nullptr;
+    }
+    if (rc != 0) {
+        delete l;
+        set_err(err, errlen, "cannot map lane stacks", rc);
+        return nullptr;
+    }
+    return l;
+}
+
 }  // namespace
 
 extern "C" void tt_host_fiber_entry() {
@@ -587,32 +620,9 @@ extern "C" void* tt_host_launch_blocks_fn(tt_host_kernel_fn fn, uint32_t grid, u
         set_err(err, errlen, msg, 0);
         return nullptr;
     }
-    Launch* l = new (std::nothrow) Launch();
-    if (!l) {
-        set_err(err, errlen, "out of memory", 0);
-        return nullptr;
-    }
+    Launch* l = launch_new(fn, args, grid, first, count, block, err, errlen);
+    if (!l) return nullptr;
     int rc = 0;
-    try {
-        l->fn = fn;
-        l->args = *args;
-        l->grid = grid;
-        l->first = first;
-        l->block_dim = block;
-        for (uint32_t b = 0; b < count && rc == 0; b++) {
-            l->blocks.push_back(std::make_unique<BlockRun>());
-            rc = block_init(l, l->blocks.back().get(), b);
-        }
-    } catch (...) {
-        delete l;
-        set_err(err, errlen, "out of memory", 0);
-        return nullptr;
-    }
-    if (rc != 0) {
-        delete l;
-        set_err(err, errlen, "cannot map lane stacks", rc);
-        return nullptr;
-    }
     size_t started = 0;
     for (auto& b : l->blocks) {
         rc = pthread_create(&b->tid, nullptr, block_main, b.get());
@@ -660,30 +670,8 @@ extern "C" void* tt_host_inline_new(tt_host_kernel_fn fn, uint32_t block, const 
         set_err(err, errlen, msg, 0);
         return nullptr;
     }
-    Launch* l = new (std::nothrow) Launch();
-    if (!l) {
-        set_err(err, errlen, "out of memory", 0);
-        return nullptr;
-    }
-    int rc = 0;
-    try {
-        l->fn = fn;
-        l->args = *args;
-        l->grid = 1;
-        l->first = 0;
-        l->block_dim = block;
-        l->blocks.push_back(std::make_unique<BlockRun>());
-        rc = block_init(l, l->blocks.back().get(), 0);
-    } catch (...) {
-        delete l;
-        set_err(err, errlen, "out of memory", 0);
-        return nullptr;
-    }
-    if (rc != 0) {
-        delete l;
-        set_err(err, errlen, "cannot map lane stacks", rc);
-        return nullptr;
-    }
+    Launch* l = launch_new(fn, args, 1, 0, 1, block, err, errlen);
+    if (!l) return nullptr;
     BlockRun* b = l->blocks[0].get();
     b->inline_run = true;
     b->live = 0; /* not started: the first run with start = 1 starts it */
