@@ -66,6 +66,12 @@ TT_DEVICE void tt_sq_head_advance(struct tt_nvmeq* q, uint32_t sqhd) {
     if (delta != 0 && delta <= tail - head) tt_st_release_u64(&q->sq_head, head + delta);
 }
 
+/* True if a command published at `t0` is past the command timeout at `now`.
+ * t0 = 0: not published yet — the controller has not seen it, so it cannot be late. */
+TT_DEVICE bool tt_slot_overdue(const struct tt_exec_ctx* ctx, uint64_t t0, uint64_t now) {
+    return t0 != 0 && t0 <= now && now - t0 >= ctx->command_timeout_ns;
+}
+
 /* Frees `slot` and finishes its IOCTX as timed out, if it still holds `expect`
  * (or, with expect == TT_SLOT_FREE, whatever command it holds) and that command
  * was published longer than the command timeout ago, or `force`. True if this
@@ -79,8 +85,7 @@ TT_DEVICE bool tt_slot_expire(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q,
         if (owner == TT_SLOT_FREE) return false;
     }
     const uint64_t t0 = tt_ld_relaxed_u64(&q->slot_time[slot]);
-    /* 0: not published yet — the controller has not seen it, so it cannot be late. */
-    if (!force && (t0 == 0 || t0 > now || now - t0 < ctx->command_timeout_ns)) return false;
+    if (!force && !tt_slot_overdue(ctx, t0, now)) return false;
     if (tt_atomic_cas_u64(&q->slot_owner[slot], owner, TT_SLOT_FREE) != owner) return false;
     const uint64_t waited = (t0 && now > t0) ? now - t0 : 0;
     tt_finish_ioctx(ctx, (uint32_t)(owner >> 32), TT_STATUS(TT_KIND_TIMEOUT, TT_TIMEOUT_COMPLETION), waited);
@@ -179,12 +184,8 @@ TT_DEVICE uint32_t tt_cq_reap(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q)
 TT_DEVICE uint32_t tt_cq_reap_expire(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q, uint32_t slot,
                                      uint64_t expect, uint64_t now, bool* expired) {
     *expired = false;
-    if (!tt_cq_ready(q)) {
-        /* Nothing to reap: the lock is needed only if the command is due to expire. */
-        const uint64_t owner = expect == TT_SLOT_FREE ? tt_ld_acquire_u64(&q->slot_owner[slot]) : expect;
-        const uint64_t t0 = tt_ld_relaxed_u64(&q->slot_time[slot]);
-        if (owner == TT_SLOT_FREE || t0 == 0 || t0 > now || now - t0 < ctx->command_timeout_ns) return 0;
-    }
+    /* Nothing to reap: the lock is needed only if the slot's command may be due to expire. */
+    if (!tt_cq_ready(q) && !tt_slot_overdue(ctx, tt_ld_relaxed_u64(&q->slot_time[slot]), now)) return 0;
     if (!tt_lock_try(&q->head_lock)) return 0;
     const uint32_t n = tt_cq_drain(ctx, q);
     *expired = tt_slot_expire(ctx, q, slot, expect, now);

@@ -170,11 +170,12 @@ struct Warp {
      * every lane has read exchange g (it needs them all at g + 1 first). */
     uint64_t slots[2][32] = {};
     /* What tt_host_warp_match and tt_host_warp_any derive from slots[buf]: computed once,
-     * by the first lane to read them after the exchange (reduced_gen[buf] is then the
-     * barrier generation that exchange completed), not once per lane. */
+     * by the first lane to read it after the exchange (*_gen[buf] is then the barrier
+     * generation that exchange completed), not once per lane. */
     uint32_t match[2][32] = {};
-    uint32_t any[2] = {};
-    uint32_t reduced_gen[2] = {~0u, ~0u};
+    uint32_t match_gen[2] = {~0u, ~0u};
+    bool any[2] = {};
+    uint32_t any_gen[2] = {~0u, ~0u};
 };
 
 struct Lane {
@@ -509,43 +510,42 @@ const uint64_t* tt_host_warp_exchange(uint64_t v) {
     return w.slots[buf];
 }
 
-namespace {
-/* The warp of the calling lane after an exchange into buffer `buf`, its reductions
- * computed: every lane's match mask (lanes whose low 32 bits are equal) and any.
- * Until this lane's next exchange, bar.gen stays the generation this one completed. */
-Warp& warp_reduced(uint32_t buf) {
+/* Match and any: after the exchange into `buf`, the first lane to look computes the
+ * warp's result; until this lane's next exchange bar.gen stays the generation this
+ * exchange completed, so *_gen[buf] == bar.gen means "already computed". */
+uint32_t tt_host_warp_match(uint32_t v) {
     BlockRun* b = t_block;
     Warp& w = b->warps[b->cur / 32];
-    if (w.reduced_gen[buf] != w.bar.gen) {
+    const uint32_t buf = w.bar.gen & 1u;
+    tt_host_warp_exchange(v);
+    if (w.match_gen[buf] != w.bar.gen) {
+        /* One pass per distinct value: each group's mask is every member's result. */
         const uint64_t* slot = w.slots[buf];
-        uint32_t left = 0xFFFFFFFFu;
-        uint64_t any = 0;
-        while (left) {
+        for (uint32_t left = 0xFFFFFFFFu; left;) {
             const uint32_t first = (uint32_t)__builtin_ctz(left);
-            const uint32_t v = (uint32_t)slot[first];
+            const uint32_t x = (uint32_t)slot[first];
             uint32_t mask = 0;
-            for (uint32_t i = first; i < 32; i++) mask |= (uint32_t)((uint32_t)slot[i] == v) << i;
+            for (uint32_t i = first; i < 32; i++) mask |= (uint32_t)((uint32_t)slot[i] == x) << i;
             for (uint32_t m = mask; m; m &= m - 1) w.match[buf][__builtin_ctz(m)] = mask;
             left &= ~mask;
         }
-        for (uint32_t i = 0; i < 32; i++) any |= slot[i];
-        w.any[buf] = any != 0;
-        w.reduced_gen[buf] = w.bar.gen;
+        w.match_gen[buf] = w.bar.gen;
     }
-    return w;
-}
-}  // namespace
-
-uint32_t tt_host_warp_match(uint32_t v) {
-    const uint32_t buf = t_block->warps[t_block->cur / 32].bar.gen & 1u;
-    tt_host_warp_exchange(v);
-    return warp_reduced(buf).match[buf][t_block->cur & 31];
+    return w.match[buf][b->cur & 31];
 }
 
 bool tt_host_warp_any(bool pred) {
-    const uint32_t buf = t_block->warps[t_block->cur / 32].bar.gen & 1u;
+    BlockRun* b = t_block;
+    Warp& w = b->warps[b->cur / 32];
+    const uint32_t buf = w.bar.gen & 1u;
     tt_host_warp_exchange(pred ? 1 : 0);
-    return warp_reduced(buf).any[buf] != 0;
+    if (w.any_gen[buf] != w.bar.gen) {
+        uint64_t any = 0;
+        for (uint32_t i = 0; i < 32; i++) any |= w.slots[buf][i];
+        w.any[buf] = any != 0;
+        w.any_gen[buf] = w.bar.gen;
+    }
+    return w.any[buf];
 }
 
 void tt_host_block_sync(void) {
@@ -678,12 +678,12 @@ extern "C" void* tt_host_inline_new(tt_host_kernel_fn fn, uint32_t block, const 
     return l;
 }
 
-/* Runs the block on the calling thread until no lane can run and `deadline_ns`
- * (CLOCK_MONOTONIC) has passed, or until every lane has returned; meanwhile it
- * sleeps as a block thread would, but never past the deadline. A block whose lanes
- * have all returned is started afresh first if `start`. Returns 1 once every lane
- * has returned (the kernel is not running), else 0. Not for concurrent callers. */
-extern "C" int tt_host_inline_run(void* h, int start, uint64_t deadline_ns) {
+/* Runs the block on the calling thread until no lane can run and `wait_ns` has
+ * passed, or until every lane has returned; meanwhile it sleeps as a block thread
+ * would, but never past that. A block whose lanes have all returned is started
+ * afresh first if `start`. Returns 1 once every lane has returned (the kernel is
+ * not running), else 0. Not for concurrent callers. */
+extern "C" int tt_host_inline_run(void* h, int start, uint64_t wait_ns) {
     Launch* l = static_cast<Launch*>(h);
     BlockRun* b = l->blocks[0].get();
     if (b->live == 0) {
@@ -692,7 +692,8 @@ extern "C" int tt_host_inline_run(void* h, int start, uint64_t deadline_ns) {
     }
     BlockRun* const saved_block = t_block;
     tt_host_lane_ctx* const saved_lane = tt_host_lane;
-    b->deadline = deadline_ns;
+    const uint64_t now = now_ns();
+    b->deadline = wait_ns > UINT64_MAX - now ? UINT64_MAX : now + wait_ns;
     t_block = b;
     tt_host_lane = &b->lanes[b->cur].id;
     ctx_switch(&b->main, &b->lanes[b->cur].ctx);

@@ -79,7 +79,7 @@ void tt_host_launch_join(void* launch);
  * tt_host_inline_run (runtime.cpp). NULL with a message in err on failure. */
 void* tt_host_inline_new(tt_host_kernel_fn fn, uint32_t block, const struct tt_host_args* args, char* err,
                          size_t errlen);
-int tt_host_inline_run(void* h, int start, uint64_t deadline_ns);
+int tt_host_inline_run(void* h, int start, uint64_t wait_ns);
 void tt_host_inline_free(void* h);
 /* Wakes every OS thread parked (tt_host_park) on `word`; the caller changed it first. */
 void tt_host_wake(uint32_t* word);

@@ -83,7 +83,7 @@ extern "C" {
         err: *mut c_char,
         errlen: usize,
     ) -> *mut c_void;
-    fn tt_host_inline_run(h: *mut c_void, start: c_int, deadline_ns: u64) -> c_int;
+    fn tt_host_inline_run(h: *mut c_void, start: c_int, wait_ns: u64) -> c_int;
     fn tt_host_inline_free(h: *mut c_void);
     fn tt_host_launch_join(launch: *mut c_void);
     fn tt_host_ring_pop(ring: *mut RingHeader, out: *mut u64) -> c_int;
@@ -217,13 +217,14 @@ impl HostInline {
         self.kernel
     }
 
-    /// Runs the lanes on this thread until none can run and `deadline_ns`
-    /// (CLOCK_MONOTONIC) has passed, sleeping meanwhile as a block thread would
-    /// (never past the deadline), or until the kernel returns. A kernel that has
-    /// returned is started again first if `start`. True once it has returned.
-    pub fn run(&mut self, start: bool, deadline_ns: u64) -> bool {
+    /// Runs the lanes on this thread until none can run and `wait` has passed,
+    /// sleeping meanwhile as a block thread would (never past `wait`), or until
+    /// the kernel returns. A kernel that has returned is started again first if
+    /// `start`. True once it has returned.
+    pub fn run(&mut self, start: bool, wait: std::time::Duration) -> bool {
+        let wait_ns = wait.as_nanos().min(u64::MAX as u128) as u64;
         // SAFETY: `handle` is live until drop; `&mut self` keeps runs one at a time.
-        unsafe { tt_host_inline_run(self.handle.as_ptr(), c_int::from(start), deadline_ns) != 0 }
+        unsafe { tt_host_inline_run(self.handle.as_ptr(), c_int::from(start), wait_ns) != 0 }
     }
 }
 
@@ -232,14 +233,6 @@ impl Drop for HostInline {
         // SAFETY: freed exactly once, here.
         unsafe { tt_host_inline_free(self.handle.as_ptr()) }
     }
-}
-
-/// CLOCK_MONOTONIC in nanoseconds: the clock of [`HostInline::run`]'s deadline.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid out pointer; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The executor's consumer side of a ring (the code `tt_gio_issue` uses).

@@ -17,7 +17,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tutti_driver::transport::DoorbellKind;
 use tutti_kernels::abi::{ExecCtx, RingHeader};
-use tutti_kernels::host::{monotonic_ns, HostArgs, HostInline, HostKernel, HostLaunch};
+use tutti_kernels::host::{HostArgs, HostInline, HostKernel, HostLaunch};
 
 /// How many lanes, and in which mode.
 #[derive(Clone, Debug)]
@@ -147,8 +147,7 @@ impl HostExecutor {
     /// first if it had returned and `start`.
     fn pump(&self, st: &mut State, start: bool, max: Duration) -> Result<bool> {
         let Some(block) = st.inline.as_mut() else { return Err(self.err("not started")) };
-        let deadline = monotonic_ns().saturating_add(max.as_nanos().min(u64::MAX as u128) as u64);
-        Ok(block.run(start, deadline))
+        Ok(block.run(start, max))
     }
 }
 
