@@ -386,13 +386,12 @@ impl Drop for Job {
     fn drop(&mut self) {
         if let Some(id) = self.id {
             let store = &self.rt.store;
-            if store.poll(id).is_ok_and(|s| !s.done) {
-                let _ = store.cancel(id);
-                let _ = store.wait(id, DRAIN);
-            }
-            // Failures no poll saw yet (a job destroyed unwaited) still count once.
-            if let Ok(s) = store.poll(id) {
-                self.count_failures(&self.failed_bitmap(Some(&s)));
+            // Cancels what was not submitted and waits (bounded) for the layers on the drives,
+            // also when tuttid is gone: a command in flight may still move the job's bytes.
+            match store.drain(id, DRAIN) {
+                // Failures no poll saw yet (a job destroyed unwaited) still count once.
+                Ok(s) => self.count_failures(&self.failed_bitmap(Some(&s))),
+                Err(e) => tracing::warn!(job = id, error = %e, "a destroyed job could not be drained"),
             }
             if let Err(e) = store.release(id) {
                 tracing::warn!(job = id, error = %e, "a destroyed job could not be released");

@@ -88,8 +88,9 @@ pub enum DaemonError {
     #[error(transparent)]
     Driver(#[from] tutti_driver::DriverError),
 
-    /// An earlier call on this connection failed in a way that left requests and replies out of step.
-    #[error("connection to tuttid lost ({}: {why}); open a new connection", path.display())]
+    /// The connection cannot be used any more: the daemon hung up (it stopped or died), or an
+    /// earlier call failed in a way that left requests and replies out of step.
+    #[error("tuttid at {} is gone: {why}; this connection is closed (connect again to go on)", path.display())]
     ConnectionLost { path: PathBuf, why: String },
 }
 

@@ -277,6 +277,10 @@ pub struct StatusReport {
     /// The emulated controllers' I/O counters (none for VFIO controllers).
     #[serde(default)]
     pub emulated_io: Vec<EmulatedIo>,
+    /// Connections that have not said hello yet (not in `clients`; each is closed at its hello
+    /// deadline, and the oldest goes when too many wait).
+    #[serde(default)]
+    pub waiting_for_hello: usize,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

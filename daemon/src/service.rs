@@ -237,8 +237,10 @@ impl Service {
         let clients = self.clients();
         let name_of =
             |ctrl: u32| self.ctrls.get(ctrl as usize).map_or("?".into(), |s| s.ctrl.name().to_string());
+        let waiting_for_hello = clients.values().filter(|c| !c.hello).count();
         let mut list: Vec<ClientStatus> = clients
             .iter()
+            .filter(|(_, c)| c.hello)
             .map(|(&id, c)| ClientStatus {
                 id,
                 name: c.name.clone(),
@@ -295,6 +297,7 @@ impl Service {
                 })
                 .collect(),
             clients: list,
+            waiting_for_hello,
         }
     }
 
@@ -888,6 +891,18 @@ impl Handler for Service {
     fn malformed(&self, client: u64, why: &str) -> Response {
         tracing::warn!(client, why, "malformed request");
         invalid(format!("malformed request: {why}"))
+    }
+
+    fn hello_first(&self) -> bool {
+        true
+    }
+
+    fn greeted(&self, client: u64) -> bool {
+        self.with_client(client, |c| c.hello).unwrap_or(false)
+    }
+
+    fn refusal(&self, _client: u64, why: &str) -> Response {
+        err(ErrorKind::Busy, why)
     }
 
     fn disconnect(&self, client: u64) {

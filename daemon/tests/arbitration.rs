@@ -220,4 +220,8 @@ fn a_client_of_the_previous_protocol_is_refused_at_hello_naming_both() {
         }
         other => panic!("an old client was answered {other:?}"),
     }
+    // The refusal ends the connection: nothing more is served on it.
+    let err = conn.call::<Request, Response>(&Request::Stats, &[], Duration::from_secs(10)).unwrap_err();
+    assert!(matches!(err, tutti_daemon::DaemonError::ConnectionLost { .. }), "{err}");
+    assert_eq!(d.status().waiting_for_hello, 0, "{:?}", d.status());
 }
