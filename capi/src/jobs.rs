@@ -282,6 +282,11 @@ impl Job {
         Ok(self.view(self.id.map(|id| self.rt.store.poll(id)).transpose()?))
     }
 
+    /// As `poll`, also after tuttid is gone (the reasons of the job's failures).
+    fn status(&self) -> Result<View> {
+        Ok(self.view(self.id.map(|id| self.rt.store.status(id)).transpose()?))
+    }
+
     fn wait(&self, timeout: Duration) -> Result<View> {
         Ok(self.view(self.id.map(|id| self.rt.store.wait(id, timeout)).transpose()?))
     }
@@ -648,7 +653,8 @@ pub unsafe extern "C" fn tutti_job_cancel(job: *mut tutti_job_t) -> i32 {
 }
 
 /// Copies the reason of the job's first block failure ("" if none so far)
-/// into `buf` (NUL-terminated). `*needed` (nullable) gets the bytes needed
+/// into `buf` (NUL-terminated). It answers also after the runtime's tuttid is gone, when every
+/// other call on the job fails. `*needed` (nullable) gets the bytes needed
 /// including the NUL; `TUTTI_E_BUFFER_TOO_SMALL` if `capacity` is less.
 ///
 /// # Safety
@@ -663,7 +669,7 @@ pub unsafe extern "C" fn tutti_job_error(
 ) -> i32 {
     guard("tutti_job_error", || {
         let j = job_of(job)?;
-        let v = j.poll()?;
+        let v = j.status()?;
         let msg = v.first_error.unwrap_or_default();
         // SAFETY: forwarded from the caller.
         unsafe { ptr::copy_str(msg.as_bytes(), buf, capacity, needed)? };

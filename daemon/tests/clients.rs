@@ -411,27 +411,29 @@ fn a_load_in_flight_when_the_daemon_dies_ends_within_its_deadline() {
     let dst: Vec<u32> = (CHUNKS..2 * CHUNKS).collect();
     let job = store.submit_load(&hit.files, &dst, 0..store.geometry().layers).unwrap();
     kill(&mut d);
+    // The wait learns at once that tuttid is gone, and says so.
+    let e = store.wait(job, Duration::from_secs(60)).unwrap_err();
+    assert!(matches!(e, tutti_objstore::ObjError::PeerGone(_)), "{e}");
+    assert!(e.to_string().contains("tuttid") && e.to_string().contains("gone"), "{e}");
+    assert!(store.poll(job).is_err() && store.lookup(&hashes).is_err(), "every later call fails too");
+    // The commands in flight never complete (the emulated drives died with the daemon): the
+    // client's own command deadline (2 s) ends them, with an unknown outcome, and no drive is
+    // recovered or blamed for it.
     let t = Instant::now();
-    // The commands in flight never complete: the client's own command deadline (2 s) ends them.
-    let st = store.wait(job, Duration::from_secs(60));
+    let st = store.drain(job, Duration::from_secs(60)).unwrap();
     assert!(t.elapsed() < Duration::from_secs(30), "the load ended within its deadlines: {:?}", t.elapsed());
-    match st {
-        Ok(st) => {
-            assert!(
-                st.done && st.failed > 0,
-                "a load cut off by the daemon's death reports failed blocks: {st:?}"
-            )
-        }
-        Err(e) => eprintln!("the load ended with an error, as it may: {e}"),
-    }
+    assert!(st.done && st.failed > 0, "a load cut off by the daemon's death reports failed blocks: {st:?}");
+    let why = st.first_error.clone().unwrap_or_default();
+    assert!(why.contains("tuttid") && !why.contains("recovery of drive"), "{why}");
+    let s = store.stats();
+    assert_eq!((s.recoveries, s.recovery_failures, s.quarantined_files), (0, 0, 0), "{s:?}");
     // No block is reported loaded that does not hold its bytes.
-    if let Ok(st) = store.poll(job) {
-        for (i, &b) in dst.iter().enumerate() {
-            if !st.block_failed(i as u32) {
-                assert!(kv.holds(b, 8 + i as u64), "block {b} reported loaded holds its bytes");
-            }
+    for (i, &b) in dst.iter().enumerate() {
+        if !st.block_failed(i as u32) {
+            assert!(kv.holds(b, 8 + i as u64), "block {b} reported loaded holds its bytes");
         }
     }
+    store.release(job).unwrap();
 }
 
 #[test]

@@ -214,8 +214,15 @@ fn stop_makes_run_return_disconnects_everyone_and_removes_the_socket() {
     let b = Connection::connect(&d.path, CALL).unwrap();
     let path = d.path.clone();
     assert!(path.exists());
+    assert!(a.lost().is_none());
     d.stop(); // Checks: run returned, socket gone, one disconnect per client.
     assert!(!path.exists());
+    // Learnt without a call: the daemon hung up.
+    let lost = a.lost().expect("the hang-up is seen");
+    assert!(
+        matches!(lost, DaemonError::ConnectionLost { .. }) && lost.to_string().contains("is gone"),
+        "{lost}"
+    );
     for c in [a, b] {
         let err = c.call::<_, Resp>(&Req::Echo("late".into()), &[], CALL).unwrap_err();
         assert!(matches!(err, DaemonError::ConnectionLost { .. }), "{err}");

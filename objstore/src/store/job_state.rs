@@ -284,14 +284,15 @@ impl Job {
                 continue;
             };
             let why = match (f.kind, self.dir, owner_gone) {
-                (_, Direction::Store, Some(gone)) => {
-                    format!("layer {layer}: {}; not stored: {gone}", f.why)
-                }
+                (_, Direction::Store, Some(gone)) => format!("layer {layer} not stored: {gone}; {}", f.why),
                 (FailureKind::Unknown, Direction::Load, Some(gone)) => format!(
-                    "layer {layer}: {}; {gone}; outcome unknown: the drive may still write engine block {} until it is reset",
+                    "layer {layer} not loaded: {gone}; {}; outcome unknown: the drive may still write engine block {} \
+                     until it is reset",
                     f.why, pair.block
                 ),
-                (FailureKind::Definite, _, Some(gone)) => format!("layer {layer}: {} ({gone})", f.why),
+                (FailureKind::Definite, Direction::Load, Some(gone)) => {
+                    format!("layer {layer} not loaded: {gone}; {}", f.why)
+                }
                 (FailureKind::Definite, _, None) => format!("layer {layer}: {}", f.why),
                 (FailureKind::Unknown, Direction::Load, None) => format!(
                     "layer {layer}: {}; outcome unknown: the drive may still write engine block {} until it is reset",

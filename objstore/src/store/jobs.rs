@@ -373,6 +373,12 @@ impl KvStore {
         self.with_job(id, None, true, |j| j.status(id))
     }
 
+    /// As [`poll`](Self::poll), also when the pool's owner is gone: what happened to the job
+    /// (its failures and their reasons), for reports and cleanup.
+    pub fn status(&self, id: JobId) -> Result<JobStatus> {
+        self.with_job(id, None, false, |j| j.status(id))
+    }
+
     /// Waits until every layer of the job has finished, or `timeout`.
     /// Returns the status either way; `done` tells which.
     pub fn wait(&self, id: JobId, timeout: Duration) -> Result<JobStatus> {
@@ -419,13 +425,13 @@ impl KvStore {
             let mut jobs = lock(&self.jobs, "jobs")?;
             jobs.map.get_mut(&id).ok_or(ObjError::Unknown { what: "job", id })?.cancelled = true;
         }
-        self.with_job(id, None, false, |j| j.status(id))
+        self.status(id)
     }
 
     /// Forgets a finished job and returns its final status. A job still
     /// running is an error (cancel it and wait first).
     pub fn release(&self, id: JobId) -> Result<JobStatus> {
-        let st = self.with_job(id, None, false, |j| j.status(id))?;
+        let st = self.status(id)?;
         if !st.done {
             return Err(ObjError::invalid(
                 "job",
