@@ -631,8 +631,10 @@ typedef struct tutti_sched_stats_t {
     // Times a layer the local policy let go was held because another process (a client of the
     // same tuttid) had the other direction in flight, or a read ready, on its drives.
     uint64_t xproc_waits;
-    // Words of the arbitration board that blocked I/O unchanged past the stale deadline and
-    // were ignored from then on (a stopped or broken peer).
+    // Times another client was marked stale: its row on the arbitration board blocked I/O
+    // here unchanged past the stale deadline (a stopped or broken peer). Once per stuck client,
+    // whatever the drives, directions and layers it blocked; it is skipped from then on until
+    // its row changes.
     uint64_t xproc_stale_words;
     // Impossible words of the board that were ignored (garbage).
     uint64_t xproc_invalid_words;
@@ -885,7 +887,8 @@ int32_t tutti_job_wait_layer(struct tutti_job_t *job,
 int32_t tutti_job_cancel(struct tutti_job_t *job);
 
 // Copies the reason of the job's first block failure ("" if none so far)
-// into `buf` (NUL-terminated). `*needed` (nullable) gets the bytes needed
+// into `buf` (NUL-terminated). It answers also after the runtime's tuttid is gone, when every
+// other call on the job fails. `*needed` (nullable) gets the bytes needed
 // including the NUL; `TUTTI_E_BUFFER_TOO_SMALL` if `capacity` is less.
 //
 // # Safety
