@@ -165,6 +165,18 @@ impl Connection {
     }
 }
 
+/// Why nobody listens on the socket file at `path`: it is stale, and who left it, when the
+/// daemon's owner record (`<socket>.owner`) is still there.
+fn stale_socket(path: &Path) -> String {
+    let record = tutti_driver::owner::sidecar_path(path);
+    match tutti_driver::owner::describe_record(&record) {
+        Some(who) => format!("the socket file is stale, left by tuttid {who}"),
+        None => {
+            "the socket file is stale (nobody listens on it, and no owner record names who left it)".into()
+        }
+    }
+}
+
 /// Connects a stream socket to `path`, retrying while the listener's queue is full, until
 /// `deadline`. A missing socket, or one nobody listens on, is [`DaemonError::NotListening`].
 pub(crate) fn connect_by(path: &Path, deadline: Instant) -> Result<UnixStream> {
@@ -195,8 +207,14 @@ pub(crate) fn connect_by(path: &Path, deadline: Instant) -> Result<UnixStream> {
                 }
                 std::thread::sleep(CONNECT_RETRY.min(deadline - now));
             }
-            Err(Errno::NOENT | Errno::CONNREFUSED) => {
-                return Err(DaemonError::NotListening { path: path.to_path_buf() })
+            Err(Errno::NOENT) => {
+                return Err(DaemonError::NotListening { path: path.to_path_buf(), stale: None })
+            }
+            Err(Errno::CONNREFUSED) => {
+                return Err(DaemonError::NotListening {
+                    path: path.to_path_buf(),
+                    stale: Some(stale_socket(path)),
+                })
             }
             Err(e) => return Err(DaemonError::io(format!("connecting to {}", path.display()), e.into())),
         }

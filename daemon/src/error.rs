@@ -46,9 +46,11 @@ pub enum DaemonError {
         source: std::io::Error,
     },
 
-    /// Nothing listens at the socket path.
-    #[error("no tuttid listening at {} (start it with `tutti serve ...`)", path.display())]
-    NotListening { path: PathBuf },
+    /// Nothing listens at the socket path. `stale`: the socket file is there (a daemon that
+    /// was killed leaves it), and who left it, when its owner record says.
+    #[error("no tuttid listening at {}{} (start it with `tutti serve ...`)", path.display(),
+        stale.as_ref().map(|s| format!(": {s}")).unwrap_or_default())]
+    NotListening { path: PathBuf, stale: Option<String> },
 
     /// The daemon refused this client (access policy, client limit, or its own reason).
     #[error("tuttid at {} refused this client: {message}", path.display())]

@@ -141,6 +141,11 @@ impl Server {
         // From here an error drops `server`, which removes the socket file again. Until the
         // mode is set the file may be wider open than asked; the peer check still applies.
         set_mode(&server.path, mode)?;
+        // Names this process to whoever finds the socket stale after it was killed.
+        let record = tutti_driver::owner::sidecar_path(&server.path);
+        if let Err(e) = tutti_driver::owner::write_record(&record) {
+            tracing::warn!(file = %record.display(), error = %e, "writing the socket's owner record failed");
+        }
         server
             .listener
             .set_nonblocking(true)
@@ -355,6 +360,7 @@ impl Drop for Server {
             }
             _ => {}
         }
+        tutti_driver::owner::remove_own_record(&tutti_driver::owner::sidecar_path(&self.path));
     }
 }
 
@@ -459,7 +465,10 @@ fn clear_stale(path: &Path) -> Result<()> {
             Err(DaemonError::InUse { path: path.to_path_buf(), pid })
         }
         Err(DaemonError::Timeout { .. }) => Err(DaemonError::InUse { path: path.to_path_buf(), pid: None }),
-        Err(DaemonError::NotListening { .. }) => {
+        Err(DaemonError::NotListening { stale, .. }) => {
+            if let Some(why) = stale {
+                tracing::info!(path = %path.display(), %why, "replacing a stale socket file");
+            }
             match fs::remove_file(path) {
                 Ok(()) => {}
                 // Someone else removed it first: the path is free either way.
