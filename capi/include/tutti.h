@@ -166,6 +166,12 @@
 // not exceed it, or `tutti_register_kv` refuses `num_blocks`.
 #define TUTTI_MAX_TABLE_DESCRIPTORS (1 << 27)
 
+// Most bytes of SGL tables one registration may build, every device view of the memory
+// together (`tutti_table_sizes_t::tables × descriptors × 16`; the views are counted before
+// anything is mapped as the drives' distinct DMA spaces). A larger `num_blocks` is refused
+// with `TUTTI_E_INVALID_ARG` naming this bound, before anything is mapped or built.
+#define TUTTI_MAX_TABLE_BYTES (1 << 30)
+
 // `tutti_lookup` flag: pin the hit prefix against eviction until `tutti_unpin`.
 #define TUTTI_LOOKUP_PIN 1
 
@@ -906,7 +912,10 @@ int32_t tutti_job_destroy(struct tutti_job_t *job);
 
 // Registers the engine's KV memory with the runtime under a cache identity
 // (model, tenant salt, geometry, dtype, layout kind). The SGL tables are
-// built here, once. Replaces an earlier registration when no job or store
+// built here, once. Refused with `TUTTI_E_INVALID_ARG` before anything is mapped or built:
+// tables past `TUTTI_MAX_TABLE_DESCRIPTORS` or `TUTTI_MAX_TABLE_BYTES` (naming the bound),
+// and host memory (`TUTTI_MEMORY_HOST`, `_HOST_STAGED`) that is not all mapped readable and
+// writable in this process. Replaces an earlier registration when no job or store
 // is in flight (`TUTTI_E_BUSY` otherwise). `sizes` (nullable) gets the table sizes.
 //
 // # Safety

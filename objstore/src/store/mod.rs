@@ -521,6 +521,14 @@ impl KvStore {
         lock(&self.io, "io")?.accepts(kind)?;
         let identity = CacheIdentity::new(model, self.geometry, layout.kind(), tenant_salt);
         let spaces: Vec<_> = self.drives.iter().map(|d| d.spec.ctrl.dma().clone()).collect();
+        // Refused before anything is mapped or built: tables past the bound, and host memory
+        // this process does not have (the drives, or the executor's copies, would use every byte).
+        let views =
+            if kind.p2p_obstacle().is_some() { 1 } else { crate::registration::distinct_spaces(&spaces) };
+        crate::registration::check_table_bounds(&layout, self.map.chunks(), views)?;
+        if kind != KvMemoryKind::Cuda {
+            crate::mapped::check_host_mapped(layout.regions())?;
+        }
         // SAFETY: forwarded from the caller.
         let reg = Arc::new(unsafe { Registration::new(layout, identity, &spaces, &self.map, memory, kind)? });
         // The old registration goes first, whether or not the new one is accepted.
