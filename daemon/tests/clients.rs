@@ -629,7 +629,7 @@ fn three_hundred_silent_connections_do_not_lock_engines_out() {
     role_entry();
     let dir = TempDir::new("silent");
     let daemon = Daemon::start(config(&dir.0, 16, OpenMode::Create)).unwrap();
-    assert!(SILENT > tutti_daemon::server::DEFAULT_MAX_CLIENTS);
+    const { assert!(SILENT > tutti_daemon::server::DEFAULT_MAX_CLIENTS) };
     let (mut child, rx) =
         spawn("three_hundred_silent_connections_do_not_lock_engines_out", "silent", &dir.0, 0);
     expect_line(&rx, &format!("SILENT {SILENT}"));
