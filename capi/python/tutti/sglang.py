@@ -125,6 +125,9 @@ class TuttiHiCacheStorage(HiCacheStorage):
             "cp": f"{sc.attn_cp_rank}/{sc.attn_cp_size}",
         }
         self.rank = (int(sc.tp_rank), int(sc.pp_rank))
+        # Through tuttid every backend instance is a client of its own (its own registration);
+        # in process, backends share the runtime of a pool, so one per pool and rank.
+        self._client_key = self.rank + ((id(self),) if self.cfg.daemon != "off" else ())
         self.rt: Optional[Runtime] = None
         self.layout: Optional[PoolLayout] = None
         self.mem_pool_host = None
@@ -160,7 +163,7 @@ class TuttiHiCacheStorage(HiCacheStorage):
     def _open(self, rcfg, layout: PoolLayout) -> Runtime:
         name = f"sglang-tp{self.rank[0]}-pp{self.rank[1]}"
         try:
-            rt = shared.acquire(rcfg, name, rank=self.rank)
+            rt = shared.acquire(rcfg, name, rank=self._client_key)
         except (TuttiError, ValueError) as e:
             g = layout.geometry
             raise ConfigError(
@@ -171,10 +174,10 @@ class TuttiHiCacheStorage(HiCacheStorage):
             ) from e
         with _held_lock:
             if id(rt) in _held:
-                shared.release(rcfg, rt, rank=self.rank)
+                shared.release(rcfg, rt, rank=self._client_key)
                 raise ConfigError(
                     f"tutti.sglang: another TuttiHiCacheStorage of this process holds this pool for rank {self.ranks}; "
-                    "close it first"
+                    "close it first, or let each be a client of tuttid ('daemon': 'auto' or 'daemon_socket')"
                 )
             _held.add(id(rt))
         return rt
@@ -182,7 +185,7 @@ class TuttiHiCacheStorage(HiCacheStorage):
     def _release(self, rcfg, rt: Runtime) -> None:
         with _held_lock:
             _held.discard(id(rt))
-        shared.release(rcfg, rt, rank=self.rank)
+        shared.release(rcfg, rt, rank=self._client_key)
 
     def _close_locked(self) -> None:
         if self.rt is None:

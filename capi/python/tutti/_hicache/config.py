@@ -167,12 +167,13 @@ def parse(extra: dict | None, *, tp_size: int = 1, pp_size: int = 1) -> BackendC
                 "'emulated_dir' (set 'emulated_drives' and 'emulated_dir'), or run `tutti serve` yourself and "
                 "pass its socket as 'daemon_socket'"
             )
-        socket = socket or os.path.join(emulated_dir, DAEMON_SOCKET_NAME)
     elif daemon == "off":
         if socket is not None:
             raise ConfigError(f"tutti.sglang: {WHERE} has 'daemon_socket' but 'daemon' is 'off'; drop one")
     else:
         raise ConfigError(f"tutti.sglang: {WHERE}['daemon'] = {daemon!r}: use 'auto' or 'off'")
+    if daemon == "auto" and socket is None:
+        socket = os.path.join(str(emulated_dir), DAEMON_SOCKET_NAME)
     if daemon == "connect":
         if emulated or vfio:
             raise ConfigError(
