@@ -357,3 +357,36 @@ def test_a_pool_keeps_one_layout_family(library, tmp_path):
     # A pool formatted for page-major objects refuses per-layer ones, saying how it was formatted.
     with pytest.raises(ConfigError, match=r"formatted for 1 layers × 6 KV heads.*--layers 3 --kv-heads 2"):
         E.make_backend(E.host_pool(dev, "layer_first"), extra)
+
+
+def test_get_stats_gives_sglang_its_storage_metrics_per_call(backend):
+    from sglang.srt.observability.metrics_collector import StorageMetrics
+
+    b, host = backend("page_first")
+    idx = host.alloc(3 * PAGE)
+    keys = E.hashes_for(E.tokens_for(3, PAGE), PAGE)
+    b.batch_set_v1(keys, idx)
+    b.batch_set_v1(keys[:1], idx[:PAGE])
+    b.batch_get_v1(keys, idx)
+    m = b.get_stats()
+    assert isinstance(m, StorageMetrics)
+    assert m.backup_pgs == [3, 1] and m.prefetch_pgs == [3]
+    assert len(m.backup_bandwidth) == 2 and all(x > 0 for x in m.prefetch_bandwidth)
+    assert b.get_stats().backup_pgs == []  # since the last call
+    assert b.stats()["pages_present"] == 1
+
+
+def test_the_pin_book_releases_the_oldest_over_its_bound_and_nothing_twice():
+    from tutti._hicache.pins import PinBook
+
+    released = []
+    book = PinBook(released.append, ttl_s=60.0, max_pins=2)
+    book.add("a", 1)
+    book.add("b", 2)
+    book.add("a", 3)  # over the bound: pin 1 goes
+    assert released == [1] and len(book) == 2
+    book.release_run("a")
+    assert released == [1, 3]
+    book.release_run("a")  # no pin left for that run
+    book.release_all()
+    assert released == [1, 3, 2] and len(book) == 0
