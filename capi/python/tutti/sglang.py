@@ -89,7 +89,8 @@ class _Counters:
     lookup_hits: int = 0
     unknown_outcome: int = 0
     borrow_failed: int = 0
-    # SGLang's StorageMetrics since the last get_stats(): pages per call and GB/s per call.
+    # SGLang's StorageMetrics since the last get_stats(): pages per call and GB/s per call
+    # (kept only with --enable-storage-metrics, when SGLang collects them; at most METRICS_CAP).
     prefetch_pgs: list = field(default_factory=list)
     backup_pgs: list = field(default_factory=list)
     prefetch_bandwidth: list = field(default_factory=list)
@@ -100,6 +101,8 @@ class _Counters:
 # rank would replace the first one's registration under it.
 _held: set[int] = set()
 _held_lock = threading.Lock()
+# Entries of each StorageMetrics list kept between two get_stats() calls.
+METRICS_CAP = 10_000
 
 
 class TuttiHiCacheStorage(HiCacheStorage):
@@ -135,6 +138,7 @@ class TuttiHiCacheStorage(HiCacheStorage):
         self._pins: Optional[PinBook] = None
         self._lock = threading.Lock()
         self.counters = _Counters()
+        self._metrics = bool(getattr(sc, "enable_storage_metrics", False))
         self._counters_lock = threading.Lock()
 
     # --- registration ---------------------------------------------------------------------
@@ -330,14 +334,15 @@ class TuttiHiCacheStorage(HiCacheStorage):
                 c.pages_got += good
                 c.get_failed += len(ok) - good
                 c.bytes_got += nbytes
-                c.prefetch_pgs.append(len(ok))
-                c.prefetch_bandwidth.append(nbytes / secs / 1e9 if secs > 0 else 0.0)
+                pgs, bw = c.prefetch_pgs, c.prefetch_bandwidth
             else:
                 c.pages_set += good
                 c.set_failed += len(ok) - good
                 c.bytes_set += nbytes
-                c.backup_pgs.append(len(ok))
-                c.backup_bandwidth.append(nbytes / secs / 1e9 if secs > 0 else 0.0)
+                pgs, bw = c.backup_pgs, c.backup_bandwidth
+            if self._metrics and len(pgs) < METRICS_CAP:
+                pgs.append(len(ok))
+                bw.append(nbytes / secs / 1e9 if secs > 0 else 0.0)
 
     # --- SGLang's generic path: page tensors -----------------------------------------------
 
@@ -417,7 +422,7 @@ class TuttiHiCacheStorage(HiCacheStorage):
                 if targets[i] is None:
                     out.append(page.clone())
                 else:
-                    targets[i].view(-1).copy_(page.view(targets[i].dtype).view(-1))
+                    targets[i].view(-1).copy_(page.view(-1))
                     out.append(targets[i])
             return out
         finally:
@@ -453,7 +458,8 @@ class TuttiHiCacheStorage(HiCacheStorage):
         return c
 
     def get_stats(self):
-        """SGLang's ``StorageMetrics`` since the last call (pages per call, GB/s per call)."""
+        """SGLang's ``StorageMetrics`` since the last call (pages per call, GB/s per call; collected only
+        when SGLang runs with ``--enable-storage-metrics``, the only time it asks)."""
         try:
             from sglang.srt.observability.metrics_collector import StorageMetrics
         except ImportError:

@@ -59,10 +59,11 @@ def host_pool(dev: MHATokenToKVPool, layout: str, ratio: float = 2.0) -> MHAToke
     )
 
 
-def storage_config(extra: dict, *, model="tiny-model", tp_rank=0, tp_size=1, mla=False) -> HiCacheStorageConfig:
+def storage_config(extra: dict, *, model="tiny-model", tp_rank=0, tp_size=1, mla=False,
+                   metrics=False) -> HiCacheStorageConfig:
     return HiCacheStorageConfig(
         tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-        is_mla_model=mla, enable_storage_metrics=False, is_page_first_layout=False, model_name=model,
+        is_mla_model=mla, enable_storage_metrics=metrics, is_page_first_layout=False, model_name=model,
         extra_config=dict(extra),
     )
 

@@ -366,6 +366,11 @@ def test_get_stats_gives_sglang_its_storage_metrics_per_call(backend):
     idx = host.alloc(3 * PAGE)
     keys = E.hashes_for(E.tokens_for(3, PAGE), PAGE)
     b.batch_set_v1(keys, idx)
+    assert b.get_stats().backup_pgs == []  # SGLang runs without --enable-storage-metrics
+    b.close()
+    b = E.make_backend(host, {"interface_v1": 1, "emulated_drives": 2, "emulated_capacity_bytes": 16 << 20},
+                       metrics=True)
+    b.batch_set_v1(keys, idx)
     b.batch_set_v1(keys[:1], idx[:PAGE])
     b.batch_get_v1(keys, idx)
     m = b.get_stats()
@@ -374,6 +379,7 @@ def test_get_stats_gives_sglang_its_storage_metrics_per_call(backend):
     assert len(m.backup_bandwidth) == 2 and all(x > 0 for x in m.prefetch_bandwidth)
     assert b.get_stats().backup_pgs == []  # since the last call
     assert b.stats()["pages_present"] == 1
+    b.close()
 
 
 def test_the_pin_book_releases_the_oldest_over_its_bound_and_nothing_twice():
