@@ -26,12 +26,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -265,6 +265,8 @@ def main() -> int:
         if master is not None:
             master.kill()
             master.wait(10)
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(file_dir, ignore_errors=True)
     summary = summarize(results, backends)
     report = {"config": vars(a), "page_bytes": page_bytes, "tutti_pool_pages": files, "notes": notes, "runs": results,
               "summary": summary}

@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "rank_worker.py"

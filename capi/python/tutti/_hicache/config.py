@@ -177,7 +177,7 @@ def parse(extra: dict | None, *, tp_size: int = 1, pp_size: int = 1) -> BackendC
     if daemon == "connect":
         if emulated or vfio:
             raise ConfigError(
-                f"tutti.sglang: with 'daemon_socket' the daemon owns the drives; drop 'emulated_drives'/"
+                "tutti.sglang: with 'daemon_socket' the daemon owns the drives; drop 'emulated_drives'/"
                 "'vfio_drives', or add \"daemon\": \"auto\" to start tuttid for an emulated pool"
             )
     elif bool(emulated) == bool(vfio):
