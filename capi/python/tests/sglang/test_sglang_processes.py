@@ -5,12 +5,12 @@ page keys with different bytes and reading back only their own."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from tutti._connector.shared import find_tutti_bin
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "rank_worker.py"
@@ -71,7 +71,7 @@ def test_two_tp_ranks_share_one_tuttid_and_read_only_their_own_shard(library, tm
         _wait_ready(r0)
         _wait_ready(r1)
         status = subprocess.run(
-            [os.environ.get("TUTTI_BIN", "tutti"), "status", "--socket", str(d / "tuttid.sock"), "--json"],
+            [find_tutti_bin(), "status", "--socket", str(d / "tuttid.sock"), "--json"],
             capture_output=True, text=True, timeout=30,
         )
         assert status.returncode == 0, status.stderr
