@@ -37,8 +37,8 @@ fn geometry() -> tutti_geometry_t {
     tutti_geometry_t { layers: LAYERS, ..common::geometry() }
 }
 
-/// The daemon child: 2 emulated drives whose every command takes 20 ms, so that layers are
-/// on the drives when the test kills it.
+/// The daemon child: 2 emulated drives whose every command takes 300 ms (within the client's
+/// 2 s command deadline), so that layers submitted just before the kill are on the drives.
 fn daemon_role(dir: &str) {
     use tutti_driver::emulated::{EmulatedConfig, NamespaceConfig};
     use tutti_objstore::{Dtype, Geometry, OpenMode, PoolOptions};
@@ -52,7 +52,7 @@ fn daemon_role(dir: &str) {
                 namespaces: vec![NamespaceConfig::with_bytes(32 << 20, 512)],
                 ..EmulatedConfig::default()
             };
-            c.cost.per_command = Duration::from_millis(20);
+            c.cost.per_command = Duration::from_millis(300);
             c
         })
         .collect();
@@ -147,16 +147,19 @@ fn a_daemon_killed_under_a_32_layer_store_fails_every_call_within_one_deadline_n
     let mut store = null_mut();
     // SAFETY: valid handles and buffers.
     ok(unsafe { tutti_store_begin(rt.0, keys.as_ptr(), blocks.as_ptr(), BLOCKS as usize, &mut store) });
-    // Layers 0..8 go out one job each, and the first is written: the daemon is serving.
+    // Layers go out one job each. The first is written: the daemon is serving; the next seven
+    // are on the drives (each command takes 300 ms there) when it is killed.
     let mut jobs = Vec::new();
     for layer in 0..8 {
         let mut job = null_mut();
         // SAFETY: a live store handle.
         ok(unsafe { tutti_store_submit(store, layer, 1, &mut job) });
         jobs.push(job);
+        if layer == 0 {
+            // SAFETY: a live job handle.
+            ok(unsafe { tutti_job_wait(job, 30_000, null_mut()) });
+        }
     }
-    // SAFETY: a live job handle.
-    ok(unsafe { tutti_job_wait(jobs[0], 30_000, null_mut()) });
 
     daemon.kill().unwrap(); // SIGKILL, with layers on its (emulated) drives
     daemon.wait().unwrap();
