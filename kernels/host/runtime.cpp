@@ -176,6 +176,8 @@ struct Warp {
     uint32_t match_gen[2] = {~0u, ~0u};
     bool any[2] = {};
     uint32_t any_gen[2] = {~0u, ~0u};
+    uint32_t ballot[2] = {};
+    uint32_t ballot_gen[2] = {~0u, ~0u};
 };
 
 struct Lane {
@@ -546,6 +548,20 @@ bool tt_host_warp_any(bool pred) {
         w.any_gen[buf] = w.bar.gen;
     }
     return w.any[buf];
+}
+
+uint32_t tt_host_warp_ballot(bool pred) {
+    BlockRun* b = t_block;
+    Warp& w = b->warps[b->cur / 32];
+    const uint32_t buf = w.bar.gen & 1u;
+    tt_host_warp_exchange(pred ? 1 : 0);
+    if (w.ballot_gen[buf] != w.bar.gen) {
+        uint32_t bits = 0;
+        for (uint32_t i = 0; i < 32; i++) bits |= (uint32_t)(w.slots[buf][i] != 0) << i;
+        w.ballot[buf] = bits;
+        w.ballot_gen[buf] = w.bar.gen;
+    }
+    return w.ballot[buf];
 }
 
 void tt_host_block_sync(void) {

@@ -284,9 +284,9 @@ impl Executor for HostExecutor {
             ids: ids.as_ptr(),
             seqs: seqs.as_ptr(),
             n: ids.len() as u32,
-            rsvd: 0,
             timeout_ns: timeout.as_nanos().min(u64::MAX as u128) as u64,
             result: done.as_ptr(),
+            ..HostArgs::exec(std::ptr::null_mut())
         };
         // SAFETY: `ids`, `seqs` and `done` outlive the launch, which is joined before returning;
         // the context outlives the executor's use as in `launch`.
