@@ -35,7 +35,8 @@ fn deferred_frees_stay_bounded_under_a_persistent_kernel() {
     let Some((s, path)) = standin() else { return };
     s.set_knob("sync_deadline_ms", 1000).unwrap();
     let bound = 4;
-    let rig = rig(CudaExecutorConfig { deferred_bound: bound, ..config(&path, ExecMode::Persistent) }, opts());
+    let rig =
+        rig(CudaExecutorConfig { deferred_bound: bound, ..config(&path, ExecMode::Persistent) }, opts());
     let most = requests(&rig, 20);
     assert!(most <= bound, "{most} frees waited at once; the bound is {bound}");
     assert!(rig.exec.restarts() >= 4, "20 dropped lists, a bound of 4: {} restarts", rig.exec.restarts());

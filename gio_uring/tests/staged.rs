@@ -374,7 +374,11 @@ fn withheld_slots_come_back_after_their_queue_is_recreated() {
     // The drive may still write the slot: it stays out through more work on the same queues.
     assert_eq!(run(&rig, table, Op::Read), vec![]);
     let stats = rig.ring.staging_stats(table).unwrap();
-    assert_eq!((stats.withheld_now, stats.reclaimed_after_reset, stats.reclaimed_late), (1, 0, 0), "{stats:?}");
+    assert_eq!(
+        (stats.withheld_now, stats.reclaimed_after_reset, stats.reclaimed_late),
+        (1, 0, 0),
+        "{stats:?}"
+    );
 
     // Deleting and recreating drive 1's queue pairs ends every command of the old ones.
     rig.ring.recover_drive(1, Duration::from_secs(10)).unwrap();
@@ -411,7 +415,9 @@ fn a_slot_withheld_for_a_late_command_comes_back_when_it_completes() {
 
     // Once it has completed, the next lanes on its queue reap the late completion, and the
     // slot comes back without any recovery (a pass or two: whoever scans last must see it).
-    std::thread::sleep((lost_at + late + Duration::from_millis(200)).saturating_duration_since(std::time::Instant::now()));
+    std::thread::sleep(
+        (lost_at + late + Duration::from_millis(200)).saturating_duration_since(std::time::Instant::now()),
+    );
     let mut stats = rig.ring.staging_stats(table).unwrap();
     for _ in 0..3 {
         mem.w_mut().iter_mut().for_each(|w| *w = 0);

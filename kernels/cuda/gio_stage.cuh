@@ -32,6 +32,30 @@
 #define TT_ST_SUBMIT 3u
 #define TT_ST_FLIGHT 4u
 
+/* The warp's first sleep when nothing moved. Host lanes sleeping less than the runtime's
+ * slack (5 us) do not sleep at all, and each pass costs the host a vote (a switch through
+ * every lane): there it starts where a sleep is one (resetting to 32 ns made the host's
+ * staged retrieve 2-4x slower than the per-lane copy it replaces; docs/perf/staged-copy.md). */
+#if defined(__CUDACC__)
+#define TT_STAGE_MIN_SLEEP_NS 32u
+#else
+#define TT_STAGE_MIN_SLEEP_NS 4096u
+#endif
+
+/* How long a lane keeps looking at its command in flight before the warp meets again (and
+ * copies out what finished meanwhile). The GPU's votes cost nothing: it looks once per
+ * pass. Host lanes are fibers of one thread and a vote switches through all of them, so
+ * they wait on their own (as they did before the warp copied together) and meet every
+ * 50 us. */
+#if defined(__CUDACC__)
+#define TT_STAGE_PASS_NS 0ull
+#else
+#define TT_STAGE_PASS_NS 50000ull
+#endif
+
+/* Whether `now` is before `until` (0: no time at all). */
+TT_DEVICE bool tt_before(uint64_t now, uint64_t until) { return until != 0 && now < until; }
+
 /* A write copies at most this many chunks into slots per pass before submitting them,
  * so the warp's first commands reach the drives after a few copies rather than 32. */
 #define TT_STAGE_WRITE_BATCH 8u
@@ -136,13 +160,15 @@ TT_NOINLINE void tt_stage_scan(const struct tt_exec_ctx* ctx, struct tt_staging*
  * Then every lane fences its part for the system and the warp meets, so the owner may ring
  * a doorbell (the slot's bytes are visible first) or give the slot back (every lane is done
  * reading it). Every lane of the warp calls it with its own arguments. */
-TT_DEVICE void tt_stage_copy(const struct tt_staging* sg, uint32_t lanes, uint32_t slot, uint8_t* kv,
+TT_NOINLINE void tt_stage_copy(const struct tt_staging* sg, uint32_t lanes, uint32_t slot, uint8_t* kv,
                              uint64_t bytes, bool to_slot) {
+    /* Slot and length in one word: bytes < 2^32 (nlb <= 65536 blocks of <= 4 KiB). */
+    const struct tt_warp_view whats = tt_warp_gather(((uint64_t)slot << 32) | (uint32_t)bytes);
+    const struct tt_warp_view kvs = tt_warp_gather((uint64_t)kv);
     for (uint32_t m = lanes; m; m &= m - 1u) {
         const uint32_t owner = tt_ffs(m) - 1u;
-        /* Slot and length in one word: bytes < 2^32 (nlb <= 65536 blocks of <= 4 KiB). */
-        const uint64_t what = tt_warp_shfl_u64(((uint64_t)slot << 32) | (uint32_t)bytes, owner);
-        uint8_t* k = (uint8_t*)tt_warp_shfl_u64((uint64_t)kv, owner);
+        const uint64_t what = whats.at(owner);
+        uint8_t* k = (uint8_t*)kvs.at(owner);
         uint8_t* mem = tt_stage_slot(sg, (uint32_t)(what >> 32));
         if (to_slot)
             tt_warp_copy(mem, k, (uint32_t)what);
@@ -153,11 +179,22 @@ TT_DEVICE void tt_stage_copy(const struct tt_staging* sg, uint32_t lanes, uint32
     tt_warp_sync();
 }
 
+/* The lane states and events one vote of the warp carries (tt_warp_vote). */
+#define TT_VOTE_NEED 0u     /* wants a slot */
+#define TT_VOTE_COPYIN 1u   /* has a slot to copy its chunk into (a write) */
+#define TT_VOTE_SUBMIT 2u   /* ready to submit (a copied-in write, or a read with a slot) */
+#define TT_VOTE_DONE 3u     /* its command finished at this look */
+#define TT_VOTE_OUT 4u      /* ... a read that succeeded: its slot is copied out */
+#define TT_VOTE_BUSY 5u     /* anything left to do */
+#define TT_VOTES 6u
+
 /*
- * A part of a layer IOCB through a staged table (see the top of this file). Lanes whose
- * IOCTX cannot be built, or that find no slot before the submit deadline, finish it with
- * the status that says why; every lane stays in the loop until its whole warp is done
- * (the steps are warp collectives).
+ * A part of a layer IOCB through a staged table (see the top of this file). Each pass of
+ * the warp: lanes take slots and poll their commands on their own, then one vote tells
+ * every lane what the warp does next: copy finished reads out and give their slots back,
+ * copy new writes in, submit. Lanes whose IOCTX cannot be built, or that find no slot
+ * before the submit deadline, finish it with the status that says why; every lane stays in
+ * the loop until its whole warp is done (the steps are warp collectives).
  */
 TT_NOINLINE void tt_process_staged(const struct tt_exec_ctx* ctx, uint32_t b, const struct tt_layer_req* req,
                                    uint32_t part, uint32_t nparts, uint32_t count) {
@@ -200,13 +237,13 @@ TT_NOINLINE void tt_process_staged(const struct tt_exec_ctx* ctx, uint32_t b, co
         const uint64_t bytes = tt_ld_relaxed_u64(&io->dptr[1]);
         const uint64_t deadline = tt_now_ns() + ctx->submit_timeout_ns;
         uint32_t slot = 0;
-        uint32_t sleep = 32;
+        uint32_t sleep = TT_STAGE_MIN_SLEEP_NS, lane_sleep = 32;
         bool waited = false;
+        uint32_t needing = 0; /* lanes that wanted a slot at the last vote */
         struct tt_waiter w;
         for (;;) {
             /* Slots: a write takes a batch at a time (see TT_STAGE_WRITE_BATCH). */
-            const uint32_t wanting = read ? 0u : tt_warp_ballot(state == TT_ST_NEED);
-            if (state == TT_ST_NEED && (read || tt_popc(wanting & below) < TT_STAGE_WRITE_BATCH)) {
+            if (state == TT_ST_NEED && (read || tt_popc(needing & below) < TT_STAGE_WRITE_BATCH)) {
                 uint64_t v = 0;
                 if (tt_ring_pop(sg->free, &v) && v < sg->nslots) {
                     slot = (uint32_t)v;
@@ -221,18 +258,56 @@ TT_NOINLINE void tt_process_staged(const struct tt_exec_ctx* ctx, uint32_t b, co
                     tt_stage_reclaim(ctx, sg);
                 }
             }
+            /* Commands in flight: each lane looks at its own until it finishes or the pass is
+             * over (TT_STAGE_PASS_NS: on the GPU one look), backing off on its own meanwhile;
+             * one look only while other lanes of the warp wait for slots. */
+            bool finished = false;
+            uint32_t status = TT_STATUS_PENDING;
+            if (state == TT_ST_FLIGHT) {
+                const uint64_t until = TT_STAGE_PASS_NS && !needing ? tt_now_ns() + TT_STAGE_PASS_NS : 0u;
+                for (;;) {
+                    bool reaped = false;
+                    if (tt_wait_poll(ctx, b, i, &w, &reaped)) {
+                        finished = true;
+                        status = tt_ld_acquire_u32(&io->status);
+                        break;
+                    }
+                    if (!tt_before(w.now, until)) break;
+                    if (!reaped) tt_backoff(&lane_sleep, ctx->max_backoff_ns);
+                }
+            }
+            const bool out = finished && read && status == TT_STATUS_SUCCESS;
+            uint32_t votes[TT_VOTES];
+            tt_warp_vote(((uint32_t)(state == TT_ST_NEED) << TT_VOTE_NEED) |
+                             ((uint32_t)(state == TT_ST_COPYIN) << TT_VOTE_COPYIN) |
+                             ((uint32_t)(state == TT_ST_COPYIN || state == TT_ST_SUBMIT) << TT_VOTE_SUBMIT) |
+                             ((uint32_t)finished << TT_VOTE_DONE) | ((uint32_t)out << TT_VOTE_OUT) |
+                             ((uint32_t)(state != TT_ST_IDLE) << TT_VOTE_BUSY),
+                         votes, TT_VOTES);
+            if (!votes[TT_VOTE_BUSY]) break;
+            needing = votes[TT_VOTE_NEED];
+            /* Finished: a successful read's slot is copied out (the acquire of its status above,
+             * then a system fence: read after the drive's data), then every slot goes back. */
+            if (votes[TT_VOTE_DONE]) {
+                tt_fence_system();
+                if (votes[TT_VOTE_OUT]) tt_stage_copy(sg, votes[TT_VOTE_OUT], slot, kv, bytes, false);
+                if (out) tt_atomic_add_u64(&sg->staged_bytes, bytes);
+                if (finished) {
+                    tt_stage_release(ctx, sg, slot, status, w.qidx, w.ticket);
+                    tt_queue_leave(ctx, w.qidx);
+                    state = TT_ST_IDLE;
+                }
+            }
             /* Write: the warp copies every new slot's chunk in before any of them is submitted. */
-            const uint32_t in = read ? 0u : tt_warp_ballot(state == TT_ST_COPYIN);
-            if (in) {
-                tt_stage_copy(sg, in, slot, kv, bytes, true);
+            if (votes[TT_VOTE_COPYIN]) {
+                tt_stage_copy(sg, votes[TT_VOTE_COPYIN], slot, kv, bytes, true);
                 if (state == TT_ST_COPYIN) {
                     tt_atomic_add_u64(&sg->staged_bytes, bytes);
                     state = TT_ST_SUBMIT;
                 }
             }
             /* Submit: one ticket atomic and one doorbell per queue for the warp. */
-            const uint32_t go = tt_warp_ballot(state == TT_ST_SUBMIT);
-            if (go) {
+            if (votes[TT_VOTE_SUBMIT]) {
                 int32_t target = -1;
                 struct tt_sqe sqe;
                 if (state == TT_ST_SUBMIT) {
@@ -258,6 +333,7 @@ TT_NOINLINE void tt_process_staged(const struct tt_exec_ctx* ctx, uint32_t b, co
                         state = TT_ST_IDLE;
                     } else {
                         tt_wait_begin(ctx, b, i, &w);
+                        lane_sleep = 32;
                         written = target;
                         state = TT_ST_FLIGHT;
                     }
@@ -265,29 +341,9 @@ TT_NOINLINE void tt_process_staged(const struct tt_exec_ctx* ctx, uint32_t b, co
                 /* An entry this misses is published by its own lane's polls. */
                 tt_warp_publish(ctx, written);
             }
-            /* Poll what is in flight; the warp copies finished reads out while the others wait. */
-            bool finished = false, reaped = false;
-            if (state == TT_ST_FLIGHT) finished = tt_wait_poll(ctx, b, i, &w, &reaped);
-            (void)reaped; /* the warp backs off on what it saw finish, not on what a lane reaped */
-            const uint32_t done = tt_warp_ballot(finished);
-            uint32_t status = TT_STATUS_PENDING;
-            if (finished) status = tt_ld_acquire_u32(&io->status);
-            if (done) {
-                const bool out = finished && read && status == TT_STATUS_SUCCESS;
-                /* The acquire above, then a system fence: the slot is read after the drive's data. */
-                tt_fence_system();
-                const uint32_t outs = read ? tt_warp_ballot(out) : 0u;
-                if (outs) tt_stage_copy(sg, outs, slot, kv, bytes, false);
-                if (out) tt_atomic_add_u64(&sg->staged_bytes, bytes);
-                if (finished) {
-                    tt_stage_release(ctx, sg, slot, status, w.qidx, w.ticket);
-                    tt_queue_leave(ctx, w.qidx);
-                    state = TT_ST_IDLE;
-                }
-            }
-            if (!tt_warp_any(state != TT_ST_IDLE)) break;
-            if (go | done | in)
-                sleep = 32;
+            /* Nothing moved: the warp backs off together. */
+            if (votes[TT_VOTE_DONE] | votes[TT_VOTE_SUBMIT])
+                sleep = TT_STAGE_MIN_SLEEP_NS;
             else
                 tt_backoff(&sleep, ctx->max_backoff_ns);
         }

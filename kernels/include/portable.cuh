@@ -101,6 +101,17 @@ TT_DEVICE uint32_t tt_warp_match(uint32_t v) { return __match_any_sync(0xFFFFFFF
 TT_DEVICE uint64_t tt_warp_shfl_u64(uint64_t v, uint32_t src) {
     return __shfl_sync(0xFFFFFFFFu, (unsigned long long)v, (int)src);
 }
+/* Ballots of bits 0 .. n-1 of every lane's `flags`: masks[k] has bit l set when lane l set bit k. */
+TT_DEVICE void tt_warp_vote(uint32_t flags, uint32_t* masks, uint32_t n) {
+    for (uint32_t k = 0; k < n; k++) masks[k] = __ballot_sync(0xFFFFFFFFu, (flags >> k) & 1u);
+}
+/* Every lane's value, read lane by lane: at(l) is lane l's `v`. On the GPU each at() is a
+ * shuffle (all lanes call it with the same l); on the host one exchange made them all readable. */
+struct tt_warp_view {
+    uint64_t mine;
+    __device__ uint64_t at(uint32_t lane) const { return tt_warp_shfl_u64(mine, lane); }
+};
+TT_DEVICE struct tt_warp_view tt_warp_gather(uint64_t v) { return tt_warp_view{v}; }
 TT_DEVICE void tt_syncthreads() { __syncthreads(); }
 /* The warp meets; memory operations before it are ordered before those after it. */
 TT_DEVICE void tt_warp_sync() { __syncwarp(); }
@@ -210,6 +221,19 @@ TT_DEVICE uint32_t tt_warp_match(uint32_t v) { return tt_host_warp_match(v); }
 TT_DEVICE uint64_t tt_warp_shfl_u64(uint64_t v, uint32_t src) {
     return tt_host_warp_exchange(v)[src & (TT_WARP_SIZE - 1)];
 }
+/* One exchange for all the ballots (n <= 8): the host's collectives cost lane switches. */
+TT_DEVICE void tt_warp_vote(uint32_t flags, uint32_t* masks, uint32_t n) { tt_host_warp_vote(flags, masks, n); }
+/* The warp's values from one exchange, copied: another lane's next exchange may reuse the
+ * exchange's buffer before this lane has read it (the last lane to arrive runs on first). */
+struct tt_warp_view {
+    uint64_t all[TT_WARP_SIZE];
+    uint64_t at(uint32_t lane) const { return all[lane & (TT_WARP_SIZE - 1)]; }
+};
+TT_DEVICE struct tt_warp_view tt_warp_gather(uint64_t v) {
+    struct tt_warp_view view;
+    memcpy(view.all, tt_host_warp_exchange(v), sizeof view.all);
+    return view;
+}
 TT_DEVICE void tt_syncthreads() { tt_host_block_sync(); }
 /* Host lanes of a warp share an OS thread: meeting is all it takes. */
 TT_DEVICE void tt_warp_sync() { (void)tt_host_warp_exchange(0); }
@@ -279,9 +303,11 @@ TT_DEVICE void tt_lock_release(uint32_t* l) {
  * stores, several loads in flight before the first dependent store.
  *
  * Host: lanes are fibers of one OS thread that run one after another between
- * collectives, so lane l copies the l-th contiguous 1/32 of the chunk with memcpy
- * (interleaved words would walk the chunk 32 times). The caller's acquire of the
- * completion precedes this on the same OS thread.
+ * collectives, so splitting the chunk among them buys nothing: lane 0 copies it with
+ * memcpy. (Each lane copying its 1/32, tried first, made every lane walk all the chunks
+ * a warp copies between two collectives: 0.47-0.63x memcpy at 32-128 KiB chunks in tutti
+ * bench staged, against 0.78-1.01x this way; docs/perf/staged-copy.md.) The caller's
+ * acquire of the completion precedes this on the same OS thread.
  */
 #define TT_COPY_DEPTH 8
 #if defined(__CUDACC__)
@@ -310,11 +336,7 @@ __device__ __noinline__ void tt_warp_copy(uint8_t* dst, const uint8_t* src, uint
 }
 #else
 TT_DEVICE void tt_warp_copy(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
-    /* Slices of whole cache lines, so neighbouring lanes never share one. */
-    const uint64_t slice = ((bytes + TT_WARP_SIZE - 1u) / TT_WARP_SIZE + 63u) & ~(uint64_t)63u;
-    const uint64_t lo = tt_min_u64((uint64_t)tt_lane_id() * slice, bytes);
-    const uint64_t hi = tt_min_u64(lo + slice, bytes);
-    if (hi > lo) memcpy(dst + lo, src + lo, hi - lo);
+    if (tt_lane_id() == 0) memcpy(dst, src, bytes);
 }
 #endif
 

@@ -424,7 +424,10 @@ impl CopyLoop {
     /// Every global load and store of the loop moves 128 bits.
     pub fn all_128_bit(&self) -> bool {
         let wide = |o: &String| o.split('.').any(|m| m == "128");
-        !self.loads.is_empty() && !self.stores.is_empty() && self.loads.iter().all(wide) && self.stores.iter().all(wide)
+        !self.loads.is_empty()
+            && !self.stores.is_empty()
+            && self.loads.iter().all(wide)
+            && self.stores.iter().all(wide)
     }
     /// Every global load is strong at system scope (`.STRONG.SYS`): not served from the SM's L1.
     pub fn loads_strong_sys(&self) -> bool {
@@ -441,7 +444,11 @@ fn registers(op: &str, width: u32) -> Option<std::ops::Range<u32>> {
 }
 
 fn access_width(opcode: &str) -> u32 {
-    opcode.split('.').find_map(|m| m.parse::<u32>().ok()).filter(|w| [8, 16, 32, 64, 128].contains(w)).unwrap_or(32)
+    opcode
+        .split('.')
+        .find_map(|m| m.parse::<u32>().ok())
+        .filter(|w| [8, 16, 32, 64, 128].contains(w))
+        .unwrap_or(32)
 }
 
 /// The loops of `f` (a backward branch and its target) that both load and store
@@ -465,14 +472,17 @@ pub fn copy_loops(f: &Function) -> Vec<CopyLoop> {
                 "LDG" => {
                     l.loads.push(ins.opcode.clone());
                     // Destination first: `R12, desc[UR18][R50.64]`.
-                    if let Some(r) = ins.operands.split(',').next().and_then(|d| registers(d, access_width(&ins.opcode))) {
+                    if let Some(r) =
+                        ins.operands.split(',').next().and_then(|d| registers(d, access_width(&ins.opcode)))
+                    {
                         loaded.push(r);
                     }
                 }
                 "STG" => {
                     l.stores.push(ins.opcode.clone());
                     // Data last: `desc[UR18][R8.64], R12`.
-                    let data = ins.operands.rsplit(',').next().and_then(|d| registers(d, access_width(&ins.opcode)));
+                    let data =
+                        ins.operands.rsplit(',').next().and_then(|d| registers(d, access_width(&ins.opcode)));
                     if first_use.is_none()
                         && data.is_some_and(|d| loaded.iter().any(|r| r.start < d.end && d.start < r.end))
                     {

@@ -50,6 +50,9 @@
 //! - A stop that times out with kernels still running poisons the executor:
 //!   later calls fail, and nothing the kernels may still touch is freed.
 
+mod bench;
+
+use super::copy_bench::{CopyReport, CopySpec};
 use super::cuda_mem::{check, CudaCtx, Device, MapError, Pinned, Registry};
 use super::relay::{DoorbellMode, DoorbellRelay, RelayConfig, Watch};
 use super::{ExecBinding, ExecMode, ExecShape, Executor};
@@ -64,7 +67,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tutti_driver::transport::DoorbellKind;
-use tutti_kernels::{nvrtc, GPU_BLOCK_THREADS, KERNEL_ISSUE, KERNEL_PERSISTENT, KERNEL_WAIT};
+use tutti_kernels::{nvrtc, GPU_BLOCK_THREADS, KERNEL_COPY, KERNEL_ISSUE, KERNEL_PERSISTENT, KERNEL_WAIT};
 
 /// Green contexts (cuGreenCtxCreate) need 12.4, their streams 12.5.
 const GREEN_CTX_DRIVER: i32 = 12050;
@@ -136,6 +139,8 @@ struct Kernels {
     issue: sys::CUfunction,
     persistent: sys::CUfunction,
     wait: sys::CUfunction,
+    /// `tt_gio_copy` (the copy benchmark, `bench.rs`).
+    copy: sys::CUfunction,
     /// The same image as a library: its kernel handles belong to no context,
     /// so `enqueue_wait` may launch on another context's stream.
     library: sys::CUlibrary,
@@ -200,6 +205,8 @@ pub struct CudaExecutor {
     lifecycle: Mutex<()>,
     /// Times the persistent kernel was stopped and started again to release deferred frees.
     restarts: AtomicU64,
+    /// `cuDriverGetVersion` (e.g. 12080): which entry points exist.
+    driver_version: i32,
 }
 
 // SAFETY: CUDA handles are used only inside `CudaCtx::enter` (the context pushed on the
@@ -506,6 +513,7 @@ impl CudaExecutor {
             relayed_name: OnceLock::new(),
             lifecycle: Mutex::new(()),
             restarts: AtomicU64::new(0),
+            driver_version: version,
         })
     }
 
@@ -590,7 +598,13 @@ impl CudaExecutor {
     fn launch_persistent(&self, b: &ExecBinding) -> Result<()> {
         let mut ctx = b.ctx;
         let mut params: [*mut c_void; 1] = [(&raw mut ctx).cast()];
-        self.launch(self.kernels.persistent, self.shape.max_blocks, self.shape.block_threads, self.stream, &mut params)
+        self.launch(
+            self.kernels.persistent,
+            self.shape.max_blocks,
+            self.shape.block_threads,
+            self.stream,
+            &mut params,
+        )
     }
 
     /// The doorbell relay's counters, once doorbells are relayed.
@@ -821,8 +835,10 @@ fn load(cubin: &[u8]) -> Result<Kernels> {
         check("cuModuleGetFunction", unsafe { sys::cuModuleGetFunction(&mut f, module, c.as_ptr()) })?;
         Ok(f)
     };
-    let funcs = (|| Ok::<_, GioError>((get(KERNEL_ISSUE)?, get(KERNEL_PERSISTENT)?, get(KERNEL_WAIT)?)))();
-    let (issue, persistent, wait) = match funcs {
+    let funcs = (|| {
+        Ok::<_, GioError>((get(KERNEL_ISSUE)?, get(KERNEL_PERSISTENT)?, get(KERNEL_WAIT)?, get(KERNEL_COPY)?))
+    })();
+    let (issue, persistent, wait, copy) = match funcs {
         Ok(f) => f,
         Err(e) => {
             // SAFETY: loaded above; no kernel of it was launched.
@@ -860,7 +876,7 @@ fn load(cubin: &[u8]) -> Result<Kernels> {
         }
         return Err(e);
     }
-    Ok(Kernels { module, issue, persistent, wait, library, wait_any })
+    Ok(Kernels { module, issue, persistent, wait, copy, library, wait_any })
 }
 
 impl Executor for CudaExecutor {
@@ -1127,6 +1143,10 @@ impl Executor for CudaExecutor {
             )));
         }
         self.ctx.settle()
+    }
+
+    fn copy_bench(&self, spec: &CopySpec) -> Result<CopyReport> {
+        self.run_copy_bench(spec)
     }
 }
 
