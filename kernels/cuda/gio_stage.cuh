@@ -239,7 +239,9 @@ TT_NOINLINE void tt_process_staged(const struct tt_exec_ctx* ctx, uint32_t b, co
         uint32_t slot = 0;
         uint32_t sleep = TT_STAGE_MIN_SLEEP_NS, lane_sleep = 32;
         bool waited = false;
-        uint32_t needing = 0; /* lanes that wanted a slot at the last vote */
+        /* Lanes that wanted a slot at the last vote; before the first, every lane counts (a
+         * write's first batch is then lanes 0 .. TT_STAGE_WRITE_BATCH - 1 of those that want one). */
+        uint32_t needing = 0xFFFFFFFFu;
         struct tt_waiter w;
         for (;;) {
             /* Slots: a write takes a batch at a time (see TT_STAGE_WRITE_BATCH). */
