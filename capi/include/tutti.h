@@ -58,11 +58,15 @@
 // minor 6 added the scheduler in the job path (`tutti_sched_configure`,
 // `tutti_sched_config_t`, the `tutti_sched_layer_*`/`tutti_sched_decode_*`
 // timing hooks, `tutti_sched_stats`); minor 7 added per-drive arbitration across the
-// clients of one tuttid and its counters (the `xproc_*` fields of `tutti_sched_stats_t`).
+// clients of one tuttid and its counters (the `xproc_*` fields of `tutti_sched_stats_t`);
+// minor 8 added every executor to tuttid clients (`TUTTI_EXECUTOR_GIO_CUDA` and the CUDA
+// and staging fields appended to `tutti_client_config_t`; `TUTTI_EXECUTOR_CONTROL` for a
+// client that moves no bytes) and the executor mode (`TUTTI_EXEC_MODE_*`: the `exec_mode`
+// fields appended to `tutti_runtime_config_t` and `tutti_client_config_t`).
 #define TUTTI_ABI_VERSION 1
 
 // The minor version of ABI 1 this library implements (see `TUTTI_ABI_VERSION`).
-#define TUTTI_ABI_MINOR 7
+#define TUTTI_ABI_MINOR 8
 
 // 32-bit float KV.
 #define TUTTI_DTYPE_F32 1
@@ -102,6 +106,31 @@
 // machine without a CUDA driver or GPU, `tutti_runtime_open` fails with
 // `TUTTI_E_UNSUPPORTED`, naming what is missing.
 #define TUTTI_EXECUTOR_GIO_CUDA 3
+
+// ABI 1.8, tuttid clients only (`tutti_runtime_connect`): a client that moves
+// no bytes. It leases no queue pairs, maps no memory and runs no executor;
+// its lookups, `tutti_contains_identity`, pins and stats go to the daemon.
+// `tutti_register_kv` (and so every load and store) gets
+// `TUTTI_E_UNSUPPORTED`. An engine's scheduler process uses it.
+#define TUTTI_EXECUTOR_CONTROL 4
+
+// ABI 1.8: the executor's default mode (launch, for both gio executors).
+#define TUTTI_EXEC_MODE_DEFAULT 0
+
+// ABI 1.8: a kernel (host: a block of lanes on OS threads) is launched when
+// work is issued, drains the submission ring and returns.
+#define TUTTI_EXEC_MODE_LAUNCH 1
+
+// ABI 1.8: one kernel polls the submission ring from open to close (SQPOLL).
+// On the CUDA executor it needs `cuda_sm_count` (a green context), since it
+// holds its SMs for good; a persistent kernel also blocks module loads on
+// the device while it runs.
+#define TUTTI_EXEC_MODE_PERSISTENT 2
+
+// ABI 1.8, `TUTTI_EXECUTOR_GIO_HOST` only: one block of lanes that runs on
+// the threads calling tutti (submits issue, waits reap), with no executor
+// thread, like io_uring without SQPOLL. Needs `host_lane_blocks` <= 1.
+#define TUTTI_EXEC_MODE_INLINE 3
 
 // Format the drives as a new, empty pool.
 #define TUTTI_OPEN_CREATE 1
@@ -293,10 +322,13 @@ typedef struct tutti_geometry_t {
 } tutti_geometry_t;
 
 // How to connect to tuttid. Set `struct_size = sizeof(tutti_client_config_t)`.
-// (ABI 1.3.)
+// (ABI 1.3; 1.8 appended the CUDA executor's and staging fields, the
+// executor mode, and accepts `TUTTI_EXECUTOR_GIO_CUDA` and
+// `TUTTI_EXECUTOR_CONTROL`.)
 typedef struct tutti_client_config_t {
     uint32_t struct_size;
-    // `TUTTI_EXECUTOR_*`: how this process moves its layers.
+    // `TUTTI_EXECUTOR_*`: how this process moves its layers (ABI 1.3: GIO_HOST
+    // or DIRECT; 1.8: also GIO_CUDA, and CONTROL for a client that moves none).
     uint32_t executor;
     // Path of the daemon's Unix socket (NUL-terminated, required).
     const char *socket;
@@ -310,6 +342,25 @@ typedef struct tutti_client_config_t {
     uint32_t host_lane_blocks;
     // The geometry this process's KV has; the pool's must be the same.
     struct tutti_geometry_t geometry;
+    // ABI 1.8: `TUTTI_EXEC_MODE_*` (0 = launch), as in `tutti_runtime_config_t`.
+    uint32_t exec_mode;
+    // ABI 1.8, GIO_CUDA: the CUDA device ordinal of this process's GPU.
+    uint32_t cuda_device;
+    // ABI 1.8, GIO_CUDA: SMs of the I/O partition (a green context); 0 runs
+    // in the primary context with every SM.
+    uint32_t cuda_sm_count;
+    // ABI 1.8, GIO_CUDA: threads per block of the I/O kernels, a multiple of
+    // 32 up to 512 (0 = 512).
+    uint32_t cuda_block_threads;
+    // ABI 1.8, GIO_CUDA, nullable: the CUDA driver library to load instead of
+    // `libcuda.so` from the loader path.
+    const char *cuda_driver;
+    // ABI 1.8: staging slots (one chunk each, pinned host memory of this
+    // process, mapped for the drives like its queue rings) for KV memory the
+    // drives cannot reach; 0 = 256.
+    uint32_t staging_slots;
+    // Alignment padding (ignored; set 0).
+    uint32_t rsvd0;
 } tutti_client_config_t;
 
 // ABI 1.4. Set `struct_size = sizeof(tutti_data_path_t)`.
@@ -539,6 +590,11 @@ typedef struct tutti_runtime_config_t {
     // ABI 1.5, EMULATED: share of the mixed bandwidth reads get, in (0, 1);
     // writes get the rest (0 = 0.5).
     double emulated_mixed_read_share;
+    // ABI 1.8: `TUTTI_EXEC_MODE_*`, how the gio executor runs its kernels
+    // (0 = launch). Leave it 0 with `TUTTI_EXECUTOR_DIRECT`.
+    uint32_t exec_mode;
+    // Alignment padding (ignored; set 0).
+    uint32_t rsvd2;
 } tutti_runtime_config_t;
 
 // What the runtime's pool is. Set `struct_size = sizeof(tutti_runtime_info_t)`.
@@ -766,10 +822,13 @@ int32_t tutti_last_error_copy(char *buf, size_t capacity, size_t *needed);
 // Opens a runtime as a client of the tuttid listening at `config->socket`.
 // The same calls work on it as on a runtime from `tutti_runtime_open`; the
 // pool's lookups, pins and commits go to the daemon, loads and stores run
-// in this process on queue pairs the daemon leased to it. A daemon that is
-// not there, refuses, or stops answering gives an error within
-// `control_timeout_ms`, never a hang. The pool's geometry must be
-// `config->geometry`. Added in ABI 1.3.
+// in this process on queue pairs the daemon leased to it, with the executor
+// `config->executor` names: host lanes, or (ABI 1.8) this process's own I/O
+// kernels on its own GPU, with its own pinned staging slots for CUDA KV
+// memory. `TUTTI_EXECUTOR_CONTROL` (ABI 1.8) leases nothing and moves no
+// bytes (an engine's scheduler). A daemon that is not there, refuses, or
+// stops answering gives an error within `control_timeout_ms`, never a hang.
+// The pool's geometry must be `config->geometry`. Added in ABI 1.3.
 //
 // # Safety
 // `config` is NULL or points to a `tutti_client_config_t` whose string

@@ -3,7 +3,7 @@
 //! arbitrates each drive with the daemon's other clients through the daemon's arbitration
 //! board (`tutti_daemon::arbitration`).
 
-use crate::config::{backend_for, tutti_geometry_t, Rig, TUTTI_EXECUTOR_DIRECT, TUTTI_EXECUTOR_GIO_HOST};
+use crate::config::{tutti_geometry_t, IoFields, Rig, TUTTI_EXECUTOR_CONTROL};
 use crate::error::{guard, CapiError};
 use crate::ptr::{self, SizePrefixed};
 use crate::runtime::{tutti_runtime_t, Runtime, RUNTIMES};
@@ -20,12 +20,15 @@ const DEFAULT_CONTROL_TIMEOUT_MS: u32 = 10_000;
 const MAX_CONTROL_TIMEOUT_MS: u32 = 600_000;
 
 /// How to connect to tuttid. Set `struct_size = sizeof(tutti_client_config_t)`.
-/// (ABI 1.3.)
+/// (ABI 1.3; 1.8 appended the CUDA executor's and staging fields, the
+/// executor mode, and accepts `TUTTI_EXECUTOR_GIO_CUDA` and
+/// `TUTTI_EXECUTOR_CONTROL`.)
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct tutti_client_config_t {
     pub struct_size: u32,
-    /// `TUTTI_EXECUTOR_*`: how this process moves its layers.
+    /// `TUTTI_EXECUTOR_*`: how this process moves its layers (ABI 1.3: GIO_HOST
+    /// or DIRECT; 1.8: also GIO_CUDA, and CONTROL for a client that moves none).
     pub executor: u32,
     /// Path of the daemon's Unix socket (NUL-terminated, required).
     pub socket: *const c_char,
@@ -39,11 +42,57 @@ pub struct tutti_client_config_t {
     pub host_lane_blocks: u32,
     /// The geometry this process's KV has; the pool's must be the same.
     pub geometry: tutti_geometry_t,
+    /// ABI 1.8: `TUTTI_EXEC_MODE_*` (0 = launch), as in `tutti_runtime_config_t`.
+    pub exec_mode: u32,
+    /// ABI 1.8, GIO_CUDA: the CUDA device ordinal of this process's GPU.
+    pub cuda_device: u32,
+    /// ABI 1.8, GIO_CUDA: SMs of the I/O partition (a green context); 0 runs
+    /// in the primary context with every SM.
+    pub cuda_sm_count: u32,
+    /// ABI 1.8, GIO_CUDA: threads per block of the I/O kernels, a multiple of
+    /// 32 up to 512 (0 = 512).
+    pub cuda_block_threads: u32,
+    /// ABI 1.8, GIO_CUDA, nullable: the CUDA driver library to load instead of
+    /// `libcuda.so` from the loader path.
+    pub cuda_driver: *const c_char,
+    /// ABI 1.8: staging slots (one chunk each, pinned host memory of this
+    /// process, mapped for the drives like its queue rings) for KV memory the
+    /// drives cannot reach; 0 = 256.
+    pub staging_slots: u32,
+    /// Alignment padding (ignored; set 0).
+    pub rsvd0: u32,
 }
 
-// SAFETY: repr(C) with `struct_size: u32` first.
+impl Default for tutti_client_config_t {
+    fn default() -> Self {
+        tutti_client_config_t {
+            struct_size: 0,
+            executor: 0,
+            socket: std::ptr::null(),
+            client_name: std::ptr::null(),
+            control_timeout_ms: 0,
+            io_timeout_ms: 0,
+            host_lane_blocks: 0,
+            geometry: tutti_geometry_t::default(),
+            exec_mode: 0,
+            cuda_device: 0,
+            cuda_sm_count: 0,
+            cuda_block_threads: 0,
+            cuda_driver: std::ptr::null(),
+            staging_slots: 0,
+            rsvd0: 0,
+        }
+    }
+}
+
+// SAFETY: repr(C) with `struct_size: u32` first; `rsvd0` makes the padding a
+// field, so the struct has none; every field is an integer or a pointer.
 unsafe impl SizePrefixed for tutti_client_config_t {
     const NAME: &'static str = "tutti_client_config_t";
+    const SIZES: &'static [u32] = &[
+        std::mem::offset_of!(tutti_client_config_t, exec_mode) as u32,
+        std::mem::size_of::<tutti_client_config_t>() as u32,
+    ];
 }
 
 impl From<DaemonError> for CapiError {
@@ -62,10 +111,13 @@ impl From<DaemonError> for CapiError {
 /// Opens a runtime as a client of the tuttid listening at `config->socket`.
 /// The same calls work on it as on a runtime from `tutti_runtime_open`; the
 /// pool's lookups, pins and commits go to the daemon, loads and stores run
-/// in this process on queue pairs the daemon leased to it. A daemon that is
-/// not there, refuses, or stops answering gives an error within
-/// `control_timeout_ms`, never a hang. The pool's geometry must be
-/// `config->geometry`. Added in ABI 1.3.
+/// in this process on queue pairs the daemon leased to it, with the executor
+/// `config->executor` names: host lanes, or (ABI 1.8) this process's own I/O
+/// kernels on its own GPU, with its own pinned staging slots for CUDA KV
+/// memory. `TUTTI_EXECUTOR_CONTROL` (ABI 1.8) leases nothing and moves no
+/// bytes (an engine's scheduler). A daemon that is not there, refuses, or
+/// stops answering gives an error within `control_timeout_ms`, never a hang.
+/// The pool's geometry must be `config->geometry`. Added in ABI 1.3.
 ///
 /// # Safety
 /// `config` is NULL or points to a `tutti_client_config_t` whose string
@@ -80,7 +132,7 @@ pub unsafe extern "C" fn tutti_runtime_connect(
         let out = unsafe { ptr::out(out, "out")? };
         *out = std::ptr::null_mut();
         // SAFETY: forwarded from the caller.
-        let c = unsafe { ptr::sized_in(config)? };
+        let c = unsafe { ptr::sized_in_prefix(config)? };
         if c.socket.is_null() {
             return Err(CapiError::Null("socket"));
         }
@@ -103,33 +155,61 @@ pub unsafe extern "C" fn tutti_runtime_connect(
                 format!("{timeout_ms} is more than {MAX_CONTROL_TIMEOUT_MS}"),
             ));
         }
-        if c.executor != TUTTI_EXECUTOR_GIO_HOST && c.executor != TUTTI_EXECUTOR_DIRECT {
-            return Err(CapiError::invalid(
-                "executor",
-                format!("{} is not TUTTI_EXECUTOR_GIO_HOST (1) or TUTTI_EXECUTOR_DIRECT (2)", c.executor),
-            ));
-        }
         let geometry = c.geometry.to_geometry()?;
-        let backend = backend_for(c.executor, c.io_timeout_ms, c.host_lane_blocks)?;
-        let (store, board) = tutti_daemon::remote::connect_arbitrated(
-            Path::new(socket),
-            &name,
-            &backend,
-            Duration::from_millis(timeout_ms as u64),
-        )?;
-        if *store.geometry() != geometry {
-            return Err(CapiError::invalid(
-                "geometry",
-                format!(
-                    "the daemon's pool is formatted for {}, this process has {geometry}",
-                    store.geometry()
-                ),
-            ));
-        }
+        let timeout = Duration::from_millis(timeout_ms as u64);
+        let (store, board) = if c.executor == TUTTI_EXECUTOR_CONTROL {
+            if let Some(field) = data_field_set(&c) {
+                return Err(CapiError::invalid(
+                    field,
+                    "a TUTTI_EXECUTOR_CONTROL client moves no bytes: leave it 0",
+                ));
+            }
+            (tutti_daemon::remote::connect_control(Path::new(socket), &name, timeout, Some(&geometry))?, None)
+        } else {
+            let io = IoFields {
+                executor: c.executor,
+                exec_mode: c.exec_mode,
+                io_timeout_ms: c.io_timeout_ms,
+                host_lane_blocks: c.host_lane_blocks,
+                staging_slots: c.staging_slots,
+                cuda_device: c.cuda_device,
+                cuda_sm_count: c.cuda_sm_count,
+                cuda_block_threads: c.cuda_block_threads,
+                cuda_driver: c.cuda_driver,
+            };
+            // SAFETY: `cuda_driver` is NULL or NUL-terminated per the field docs.
+            let backend = unsafe { io.backend()? };
+            let (store, board) = tutti_daemon::remote::connect_arbitrated(
+                Path::new(socket),
+                &name,
+                &backend,
+                timeout,
+                Some(&geometry),
+            )?;
+            (store, Some(board))
+        };
         let rt = Runtime::new(store, Rig { emulated: Vec::new() }, c.executor, geometry)?;
-        // Its loads and stores defer to the other clients' on the same drives.
-        rt.sched.share(board)?;
+        if let Some(board) = board {
+            // Its loads and stores defer to the other clients' on the same drives.
+            rt.sched.share(board)?;
+        }
         *out = RUNTIMES.insert(Arc::new(rt));
         Ok(TUTTI_OK)
     })
+}
+
+/// The first field of `c` that only a client moving bytes uses, if one is set.
+fn data_field_set(c: &tutti_client_config_t) -> Option<&'static str> {
+    [
+        ("io_timeout_ms", c.io_timeout_ms != 0),
+        ("host_lane_blocks", c.host_lane_blocks != 0),
+        ("exec_mode", c.exec_mode != 0),
+        ("cuda_device", c.cuda_device != 0),
+        ("cuda_sm_count", c.cuda_sm_count != 0),
+        ("cuda_block_threads", c.cuda_block_threads != 0),
+        ("cuda_driver", !c.cuda_driver.is_null()),
+        ("staging_slots", c.staging_slots != 0),
+    ]
+    .into_iter()
+    .find_map(|(name, set)| set.then_some(name))
 }

@@ -12,7 +12,7 @@ use tutti_driver::emulated::{
 };
 use tutti_driver::DriverError;
 use tutti_objstore::{
-    Backend, DriveSpec, Dtype, Geometry, GioConfig, GioExecutor, ObjError, OpenMode, PoolOptions,
+    Backend, DriveSpec, Dtype, ExecMode, Geometry, GioConfig, GioExecutor, ObjError, OpenMode, PoolOptions,
     StoreOptions,
 };
 
@@ -46,6 +46,27 @@ pub const TUTTI_EXECUTOR_DIRECT: u32 = 2;
 /// machine without a CUDA driver or GPU, `tutti_runtime_open` fails with
 /// `TUTTI_E_UNSUPPORTED`, naming what is missing.
 pub const TUTTI_EXECUTOR_GIO_CUDA: u32 = 3;
+/// ABI 1.8, tuttid clients only (`tutti_runtime_connect`): a client that moves
+/// no bytes. It leases no queue pairs, maps no memory and runs no executor;
+/// its lookups, `tutti_contains_identity`, pins and stats go to the daemon.
+/// `tutti_register_kv` (and so every load and store) gets
+/// `TUTTI_E_UNSUPPORTED`. An engine's scheduler process uses it.
+pub const TUTTI_EXECUTOR_CONTROL: u32 = 4;
+
+/// ABI 1.8: the executor's default mode (launch, for both gio executors).
+pub const TUTTI_EXEC_MODE_DEFAULT: u32 = 0;
+/// ABI 1.8: a kernel (host: a block of lanes on OS threads) is launched when
+/// work is issued, drains the submission ring and returns.
+pub const TUTTI_EXEC_MODE_LAUNCH: u32 = 1;
+/// ABI 1.8: one kernel polls the submission ring from open to close (SQPOLL).
+/// On the CUDA executor it needs `cuda_sm_count` (a green context), since it
+/// holds its SMs for good; a persistent kernel also blocks module loads on
+/// the device while it runs.
+pub const TUTTI_EXEC_MODE_PERSISTENT: u32 = 2;
+/// ABI 1.8, `TUTTI_EXECUTOR_GIO_HOST` only: one block of lanes that runs on
+/// the threads calling tutti (submits issue, waits reap), with no executor
+/// thread, like io_uring without SQPOLL. Needs `host_lane_blocks` <= 1.
+pub const TUTTI_EXEC_MODE_INLINE: u32 = 3;
 
 /// Format the drives as a new, empty pool.
 pub const TUTTI_OPEN_CREATE: u32 = 1;
@@ -152,6 +173,11 @@ pub struct tutti_runtime_config_t {
     /// ABI 1.5, EMULATED: share of the mixed bandwidth reads get, in (0, 1);
     /// writes get the rest (0 = 0.5).
     pub emulated_mixed_read_share: f64,
+    /// ABI 1.8: `TUTTI_EXEC_MODE_*`, how the gio executor runs its kernels
+    /// (0 = launch). Leave it 0 with `TUTTI_EXECUTOR_DIRECT`.
+    pub exec_mode: u32,
+    /// Alignment padding (ignored; set 0).
+    pub rsvd2: u32,
 }
 
 impl Default for tutti_runtime_config_t {
@@ -185,17 +211,20 @@ impl Default for tutti_runtime_config_t {
             rsvd1: 0,
             emulated_mixed_efficiency: 0.0,
             emulated_mixed_read_share: 0.0,
+            exec_mode: 0,
+            rsvd2: 0,
         }
     }
 }
 
-// SAFETY: repr(C) with `struct_size: u32` first; `rsvd0` and `rsvd1` make the
-// padding fields, so the struct has none; any bit pattern is a valid f64.
+// SAFETY: repr(C) with `struct_size: u32` first; `rsvd0`, `rsvd1` and `rsvd2` make
+// the padding fields, so the struct has none; any bit pattern is a valid f64.
 unsafe impl SizePrefixed for tutti_runtime_config_t {
     const NAME: &'static str = "tutti_runtime_config_t";
     const SIZES: &'static [u32] = &[
         std::mem::offset_of!(tutti_runtime_config_t, cuda_device) as u32,
         std::mem::offset_of!(tutti_runtime_config_t, emulated_read_bytes_per_sec) as u32,
+        std::mem::offset_of!(tutti_runtime_config_t, exec_mode) as u32,
         std::mem::size_of::<tutti_runtime_config_t>() as u32,
     ];
 }
@@ -340,11 +369,25 @@ impl RuntimeConfig {
         };
         let io_timeout_ms = if c.io_timeout_ms == 0 { DEFAULT_IO_TIMEOUT_MS } else { c.io_timeout_ms };
         let io_timeout = Duration::from_millis(io_timeout_ms as u64);
-        let mut backend = backend_for(c.executor, c.io_timeout_ms, c.host_lane_blocks)?;
-        if let Backend::Gio(gio) = &mut backend {
-            // SAFETY: forwarded from the caller.
-            unsafe { gio_extras(c, gio)? };
+        if c.executor == TUTTI_EXECUTOR_CONTROL {
+            return Err(CapiError::invalid(
+                "executor",
+                "TUTTI_EXECUTOR_CONTROL (4) is for tuttid clients (tutti_runtime_connect); a runtime that owns its drives moves its own bytes",
+            ));
         }
+        let io = IoFields {
+            executor: c.executor,
+            exec_mode: c.exec_mode,
+            io_timeout_ms: c.io_timeout_ms,
+            host_lane_blocks: c.host_lane_blocks,
+            staging_slots: c.staging_slots,
+            cuda_device: c.cuda_device,
+            cuda_sm_count: c.cuda_sm_count,
+            cuda_block_threads: c.cuda_block_threads,
+            cuda_driver: c.cuda_driver,
+        };
+        // SAFETY: forwarded from the caller.
+        let backend = unsafe { io.backend()? };
         let geometry = c.geometry.to_geometry()?;
         Ok(RuntimeConfig {
             source,
@@ -423,88 +466,148 @@ fn emulated_cost(c: &tutti_runtime_config_t) -> Result<CostModel> {
     })
 }
 
-/// The ABI 1.4 fields: staging slots, and the CUDA executor's settings.
-///
-/// # Safety
-/// `c.cuda_driver` is NULL or a NUL-terminated string.
-unsafe fn gio_extras(c: &tutti_runtime_config_t, gio: &mut GioConfig) -> Result<()> {
-    gio.staging_slots = match c.staging_slots {
-        0 => 256,
-        n if n > MAX_STAGING_SLOTS => {
-            return Err(CapiError::invalid("staging_slots", format!("{n} is more than {MAX_STAGING_SLOTS}")))
-        }
-        n => n,
-    };
-    if c.executor != TUTTI_EXECUTOR_GIO_CUDA {
-        return Ok(());
-    }
-    let device = i32::try_from(c.cuda_device).map_err(|_| {
-        CapiError::invalid("cuda_device", format!("{} is not a device ordinal", c.cuda_device))
-    })?;
-    let driver = if c.cuda_driver.is_null() {
-        None
-    } else {
-        // SAFETY: forwarded from the caller.
-        let d = unsafe { ptr::str_in(c.cuda_driver, "cuda_driver", 4096)? };
-        if d.is_empty() {
-            return Err(CapiError::invalid(
-                "cuda_driver",
-                "the empty string names no library (NULL: libcuda.so)",
-            ));
-        }
-        Some(PathBuf::from(d))
-    };
-    let block_threads = match c.cuda_block_threads {
-        0 => tutti_objstore::CudaExecutorConfig::default().block_threads,
-        n if n % 32 == 0 && n <= 512 => n,
-        n => {
-            return Err(CapiError::invalid(
-                "cuda_block_threads",
-                format!("{n} is not a multiple of 32 in 32..=512"),
-            ))
-        }
-    };
-    let cuda = tutti_objstore::CudaExecutorConfig {
-        device,
-        sm_count: (c.cuda_sm_count != 0).then_some(c.cuda_sm_count),
-        driver,
-        block_threads,
-        ..Default::default()
-    };
-    gio.executor = GioExecutor::Cuda(Box::new(cuda));
-    Ok(())
+/// The I/O settings `tutti_runtime_config_t` and `tutti_client_config_t`
+/// share, as the caller gave them (0 = the default throughout).
+pub(crate) struct IoFields {
+    pub executor: u32,
+    pub exec_mode: u32,
+    pub io_timeout_ms: u32,
+    pub host_lane_blocks: u32,
+    pub staging_slots: u32,
+    pub cuda_device: u32,
+    pub cuda_sm_count: u32,
+    pub cuda_block_threads: u32,
+    pub cuda_driver: *const c_char,
 }
 
-/// The I/O path for `executor` (`TUTTI_EXECUTOR_*`) with commands timing out
-/// after `io_timeout_ms` (0 = the default) and `lane_blocks` host lanes (0 = 1).
-pub(crate) fn backend_for(executor: u32, io_timeout_ms: u32, lane_blocks: u32) -> Result<Backend> {
-    let io_timeout_ms = if io_timeout_ms == 0 { DEFAULT_IO_TIMEOUT_MS } else { io_timeout_ms };
-    let io_timeout = Duration::from_millis(io_timeout_ms as u64);
-    let lane_blocks = if lane_blocks == 0 { 1 } else { lane_blocks };
-    if lane_blocks > MAX_LANE_BLOCKS {
-        return Err(CapiError::invalid(
-            "host_lane_blocks",
-            format!("{lane_blocks} is more than {MAX_LANE_BLOCKS}"),
-        ));
-    }
-    match executor {
-        TUTTI_EXECUTOR_GIO_HOST | TUTTI_EXECUTOR_GIO_CUDA => {
-            let mut gio = GioConfig::default();
-            gio.ring.command_timeout = io_timeout;
-            gio.ring.submit_timeout = io_timeout.saturating_mul(2);
-            gio.host.blocks = lane_blocks;
-            gio.sm_budget = lane_blocks;
-            Ok(Backend::Gio(gio))
+impl IoFields {
+    /// The I/O path these fields ask for, every field checked (the error names it).
+    /// `TUTTI_EXECUTOR_CONTROL` is the caller's to handle: it has no I/O path.
+    ///
+    /// # Safety
+    /// `cuda_driver` is NULL or a NUL-terminated string.
+    pub(crate) unsafe fn backend(&self) -> Result<Backend> {
+        let io_timeout_ms = if self.io_timeout_ms == 0 { DEFAULT_IO_TIMEOUT_MS } else { self.io_timeout_ms };
+        let io_timeout = Duration::from_millis(io_timeout_ms as u64);
+        let lane_blocks = if self.host_lane_blocks == 0 { 1 } else { self.host_lane_blocks };
+        if lane_blocks > MAX_LANE_BLOCKS {
+            return Err(CapiError::invalid(
+                "host_lane_blocks",
+                format!("{lane_blocks} is more than {MAX_LANE_BLOCKS}"),
+            ));
         }
-        // The baseline stays minimal through the C ABI (and keeps the unknown-outcome
-        // path observable to bindings); the object store can recover it too.
-        TUTTI_EXECUTOR_DIRECT => Ok(Backend::Direct { queue_depth: 64, recover_queues: false }),
-        n => Err(CapiError::invalid(
-            "executor",
-            format!(
-                "{n} is not TUTTI_EXECUTOR_GIO_HOST (1), TUTTI_EXECUTOR_DIRECT (2) or TUTTI_EXECUTOR_GIO_CUDA (3)"
-            ),
-        )),
+        let mode = self.mode()?;
+        match self.executor {
+            TUTTI_EXECUTOR_GIO_HOST | TUTTI_EXECUTOR_GIO_CUDA => {}
+            // The baseline stays minimal through the C ABI (and keeps the unknown-outcome
+            // path observable to bindings); the object store can recover it too.
+            TUTTI_EXECUTOR_DIRECT => {
+                if self.exec_mode != TUTTI_EXEC_MODE_DEFAULT {
+                    return Err(CapiError::invalid(
+                        "exec_mode",
+                        "applies to the gio executors; leave it 0 with TUTTI_EXECUTOR_DIRECT",
+                    ));
+                }
+                return Ok(Backend::Direct { queue_depth: 64, recover_queues: false });
+            }
+            n => {
+                return Err(CapiError::invalid(
+                    "executor",
+                    format!(
+                        "{n} is not TUTTI_EXECUTOR_GIO_HOST (1), TUTTI_EXECUTOR_DIRECT (2) or TUTTI_EXECUTOR_GIO_CUDA (3)"
+                    ),
+                ))
+            }
+        }
+        let mut gio = GioConfig::default();
+        gio.ring.command_timeout = io_timeout;
+        gio.ring.submit_timeout = io_timeout.saturating_mul(2);
+        gio.host.blocks = lane_blocks;
+        gio.host.mode = mode;
+        gio.sm_budget = lane_blocks;
+        gio.staging_slots = match self.staging_slots {
+            0 => 256,
+            n if n > MAX_STAGING_SLOTS => {
+                return Err(CapiError::invalid(
+                    "staging_slots",
+                    format!("{n} is more than {MAX_STAGING_SLOTS}"),
+                ))
+            }
+            n => n,
+        };
+        if mode == ExecMode::Inline && lane_blocks > 1 {
+            return Err(CapiError::invalid(
+                "exec_mode",
+                format!(
+                    "TUTTI_EXEC_MODE_INLINE runs one block of lanes on the calling thread; host_lane_blocks is {lane_blocks}"
+                ),
+            ));
+        }
+        if self.executor == TUTTI_EXECUTOR_GIO_CUDA {
+            // SAFETY: forwarded from the caller.
+            gio.executor = GioExecutor::Cuda(Box::new(unsafe { self.cuda(mode)? }));
+        }
+        Ok(Backend::Gio(gio))
+    }
+
+    fn mode(&self) -> Result<ExecMode> {
+        match self.exec_mode {
+            TUTTI_EXEC_MODE_DEFAULT | TUTTI_EXEC_MODE_LAUNCH => Ok(ExecMode::Launch),
+            TUTTI_EXEC_MODE_PERSISTENT => Ok(ExecMode::Persistent),
+            TUTTI_EXEC_MODE_INLINE if self.executor == TUTTI_EXECUTOR_GIO_CUDA => Err(CapiError::invalid(
+                "exec_mode",
+                "TUTTI_EXEC_MODE_INLINE runs lanes on the calling host thread: only TUTTI_EXECUTOR_GIO_HOST has it",
+            )),
+            TUTTI_EXEC_MODE_INLINE => Ok(ExecMode::Inline),
+            n => Err(CapiError::invalid("exec_mode", format!("{n} is not a TUTTI_EXEC_MODE_* value (0..=3)"))),
+        }
+    }
+
+    /// The CUDA executor's settings.
+    ///
+    /// # Safety
+    /// `cuda_driver` is NULL or a NUL-terminated string.
+    unsafe fn cuda(&self, mode: ExecMode) -> Result<tutti_objstore::CudaExecutorConfig> {
+        let device = i32::try_from(self.cuda_device).map_err(|_| {
+            CapiError::invalid("cuda_device", format!("{} is not a device ordinal", self.cuda_device))
+        })?;
+        let driver = if self.cuda_driver.is_null() {
+            None
+        } else {
+            // SAFETY: forwarded from the caller.
+            let d = unsafe { ptr::str_in(self.cuda_driver, "cuda_driver", 4096)? };
+            if d.is_empty() {
+                return Err(CapiError::invalid(
+                    "cuda_driver",
+                    "the empty string names no library (NULL: libcuda.so)",
+                ));
+            }
+            Some(PathBuf::from(d))
+        };
+        let block_threads = match self.cuda_block_threads {
+            0 => tutti_objstore::CudaExecutorConfig::default().block_threads,
+            n if n % 32 == 0 && n <= 512 => n,
+            n => {
+                return Err(CapiError::invalid(
+                    "cuda_block_threads",
+                    format!("{n} is not a multiple of 32 in 32..=512"),
+                ))
+            }
+        };
+        if mode == ExecMode::Persistent && self.cuda_sm_count == 0 {
+            return Err(CapiError::invalid(
+                "exec_mode",
+                "a persistent CUDA executor holds its SMs for good: it needs cuda_sm_count (a green context), not every SM",
+            ));
+        }
+        Ok(tutti_objstore::CudaExecutorConfig {
+            device,
+            mode,
+            sm_count: (self.cuda_sm_count != 0).then_some(self.cuda_sm_count),
+            driver,
+            block_threads,
+            ..Default::default()
+        })
     }
 }
 

@@ -1,7 +1,9 @@
 //! Registering the engine's KV memory, and the chunk index: chained hashes,
 //! lookup (with pins) and unpin.
 
-use crate::config::{TUTTI_EXECUTOR_DIRECT, TUTTI_EXECUTOR_GIO_CUDA, TUTTI_EXECUTOR_GIO_HOST};
+use crate::config::{
+    TUTTI_EXECUTOR_CONTROL, TUTTI_EXECUTOR_DIRECT, TUTTI_EXECUTOR_GIO_CUDA, TUTTI_EXECUTOR_GIO_HOST,
+};
 use crate::error::{guard, CapiError, Result};
 use crate::ptr::{self, SizePrefixed, TUTTI_MAX_BLOCKS_PER_CALL, TUTTI_MAX_TOKENS_PER_CALL};
 use crate::runtime::{lock, tutti_runtime_t, Registered, Runtime};
@@ -15,6 +17,7 @@ fn executor_name(e: u32) -> &'static str {
         TUTTI_EXECUTOR_GIO_HOST => "TUTTI_EXECUTOR_GIO_HOST",
         TUTTI_EXECUTOR_DIRECT => "TUTTI_EXECUTOR_DIRECT",
         TUTTI_EXECUTOR_GIO_CUDA => "TUTTI_EXECUTOR_GIO_CUDA",
+        TUTTI_EXECUTOR_CONTROL => "TUTTI_EXECUTOR_CONTROL",
         _ => "another executor",
     }
 }
@@ -196,6 +199,13 @@ pub unsafe extern "C" fn tutti_register_kv(
         let rt = Runtime::get(rt)?;
         // SAFETY: forwarded from the caller.
         let c = unsafe { ptr::sized_in(layout)? };
+        if rt.executor == TUTTI_EXECUTOR_CONTROL {
+            return Err(CapiError::Unsupported(
+                "this runtime is a TUTTI_EXECUTOR_CONTROL client of tuttid: it moves no bytes, so it \
+                 registers no KV memory (connect with TUTTI_EXECUTOR_GIO_HOST or TUTTI_EXECUTOR_GIO_CUDA)"
+                    .into(),
+            ));
+        }
         // SAFETY: forwarded from the caller.
         let sizes = unsafe {
             if sizes.is_null() {

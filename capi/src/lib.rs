@@ -85,11 +85,15 @@ const EMPTY: &str = "\0";
 /// minor 6 added the scheduler in the job path (`tutti_sched_configure`,
 /// `tutti_sched_config_t`, the `tutti_sched_layer_*`/`tutti_sched_decode_*`
 /// timing hooks, `tutti_sched_stats`); minor 7 added per-drive arbitration across the
-/// clients of one tuttid and its counters (the `xproc_*` fields of `tutti_sched_stats_t`).
+/// clients of one tuttid and its counters (the `xproc_*` fields of `tutti_sched_stats_t`);
+/// minor 8 added every executor to tuttid clients (`TUTTI_EXECUTOR_GIO_CUDA` and the CUDA
+/// and staging fields appended to `tutti_client_config_t`; `TUTTI_EXECUTOR_CONTROL` for a
+/// client that moves no bytes) and the executor mode (`TUTTI_EXEC_MODE_*`: the `exec_mode`
+/// fields appended to `tutti_runtime_config_t` and `tutti_client_config_t`).
 pub const TUTTI_ABI_VERSION: u32 = 1;
 
 /// The minor version of ABI 1 this library implements (see `TUTTI_ABI_VERSION`).
-pub const TUTTI_ABI_MINOR: u32 = 7;
+pub const TUTTI_ABI_MINOR: u32 = 8;
 
 /// The ABI version of the loaded library (`TUTTI_ABI_VERSION` it was built with).
 ///

@@ -49,8 +49,8 @@ fn stats(rt: &Rt) -> tutti_stats_t {
 
 #[test]
 fn versions_and_sizes_of_each_minor() {
-    assert_eq!((tutti_abi_version(), tutti_abi_minor()), (1, 7));
-    assert_eq!((TUTTI_ABI_VERSION, TUTTI_ABI_MINOR), (1, 7));
+    assert_eq!((tutti_abi_version(), tutti_abi_minor()), (1, 8));
+    assert_eq!((TUTTI_ABI_VERSION, TUTTI_ABI_MINOR), (1, 8));
     // Each minor's structs end where the next one's fields begin.
     assert_eq!(offset_of!(tutti_stats_t, host_calls), STATS_V0);
     assert_eq!(offset_of!(tutti_job_status_t, host_calls), STATUS_V0);
@@ -64,12 +64,19 @@ fn versions_and_sizes_of_each_minor() {
     // 1.5 appended the emulated drives' bandwidth and latency model.
     assert_eq!(offset_of!(tutti_runtime_config_t, emulated_read_bytes_per_sec), 112);
     assert_eq!(offset_of!(tutti_runtime_config_t, emulated_mixed_efficiency), 144);
-    assert_eq!(size_of::<tutti_runtime_config_t>(), 160);
+    // 1.8 appended the executor mode.
+    assert_eq!(offset_of!(tutti_runtime_config_t, exec_mode), 160);
+    assert_eq!(size_of::<tutti_runtime_config_t>(), 168);
     // 1.6 added the scheduler's own structs (no struct of an earlier minor changed).
     assert_eq!(size_of::<tutti_sched_config_t>(), 72);
     // 1.7 appended the cross-process arbitration counters to the scheduler's stats.
     assert_eq!(offset_of!(tutti_sched_stats_t, xproc_active), 16 + 18 * 8);
     assert_eq!(size_of::<tutti_sched_stats_t>(), 16 + 22 * 8);
+    // 1.8 appended the executor mode, the CUDA executor's and the staging fields to the
+    // client config (1.3's ended after the geometry).
+    assert_eq!(offset_of!(tutti_client_config_t, exec_mode), 56);
+    assert_eq!(offset_of!(tutti_client_config_t, cuda_driver), 72);
+    assert_eq!(size_of::<tutti_client_config_t>(), 88);
 }
 
 #[test]

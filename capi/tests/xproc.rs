@@ -84,15 +84,6 @@ fn sched_stats(rt: &Rt) -> tutti_sched_stats_t {
     s
 }
 
-/// What `register_filled(.., seed)` put in `block`.
-fn pattern(block: usize, seed: u8) -> Vec<u8> {
-    let mut src = Mem::new(2 * BLOCKS as usize * OBJ * LAYERS as usize);
-    for (i, x) in src.bytes().iter_mut().enumerate() {
-        *x = ((i % 251) as u8).wrapping_add(seed);
-    }
-    block_bytes(&mut src, block, BLOCKS)
-}
-
 /// Overwrites `block` in every layer, so that a load that moved nothing is seen.
 fn scribble(mem: &mut Mem, block: usize) {
     let per = 2 * BLOCKS as usize * OBJ;
@@ -113,7 +104,10 @@ fn load_and_check(rt: &Rt, mem: &mut Mem, keys: &[tutti_hash_t], seed: u8) {
     let st = load_all(rt, keys, &to);
     assert!(st.done == 1 && st.failed == 0, "{st:?}");
     for (from, &b) in to.iter().enumerate() {
-        assert!(block_bytes(mem, b as usize, BLOCKS) == pattern(from, seed), "block {b} (from {from})");
+        assert!(
+            block_bytes(mem, b as usize, BLOCKS) == pattern(from, BLOCKS, seed),
+            "block {b} (from {from})"
+        );
     }
 }
 
@@ -311,7 +305,7 @@ fn a_client_killed_holding_the_drives_is_cleared_and_the_other_goes_on() {
     }
     assert!(st.done == 1 && st.failed == 0, "{st:?}");
     for (from, &b) in to.iter().enumerate() {
-        assert!(block_bytes(&mut mem, b as usize, BLOCKS) == pattern(from, LOAD_SEED), "block {b}");
+        assert!(block_bytes(&mut mem, b as usize, BLOCKS) == pattern(from, BLOCKS, LOAD_SEED), "block {b}");
     }
     let s = sched_stats(&rt);
     assert_eq!((s.xproc_stale_words, s.xproc_invalid_words), (0, 0), "{s:?}");

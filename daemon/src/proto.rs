@@ -285,6 +285,11 @@ pub struct ControllerStatus {
     /// I/O queue pairs the controller granted, and how many nobody holds.
     pub granted_pairs: u16,
     pub free_pairs: u16,
+    /// Ranges of client memory mapped for the controller (its emulated IOMMU's
+    /// client regions, or IOVA ranges reserved for clients on VFIO), whoever
+    /// holds them: 0 once every client is gone and released.
+    #[serde(default)]
+    pub client_mappings: u64,
 }
 
 /// An emulated controller's I/O counters (every client's commands and the daemon's).

@@ -29,8 +29,8 @@ use tutti_driver::transport::{DmaSpace, Registers};
 use tutti_driver::DriverError;
 use tutti_objstore::io::{Direction, LayerOutcome, Pair};
 use tutti_objstore::{
-    Backend, BlockHash, ControlStats, DriveSpec, FileId, IdentityId, KvStore, Lookup, ObjError, PoolControl,
-    Reserved, Verdict,
+    Backend, BlockHash, ControlStats, DriveSpec, FileId, Geometry, IdentityId, KvStore, Lookup, ObjError,
+    PoolControl, Reserved, Verdict,
 };
 
 /// How long a control request may take before the client gives up on the daemon.
@@ -372,22 +372,64 @@ impl tutti_objstore::io::proxy::LayerService for RemoteLayers {
 /// this process's layers on its shared pairs instead, straight into and out
 /// of this process's memory (slower: a round trip per layer).
 pub fn connect(socket: &Path, name: &str, backend: &Backend, timeout: Duration) -> Result<KvStore> {
-    Ok(open(socket, name, backend, timeout, false)?.0)
+    Ok(open(socket, name, backend, timeout, false, None)?.0)
 }
 
 /// As [`connect`], and takes a slot on the daemon's arbitration board
 /// ([`crate::arbitration`]): the caller's scheduler announces this process's I/O there and
 /// defers to the other clients'. (A store from [`connect`] takes no slot: its I/O is not
-/// arbitrated against other processes.)
+/// arbitrated against other processes.) With `geometry`, a pool of another geometry is
+/// refused before anything is leased, mapped or started.
 pub fn connect_arbitrated(
     socket: &Path,
     name: &str,
     backend: &Backend,
     timeout: Duration,
+    geometry: Option<&Geometry>,
 ) -> Result<(KvStore, Arc<SharedArbitration>)> {
-    let (store, board) = open(socket, name, backend, timeout, true)?;
+    let (store, board) = open(socket, name, backend, timeout, true, geometry)?;
     let board = board.ok_or_else(|| DaemonError::Unexpected("no arbitration board".into()))?;
     Ok((store, board))
+}
+
+/// A store on the pool tuttid serves at `socket` that moves no bytes: its
+/// lookups, pins and stats go to the daemon; it leases no queue pair, maps no
+/// register file, memory or doorbell, and takes no arbitration slot. For an
+/// engine's scheduler process. `geometry` as in [`connect_arbitrated`].
+pub fn connect_control(
+    socket: &Path,
+    name: &str,
+    timeout: Duration,
+    geometry: Option<&Geometry>,
+) -> Result<KvStore> {
+    let client = Arc::new(Client::connect(socket, name, timeout)?);
+    // The register files sent with the reply are dropped (closed) unmapped.
+    let (reply, _fds) = client.call_fds(Request::Pool)?;
+    let Response::Pool(pool) = reply else { return Err(unexpected("pool", &reply)) };
+    check_geometry(&pool, geometry)?;
+    let drives = pool
+        .drives
+        .iter()
+        .map(|&(c, nsid)| {
+            let ctrl = pool.controllers.get(c as usize).ok_or_else(|| {
+                DaemonError::Unexpected(format!("pool drive on controller {c}, which was not described"))
+            })?;
+            Ok((&ctrl.info, nsid))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let control: Arc<dyn PoolControl> = Arc::new(RemotePool { client: client.clone() });
+    Ok(KvStore::attach_control(&drives, pool.shape.clone(), control)?)
+}
+
+/// Refuses a pool whose geometry is not `want`'s (if given), naming both.
+fn check_geometry(pool: &PoolReply, want: Option<&Geometry>) -> Result<()> {
+    match want {
+        Some(g) if *g != pool.shape.geometry => Err(DaemonError::Obj(ObjError::Invalid {
+            field: "geometry",
+            what: format!("the daemon's pool is formatted for {}, this process has {g}", pool.shape.geometry),
+        })),
+        _ => Ok(()),
+    }
 }
 
 fn open(
@@ -396,10 +438,12 @@ fn open(
     backend: &Backend,
     timeout: Duration,
     arbitrated: bool,
+    geometry: Option<&Geometry>,
 ) -> Result<(KvStore, Option<Arc<SharedArbitration>>)> {
     let client = Arc::new(Client::connect(socket, name, timeout)?);
     let (reply, fds) = client.call_fds(Request::Pool)?;
     let Response::Pool(pool) = reply else { return Err(unexpected("pool", &reply)) };
+    check_geometry(&pool, geometry)?;
     if pool.controllers.iter().any(|c| matches!(c.kind, ControllerKind::Emulated { .. })) {
         // The daemon's emulated controllers reach this process's memory with
         // process_vm_readv/writev, which Yama may restrict to ancestors.
@@ -425,6 +469,20 @@ fn open(
     };
     let control: Arc<dyn PoolControl> = Arc::new(RemotePool { client: client.clone() });
     let starved = ctrls.iter().find(|c| c.free_io_queue_pairs() == 0);
+    if let (Some(c), Backend::Gio(g)) = (starved, backend) {
+        if matches!(g.executor, tutti_objstore::GioExecutor::Cuda(_)) {
+            return Err(DaemonError::Obj(ObjError::Invalid {
+                field: "executor",
+                what: format!(
+                    "{} has no I/O queue pair left to lease (it granted {}, and tuttid holds or has leased them all): \
+                     a CUDA-executor client needs pairs of its own for its kernels; free a pair (fewer clients), \
+                     or connect with the host executor, which tuttid can move on its shared pair",
+                    c.name(),
+                    c.info().io_queue_pairs
+                ),
+            }));
+        }
+    }
     if let Some(c) = starved {
         tracing::warn!(device = %c.name(), granted = c.info().io_queue_pairs,
             "no I/O queue pair left to lease; tuttid moves this client's layers on its shared pair");

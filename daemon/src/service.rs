@@ -280,6 +280,11 @@ impl Service {
                     name: s.ctrl.name().to_string(),
                     granted_pairs: s.ctrl.info().io_queue_pairs,
                     free_pairs: s.ctrl.free_io_queue_pairs(),
+                    client_mappings: match (&s.emulated, &s.vfio) {
+                        (Some(emu), _) => emu.iommu().client_regions() as u64,
+                        (None, Some(dev)) => dev.vfio_dma().client_ranges(),
+                        (None, None) => 0,
+                    },
                 })
                 .collect(),
             emulated_io: self

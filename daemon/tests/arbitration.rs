@@ -57,7 +57,7 @@ fn backend() -> Backend {
 }
 
 fn client(d: &Daemon, name: &str) -> (KvStore, std::sync::Arc<SharedArbitration>) {
-    connect_arbitrated(d.socket(), name, &backend(), Duration::from_secs(10)).unwrap()
+    connect_arbitrated(d.socket(), name, &backend(), Duration::from_secs(10), None).unwrap()
 }
 
 /// Waits (bounded) until the daemon lists `n` clients.

@@ -177,6 +177,21 @@ impl ControllerInfo {
     pub fn namespace(&self, nsid: u32) -> Option<&NamespaceInfo> {
         self.namespaces.iter().find(|n| n.nsid == nsid)
     }
+
+    /// Namespace `nsid`, if it is active and holds plain data blocks (no
+    /// metadata, protection information or other command set).
+    pub fn data_namespace(&self, nsid: u32) -> Result<&NamespaceInfo> {
+        let ns = self.namespace(nsid).ok_or_else(|| {
+            let have: Vec<u32> = self.namespaces.iter().map(|n| n.nsid).collect();
+            DriverError::invalid(format!("{}: no active namespace {nsid} (active: {have:?})", self.device))
+        })?;
+        match ns.unusable() {
+            None => Ok(ns),
+            Some((what, remedy)) => {
+                Err(DriverError::UnusableNamespace { device: self.device.clone(), nsid, what, remedy })
+            }
+        }
+    }
 }
 
 /// A controller brought up and owned by this process.
@@ -544,16 +559,7 @@ impl Controller {
     /// blocks of data; otherwise an error that names the controller, the
     /// namespace, its format or command set, and what to do.
     pub fn data_namespace(&self, nsid: u32) -> Result<&NamespaceInfo> {
-        let ns = self.info.namespace(nsid).ok_or_else(|| {
-            let have: Vec<u32> = self.info.namespaces.iter().map(|n| n.nsid).collect();
-            DriverError::invalid(format!("{}: no active namespace {nsid} (active: {have:?})", self.name))
-        })?;
-        match ns.unusable() {
-            None => Ok(ns),
-            Some((what, remedy)) => {
-                Err(DriverError::UnusableNamespace { device: self.name.clone(), nsid, what, remedy })
-            }
-        }
+        self.info.data_namespace(nsid)
     }
 
     fn bad(&self, what: String) -> DriverError {

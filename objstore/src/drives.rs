@@ -12,7 +12,7 @@ use crate::journal::MetaDev;
 use crate::stripe::DriveShape;
 use std::sync::{Arc, Mutex};
 use tutti_driver::command::DataMode;
-use tutti_driver::controller::{Controller, SharedQueuePair};
+use tutti_driver::controller::{Controller, ControllerInfo, SharedQueuePair};
 use tutti_driver::queue::IoQueuePair;
 use tutti_driver::transport::DmaBuffer;
 
@@ -71,29 +71,46 @@ impl std::fmt::Debug for DriveSpec {
 
 /// A pool drive as the data path sees it: no metadata I/O of its own.
 pub(crate) struct DriveView {
-    pub spec: DriveSpec,
+    /// How this process reaches the drive; `None` in a store that moves no
+    /// bytes ([`KvStore::attach_control`](crate::KvStore::attach_control)).
+    pub spec: Option<DriveSpec>,
+    pub device: String,
+    pub serial: String,
+    pub nsid: u32,
     pub shape: DriveShape,
 }
 
 impl DriveView {
     pub fn open(spec: DriveSpec) -> Result<Self> {
-        let shape = shape_of(&spec)?;
-        Ok(DriveView { spec, shape })
+        let mut v = Self::described(spec.ctrl.info(), spec.nsid)?;
+        v.spec = Some(spec);
+        Ok(v)
     }
+
+    /// A drive known only from its owner's description of its controller.
+    pub fn described(info: &ControllerInfo, nsid: u32) -> Result<Self> {
+        let ns = info.data_namespace(nsid)?;
+        Ok(DriveView {
+            spec: None,
+            device: info.device.clone(),
+            serial: info.serial.clone(),
+            nsid,
+            shape: DriveShape { lba_size: ns.lba_size, blocks: ns.blocks, max_transfer: info.max_transfer },
+        })
+    }
+
     pub fn name(&self) -> &str {
-        self.spec.ctrl.name()
+        &self.device
     }
     pub fn serial(&self) -> &str {
-        &self.spec.ctrl.info().serial
+        &self.serial
     }
 }
 
 /// Refuses namespaces with metadata, protection information or another
 /// command set, naming the format and what to do.
 fn shape_of(spec: &DriveSpec) -> Result<DriveShape> {
-    let info = spec.ctrl.info();
-    let ns = spec.ctrl.data_namespace(spec.nsid)?;
-    Ok(DriveShape { lba_size: ns.lba_size, blocks: ns.blocks, max_transfer: info.max_transfer })
+    Ok(DriveView::described(spec.ctrl.info(), spec.nsid)?.shape)
 }
 
 struct MetaQueue {

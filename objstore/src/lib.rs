@@ -42,3 +42,5 @@ pub use store::{
 };
 /// The CUDA executor's settings ([`GioExecutor::Cuda`]).
 pub use tutti_gio_uring::CudaExecutorConfig;
+/// How an executor runs its kernels (`GioConfig::host`, `CudaExecutorConfig::mode`).
+pub use tutti_gio_uring::ExecMode;

@@ -169,15 +169,17 @@ class MiniEngine:
         if n > len(self.free):
             raise RuntimeError("out of blocks")
         ids, self.free = self.free[:n], self.free[n:]
+        fresh = [b for b in ids if b not in self.used]
+        self.used.update(fresh)
+        self._junk(fresh)
+        return ids
+
+    def _junk(self, blocks: list[int]) -> None:
         junk = b"\xee" * self.g.object_bytes
-        for b in ids:
-            if b in self.used:
-                continue
-            self.used.add(b)
+        for b in blocks:
             for t in self.kv.values():
                 t.write(self.offset(0, b), junk)
                 t.write(self.offset(1, b), junk)
-        return ids
 
     # --- one step ---------------------------------------------------------------------------
 
@@ -217,15 +219,9 @@ class MiniEngine:
             out.num_scheduled_tokens[req_id] = n
         meta = self.scheduler.build_connector_meta(out)
         out.kv_connector_metadata = meta
-        if out.num_scheduled_tokens:
-            self._execute(out, meta_override if meta_override is not None else meta)
-        else:
-            # vLLM's step without tokens (kv_connector_no_forward): start_load_kv and get_finished only.
-            self.worker.bind_connector_metadata(meta)
-            self.worker.start_load_kv(None)
-        load_errors = self.worker.get_block_ids_with_load_errors()
-        finished = self.worker.get_finished(out.finished_req_ids)
-        self.worker.clear_connector_metadata()
+        # An override replaces what the forward pass's workers are given.
+        given = meta_override if meta_override is not None and out.num_scheduled_tokens else meta
+        load_errors, finished = self._run_workers(out, given)
         for req_id in finished[0] or ():
             # vLLM frees a held request's blocks when a worker reports it; anything else is a bug.
             assert req_id in self.held, f"{req_id} reported finished but its blocks were not held"
@@ -233,6 +229,19 @@ class MiniEngine:
         for req_id, n in out.num_scheduled_tokens.items():
             self.running[req_id].num_computed_tokens += n
         return StepResult(meta, matched, load_errors, finished)
+
+    def _run_workers(self, out: SchedulerOutput, meta) -> tuple[set[int], tuple]:
+        """The model runner's part of a step: (blocks with load errors, ``get_finished``)."""
+        if out.num_scheduled_tokens:
+            self._execute(out, meta)
+        else:
+            # vLLM's step without tokens (kv_connector_no_forward): start_load_kv and get_finished only.
+            self.worker.bind_connector_metadata(meta)
+            self.worker.start_load_kv(None)
+        load_errors = self.worker.get_block_ids_with_load_errors()
+        finished = self.worker.get_finished(out.finished_req_ids)
+        self.worker.clear_connector_metadata()
+        return load_errors, finished
 
     def _execute(self, out: SchedulerOutput, meta) -> None:
         w = self.worker

@@ -1,6 +1,6 @@
 """Loading libtutti.so and declaring its C ABI for ctypes.
 
-The declarations mirror ``capi/include/tutti.h`` (ABI version 1.4); the test
+The declarations mirror ``capi/include/tutti.h`` (ABI version 1.8); the test
 suite compiles a C program against that header and checks every struct's
 size and field offsets against the ones here, so the two cannot drift apart
 unnoticed.
@@ -38,12 +38,13 @@ from pathlib import Path
 from .errors import OK, IN_PROGRESS, AbiMismatch, LibraryNotFound, exception_class
 
 ABI_VERSION = 1
-# The structs here are those of ABI 1.4 (1.1: the host-work counters; 1.2:
+# The structs here are those of ABI 1.8 (1.1: the host-work counters; 1.2:
 # quarantined files and unknown-outcome blocks; 1.3: clients of tuttid; 1.4:
 # the staged data path, the CUDA executor; 1.5: the emulated cost model; 1.6:
-# the scheduler in the job path); a library of an older minor would refuse
-# their sizes or lack the calls.
-ABI_MINOR = 7
+# the scheduler in the job path; 1.7: arbitration across tuttid's clients;
+# 1.8: every executor for tuttid clients, control-only clients, the executor
+# mode); a library of an older minor would refuse their sizes or lack the calls.
+ABI_MINOR = 8
 LIB_NAME = "libtutti.so"
 
 # Constants of tutti.h.
@@ -51,7 +52,9 @@ DTYPE = {"f32": 1, "f16": 2, "bf16": 3, "fp8_e4m3": 4, "fp8_e5m2": 5, "i8": 6}
 DTYPE_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1, "i8": 1}
 DRIVES_EMULATED = 1
 DRIVES_VFIO = 2
-EXECUTOR = {"gio": 1, "direct": 2, "gio_cuda": 3}
+EXECUTOR = {"gio": 1, "direct": 2, "gio_cuda": 3, "control": 4}
+# exec_mode=...: how a gio executor runs its kernels (ABI 1.8); None = the executor's default.
+EXEC_MODE = {None: 0, "launch": 1, "persistent": 2, "inline": 3}
 OPEN_MODE = {"create": 1, "open": 2, "open_or_create": 3}
 LAYOUT = {"vllm_per_layer": 1, "contiguous": 2, "strided": 3}
 MEMORY_HOST = 1
@@ -113,6 +116,9 @@ class RuntimeConfig(Structure):
         ("rsvd1", c_uint32),
         ("emulated_mixed_efficiency", c_double),
         ("emulated_mixed_read_share", c_double),
+        # ABI 1.8: the executor mode
+        ("exec_mode", c_uint32),
+        ("rsvd2", c_uint32),
     ]
 
 
@@ -133,7 +139,7 @@ class DataPath(Structure):
 
 
 class ClientConfig(Structure):
-    """tutti_client_config_t (ABI 1.3): how to connect to tuttid."""
+    """tutti_client_config_t (ABI 1.3, 1.8): how to connect to tuttid."""
 
     _fields_ = [
         ("struct_size", c_uint32),
@@ -144,6 +150,14 @@ class ClientConfig(Structure):
         ("io_timeout_ms", c_uint32),
         ("host_lane_blocks", c_uint32),
         ("geometry", Geometry),
+        # ABI 1.8: the executor's mode, the CUDA executor and staging
+        ("exec_mode", c_uint32),
+        ("cuda_device", c_uint32),
+        ("cuda_sm_count", c_uint32),
+        ("cuda_block_threads", c_uint32),
+        ("cuda_driver", c_char_p),
+        ("staging_slots", c_uint32),
+        ("rsvd0", c_uint32),
     ]
 
 

@@ -24,7 +24,7 @@ from .jobs import DEFAULT_TIMEOUT_S, Job, JobStatus, Store, StoreReport, _Handle
 
 __all__ = [
     "Geometry", "Runtime", "RuntimeInfo", "Stats", "TableSizes", "Lookup", "chain_hashes", "clock_ns",
-    "abi_version", "Job", "JobStatus", "Store", "StoreReport", "DEFAULT_TIMEOUT_S",
+    "abi_version", "Job", "JobStatus", "Store", "StoreReport", "DEFAULT_TIMEOUT_S", "packed_hashes", "packed_u32",
 ]
 
 HASH_BYTES = 16
@@ -64,7 +64,27 @@ class Geometry:
         return Geometry(g.layers, g.kv_heads, g.head_dim, g.tokens_per_block, names.get(g.dtype, "bf16"))
 
 
+def packed_hashes(data: bytes) -> "ctypes.Array":
+    """``len(data) // 16`` chunk hashes laid end to end, as the array every call taking
+    ``hashes`` accepts as is: one copy, no per-hash Python work (engines with many keys
+    per call pack them once, e.g. :mod:`tutti.sglang`)."""
+    if len(data) % HASH_BYTES:
+        raise ValueError(f"{len(data)} bytes of packed hashes is not a multiple of {HASH_BYTES}")
+    return (_lib.Hash * (len(data) // HASH_BYTES)).from_buffer_copy(data)
+
+
+def packed_u32(values) -> "ctypes.Array":
+    """A buffer of native-endian uint32 values (``array('I')``, a numpy or torch ``uint32``/``int32``
+    buffer's bytes) as the array ``block_ids`` accepts as is."""
+    data = memoryview(values).cast("B")
+    if len(data) % 4:
+        raise ValueError(f"{len(data)} bytes of packed uint32 values is not a multiple of 4")
+    return (c_uint32 * (len(data) // 4)).from_buffer_copy(data)
+
+
 def _hash_array(hashes: Sequence[bytes]):
+    if isinstance(hashes, ctypes.Array) and hashes._type_ is _lib.Hash:
+        return hashes  # packed_hashes()
     arr = (_lib.Hash * max(len(hashes), 1))()
     for i, h in enumerate(hashes):
         b = bytes(h)
@@ -75,6 +95,8 @@ def _hash_array(hashes: Sequence[bytes]):
 
 
 def _u32_array(values: Sequence[int], what: str):
+    if isinstance(values, ctypes.Array) and values._type_ is c_uint32:
+        return values  # packed_u32()
     arr = (c_uint32 * max(len(values), 1))()
     for i, v in enumerate(values):
         v = int(v)
@@ -211,6 +233,12 @@ class Lookup:
         self.unpin()
 
 
+def _check_exec_mode(mode: str | None) -> None:
+    if mode not in _lib.EXEC_MODE:
+        names = ", ".join(repr(m) for m in _lib.EXEC_MODE if m is not None)
+        raise ValueError(f"exec_mode {mode!r} is not one of {names} or None (the executor's default)")
+
+
 class Runtime(_Handle):
     """An open pool on drives (emulated or VFIO) with one I/O executor."""
 
@@ -242,8 +270,14 @@ class Runtime(_Handle):
         emulated_write_latency_us: int = 0,
         emulated_mixed_efficiency: float = 0.0,
         emulated_mixed_read_share: float = 0.0,
+        exec_mode: str | None = None,
     ):
-        """``executor="gio_cuda"`` runs the I/O kernels on CUDA device ``cuda_device`` (on
+        """``exec_mode`` (``"launch"``, ``"persistent"`` or ``"inline"``; None: the executor's
+        default, launch) says how a gio executor runs its kernels: launched per issue,
+        one persistent kernel polling the ring (a CUDA executor then needs ``cuda_sm_count``),
+        or (host executor only) lanes run on the calling threads with no executor thread.
+
+        ``executor="gio_cuda"`` runs the I/O kernels on CUDA device ``cuda_device`` (on
         ``cuda_sm_count`` SMs of a green context; 0: all SMs); on a machine without a CUDA
         driver opening fails with :class:`~tutti.errors.Unsupported`; ``cuda_driver`` loads
         that driver library instead of ``libcuda.so`` and ``cuda_block_threads`` (0: 512) sets
@@ -260,8 +294,10 @@ class Runtime(_Handle):
         raise :class:`~tutti.errors.InvalidArgument` naming the field."""
         if bool(emulated_drives) == bool(vfio):
             raise ValueError("give either emulated_drives (a count) or vfio (PCI addresses), not both or neither")
-        if executor not in _lib.EXECUTOR:
-            raise ValueError(f"executor {executor!r} is not one of {', '.join(_lib.EXECUTOR)}")
+        if executor not in _lib.EXECUTOR or executor == "control":
+            names = ", ".join(e for e in _lib.EXECUTOR if e != "control")
+            raise ValueError(f"executor {executor!r} is not one of {names} (\"control\" is for Runtime.connect)")
+        _check_exec_mode(exec_mode)
         if open_mode not in _lib.OPEN_MODE:
             raise ValueError(f"open_mode {open_mode!r} is not one of {', '.join(_lib.OPEN_MODE)}")
         self._keep = []  # buffers the config points into, alive across the call
@@ -296,6 +332,7 @@ class Runtime(_Handle):
             emulated_write_latency_us=emulated_write_latency_us,
             emulated_mixed_efficiency=emulated_mixed_efficiency,
             emulated_mixed_read_share=emulated_mixed_read_share,
+            exec_mode=_lib.EXEC_MODE[exec_mode],
         )
         out = c_void_p()
         lib().call("tutti_runtime_open", byref(cfg), byref(out))
@@ -315,14 +352,26 @@ class Runtime(_Handle):
         control_timeout_ms: int = 0,
         io_timeout_ms: int = 0,
         host_lane_blocks: int = 0,
+        exec_mode: str | None = None,
+        cuda_device: int = 0,
+        cuda_sm_count: int = 0,
+        cuda_driver: str | None = None,
+        cuda_block_threads: int = 0,
+        staging_slots: int = 0,
     ) -> "Runtime":
         """A runtime that is a client of the tuttid listening at ``socket`` (``tutti serve``).
 
         The daemon owns the drives and the pool; this process leases its own queue pairs and
-        moves its own bytes. Every method works as on a runtime opened in-process.
+        moves its own bytes with its own executor: ``"gio"`` (host lanes), ``"gio_cuda"`` (its
+        own I/O kernels on CUDA device ``cuda_device``, with its own staging slots for CUDA KV
+        memory; the other keywords as for an in-process :class:`Runtime`) or ``"direct"``.
+        Every method works as on a runtime opened in-process. ``executor="control"`` leases
+        nothing and moves no bytes (an engine's scheduler process): lookups, ``contains``,
+        pins and stats work; ``register_kv`` raises :class:`~tutti.errors.Unsupported`.
         """
         if executor not in _lib.EXECUTOR:
             raise ValueError(f"executor {executor!r} is not one of {', '.join(_lib.EXECUTOR)}")
+        _check_exec_mode(exec_mode)
         cfg = sized(
             _lib.ClientConfig,
             executor=_lib.EXECUTOR[executor],
@@ -332,6 +381,12 @@ class Runtime(_Handle):
             io_timeout_ms=io_timeout_ms,
             host_lane_blocks=host_lane_blocks,
             geometry=geometry.to_c(),
+            exec_mode=_lib.EXEC_MODE[exec_mode],
+            cuda_device=cuda_device,
+            cuda_sm_count=cuda_sm_count,
+            cuda_block_threads=cuda_block_threads,
+            cuda_driver=cuda_driver.encode() if cuda_driver is not None else None,
+            staging_slots=staging_slots,
         )
         out = c_void_p()
         lib().call("tutti_runtime_connect", byref(cfg), byref(out))

@@ -281,7 +281,7 @@ class TuttiConnector(KVConnectorBase_V1):
         scheduler = _is_scheduler(role)
         self.tp_rank, self.pp_rank = (0, 0) if scheduler else _rank()
         name = shared.client_name("scheduler" if scheduler else "worker", self.tp_rank, self.pp_rank)
-        self.runtime = shared.acquire(self.config, name, (self.tp_rank, self.pp_rank))
+        self.runtime = shared.acquire(self.config, name, (self.tp_rank, self.pp_rank), control=scheduler)
         self._stats = TuttiConnectorStats()
         self.reported = TuttiConnectorStats()  # everything handed to vLLM's stats hook so far
         self._last_rt = self.runtime.stats()

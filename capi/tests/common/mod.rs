@@ -2,6 +2,9 @@
 //! host KV memory, and status checks that read the last-error message.
 #![allow(dead_code)]
 
+pub mod child;
+pub mod device;
+
 use std::ffi::CStr;
 use std::ptr;
 use tutti::*;
@@ -137,15 +140,39 @@ pub fn register_per_layer(rt: &Rt, mem: &Mem, num_blocks: u32) {
     ok(unsafe { tutti_register_kv(rt.0, &l, ptr::null_mut()) });
 }
 
-/// Host memory for [`register_per_layer`], filled with a pattern shifted by `seed`, and
-/// registered.
-pub fn register_filled(rt: &Rt, num_blocks: u32, seed: u8) -> Mem {
+/// Memory for [`register_per_layer`] of `num_blocks` blocks, filled with a pattern shifted
+/// by `seed`.
+pub fn filled(num_blocks: u32, seed: u8) -> Mem {
     let mut mem = Mem::new(2 * num_blocks as usize * OBJ * LAYERS as usize);
     for (i, b) in mem.bytes().iter_mut().enumerate() {
         *b = ((i % 251) as u8).wrapping_add(seed);
     }
+    mem
+}
+
+/// What [`filled`]`(num_blocks, seed)` holds in `block` (every layer, K and V).
+pub fn pattern(block: usize, num_blocks: u32, seed: u8) -> Vec<u8> {
+    block_bytes(&mut filled(num_blocks, seed), block, num_blocks)
+}
+
+/// Host memory for [`register_per_layer`], filled with a pattern shifted by `seed`, and
+/// registered.
+pub fn register_filled(rt: &Rt, num_blocks: u32, seed: u8) -> Mem {
+    let mem = filled(num_blocks, seed);
     register_per_layer(rt, &mem, num_blocks);
     mem
+}
+
+/// Overwrites `block` in every layer of a per-layer registration of `blocks` blocks, so
+/// that a load that moved nothing is seen.
+pub fn scribble(mem: &mut Mem, block: usize, blocks: u32) {
+    let per = 2 * blocks as usize * OBJ;
+    for l in 0..LAYERS as usize {
+        for kv in 0..2 {
+            let o = l * per + kv * blocks as usize * OBJ + block * OBJ;
+            mem.bytes()[o..o + OBJ].fill(0xEE);
+        }
+    }
 }
 
 /// `tutti_lookup` of `keys` with `flags`: (hits, pin).
@@ -227,6 +254,14 @@ pub fn block_bytes(mem: &mut Mem, block: usize, blocks: u32) -> Vec<u8> {
 /// geometry, its socket in a fresh directory named after `tag` (returned, to
 /// remove when done).
 pub fn start_daemon(tag: &str) -> (tutti_daemon::Daemon, std::path::PathBuf) {
+    start_daemon_with(tag, tutti_driver::emulated::CostModel::default())
+}
+
+/// [`start_daemon`] on drives with the cost model `cost`.
+pub fn start_daemon_with(
+    tag: &str,
+    cost: tutti_driver::emulated::CostModel,
+) -> (tutti_daemon::Daemon, std::path::PathBuf) {
     use tutti_driver::emulated::{EmulatedConfig, NamespaceConfig};
     use tutti_objstore::{Dtype, Geometry, OpenMode, PoolOptions};
     let dir = std::env::temp_dir().join(format!("tutti-capi-{tag}-{}", std::process::id()));
@@ -237,6 +272,7 @@ pub fn start_daemon(tag: &str) -> (tutti_daemon::Daemon, std::path::PathBuf) {
             name: format!("emu{i}"),
             serial: format!("CAPI-{tag}-{i}"),
             namespaces: vec![NamespaceConfig::with_bytes(16 << 20, 512)],
+            cost: cost.clone(),
             ..EmulatedConfig::default()
         })
         .collect();
@@ -262,5 +298,6 @@ pub fn client_config(socket: &std::ffi::CString, name: &std::ffi::CString) -> tu
         io_timeout_ms: 0,
         host_lane_blocks: 0,
         geometry: geometry(),
+        ..Default::default()
     }
 }

@@ -449,6 +449,11 @@ impl EmuIommu {
         })
     }
 
+    /// How many regions other processes hold (every owner but [`LOCAL_OWNER`]).
+    pub fn client_regions(&self) -> usize {
+        self.table.regions.read().map_or(0, |r| r.values().filter(|r| r.owner != LOCAL_OWNER).count())
+    }
+
     /// How many regions `owner` holds.
     pub fn regions_of(&self, owner: u64) -> usize {
         self.table.regions.read().map_or(0, |r| r.values().filter(|r| r.owner == owner).count())

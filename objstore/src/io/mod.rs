@@ -17,6 +17,7 @@
 
 pub mod direct;
 pub mod gio;
+pub(crate) mod none;
 pub mod proxy;
 
 use crate::error::Result;

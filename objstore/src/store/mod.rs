@@ -250,6 +250,23 @@ impl KvStore {
         Self::attach_with(drives, shape, control, None, Some(service))
     }
 
+    /// A store that moves no bytes: lookups, pins and stats through
+    /// `control`, nothing registered, loaded or stored (an engine's scheduler
+    /// process, which leases no queue pairs). `drives` are the pool's drives
+    /// in pool order as the owner describes them: (controller, namespace id).
+    pub fn attach_control(
+        drives: &[(&tutti_driver::controller::ControllerInfo, u32)],
+        shape: PoolShape,
+        control: Arc<dyn PoolControl>,
+    ) -> Result<KvStore> {
+        let views = drives
+            .iter()
+            .map(|&(info, nsid)| DriveView::described(info, nsid))
+            .collect::<Result<Vec<_>>>()?;
+        let map = Self::map_of(&views, &shape)?;
+        Ok(Self::assemble(views, map, shape, control, Box::new(crate::io::none::NoIo)))
+    }
+
     fn attach_with(
         drives: Vec<DriveSpec>,
         shape: PoolShape,
@@ -257,22 +274,10 @@ impl KvStore {
         backend: Option<&Backend>,
         service: Option<Arc<dyn crate::io::proxy::LayerService>>,
     ) -> Result<KvStore> {
-        let name = crate::superblock::pool_name(shape.id);
-        let views = drives.into_iter().map(DriveView::open).collect::<Result<Vec<_>>>()?;
-        let shapes: Vec<DriveShape> = views.iter().map(|d| d.shape).collect();
-        let map = StripeMap::new(&shape.geometry, &shapes, shape.journal_pages)?.with_files(shape.files)?;
-        let starts: Vec<u64> = map.drives().iter().map(|d| d.data_start_lba).collect();
-        if starts != shape.data_start_lba {
-            return Err(ObjError::Pool {
-                pool: name,
-                what: format!(
-                    "the drives as seen here put data at LBAs {starts:?}, the pool's owner at {:?}",
-                    shape.data_start_lba
-                ),
-            });
-        }
         let specs: Vec<(Arc<tutti_driver::controller::Controller>, u32)> =
-            views.iter().map(|d| (d.spec.ctrl.clone(), d.spec.nsid)).collect();
+            drives.iter().map(|d| (d.ctrl.clone(), d.nsid)).collect();
+        let views = drives.into_iter().map(DriveView::open).collect::<Result<Vec<_>>>()?;
+        let map = Self::map_of(&views, &shape)?;
         // gio_uring's executor drives its queue pairs alone; on a controller
         // with none left after the metadata pair (one that grants a single
         // pair) the host drives the layers on the shared pair instead.
@@ -295,8 +300,36 @@ impl KvStore {
                 None => Box::new(crate::io::gio::GioIo::new(&specs, g)?),
             },
         };
+        Ok(Self::assemble(views, map, shape, control, io))
+    }
+
+    /// The stripe map of `views`, checked to place data where the pool's owner does.
+    fn map_of(views: &[DriveView], shape: &PoolShape) -> Result<StripeMap> {
+        let shapes: Vec<DriveShape> = views.iter().map(|d| d.shape).collect();
+        let map = StripeMap::new(&shape.geometry, &shapes, shape.journal_pages)?.with_files(shape.files)?;
+        let starts: Vec<u64> = map.drives().iter().map(|d| d.data_start_lba).collect();
+        if starts != shape.data_start_lba {
+            return Err(ObjError::Pool {
+                pool: crate::superblock::pool_name(shape.id),
+                what: format!(
+                    "the drives as seen here put data at LBAs {starts:?}, the pool's owner at {:?}",
+                    shape.data_start_lba
+                ),
+            });
+        }
+        Ok(map)
+    }
+
+    fn assemble(
+        views: Vec<DriveView>,
+        map: StripeMap,
+        shape: PoolShape,
+        control: Arc<dyn PoolControl>,
+        io: Box<dyn LayerIo>,
+    ) -> KvStore {
+        let name = crate::superblock::pool_name(shape.id);
         tracing::info!(pool = %name, backend = io.name(), "store open");
-        Ok(KvStore {
+        KvStore {
             id: shape.id,
             name,
             formatted: shape.formatted,
@@ -313,7 +346,7 @@ impl KvStore {
             next_id: AtomicU64::new(1),
             counters: Counters::default(),
             gate: RwLock::new(None),
-        })
+        }
     }
 
     /// Installs (or with `None` removes) the gate asked before every layer of every later
@@ -357,7 +390,7 @@ impl KvStore {
                 .map(|(i, d)| DriveReport {
                     device: d.name().to_string(),
                     serial: d.serial().trim().to_string(),
-                    nsid: d.spec.nsid,
+                    nsid: d.nsid,
                     lba_size: d.shape.lba_size,
                     blocks: d.shape.blocks,
                     max_transfer: d.shape.max_transfer,
@@ -475,7 +508,18 @@ impl KvStore {
         self.ensure_idle()?;
         lock(&self.io, "io")?.accepts(kind)?;
         let identity = CacheIdentity::new(model, self.geometry, layout.kind(), tenant_salt);
-        let spaces: Vec<_> = self.drives.iter().map(|d| d.spec.ctrl.dma().clone()).collect();
+        let spaces = self
+            .drives
+            .iter()
+            .map(|d| {
+                d.spec.as_ref().map(|s| s.ctrl.dma().clone()).ok_or_else(|| {
+                    ObjError::invalid(
+                        "memory",
+                        format!("drive {} is not reachable from this store", d.device),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         // SAFETY: forwarded from the caller.
         let reg = Arc::new(unsafe { Registration::new(layout, identity, &spaces, &self.map, memory, kind)? });
         // The old registration goes first, whether or not the new one is accepted.

@@ -14,7 +14,7 @@ use anyhow::{bail, Context};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tutti_driver::controller::{Controller, ControllerOptions};
-use tutti_driver::emulated::EmulatedController;
+use tutti_driver::emulated::{monotonic_ns, EmulatedController};
 use tutti_driver::transport::vfio::{IommuMode, VfioDevice, VfioOptions};
 use tutti_gio_uring::mem::{ExecMemory, MemKind};
 use tutti_gio_uring::{CudaExecutor, Executor};
@@ -52,6 +52,17 @@ pub enum KvMemoryFlag {
     /// Host memory kept out of the drives' reach and moved on the staged data path, as CUDA
     /// memory is (the staged path on a machine without a GPU).
     HostStaged,
+}
+
+impl KvMemoryFlag {
+    /// How host KV memory is registered under this flag.
+    pub(super) fn host_kind(self) -> KvMemoryKind {
+        if self == KvMemoryFlag::HostStaged {
+            KvMemoryKind::HostUnmapped
+        } else {
+            KvMemoryKind::Host
+        }
+    }
 }
 
 /// The CUDA executor (`--cuda`): gio_uring's kernels on a GPU.
@@ -150,16 +161,28 @@ pub struct Args {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Run this many engine processes as clients of one tuttid on the emulated drives, each
+    /// storing and retrieving its own request with its own executor (with --cuda: its own I/O
+    /// kernels in its own green context), at the same time; then each finds and verifies the
+    /// others' requests. Reports every client's rates and the pool's.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(2..=8), conflicts_with_all = ["drives", "reuse", "backend"])]
+    pub clients: Option<u32>,
+    /// (Internal) run as client `--client-index` of the tuttid at this socket, driven by the
+    /// process that started it through stdin and stdout.
+    #[arg(long, hide = true, requires = "client_index")]
+    pub client_of: Option<std::path::PathBuf>,
+    #[arg(long, hide = true)]
+    pub client_index: Option<u32>,
 }
 
 impl Args {
-    fn wait(&self) -> Duration {
+    pub(super) fn wait(&self) -> Duration {
         Duration::from_secs(self.timeout)
     }
 }
 
 /// A rate for the text report: GiB/s, or MiB/s below 1 GiB/s (slow media such as QEMU's).
-fn rate(gib_per_sec: f64) -> String {
+pub(super) fn rate(gib_per_sec: f64) -> String {
     if gib_per_sec >= 1.0 {
         format!("{gib_per_sec:.2} GiB/s")
     } else {
@@ -167,11 +190,11 @@ fn rate(gib_per_sec: f64) -> String {
     }
 }
 
-#[derive(serde::Serialize, Default)]
-struct Phase {
-    bytes: u64,
-    seconds: f64,
-    gib_per_sec: f64,
+#[derive(serde::Serialize, serde::Deserialize, Default, Clone, Debug)]
+pub(super) struct Phase {
+    pub bytes: u64,
+    pub seconds: f64,
+    pub gib_per_sec: f64,
     blocks: u32,
     failed_blocks: u32,
     nvme_commands: u64,
@@ -184,7 +207,11 @@ struct Phase {
     host_submit_us_per_layer: f64,
     /// Host CPU of the jobs' setup (validation, registering the pairs once), µs per layer.
     host_setup_us_per_layer: f64,
-    verified_bytes: u64,
+    pub verified_bytes: u64,
+    /// CLOCK_MONOTONIC (ns, the same clock in every process) at the start and end of the
+    /// timed part, so the phases of several processes can be laid on one time line.
+    pub start_mono_ns: u64,
+    pub end_mono_ns: u64,
 }
 
 #[derive(serde::Serialize)]
@@ -298,7 +325,7 @@ impl Rig {
 }
 
 /// Runs `f(block)` for every block on two threads.
-fn for_blocks(n: u32, f: impl Fn(u32) -> anyhow::Result<()> + Sync) -> anyhow::Result<()> {
+pub(super) fn for_blocks(n: u32, f: impl Fn(u32) -> anyhow::Result<()> + Sync) -> anyhow::Result<()> {
     std::thread::scope(|s| {
         let f = &f;
         let halves = [(0, n / 2), (n / 2, n)];
@@ -366,14 +393,14 @@ impl KvMem {
     }
 }
 
-struct Kv {
+pub(super) struct Kv {
     mem: KvMem,
     layout: KvLayout,
     g: Geometry,
 }
 
 impl Kv {
-    fn new(
+    pub(super) fn new(
         g: Geometry,
         kind: LayoutFlag,
         blocks: u32,
@@ -419,7 +446,7 @@ impl Kv {
     }
 
     /// Writes chunk `chunk`'s KV into engine block `block`.
-    fn fill(&self, seed: u64, chunk: u32, block: u32) -> anyhow::Result<()> {
+    pub(super) fn fill(&self, seed: u64, chunk: u32, block: u32) -> anyhow::Result<()> {
         let mut buf = vec![0u8; self.g.object_bytes() as usize];
         for layer in 0..self.g.layers {
             for kv in 0..2 {
@@ -430,8 +457,18 @@ impl Kv {
         Ok(())
     }
 
+    /// Registers it with `store` under `model`.
+    pub(super) fn register_with(&self, store: &KvStore, model: &str) -> anyhow::Result<TableSizes> {
+        self.mem.register(store, &self.layout, model)
+    }
+
+    /// Zeroes every byte.
+    pub(super) fn clear(&self) -> anyhow::Result<()> {
+        self.mem.clear()
+    }
+
     /// Checks that engine block `block` holds chunk `chunk`'s KV.
-    fn verify(&self, seed: u64, chunk: u32, block: u32) -> anyhow::Result<()> {
+    pub(super) fn verify(&self, seed: u64, chunk: u32, block: u32) -> anyhow::Result<()> {
         let n = self.g.object_bytes() as usize;
         let (mut want, mut got) = (vec![0u8; n], vec![0u8; n]);
         for layer in 0..self.g.layers {
@@ -470,6 +507,12 @@ fn too_small(files: u32, blocks: u32, tokens_per_block: u32, emulated: bool, dri
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
+    if let Some(socket) = &args.client_of {
+        return super::demo_clients::client(args, socket);
+    }
+    if let Some(n) = args.clients {
+        return super::demo_clients::run(args, n);
+    }
     let g = args.geometry.geometry()?;
     if args.tokens < g.tokens_per_block {
         bail!("--tokens {} is less than one block of {} tokens", args.tokens, g.tokens_per_block);
@@ -480,36 +523,19 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let namespaces = args.pool_drives.emulated as u64 * args.pool_drives.emu.emu_namespaces as u64;
     let per_drive = request_bytes.div_ceil(namespaces) + request_bytes / 8 + (64 << 20);
     let rig = Rig::start(args, per_drive)?;
-    let backend = match args.backend {
-        BackendFlag::Gio => {
-            let mut cfg = GioConfig::default();
-            cfg.host.mode = args.executor.mode();
-            cfg.host.blocks = args.exec_threads;
-            cfg.sm_budget = args.exec_threads;
-            if args.cuda.cuda {
-                cfg.executor = GioExecutor::Cuda(Box::new(args.cuda.config(args.executor.mode())));
-            }
-            Backend::Gio(cfg)
-        }
-        BackendFlag::Direct => Backend::Direct { queue_depth: 256, recover_queues: true },
-    };
+    let backend = backend(args);
     if args.kv_memory == KvMemoryFlag::Cuda && !args.cuda.cuda {
         bail!("--kv-memory cuda needs --cuda (the CUDA executor copies between staging and CUDA memory)");
     }
     // The engine's KV memory exists before the store starts its executor, as in an engine. On
     // an H100 (driver 580) a module load in another context waits for every running kernel, so
     // the KV memory's executor, made after a persistent I/O kernel started, would wait forever.
-    let host_kind = if args.kv_memory == KvMemoryFlag::HostStaged {
-        KvMemoryKind::HostUnmapped
-    } else {
-        KvMemoryKind::Host
-    };
     let kv = Kv::new(
         g,
         args.layout,
         blocks,
         (args.kv_memory == KvMemoryFlag::Cuda).then_some(&args.cuda),
-        host_kind,
+        args.kv_memory.host_kind(),
     )?;
     let mode = if args.reuse { OpenMode::OpenOrCreate } else { OpenMode::Create };
     let opts = StoreOptions { pool: PoolOptions::new(g, mode), backend };
@@ -529,34 +555,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 
     // Prefill: the engine's KV is computed into blocks 0..n and stored layer by layer.
     for_blocks(blocks, |b| kv.fill(args.seed, b, b))?;
-    let src: Vec<u32> = (0..blocks).collect();
-    let bar = byte_bar(request_bytes, "store", args.json);
-    let layer_bytes = blocks as u64 * 2 * g.object_bytes();
-    let t = Instant::now();
-    let session = store.begin_store(&hashes, &src)?;
-    let jobs = (0..g.layers).map(|l| store.submit_store(session, l..l + 1)).collect::<Result<Vec<_>, _>>()?;
-    let mut store_phase = Phase { blocks, ..Default::default() };
-    for job in jobs {
-        let st = store.wait(job, args.wait())?;
-        if !st.done {
-            bail!("storing a layer did not finish within {} s (--timeout)", args.timeout);
-        }
-        store.release(job)?;
-        store_phase.nvme_commands += st.commands;
-        store_phase.host_calls_per_layer += st.host_calls as f64;
-        store_phase.host_built_per_layer += st.host_built as f64;
-        store_phase.host_submit_us_per_layer += st.submit_ns as f64 / 1e3;
-        store_phase.host_setup_us_per_layer += st.setup_ns as f64 / 1e3;
-        bar.inc(layer_bytes);
-    }
-    let rep = store.commit_store(session)?;
-    store_phase.seconds = t.elapsed().as_secs_f64();
-    bar.finish_and_clear();
-    if let Some((i, why)) = rep.failed.first() {
-        bail!("{} of {blocks} blocks were not stored; block {i}: {why}", rep.failed.len());
-    }
-    store_phase.bytes = (rep.stored as u64) * g.file_bytes();
-    finish_phase(&mut store_phase, g.layers);
+    let store_phase = store_request(&store, &kv, &hashes, args)?;
 
     // Decode of a new request with the same prompt: its prefix is found and
     // loaded into other slots, each layer waited for before its attention.
@@ -606,19 +605,89 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-struct Retrieved {
-    hits: usize,
-    phase: Phase,
+/// The I/O path the flags ask for.
+pub(super) fn backend(args: &Args) -> Backend {
+    match args.backend {
+        BackendFlag::Gio => {
+            let mut cfg = GioConfig::default();
+            cfg.host.mode = args.executor.mode();
+            cfg.host.blocks = args.exec_threads;
+            cfg.sm_budget = args.exec_threads;
+            if args.cuda.cuda {
+                cfg.executor = GioExecutor::Cuda(Box::new(args.cuda.config(args.executor.mode())));
+            }
+            Backend::Gio(cfg)
+        }
+        BackendFlag::Direct => Backend::Direct { queue_depth: 256, recover_queues: true },
+    }
+}
+
+/// Stores engine blocks 0.. under `hashes`, layer by layer, and commits them.
+pub(super) fn store_request(
+    store: &KvStore,
+    kv: &Kv,
+    hashes: &[tutti_objstore::BlockHash],
+    args: &Args,
+) -> anyhow::Result<Phase> {
+    let g = kv.g;
+    let blocks = hashes.len() as u32;
+    let src: Vec<u32> = (0..blocks).collect();
+    let bar = byte_bar(blocks as u64 * g.file_bytes(), "store", args.json);
+    let layer_bytes = blocks as u64 * 2 * g.object_bytes();
+    let mut store_phase = Phase { blocks, start_mono_ns: monotonic_ns(), ..Default::default() };
+    let t = Instant::now();
+    let session = store.begin_store(hashes, &src)?;
+    let jobs = (0..g.layers).map(|l| store.submit_store(session, l..l + 1)).collect::<Result<Vec<_>, _>>()?;
+    for job in jobs {
+        let st = store.wait(job, args.wait())?;
+        if !st.done {
+            bail!("storing a layer did not finish within {} s (--timeout)", args.timeout);
+        }
+        store.release(job)?;
+        store_phase.nvme_commands += st.commands;
+        store_phase.host_calls_per_layer += st.host_calls as f64;
+        store_phase.host_built_per_layer += st.host_built as f64;
+        store_phase.host_submit_us_per_layer += st.submit_ns as f64 / 1e3;
+        store_phase.host_setup_us_per_layer += st.setup_ns as f64 / 1e3;
+        bar.inc(layer_bytes);
+    }
+    let rep = store.commit_store(session)?;
+    store_phase.seconds = t.elapsed().as_secs_f64();
+    store_phase.end_mono_ns = monotonic_ns();
+    bar.finish_and_clear();
+    if let Some((i, why)) = rep.failed.first() {
+        bail!("{} of {blocks} blocks were not stored; block {i}: {why}", rep.failed.len());
+    }
+    store_phase.bytes = (rep.stored as u64) * g.file_bytes();
+    finish_phase(&mut store_phase, g.layers);
+    Ok(store_phase)
+}
+
+pub(super) struct Retrieved {
+    pub hits: usize,
+    pub phase: Phase,
 }
 
 /// Looks the request up, loads the hit prefix into rotated slots layer by
-/// layer, and verifies every byte.
-fn retrieve(
+/// layer, and verifies every byte against the KV of `args.seed`.
+pub(super) fn retrieve(
     store: &KvStore,
     kv: &Kv,
     hashes: &[tutti_objstore::BlockHash],
     args: &Args,
     what: &str,
+) -> anyhow::Result<Retrieved> {
+    retrieve_seed(store, kv, hashes, args, what, args.seed)
+}
+
+/// [`retrieve`], verifying against the KV of `seed`.
+pub(super) fn retrieve_seed(
+    store: &KvStore,
+    kv: &Kv,
+    hashes: &[tutti_objstore::BlockHash],
+    args: &Args,
+    what: &str,
+    seed: u64,
 ) -> anyhow::Result<Retrieved> {
     let g = kv.g;
     let hit = store.lookup(hashes)?;
@@ -630,6 +699,7 @@ fn retrieve(
     }
     let dst: Vec<u32> = (0..n).map(|i| slot(i, n)).collect();
     let bar = byte_bar(n as u64 * g.file_bytes(), what, args.json);
+    phase.start_mono_ns = monotonic_ns();
     let t = Instant::now();
     let job = store.submit_load(&hit.files, &dst, 0..g.layers)?;
     for layer in 0..g.layers {
@@ -641,6 +711,7 @@ fn retrieve(
     }
     let st = store.release(job)?;
     phase.seconds = t.elapsed().as_secs_f64();
+    phase.end_mono_ns = monotonic_ns();
     bar.finish_and_clear();
     store.unpin(hit.pin)?;
     if st.failed > 0 {
@@ -653,7 +724,7 @@ fn retrieve(
     phase.host_submit_us_per_layer = st.submit_ns as f64 / 1e3;
     phase.host_setup_us_per_layer = st.setup_ns as f64 / 1e3;
     finish_phase(&mut phase, g.layers);
-    for_blocks(n, |i| kv.verify(args.seed, i, dst[i as usize]))?;
+    for_blocks(n, |i| kv.verify(seed, i, dst[i as usize]))?;
     phase.verified_bytes = phase.bytes;
     Ok(Retrieved { hits: n as usize, phase })
 }

@@ -21,6 +21,9 @@ overridden in the extra config. Keys of ``kv_connector_extra_config``:
 ``cuda_driver``             ``"gio_cuda"``: the CUDA driver library to load (default: libcuda.so
                             from the loader path)
 ``cuda_block_threads``      ``"gio_cuda"``: threads per block of the I/O kernels (default 0: 512)
+``cuda_mode``               ``"gio_cuda"``: ``"launch"`` (default: a kernel per issue) or
+                            ``"persistent"`` (one kernel polls the ring; needs
+                            ``cuda_sm_count``, whose SMs it holds while the engine runs)
 ``staging_slots``           pinned staging slots of the staged data path (default 256)
 ``open_mode``               ``"open_or_create"`` (default), ``"open"`` or ``"create"``
 ``io_timeout_ms``           per NVMe command deadline (default: libtutti's 2000)
@@ -48,7 +51,10 @@ overridden in the extra config. Keys of ``kv_connector_extra_config``:
 ``sched_backlog_full``      ``"backpressure"`` (default: a store over the bound waits for
                             the backlog to drain) or ``"drop"`` (it is not stored: a miss)
 ``daemon_socket``           connect to the tuttid (``tutti serve``) listening here; every
-                            connector instance (scheduler, each worker rank) is its client
+                            connector instance (scheduler, each worker rank) is its client:
+                            each worker moves its own bytes with its own executor (with
+                            ``"gio_cuda"`` its own I/O kernels on its own GPU), the scheduler
+                            only looks up (a control-only client: no queue pairs, no GPU)
 ``daemon``                  ``"auto"``: start ``tutti serve`` on demand for the emulated
                             pool in ``emulated_dir`` (one per directory; it exits
                             ``daemon_idle_exit_s`` after its last client left), or ``"off"``
@@ -103,6 +109,7 @@ KNOWN_KEYS = {
     "cuda_sm_count",
     "cuda_driver",
     "cuda_block_threads",
+    "cuda_mode",
     "staging_slots",
     "open_mode",
     "io_timeout_ms",
@@ -178,6 +185,7 @@ class ConnectorConfig:
     cuda_sm_count: int = 0
     cuda_driver: str | None = None
     cuda_block_threads: int = 0
+    cuda_mode: str = "launch"
     staging_slots: int = 0
     # The cluster tier (tutti.cluster.ClusterConfig), when 'mooncake' is set.
     mooncake: Any = None
@@ -215,20 +223,26 @@ class ConnectorConfig:
             self.cuda_sm_count,
             self.cuda_driver,
             self.cuda_block_threads,
+            self.cuda_mode,
             self.staging_slots,
         )
 
-    def runtime_kwargs(self) -> dict:
-        kw: dict[str, Any] = dict(
-            executor=self.executor, open_mode=self.open_mode, io_timeout_ms=self.io_timeout_ms
-        )
+    def io_kwargs(self) -> dict:
+        """How this process moves its bytes: the keywords :class:`Runtime` and
+        :meth:`Runtime.connect` share."""
+        kw: dict[str, Any] = dict(executor=self.executor, io_timeout_ms=self.io_timeout_ms)
         if self.host_threads:
             kw.update(host_lane_blocks=self.host_threads)
         if self.staging_slots:
             kw.update(staging_slots=self.staging_slots)
         if self.executor == "gio_cuda":
             kw.update(cuda_device=self.cuda_device, cuda_sm_count=self.cuda_sm_count, cuda_driver=self.cuda_driver,
-                      cuda_block_threads=self.cuda_block_threads)
+                      cuda_block_threads=self.cuda_block_threads, exec_mode=self.cuda_mode)
+        return kw
+
+    def runtime_kwargs(self) -> dict:
+        kw = self.io_kwargs()
+        kw.update(open_mode=self.open_mode)
         if self.vfio_drives:
             kw.update(vfio=self.vfio_drives, vfio_noiommu=self.vfio_noiommu)
         else:
@@ -396,10 +410,15 @@ def from_vllm(vllm_config: Any) -> ConnectorConfig:
         raise ConfigError(
             f"kv_connector_extra_config['executor'] = {executor!r}: use 'gio', 'gio_cuda' or 'direct'"
         )
-    if executor == "gio_cuda" and daemon != "off":
+    cuda_mode = str(extra.get("cuda_mode", "launch"))
+    if cuda_mode not in ("launch", "persistent"):
         raise ConfigError(
-            "kv_connector_extra_config['executor'] = 'gio_cuda' runs the pool in this process; a tuttid "
-            "client ('daemon_socket' or \"daemon\": \"auto\") moves its layers with the host executor"
+            f"kv_connector_extra_config['cuda_mode'] = {cuda_mode!r}: use 'launch' or 'persistent'"
+        )
+    if cuda_mode == "persistent" and not extra.get("cuda_sm_count"):
+        raise ConfigError(
+            "kv_connector_extra_config['cuda_mode'] = 'persistent' holds its SMs for as long as the engine "
+            "runs: set 'cuda_sm_count' (the SMs of its green context), or use 'launch'"
         )
     open_mode = str(extra.get("open_mode", "open_or_create"))
     if open_mode not in ("open", "create", "open_or_create"):
@@ -477,6 +496,7 @@ def from_vllm(vllm_config: Any) -> ConnectorConfig:
         cuda_sm_count=_int(extra, "cuda_sm_count", 0),
         cuda_block_threads=_int(extra, "cuda_block_threads", 0),
         cuda_driver=str(extra["cuda_driver"]) if extra.get("cuda_driver") else None,
+        cuda_mode=cuda_mode,
         staging_slots=_int(extra, "staging_slots", 0),
         mooncake=mooncake,
     )

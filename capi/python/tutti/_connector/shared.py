@@ -7,7 +7,11 @@ moves bytes, the scheduler looks up prefixes in the same index.
 
 With a daemon (``daemon_socket``, or ``daemon: "auto"``) the runtime of each
 process is a client of tuttid, which owns the drives and the pool: the
-scheduler process and every worker process connect on their own. ``auto``
+scheduler process and every worker process connect on their own. A worker
+moves its own bytes with its own executor (``gio_cuda``: its own I/O kernels
+on its own GPU); a scheduler that has no worker of the same pool in its
+process connects control-only (no queue pairs, no executor, no GPU context),
+since it only looks up. ``auto``
 starts ``tutti serve`` for an emulated pool kept in ``emulated_dir`` when none
 answers on its socket: the first process to take ``.tuttid-start.lock`` in that
 directory spawns it (detached, with ``--idle-exit-s``) and waits for it;
@@ -140,12 +144,12 @@ def _spawn(cfg: ConnectorConfig, socket: str, deadline: float) -> None:
     raise ConfigError(f"TuttiConnector: {args_note} did not create {socket} in time: {_log_tail(logf)}")
 
 
-def _connect(cfg: ConnectorConfig, socket: str, name: str) -> Runtime:
-    return Runtime.connect(socket, cfg.geometry, executor=cfg.executor, client_name=name,
-                           io_timeout_ms=cfg.io_timeout_ms, host_lane_blocks=cfg.host_threads)
+def _connect(cfg: ConnectorConfig, socket: str, name: str, control: bool = False) -> Runtime:
+    kw = dict(executor="control") if control else cfg.io_kwargs()
+    return Runtime.connect(socket, cfg.geometry, client_name=name, **kw)
 
 
-def _connect_auto(cfg: ConnectorConfig, name: str) -> Runtime:
+def _connect_auto(cfg: ConnectorConfig, name: str, control: bool = False) -> Runtime:
     socket = str(cfg.daemon_socket)
     d = Path(str(cfg.emulated_dir))
     d.mkdir(parents=True, exist_ok=True)
@@ -154,7 +158,7 @@ def _connect_auto(cfg: ConnectorConfig, name: str) -> Runtime:
     while True:
         if os.path.exists(socket):
             try:
-                return _connect(cfg, socket, name)
+                return _connect(cfg, socket, name, control)
             except TuttiError as e:  # a daemon exiting, or a stale socket file
                 last = e
         if time.monotonic() >= deadline:
@@ -171,7 +175,7 @@ def _connect_auto(cfg: ConnectorConfig, name: str) -> Runtime:
                 continue
             try:
                 try:
-                    return _connect(cfg, socket, name)
+                    return _connect(cfg, socket, name, control)
                 except TuttiError as e:
                     last = e
                 try:
@@ -182,7 +186,7 @@ def _connect_auto(cfg: ConnectorConfig, name: str) -> Runtime:
                     time.sleep(0.5)
                     continue
                 try:
-                    return _connect(cfg, socket, name)
+                    return _connect(cfg, socket, name, control)
                 except TuttiError as e:
                     last = e
             finally:
@@ -199,15 +203,24 @@ def _key(cfg: ConnectorConfig, rank: tuple[int, int]) -> tuple:
     return cfg.pool_key() + (rank if cfg.uses_daemon else (0, 0),)
 
 
-def acquire(cfg: ConnectorConfig, name: str = "vllm", rank: tuple[int, int] = (0, 0)) -> Runtime:
+def acquire(cfg: ConnectorConfig, name: str = "vllm", rank: tuple[int, int] = (0, 0),
+            control: bool = False) -> Runtime:
+    """The runtime of ``cfg``'s pool for ``rank`` in this process, opened or connected on first use.
+    ``control`` (the scheduler side): with a daemon, a runtime that only looks up will do: the rank's
+    runtime if this process has one, else a control-only client."""
     key = _key(cfg, rank)
     with _lock:
         entry = _runtimes.get(key)
+        if control and cfg.uses_daemon and (entry is None or entry[0].closed):
+            key = cfg.pool_key() + ("control",)
+            entry = _runtimes.get(key)
+        else:
+            control = False
         if entry is None or entry[0].closed:
             if cfg.daemon == "connect":
-                rt = _connect(cfg, str(cfg.daemon_socket), name)
+                rt = _connect(cfg, str(cfg.daemon_socket), name, control)
             elif cfg.daemon == "auto":
-                rt = _connect_auto(cfg, name)
+                rt = _connect_auto(cfg, name, control)
             else:
                 rt = Runtime(cfg.geometry, **cfg.runtime_kwargs())
             entry = [rt, 0]
@@ -218,11 +231,11 @@ def acquire(cfg: ConnectorConfig, name: str = "vllm", rank: tuple[int, int] = (0
 
 def release(cfg: ConnectorConfig, runtime: Runtime, rank: tuple[int, int] = (0, 0)) -> None:
     """Drops one user; the last one closes the runtime (a daemon client disconnects)."""
-    key = _key(cfg, rank)
     with _lock:
-        entry = _runtimes.get(key)
-        if entry is None or entry[0] is not runtime:
+        key = next((k for k, e in _runtimes.items() if e[0] is runtime), None)
+        if key is None:
             return
+        entry = _runtimes[key]
         entry[1] -= 1
         if entry[1] > 0:
             return

@@ -21,6 +21,8 @@ pub struct VfioDma {
     /// One page of this process's memory, mapped for an instant to see whether
     /// an IOVA is free ([`VfioDma::release_iova`]).
     probe: Mutex<Option<Memory>>,
+    /// Ranges reserved for other processes and not released.
+    client_ranges: std::sync::atomic::AtomicU64,
 }
 
 enum Kind {
@@ -79,7 +81,14 @@ impl VfioDma {
             }
         };
         let name = format!("vfio {} {}", shared.mode.label(), shared.name);
-        Ok(VfioDma { name, shared, hugepages, kind, probe: Mutex::new(None) })
+        Ok(VfioDma {
+            name,
+            shared,
+            hugepages,
+            kind,
+            probe: Mutex::new(None),
+            client_ranges: Default::default(),
+        })
     }
 
     fn type1_space(&self) -> Result<&Arc<Mutex<IovaAllocator>>> {
@@ -102,8 +111,15 @@ impl VfioDma {
             .lock()
             .map_err(|_| DriverError::dma(&self.name, "IOVA allocator poisoned"))?
             .alloc(len, PAGE as u64)?;
+        self.client_ranges.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::debug!(device = %self.shared.name, iova, len, "IOVA range reserved for a client");
         Ok(iova)
+    }
+
+    /// Ranges from [`reserve_iova`](Self::reserve_iova) not yet released
+    /// (held by clients, or kept out of use after a failed release).
+    pub fn client_ranges(&self) -> u64 {
+        self.client_ranges.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Takes back a range from [`reserve_iova`](Self::reserve_iova): unmaps
@@ -129,6 +145,7 @@ impl VfioDma {
         if let Ok(mut s) = space.lock() {
             s.free(iova, size);
         }
+        self.client_ranges.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         tracing::debug!(device = %self.shared.name, iova, len, unmapped, "client IOVA range released");
         Ok(unmapped)
     }
