@@ -34,8 +34,7 @@
 
 /* The warp's first sleep when nothing moved. Host lanes sleeping less than the runtime's
  * slack (5 us) do not sleep at all, and each pass costs the host a vote (a switch through
- * every lane): there it starts where a sleep is one (resetting to 32 ns made the host's
- * staged retrieve 2-4x slower than the per-lane copy it replaces; docs/perf/staged-copy.md). */
+ * every lane): there it starts where a sleep is one. */
 #if defined(__CUDACC__)
 #define TT_STAGE_MIN_SLEEP_NS 32u
 #else
@@ -46,7 +45,8 @@
  * copies out what finished meanwhile). The GPU's votes cost nothing: it looks once per
  * pass. Host lanes are fibers of one thread and a vote switches through all of them, so
  * they wait on their own (as they did before the warp copied together) and meet every
- * 50 us. */
+ * 50 us: voting after every look made the host's staged retrieve 2-4x slower than the
+ * per-lane copy it replaces (docs/perf/staged-copy.md). */
 #if defined(__CUDACC__)
 #define TT_STAGE_PASS_NS 0ull
 #else

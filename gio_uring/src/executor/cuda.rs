@@ -8,7 +8,11 @@
 //! `tutti demo --cuda` in persistent and launch mode, staged (KV in HBM) and
 //! direct (KV in host memory), every byte verified, at commit 6d67bf2. The I/O
 //! kernels there ran in an 8-SM green context (asked for 1-4 SMs, the split gave
-//! 8). Later kernel changes (the ring's idle-parking fields) have not run on a GPU.
+//! 8). Later kernel changes (the ring's idle-parking fields; issue 27's warp-cooperative
+//! staged copy and withheld-slot reclaim) have not run on a GPU, nor have the persistent
+//! kernel's restart past `deferred_bound` and the copy bench (`cuda/bench.rs`): those run
+//! on the stand-in (`executor_deferred`, `tools/tests/bench_staged_cli.rs`) and the
+//! staged copy's machine code is checked in the SASS.
 //!
 //! In CI the stand-in driver runs it (`cuda-standin/`: a `libcuda.so` that
 //! cudarc loads through [`CudaExecutorConfig::driver`], and that runs kernel
