@@ -146,10 +146,12 @@ TT_DEVICE void tt_layer_pairs(const struct tt_exec_ctx* ctx, struct tt_iocb* ioc
 
 /* IOCTX `i` of a layer IOCB: pair i / (2 chunks) of req->pairs, then K or V, then the chunk.
  * The tutti_gio.h comment on tt_layer_table gives the placement formula. The
- * IOCTX is filled in too, so the host can see what each command was. */
+ * IOCTX is filled in too, so the host can see what each command was. A call of its own on
+ * the GPU (as are tt_sq_submit, tt_cq_drain and tt_wait_poll): inlined into both issue
+ * loops under the 64-register cap, they spilled ~730 B (kernels/tests/sass.rs). */
 TT_NOINLINE uint32_t tt_build_layer(const struct tt_exec_ctx* ctx, const struct tt_layer_req* req, uint32_t bi,
-                                  uint32_t i, struct tt_ioctx* io, struct tt_sqe* sqe, uint32_t* queue,
-                                  uint32_t* pool_drive_out) {
+                                    uint32_t i, struct tt_ioctx* io, struct tt_sqe* sqe, uint32_t* queue,
+                                    uint32_t* pool_drive_out) {
     tt_st_relaxed_u32(&io->status, TT_STATUS_PENDING);
     const struct tt_layer_table* tb = req->tb;
     if (!tb) return tt_xlate(TT_XLATE_TABLE);

@@ -279,7 +279,7 @@ TT_DEVICE void tt_queue_leave(const struct tt_exec_ctx* ctx, uint32_t qidx) {
  * to the wait (tt_wait_ioctx publishes while its command is unreaped).
  * Returns TT_STATUS_PENDING once submitted, or the status the IOCTX fails with. */
 TT_NOINLINE uint32_t tt_sq_submit(const struct tt_exec_ctx* ctx, uint32_t qidx, uint64_t ticket, struct tt_sqe* cmd,
-                                uint32_t ref, struct tt_ioctx* io, bool publish) {
+                                  uint32_t ref, struct tt_ioctx* io, bool publish) {
     struct tt_nvmeq* q = &ctx->queues[qidx];
     const uint32_t depth = q->depth;
     const uint32_t slot = (uint32_t)(ticket % depth);
@@ -371,7 +371,7 @@ TT_DEVICE void tt_wait_begin(const struct tt_exec_ctx* ctx, uint32_t b, uint32_t
 #define TT_WAIT_CLOCK_POLLS 8u
 #endif
 TT_NOINLINE bool tt_wait_poll(const struct tt_exec_ctx* ctx, uint32_t b, uint32_t index, struct tt_waiter* w,
-                            bool* reaped) {
+                              bool* reaped) {
     *reaped = false;
     struct tt_ioctx* io = &ctx->iocbs[b].ioctx[index];
     if (tt_ld_acquire_u32(&io->status) != TT_STATUS_PENDING) return true;

@@ -161,7 +161,7 @@ TT_NOINLINE void tt_stage_scan(const struct tt_exec_ctx* ctx, struct tt_staging*
  * a doorbell (the slot's bytes are visible first) or give the slot back (every lane is done
  * reading it). Every lane of the warp calls it with its own arguments. */
 TT_NOINLINE void tt_stage_copy(const struct tt_staging* sg, uint32_t lanes, uint32_t slot, uint8_t* kv,
-                             uint64_t bytes, bool to_slot) {
+                               uint64_t bytes, bool to_slot) {
     /* Slot and length in one word: bytes < 2^32 (nlb <= 65536 blocks of <= 4 KiB). */
     const struct tt_warp_view whats = tt_warp_gather(((uint64_t)slot << 32) | (uint32_t)bytes);
     const struct tt_warp_view kvs = tt_warp_gather((uint64_t)kv);
