@@ -31,7 +31,14 @@ def _ms(timeout_s: float) -> int:
 
 
 def _bits(bitmap, blocks: int) -> list[int]:
-    return [i for i in range(blocks) if bitmap[i // 64] >> (i % 64) & 1]
+    # Only the words with a bit set are walked: a job without failures costs one pass over words.
+    return [
+        w * 64 + b
+        for w in range((blocks + 63) // 64)
+        if bitmap[w]
+        for b in range(64)
+        if bitmap[w] >> b & 1 and w * 64 + b < blocks
+    ]
 
 
 @dataclass

@@ -24,7 +24,7 @@ from .jobs import DEFAULT_TIMEOUT_S, Job, JobStatus, Store, StoreReport, _Handle
 
 __all__ = [
     "Geometry", "Runtime", "RuntimeInfo", "Stats", "TableSizes", "Lookup", "chain_hashes", "clock_ns",
-    "abi_version", "Job", "JobStatus", "Store", "StoreReport", "DEFAULT_TIMEOUT_S",
+    "abi_version", "Job", "JobStatus", "Store", "StoreReport", "DEFAULT_TIMEOUT_S", "packed_hashes", "packed_u32",
 ]
 
 HASH_BYTES = 16
@@ -64,7 +64,27 @@ class Geometry:
         return Geometry(g.layers, g.kv_heads, g.head_dim, g.tokens_per_block, names.get(g.dtype, "bf16"))
 
 
+def packed_hashes(data: bytes) -> "ctypes.Array":
+    """``len(data) // 16`` chunk hashes laid end to end, as the array every call taking
+    ``hashes`` accepts as is: one copy, no per-hash Python work (engines with many keys
+    per call pack them once, e.g. :mod:`tutti.sglang`)."""
+    if len(data) % HASH_BYTES:
+        raise ValueError(f"{len(data)} bytes of packed hashes is not a multiple of {HASH_BYTES}")
+    return (_lib.Hash * (len(data) // HASH_BYTES)).from_buffer_copy(data)
+
+
+def packed_u32(values) -> "ctypes.Array":
+    """A buffer of native-endian uint32 values (``array('I')``, a numpy or torch ``uint32``/``int32``
+    buffer's bytes) as the array ``block_ids`` accepts as is."""
+    data = memoryview(values).cast("B")
+    if len(data) % 4:
+        raise ValueError(f"{len(data)} bytes of packed uint32 values is not a multiple of 4")
+    return (c_uint32 * (len(data) // 4)).from_buffer_copy(data)
+
+
 def _hash_array(hashes: Sequence[bytes]):
+    if isinstance(hashes, ctypes.Array) and hashes._type_ is _lib.Hash:
+        return hashes  # packed_hashes()
     arr = (_lib.Hash * max(len(hashes), 1))()
     for i, h in enumerate(hashes):
         b = bytes(h)
@@ -75,6 +95,8 @@ def _hash_array(hashes: Sequence[bytes]):
 
 
 def _u32_array(values: Sequence[int], what: str):
+    if isinstance(values, ctypes.Array) and values._type_ is c_uint32:
+        return values  # packed_u32()
     arr = (c_uint32 * max(len(values), 1))()
     for i, v in enumerate(values):
         v = int(v)

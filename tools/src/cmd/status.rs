@@ -31,7 +31,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     );
     println!("commits {}, journal appends {}", s.stats.files_committed, s.stats.journal_appends);
     for c in &s.controllers {
-        println!("controller {}: {} I/O queue pairs granted, {} free", c.name, c.granted_pairs, c.free_pairs);
+        println!(
+            "controller {}: {} I/O queue pairs granted, {} free; {} ranges of client memory mapped",
+            c.name, c.granted_pairs, c.free_pairs, c.client_mappings
+        );
     }
     // This command is a client too; it is left out of the list.
     let others: Vec<_> = s.clients.iter().filter(|c| c.id != client.id()).collect();
