@@ -180,14 +180,14 @@ def main() -> None:
     venv = os.environ.get("TUTTI_VLLM_VENV") or os.path.expanduser("~/.cache/tutti/vllm-venv")
     model = a.model or str(tiny_llama.build(Path(venv) / "tutti-models", "bench-llama"))
     import tutti
-    from tutti._connector.config import HOST_MODE_DEFAULT
+    from tutti.runtime import HOST_EXEC_MODE_DEFAULT
 
     b = Bench(a, model)
     t_start = time.monotonic()
     res: dict = {"model": os.path.basename(model), "params": tiny_llama.params(model),
                  "prefix_tokens": a.prefix, "suffix_tokens": a.suffix, "reps": a.reps, "warmup": a.warmup,
                  "drives": a.drives, "vllm": __import__("vllm").__version__, "commit": commit(),
-                 "host_mode": a.host_mode or HOST_MODE_DEFAULT, "cpus": os.cpu_count(), "paces": {}}
+                 "host_mode": a.host_mode or HOST_EXEC_MODE_DEFAULT, "cpus": os.cpu_count(), "paces": {}}
     res["limit"] = b.run("limit (vLLM prefix cache)", True, None, ("plain",))["plain"]
     res["recompute"] = b.run("recompute (no connector)", False, None, ("plain",))["plain"]
     recompute_prefix_s = max(res["recompute"]["median_s"] - res["limit"]["median_s"], 1e-3)

@@ -23,7 +23,7 @@ from ._lib import lib, sized
 from .jobs import DEFAULT_TIMEOUT_S, Job, JobStatus, Store, StoreReport, _Handle
 
 __all__ = [
-    "Geometry", "Runtime", "RuntimeInfo", "Stats", "TableSizes", "Lookup", "chain_hashes", "clock_ns",
+    "HOST_EXEC_MODE_DEFAULT", "default_exec_mode", "Geometry", "Runtime", "RuntimeInfo", "Stats", "TableSizes", "Lookup", "chain_hashes", "clock_ns",
     "abi_version", "Job", "JobStatus", "Store", "StoreReport", "DEFAULT_TIMEOUT_S", "packed_hashes", "packed_u32",
 ]
 
@@ -245,11 +245,15 @@ def _check_exec_mode(mode: str | None) -> None:
 HOST_EXEC_MODE_DEFAULT = "inline"
 
 
+def default_exec_mode(executor: str, host_lane_blocks: int) -> str | None:
+    """The mode a runtime gets when none is given: inline for the host executor with one lane
+    block, else None (libtutti's default: launch)."""
+    return HOST_EXEC_MODE_DEFAULT if executor == "gio" and host_lane_blocks <= 1 else None
+
+
 def _exec_mode(executor: str, mode: str | None, host_lane_blocks: int) -> str | None:
     _check_exec_mode(mode)
-    if mode is None and executor == "gio" and host_lane_blocks <= 1:
-        return HOST_EXEC_MODE_DEFAULT
-    return mode
+    return mode if mode is not None else default_exec_mode(executor, host_lane_blocks)
 
 
 class Runtime(_Handle):

@@ -20,8 +20,8 @@ overridden in the extra config. Keys of ``kv_connector_extra_config``:
                             (on the threads calling tutti, no executor thread; needs
                             ``host_threads`` <= 1), ``"persistent"`` (executor threads poll
                             the ring from open to close) or ``"launch"`` (lanes started per
-                            issue: libtutti's default). Default: HOST_MODE_DEFAULT below
-                            (``"launch"`` when ``host_threads`` > 1)
+                            issue: libtutti's default). Default: ``"inline"`` (the fastest
+                            measured for CPU serving), ``"launch"`` when ``host_threads`` > 1
 ``cuda_device``             ``"gio_cuda"``: the CUDA device ordinal (default 0)
 ``cuda_sm_count``           ``"gio_cuda"``: SMs of the I/O green context (default 0: all)
 ``cuda_driver``             ``"gio_cuda"``: the CUDA driver library to load (default: libcuda.so
@@ -93,7 +93,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..runtime import Geometry
+from ..runtime import Geometry, default_exec_mode
 
 _TORCH_DTYPES = {
     "torch.float32": "f32",
@@ -162,9 +162,6 @@ KNOWN_KEYS = {
 
 DAEMON_SOCKET_NAME = "tuttid.sock"
 
-# The host executor's mode when 'host_mode' is not set: the fastest measured for CPU serving
-# (docs/perf/breakeven.md).
-HOST_MODE_DEFAULT = "inline"
 HOST_MODES = ("inline", "persistent", "launch")
 EMULATED_PACING = ("emulated_read_bytes_per_sec", "emulated_write_bytes_per_sec", "emulated_latency_us",
                    "emulated_read_latency_us", "emulated_write_latency_us")
@@ -216,7 +213,8 @@ class ConnectorConfig:
     cuda_driver: str | None = None
     cuda_block_threads: int = 0
     cuda_mode: str = "launch"
-    host_mode: str = HOST_MODE_DEFAULT
+    # None: the binding's default (tutti.runtime: inline with one lane block); from_vllm resolves it.
+    host_mode: str | None = None
     staging_slots: int = 0
     # The emulated drives' pacing: EMULATED_PACING's keys, all 0 = unpaced.
     emulated_read_bytes_per_sec: int = 0
@@ -281,7 +279,7 @@ class ConnectorConfig:
         if self.executor == "gio_cuda":
             kw.update(cuda_device=self.cuda_device, cuda_sm_count=self.cuda_sm_count, cuda_driver=self.cuda_driver,
                       cuda_block_threads=self.cuda_block_threads, exec_mode=self.cuda_mode)
-        elif self.executor == "gio":
+        elif self.executor == "gio" and self.host_mode is not None:
             kw.update(exec_mode=self.host_mode)
         return kw
 
@@ -466,9 +464,8 @@ def from_vllm(vllm_config: Any) -> ConnectorConfig:
             "kv_connector_extra_config['cuda_mode'] = 'persistent' holds its SMs for as long as the engine "
             "runs: set 'cuda_sm_count' (the SMs of its green context), or use 'launch'"
         )
-    # Unset: the default, unless several executor threads were asked for (inline runs none).
-    fallback = HOST_MODE_DEFAULT if _host_threads(extra) <= 1 or HOST_MODE_DEFAULT != "inline" else "launch"
-    host_mode = str(extra.get("host_mode", fallback))
+    # Unset: the binding's default (inline with one executor thread, else libtutti's launch).
+    host_mode = str(extra.get("host_mode", default_exec_mode("gio", _host_threads(extra)) or "launch"))
     if host_mode not in HOST_MODES:
         raise ConfigError(
             f"kv_connector_extra_config['host_mode'] = {host_mode!r}: use 'inline', 'persistent' or 'launch'"
