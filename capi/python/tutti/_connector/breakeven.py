@@ -47,7 +47,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 log = logging.getLogger("tutti.vllm")
 
