@@ -7,10 +7,10 @@ use std::ffi::c_char;
 use std::path::PathBuf;
 use std::time::Duration;
 use tutti_driver::controller::{Controller, ControllerOptions};
-use tutti_driver::emulated::{
+use tutti_driver::DriverError;
+use tutti_emulator::{
     CostModel, EmulatedConfig, EmulatedController, MediaConfig, MixedModel, NamespaceConfig,
 };
-use tutti_driver::DriverError;
 use tutti_objstore::{
     Backend, DriveSpec, Dtype, ExecMode, Geometry, GioConfig, GioExecutor, ObjError, OpenMode, PoolOptions,
     StoreOptions,

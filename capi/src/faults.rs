@@ -12,8 +12,8 @@ use crate::jobs::{TUTTI_DIR_LOAD, TUTTI_DIR_STORE};
 use crate::runtime::{tutti_runtime_t, Runtime};
 use crate::status::TUTTI_OK;
 use std::time::Duration;
-use tutti_driver::emulated::{EmulatedController, FaultAction, FaultMatch};
 use tutti_driver::spec::{IoOpcode, Status};
+use tutti_emulator::{EmulatedController, FaultAction, FaultMatch};
 
 const MAX_FAULTS: u32 = 1 << 20;
 /// Longest deferral `tutti_emulated_delay_next` accepts, in ms.

@@ -40,7 +40,7 @@ fn geometry() -> tutti_geometry_t {
 /// The daemon child: 2 emulated drives whose every command takes 300 ms (within the client's
 /// 2 s command deadline), so that layers submitted just before the kill are on the drives.
 fn daemon_role(dir: &str) {
-    use tutti_driver::emulated::{EmulatedConfig, NamespaceConfig};
+    use tutti_emulator::{EmulatedConfig, NamespaceConfig};
     use tutti_objstore::{Dtype, Geometry, OpenMode, PoolOptions};
     let dir = std::path::PathBuf::from(dir);
     let g = Geometry { layers: LAYERS, kv_heads: 2, head_dim: 64, tokens_per_block: 16, dtype: Dtype::Bf16 };

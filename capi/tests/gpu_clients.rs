@@ -344,7 +344,7 @@ fn a_gpu_client_killed_mid_load_and_mid_store_is_released_and_the_others_go_on()
     }
     // Every read and write takes 50 ms on the drive: a layer transfer is still in flight
     // when the victim is killed just after it submitted.
-    let cost = tutti_driver::emulated::CostModel {
+    let cost = tutti_emulator::CostModel {
         read_latency: Duration::from_millis(50),
         write_latency: Duration::from_millis(50),
         ..Default::default()

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use tutti::*;
 use tutti_daemon::arbitration::{Word, MAX_SLOTS};
 use tutti_daemon::Daemon;
-use tutti_driver::emulated::{CostModel, EmulatedConfig, MixedModel, NamespaceConfig};
+use tutti_emulator::{CostModel, EmulatedConfig, MixedModel, NamespaceConfig};
 use tutti_objstore::{Dtype, Geometry, OpenMode, PoolOptions};
 
 const BLOCKS: u32 = 8;

@@ -11,8 +11,8 @@ mod executor_common;
 
 use executor_common::*;
 use std::time::{Duration, Instant};
-use tutti_driver::emulated::FaultMatch;
 use tutti_driver::spec::SglDescriptor;
+use tutti_emulator::FaultMatch;
 use tutti_gio_uring::{ioctx, CudaExecutorConfig, DataRef, ExecMode, Executor, GioError, Op};
 
 #[test]

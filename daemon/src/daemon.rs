@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 use tutti_driver::controller::{Controller, ControllerOptions};
-use tutti_driver::emulated::{EmulatedConfig, EmulatedController};
 use tutti_driver::transport::vfio::{IommuMode, VfioDevice, VfioOptions};
+use tutti_emulator::{EmulatedConfig, EmulatedController};
 use tutti_objstore::{DriveSpec, LocalPool, PoolOptions};
 
 /// Where the pool's drives come from.

@@ -22,11 +22,11 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tutti_driver::controller::{Controller, QueueAdmin};
-use tutti_driver::emulated::RegisterFile;
 use tutti_driver::transport::remote::{BrokeredDma, DmaBroker};
 use tutti_driver::transport::vfio::{ClientContainer, DoorbellBar};
 use tutti_driver::transport::{DmaSpace, Registers};
 use tutti_driver::DriverError;
+use tutti_emulator::RegisterFile;
 use tutti_objstore::io::{Direction, LayerOutcome, Pair};
 use tutti_objstore::{
     Backend, BlockHash, ControlStats, DriveSpec, FileId, Geometry, IdentityId, KvStore, Lookup, ObjError,
@@ -456,7 +456,7 @@ fn open(
     if pool.controllers.iter().any(|c| matches!(c.kind, ControllerKind::Emulated { .. })) {
         // The daemon's emulated controllers reach this process's memory with
         // process_vm_readv/writev, which Yama may restrict to ancestors.
-        tutti_driver::emulated::allow_peer_access(client.daemon_pid as i32)?;
+        tutti_emulator::allow_peer_access(client.daemon_pid as i32)?;
     }
     let ctrls = leased_controllers(&client, &pool, fds)?;
     let mut drives = Vec::with_capacity(pool.drives.len());

@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 use tutti_driver::controller::Controller;
-use tutti_driver::emulated::EmulatedController;
 use tutti_driver::transport::vfio::VfioDevice;
+use tutti_emulator::EmulatedController;
 use tutti_objstore::io::proxy::LayerHost;
 use tutti_objstore::{FileId, LocalPool, PoolControl, Verdict};
 

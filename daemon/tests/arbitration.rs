@@ -14,7 +14,7 @@ use tutti_daemon::arbitration::{board_len, SharedArbitration, Word, MAX_SLOTS};
 use tutti_daemon::proto::{ArbitrationReply, ErrorKind, Request, Response, PROTOCOL};
 use tutti_daemon::remote::{connect_arbitrated, Client};
 use tutti_daemon::{Daemon, DaemonConfig, DaemonError, DriveSource, SocketMode};
-use tutti_driver::emulated::{EmulatedConfig, NamespaceConfig};
+use tutti_emulator::{EmulatedConfig, NamespaceConfig};
 use tutti_objstore::{Backend, Dtype, Geometry, GioConfig, KvStore, OpenMode, PoolOptions};
 
 const MS: u64 = 1_000_000;

@@ -24,7 +24,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use tutti_daemon::remote::{connect, Client};
 use tutti_daemon::{Daemon, DaemonConfig, DriveSource, SocketMode};
-use tutti_driver::emulated::{EmulatedConfig, MediaConfig, NamespaceConfig};
+use tutti_emulator::{EmulatedConfig, MediaConfig, NamespaceConfig};
 use tutti_objstore::{
     chain_hashes, Backend, Geometry, GioConfig, KvStore, LayoutKind, OpenMode, PoolOptions,
 };

@@ -12,9 +12,9 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 use tutti_driver::command::prp::{self, Scratch};
 use tutti_driver::command::{sgl, Command, DataPtr};
-use tutti_driver::emulated::EmuIommu;
 use tutti_driver::spec::{SglDescriptor, SglSupport, SubmissionEntry};
 use tutti_driver::transport::{DmaBuffer, DmaSpace, IovaSegment};
+use tutti_emulator::EmuIommu;
 
 const PAGE: u64 = 4096;
 const BASE: u64 = 0x10_0000_0000;

@@ -16,7 +16,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 use tutti_driver::command::DataMode;
 use tutti_driver::controller::{Controller, ControllerOptions};
-use tutti_driver::emulated::{EmulatedConfig, EmulatedController};
+use tutti_emulator::{EmulatedConfig, EmulatedController};
 
 const BATCHES: [u32; 2] = [1, 32];
 

@@ -358,7 +358,7 @@ impl Controller {
 
     /// A controller that another process (a daemon) owns and brought up,
     /// reached through its BAR (`regs`, e.g. a shared
-    /// [`RegisterFile`](crate::emulated::RegisterFile)) and a DMA space that
+    /// `tutti_emulator::RegisterFile`) and a DMA space that
     /// maps this process's memory for the device (e.g.
     /// [`BrokeredDma`](crate::transport::remote::BrokeredDma)). `info` is what
     /// the owner learned at bring-up; it must agree with CAP, and the

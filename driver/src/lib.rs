@@ -2,11 +2,11 @@
 //!
 //! - [`spec`]: the wire formats of the NVMe base specification.
 //! - [`transport`]: what the driver needs from a transport ([`transport::Registers`],
-//!   [`transport::DmaSpace`]); implemented by [`emulated`] and `transport::vfio`.
+//!   [`transport::DmaSpace`]); implemented by `transport::vfio` and, for machines
+//!   without a drive, by the `tutti-emulator` crate's software controller.
 //! - [`controller`]: bring-up, admin commands, namespaces, I/O queue pairs, shutdown.
 //! - [`queue`]: submission/completion rings with phase tags and CID matching.
 //! - [`command`]: command builders and PRP/SGL data pointers.
-//! - [`emulated`]: a software NVMe controller for machines without a drive.
 //! - [`owner`]: one owner per media file or VFIO group, and naming the holder of a busy one.
 
 // Libraries report through return values and `tracing`, never by printing.
@@ -14,7 +14,6 @@
 
 pub mod command;
 pub mod controller;
-pub mod emulated;
 pub mod error;
 pub mod futex;
 pub mod memfd;

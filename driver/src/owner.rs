@@ -1,21 +1,18 @@
 //! One owner per drive, and naming the holder of a busy one.
 //!
-//! - Emulated media files are locked with `flock(LOCK_EX | LOCK_NB)` for as long as
-//!   their controller lives. The lock belongs to the open file description, so it
-//!   conflicts across processes and between two opens in one process, and the
-//!   kernel drops it when the holder exits, however it exits. Once it has the
-//!   lock, the holder writes `<media>.owner` (pid, command line, start time) so
-//!   that a refused opener can name it. The sidecar only names; the lock decides,
-//!   so a sidecar a dead holder left behind blocks nothing.
+//! - A file one process owns (an emulated drive's media file, which
+//!   `tutti-emulator` locks with `flock`; tuttid's socket) gets an owner record
+//!   beside it, `<file>.owner` (pid, command line, start time), so that a refused
+//!   opener can name the holder ([`write_record`], [`read_record`],
+//!   [`describe_record`]). A record only names; the lock decides, so a record a
+//!   dead holder left behind blocks nothing.
 //! - A VFIO group node can be open in one process only (a second open fails with
 //!   EBUSY). [`holders_of`] finds the processes that have a node open by scanning
 //!   `/proc/<pid>/fd`, bounded in count and time.
 
-use crate::error::{DriverError, Result};
 use std::fmt;
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -29,8 +26,6 @@ const SCAN_MAX_PROCS: usize = 1 << 16;
 const SCAN_MAX_FDS: usize = 1 << 14;
 const SCAN_MAX_HOLDERS: usize = 8;
 const SCAN_BUDGET: Duration = Duration::from_millis(500);
-/// `flock` retries after EINTR.
-const LOCK_TRIES: u32 = 8;
 
 /// A process found holding a media file or a device node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,20 +54,6 @@ pub fn sidecar_path(media: &Path) -> PathBuf {
     let mut s = media.as_os_str().to_os_string();
     s.push(SIDECAR_SUFFIX);
     PathBuf::from(s)
-}
-
-/// Ownership of a locked media file: the lock itself lives on the file's
-/// descriptor. Dropping this removes the owner record; drop it before the file.
-pub(crate) struct MediaOwner {
-    sidecar: PathBuf,
-}
-
-impl Drop for MediaOwner {
-    fn drop(&mut self) {
-        // Only a record that still names this process is ours to remove: while we hold the
-        // lock nobody else should have written one, but the file is not ours to trust.
-        remove_own_record(&self.sidecar);
-    }
 }
 
 /// Writes an owner record at `path` naming this process (pid, command line, start time): how
@@ -110,66 +91,18 @@ pub fn describe_record(path: &Path) -> Option<String> {
     ))
 }
 
-/// Takes the exclusive lock on the media file `file` (opened from `path`) and
-/// records this process as its owner. Refused, the error names the holder.
-/// Nothing is written to the media either way.
-pub(crate) fn lock_media(name: &str, path: &Path, file: &File) -> Result<MediaOwner> {
-    match try_lock(file) {
-        Ok(true) => {}
-        Ok(false) => {
-            let holder = describe_holder(Path::new("/proc"), path);
-            return Err(DriverError::InUse(format!(
-                "{name}: media file {} is owned by {holder}; a media file has one owner at a time: \
-                 close the runtime that owns it first, or give this one another directory",
-                path.display()
-            )));
-        }
-        Err(e) => {
-            return Err(DriverError::io(
-                format!(
-                    "{name}: cannot lock media file {} (flock; each media file must have one owner)",
-                    path.display()
-                ),
-                e,
-            ))
-        }
-    }
-    let sidecar = sidecar_path(path);
-    if let Err(e) = write_record(&sidecar) {
-        // The lock still protects the media; only the name of the holder is lost.
-        tracing::warn!(file = %sidecar.display(), error = %e, "writing the media owner record failed");
-    }
-    Ok(MediaOwner { sidecar })
-}
-
-/// `Ok(false)` when another open file description holds the lock.
-fn try_lock(file: &File) -> std::io::Result<bool> {
-    for _ in 0..LOCK_TRIES {
-        // SAFETY: flock on a descriptor `file` keeps open; it touches no memory.
-        let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if r == 0 {
-            return Ok(true);
-        }
-        let e = std::io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EWOULDBLOCK) => return Ok(false),
-            Some(libc::EINTR) => continue,
-            _ => return Err(e),
-        }
-    }
-    Err(std::io::Error::from_raw_os_error(libc::EINTR))
-}
-
 /// What an owner record says.
 #[derive(Debug, PartialEq, Eq)]
-struct Record {
-    pid: u32,
-    command: String,
-    since: Option<u64>,
+pub struct Record {
+    pub pid: u32,
+    /// The command line, cleaned and cut like [`Holder::command`].
+    pub command: String,
+    /// When the owner took the file (seconds since the Unix epoch).
+    pub since: Option<u64>,
 }
 
 /// Reads an owner record: untrusted bytes, bounded, `None` unless it names a pid.
-fn read_record(path: &Path) -> Option<Record> {
+pub fn read_record(path: &Path) -> Option<Record> {
     let mut buf = Vec::new();
     File::open(path).ok()?.take(RECORD_MAX).read_to_end(&mut buf).ok()?;
     let text = String::from_utf8_lossy(&buf);
@@ -183,39 +116,6 @@ fn read_record(path: &Path) -> Option<Record> {
         }
     }
     Some(Record { pid: pid?, command, since })
-}
-
-/// Names whoever holds the media file `path`: the owner record when a live
-/// process it names (one with the file open, where a scan can tell) wrote it,
-/// else the processes a `/proc` scan finds with the file open.
-fn describe_holder(proc_root: &Path, path: &Path) -> String {
-    let sidecar = sidecar_path(path);
-    let record = read_record(&sidecar);
-    let found = holders_of(proc_root, path);
-    if let Some(r) = &record {
-        let alive = proc_root.join(r.pid.to_string()).exists();
-        if alive && (found.is_empty() || found.iter().any(|h| h.pid == r.pid)) {
-            let holder = Holder { pid: r.pid, command: r.command.clone() };
-            let since = r
-                .since
-                .and_then(|s| {
-                    let now = SystemTime::now().duration_since(UNIX_EPOCH).ok()?.as_secs();
-                    Some(format!(", owner since {}s ago", now.checked_sub(s)?))
-                })
-                .unwrap_or_default();
-            return format!("{holder}{since} (recorded in {})", sidecar.display());
-        }
-    }
-    if !found.is_empty() {
-        let list: Vec<String> = found.iter().map(Holder::to_string).collect();
-        return list.join(", ");
-    }
-    format!(
-        "another process that could not be identified ({} names no live owner, and no process \
-         visible in {} has the file open)",
-        sidecar.display(),
-        proc_root.display()
-    )
 }
 
 /// Processes under `proc_root` (normally `/proc`) with an open descriptor on
@@ -345,27 +245,5 @@ mod tests {
         let r = read_record(&p).unwrap();
         assert_eq!((r.pid, r.command.chars().count()), (5, COMMAND_MAX + 1));
         std::fs::remove_dir_all(&d).unwrap();
-    }
-
-    #[test]
-    fn holder_named_from_live_record_or_from_the_scan() {
-        let root = temp_dir("desc");
-        let media = root.join("emu0.img");
-        std::fs::write(&media, b"").unwrap();
-        let media = std::fs::canonicalize(&media).unwrap();
-        let proc_root = root.join("proc");
-        // A live recorded owner that has the file open is named from its record.
-        fake_proc(&proc_root, 77, b"engine\0", &[media.to_str().unwrap()]);
-        std::fs::write(sidecar_path(&media), "pid=77\ncommand=engine --tp 2\nsince=0\n").unwrap();
-        let d = describe_holder(&proc_root, &media);
-        assert!(d.starts_with("pid 77 (engine --tp 2)") && d.contains("emu0.img.owner"), "{d}");
-        // A stale record (dead pid) is not believed; the scan names the real holder.
-        std::fs::write(sidecar_path(&media), "pid=76\ncommand=dead\n").unwrap();
-        assert_eq!(describe_holder(&proc_root, &media), "pid 77 (engine)");
-        // Nothing found anywhere: said so.
-        std::fs::remove_dir_all(&proc_root).unwrap();
-        let d = describe_holder(&proc_root, &media);
-        assert!(d.contains("could not be identified") && d.contains("emu0.img.owner"), "{d}");
-        std::fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -15,10 +15,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tutti_driver::command::DataMode;
 use tutti_driver::controller::{Controller, ControllerOptions};
-use tutti_driver::emulated::{EmulatedConfig, EmulatedController, FaultAction, FaultMatch};
 use tutti_driver::queue::IoQueuePair;
 use tutti_driver::spec::Status;
 use tutti_driver::transport::DmaBuffer;
+use tutti_emulator::{EmulatedConfig, EmulatedController, FaultAction, FaultMatch};
 
 // Fields drop in order: the queue pair is deleted while the controller still runs.
 struct Rig {

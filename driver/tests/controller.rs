@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tutti_driver::command::{Command, DataMode, DataPtr};
 use tutti_driver::controller::{Controller, ControllerOptions};
-use tutti_driver::emulated::{EmulatedConfig, EmulatedController, FaultMatch, NamespaceConfig};
 use tutti_driver::spec::{SglDescriptor, SglSupport, Status};
 use tutti_driver::transport::IovaSegment;
 use tutti_driver::DriverError;
+use tutti_emulator::{EmulatedConfig, EmulatedController, FaultMatch, NamespaceConfig};
 
 fn start(cfg: EmulatedConfig) -> (EmulatedController, Arc<Controller>) {
     start_with(cfg, ControllerOptions::default())

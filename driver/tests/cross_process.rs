@@ -20,14 +20,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tutti_driver::command::{Command as NvmeCommand, DataMode};
 use tutti_driver::controller::{Controller, ControllerInfo, ControllerOptions, QueueAdmin};
-use tutti_driver::emulated::{
-    EmuIommu, EmulatedConfig, EmulatedController, FaultAction, FaultInjector, FaultMatch, NamespaceConfig,
-    RegisterFile,
-};
 use tutti_driver::spec::Status;
 use tutti_driver::transport::remote::{BrokeredDma, DmaBroker};
 use tutti_driver::transport::{DmaSpace, IovaSegment, Registers};
 use tutti_driver::{DriverError, Result};
+use tutti_emulator::{
+    EmuIommu, EmulatedConfig, EmulatedController, FaultAction, FaultInjector, FaultMatch, NamespaceConfig,
+    RegisterFile,
+};
 
 const CHILD_ENV: &str = "TUTTI_DRIVER_TEST_CHILD";
 const REGS_LEN_ENV: &str = "TUTTI_DRIVER_TEST_REGS_LEN";

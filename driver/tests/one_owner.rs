@@ -6,8 +6,8 @@
 // (clippy.toml's allow-*-in-tests covers only the latter).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use tutti_driver::emulated::{EmulatedConfig, EmulatedController, MediaConfig, NamespaceConfig};
 use tutti_driver::DriverError;
+use tutti_emulator::{EmulatedConfig, EmulatedController, MediaConfig, NamespaceConfig};
 
 #[test]
 fn second_controller_on_a_media_file_is_refused_until_the_first_is_dropped() {

@@ -5,10 +5,10 @@
 use proptest::prelude::*;
 use tutti_driver::command::prp::{self, Scratch};
 use tutti_driver::command::{sgl, DataPtr};
-use tutti_driver::emulated::walk::{walk_prp, walk_sgl, SglPiece};
-use tutti_driver::emulated::EmuIommu;
 use tutti_driver::spec::SglSupport;
 use tutti_driver::transport::{DmaSpace, IovaSegment};
+use tutti_emulator::walk::{walk_prp, walk_sgl, SglPiece};
+use tutti_emulator::EmuIommu;
 
 const PAGE: u64 = 4096;
 

@@ -19,9 +19,9 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::sync::Arc;
 use std::time::Duration;
 use tutti_driver::controller::{Controller, ControllerOptions};
-use tutti_driver::emulated::{EmulatedConfig, EmulatedController, NamespaceConfig};
 use tutti_driver::spec::SglDescriptor;
 use tutti_driver::transport::DmaBuffer;
+use tutti_emulator::{EmulatedConfig, EmulatedController, NamespaceConfig};
 use tutti_gio_uring::executor::{DoorbellMode, RelayConfig};
 use tutti_gio_uring::{
     ioctx, DataRef, DriveQueues, ExecMode, GioOptions, GioUring, HostExecutor, HostExecutorConfig, Op,

@@ -10,8 +10,8 @@ mod common;
 
 use common::*;
 use std::time::{Duration, Instant};
-use tutti_driver::emulated::FaultMatch;
 use tutti_driver::spec::{SglDescriptor, Status};
+use tutti_emulator::FaultMatch;
 use tutti_gio_uring::{ioctx, DataRef, GioError, GioOptions, Invalid, IoCtx, IoStatus, Op, Translation};
 
 const CMD: usize = 4096;

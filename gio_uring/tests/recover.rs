@@ -10,9 +10,9 @@ mod common;
 
 use common::*;
 use std::time::{Duration, Instant};
-use tutti_driver::emulated::FaultMatch;
 use tutti_driver::spec::SglDescriptor;
 use tutti_driver::transport::DmaBuffer;
+use tutti_emulator::FaultMatch;
 use tutti_gio_uring::{ioctx, DataRef, GioError, GioOptions, GioUring, IoCtx, IoStatus, IocbResult, Op};
 
 const CMD: usize = 4096;

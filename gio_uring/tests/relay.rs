@@ -13,9 +13,9 @@ use common::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tutti_driver::controller::{Controller, ControllerOptions};
-use tutti_driver::emulated::{EmulatedConfig, EmulatedController, NamespaceConfig};
 use tutti_driver::spec::SglDescriptor;
 use tutti_driver::transport::DmaBuffer;
+use tutti_emulator::{EmulatedConfig, EmulatedController, NamespaceConfig};
 use tutti_gio_uring::executor::{DoorbellMode, RelayConfig};
 use tutti_gio_uring::{
     ioctx, DataRef, DriveQueues, ExecMode, Executor, GioOptions, GioUring, HostExecutor, HostExecutorConfig,
@@ -250,7 +250,7 @@ fn relayed_doorbells_wake_a_parked_emulated_controller() {
         // Idle: the controller parks on its register file's wake word.
         let deadline = Instant::now() + Duration::from_secs(10);
         let wake = rig.emus[0].register_file().wake();
-        while wake.load(std::sync::atomic::Ordering::Acquire) != tutti_driver::emulated::regs::WAKE_PARKED {
+        while wake.load(std::sync::atomic::Ordering::Acquire) != tutti_driver::transport::wake::WAKE_PARKED {
             assert!(Instant::now() < deadline, "the idle controller never parked");
             std::thread::sleep(Duration::from_micros(200));
         }

@@ -9,8 +9,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 use tutti_driver::controller::{Controller, ControllerOptions};
-use tutti_driver::emulated::{EmulatedConfig, EmulatedController, FaultMatch, NamespaceConfig};
 use tutti_driver::spec::Status;
+use tutti_emulator::{EmulatedConfig, EmulatedController, FaultMatch, NamespaceConfig};
 use tutti_gio_uring::selftest::{Selftest, SelftestOptions};
 use tutti_gio_uring::GioError;
 

@@ -225,7 +225,7 @@ fn staged_tables_are_registered_only_with_staging() {
 
 #[test]
 fn a_failed_read_leaves_kv_untouched_and_a_lost_one_withholds_its_slot() {
-    use tutti_driver::emulated::FaultMatch;
+    use tutti_emulator::FaultMatch;
     let opts = GioOptions {
         depth: 16,
         command_timeout: Duration::from_millis(300),
@@ -312,7 +312,7 @@ fn expiring_rig() -> Rig {
 /// from reading a stale line is checked in the SASS: kernels/tests/sass.rs.)
 #[test]
 fn a_reused_slot_is_never_read_stale() {
-    use tutti_driver::emulated::{FaultAction, FaultMatch};
+    use tutti_emulator::{FaultAction, FaultMatch};
     let rig = staged_rig(SglSupport::Supported);
     let g = geometry();
     let mut mem = Kv8::new(&g);
@@ -345,7 +345,7 @@ fn a_reused_slot_is_never_read_stale() {
 /// (`late`: it moves its data and completes only after that long): either way the command
 /// expires, its slot is withheld, and the rest of the layer is unharmed.
 fn lose_one_read(rig: &Rig, table: TableId, late: Option<Duration>) {
-    use tutti_driver::emulated::FaultMatch;
+    use tutti_emulator::FaultMatch;
     let read = FaultMatch { opcode: Some(0x02), ..Default::default() };
     match late {
         Some(by) => rig.emus[1].faults().delay_execution_next(read, by),

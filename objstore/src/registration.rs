@@ -382,7 +382,7 @@ mod tests {
     use crate::geometry::{Dtype, Geometry};
     use crate::layout::LayoutKind;
     use crate::stripe::DriveShape;
-    use tutti_driver::emulated::EmuIommu;
+    use tutti_emulator::EmuIommu;
 
     #[test]
     fn tables_follow_the_contract_and_views_are_shared() {

@@ -11,8 +11,8 @@ mod common;
 
 use common::*;
 use rand::{Rng, SeedableRng};
-use tutti_driver::emulated::{FaultAction, FaultMatch, MediaConfig};
 use tutti_driver::spec::Status;
+use tutti_emulator::{FaultAction, FaultMatch, MediaConfig};
 use tutti_objstore::{chain_hashes, BlockHash, Geometry, KvStore, LayoutKind, OpenMode};
 
 const WRITE: u8 = 0x01;

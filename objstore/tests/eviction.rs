@@ -9,7 +9,7 @@ mod common;
 
 use common::*;
 use std::time::Duration;
-use tutti_driver::emulated::CostModel;
+use tutti_emulator::CostModel;
 use tutti_objstore::{chain_hashes, BlockHash, KvStore, LayoutKind, OpenMode};
 
 /// A store whose pool holds exactly `files` files, with that many engine blocks (+4).

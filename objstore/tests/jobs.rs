@@ -8,8 +8,8 @@
 mod common;
 
 use common::*;
-use tutti_driver::emulated::{FaultAction, FaultMatch};
 use tutti_driver::spec::Status;
+use tutti_emulator::{FaultAction, FaultMatch};
 use tutti_objstore::store::LAYERS_IN_FLIGHT;
 use tutti_objstore::{chain_hashes, Backend, KvStore, LayoutKind, OpenMode};
 

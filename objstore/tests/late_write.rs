@@ -18,8 +18,8 @@ mod common;
 
 use common::*;
 use std::time::{Duration, Instant};
-use tutti_driver::emulated::{FaultAction, FaultMatch};
 use tutti_driver::spec::Status;
+use tutti_emulator::{FaultAction, FaultMatch};
 use tutti_objstore::{Backend, BlockHash, KvStore, LayoutKind, OpenMode, StoreOptions};
 
 const WRITE: u8 = 0x01;

@@ -9,7 +9,7 @@ mod common;
 
 use common::*;
 use tutti_driver::controller::Controller;
-use tutti_driver::emulated::{EmulatedConfig, EmulatedController, NamespaceConfig};
+use tutti_emulator::{EmulatedConfig, EmulatedController, NamespaceConfig};
 use tutti_objstore::{chain_hashes, DriveSpec, KvStore, LayoutKind, OpenMode, StoreOptions};
 
 fn controller(name: &str, pairs: u16, namespaces: usize) -> EmulatedController {

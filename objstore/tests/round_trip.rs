@@ -8,8 +8,8 @@
 mod common;
 
 use common::*;
-use tutti_driver::emulated::MediaConfig;
 use tutti_driver::spec::SglSupport;
+use tutti_emulator::MediaConfig;
 use tutti_objstore::{chain_hashes, Backend, BlockHash, Geometry, KvStore, LayoutKind, OpenMode};
 
 /// Stores `chunks` chunks from blocks `0..chunks`, reads them into blocks

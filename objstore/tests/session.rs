@@ -10,7 +10,7 @@ mod common;
 
 use common::*;
 use std::time::Duration;
-use tutti_driver::emulated::{FaultAction, FaultMatch};
+use tutti_emulator::{FaultAction, FaultMatch};
 use tutti_objstore::{chain_hashes, Backend, KvStore, LayoutKind, OpenMode};
 
 const WRITE: u8 = 0x01;

@@ -11,7 +11,7 @@ pub mod verify {
 
 use std::sync::Arc;
 use tutti_driver::controller::{Controller, ControllerOptions};
-use tutti_driver::emulated::{EmulatedConfig, EmulatedController};
+use tutti_emulator::{EmulatedConfig, EmulatedController};
 
 /// Starts an emulated controller and brings it up with default options.
 pub fn emulated(cfg: EmulatedConfig) -> tutti_driver::Result<(EmulatedController, Arc<Controller>)> {

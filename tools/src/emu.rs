@@ -2,8 +2,8 @@
 
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
-use tutti_driver::emulated::{CostModel, EmulatedConfig, MediaConfig, MixedModel, NamespaceConfig};
 use tutti_driver::spec::SglSupport;
+use tutti_emulator::{CostModel, EmulatedConfig, MediaConfig, MixedModel, NamespaceConfig};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum SglFlag {

@@ -254,15 +254,15 @@ pub fn block_bytes(mem: &mut Mem, block: usize, blocks: u32) -> Vec<u8> {
 /// geometry, its socket in a fresh directory named after `tag` (returned, to
 /// remove when done).
 pub fn start_daemon(tag: &str) -> (tutti_daemon::Daemon, std::path::PathBuf) {
-    start_daemon_with(tag, tutti_driver::emulated::CostModel::default())
+    start_daemon_with(tag, tutti_emulator::CostModel::default())
 }
 
 /// [`start_daemon`] on drives with the cost model `cost`.
 pub fn start_daemon_with(
     tag: &str,
-    cost: tutti_driver::emulated::CostModel,
+    cost: tutti_emulator::CostModel,
 ) -> (tutti_daemon::Daemon, std::path::PathBuf) {
-    use tutti_driver::emulated::{EmulatedConfig, NamespaceConfig};
+    use tutti_emulator::{EmulatedConfig, NamespaceConfig};
     use tutti_objstore::{Dtype, Geometry, OpenMode, PoolOptions};
     let dir = std::env::temp_dir().join(format!("tutti-capi-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);

@@ -15,9 +15,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tutti_cuda_standin::control::Standin;
 use tutti_driver::controller::{Controller, ControllerOptions};
-use tutti_driver::emulated::{EmulatedConfig, EmulatedController, NamespaceConfig};
 use tutti_driver::spec::SglDescriptor;
 use tutti_driver::transport::DmaBuffer;
+use tutti_emulator::{EmulatedConfig, EmulatedController, NamespaceConfig};
 use tutti_gio_uring::{
     ioctx, CudaExecutor, CudaExecutorConfig, DataRef, DriveQueues, ExecMode, GioOptions, GioUring, IoCtx, Op,
 };

@@ -5,12 +5,15 @@
 //! [`DmaSpace`] is the device's view of memory: buffers it can DMA to, each
 //! with an IOVA, released (and unmapped) when dropped.
 //!
-//! Implementations: [`crate::emulated`] (a software controller in this
-//! process) and `vfio` (a real PCI function bound to vfio-pci).
+//! Implementations: `vfio` (a real PCI function bound to vfio-pci) and the
+//! `tutti-emulator` crate's register file and IOMMU (a software controller in
+//! this process). [`wake`] is the doorbell writer's side of waking a software
+//! controller that parks.
 
 pub mod dma;
 pub mod remote;
 pub mod vfio;
+pub mod wake;
 
 pub use dma::{DmaBuffer, DmaMapping, IovaSegment};
 
@@ -42,8 +45,8 @@ pub trait Registers: Send + Sync {
     /// The address of a 32-bit doorbell register and how stores to it must be made.
     fn doorbell_ptr(&self, offset: usize) -> Result<(NonNull<u32>, DoorbellKind)>;
     /// A word that a doorbell writer hands to
-    /// [`wake_controller`](crate::emulated::regs::wake_controller) after its
-    /// store, for a software controller that parks; `None` for a real BAR.
+    /// [`wake_controller`](wake::wake_controller) after its store, for a
+    /// software controller that parks; `None` for a real BAR.
     fn wake_word(&self) -> Option<NonNull<u32>> {
         None
     }
@@ -104,12 +107,12 @@ impl Doorbell {
                 unsafe { self.ptr.as_ptr().write_volatile(value) }
             }
             DoorbellKind::Memory => {
-                // SAFETY: `ptr` is 4-byte aligned memory owned by the emulated register file that
+                // SAFETY: `ptr` is 4-byte aligned memory owned by the software register file that
                 // `_bar` keeps alive; every access to it goes through atomics.
                 unsafe { AtomicU32::from_ptr(self.ptr.as_ptr()) }.store(value, Ordering::Release);
                 if let Some(w) = self.wake {
                     // SAFETY: as above: an aligned word of the same register file.
-                    crate::emulated::regs::wake_controller(unsafe { AtomicU32::from_ptr(w.as_ptr()) });
+                    wake::wake_controller(unsafe { AtomicU32::from_ptr(w.as_ptr()) });
                 }
             }
         }

@@ -229,7 +229,9 @@ impl Shared {
                 unsafe { AtomicU32::from_ptr(e.doorbell.as_ptr()) }.store(value, Ordering::Release);
                 if let Some(w) = e.wake {
                     // SAFETY: a word of the same register file as the doorbell, as valid.
-                    tutti_driver::emulated::regs::wake_controller(unsafe { AtomicU32::from_ptr(w.as_ptr()) });
+                    tutti_driver::transport::wake::wake_controller(unsafe {
+                        AtomicU32::from_ptr(w.as_ptr())
+                    });
                 }
             }
         }
@@ -330,7 +332,7 @@ impl DoorbellRelay {
         self.shared.mailbox(slot).store(MAILBOX_IDLE, Ordering::Relaxed);
         let relayed = Arc::new(AtomicU64::new(0));
         let wake = match kind {
-            DoorbellKind::Memory => tutti_driver::emulated::regs::wake_word_of(doorbell.as_ptr()),
+            DoorbellKind::Memory => tutti_driver::transport::wake::wake_word_of(doorbell.as_ptr()),
             DoorbellKind::Mmio => None,
         };
         reg.entries.push(Entry { slot, doorbell, kind, wake, relayed: relayed.clone() });

@@ -8,9 +8,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 use tutti_driver::controller::{Controller, ControllerOptions};
-use tutti_driver::emulated::{CostModel, EmulatedConfig, EmulatedController, NamespaceConfig};
 use tutti_driver::spec::SglSupport;
 use tutti_driver::transport::DmaBuffer;
+use tutti_emulator::{CostModel, EmulatedConfig, EmulatedController, NamespaceConfig};
 use tutti_gio_uring::{
     CudaExecutor, CudaExecutorConfig, DriveQueues, ExecMode, Executor, GioOptions, GioUring, HostExecutor,
     HostExecutorConfig,

@@ -8,8 +8,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 use tutti_driver::controller::{Controller, ControllerOptions};
-use tutti_driver::emulated::{CostModel, EmulatedConfig, EmulatedController, MediaConfig, NamespaceConfig};
 use tutti_driver::spec::SglSupport;
+use tutti_emulator::{CostModel, EmulatedConfig, EmulatedController, MediaConfig, NamespaceConfig};
 use tutti_objstore::{
     Backend, DriveSpec, Dtype, Geometry, GioConfig, GioExecutor, HostKvMemory, KvLayout, KvStore, LayoutKind,
     OpenMode, PoolOptions, StoreOptions,

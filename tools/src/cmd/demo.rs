@@ -14,8 +14,8 @@ use anyhow::{bail, Context};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tutti_driver::controller::{Controller, ControllerOptions};
-use tutti_driver::emulated::{monotonic_ns, EmulatedController};
 use tutti_driver::transport::vfio::{IommuMode, VfioDevice, VfioOptions};
+use tutti_emulator::{monotonic_ns, EmulatedController};
 use tutti_gio_uring::mem::{ExecMemory, MemKind};
 use tutti_gio_uring::{CudaExecutor, Executor};
 use tutti_objstore::{

@@ -6,8 +6,8 @@ use crate::report::print_json;
 use anyhow::{bail, Context};
 use std::sync::Arc;
 use tutti_driver::controller::{Controller, ControllerInfo, ControllerOptions};
-use tutti_driver::emulated::{CostModel, EmulatedController};
 use tutti_driver::pci::Bdf;
+use tutti_emulator::{CostModel, EmulatedController};
 use tutti_objstore::DriveSpec;
 
 #[derive(clap::Args, Debug)]

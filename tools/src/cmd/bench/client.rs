@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tutti_daemon::{Daemon, DaemonConfig, DriveSource, SocketMode};
 use tutti_driver::controller::{Controller, ControllerOptions};
-use tutti_driver::emulated::{EmulatedController, MediaConfig};
+use tutti_emulator::{EmulatedController, MediaConfig};
 use tutti_objstore::{
     chain_hashes, Backend, DriveSpec, Dtype, Geometry, GioConfig, HostKvMemory, KvLayout, KvStore,
     LayoutKind, OpenMode, PoolOptions, StoreOptions,

@@ -14,10 +14,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tutti_driver::command::{Command, DataMode};
 use tutti_driver::controller::Controller;
-use tutti_driver::emulated::{monotonic_ns, EmulatedController};
 use tutti_driver::queue::Completion;
 use tutti_driver::spec::SglDescriptor;
 use tutti_driver::transport::{DmaBuffer, IovaSegment};
+use tutti_emulator::{monotonic_ns, EmulatedController};
 use tutti_gio_uring::{
     ioctx, DataRef, DriveQueues, ExecMode, GioOptions, GioUring, HostExecutor, HostExecutorConfig, Op,
 };
@@ -522,7 +522,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         bar.set_message("null media");
         let mut cfg = emu.config().clone();
         cfg.name = format!("{}-null", cfg.name);
-        cfg.media = tutti_driver::emulated::MediaConfig::Null;
+        cfg.media = tutti_emulator::MediaConfig::Null;
         let null = EmulatedController::start(cfg)?;
         let null_ctrl = crate::cmd::identify::bring_up(&null)?;
         let null_buf = null_ctrl.dma().alloc(span as usize)?;

@@ -5,9 +5,9 @@ use crate::emu::EmulatedArgs;
 use anyhow::Context;
 use std::sync::Arc;
 use tutti_driver::controller::{Controller, ControllerOptions};
-use tutti_driver::emulated::EmulatedController;
 use tutti_driver::pci::Bdf;
 use tutti_driver::transport::vfio::{IommuMode, VfioDevice, VfioOptions};
+use tutti_emulator::EmulatedController;
 
 /// Where the drives come from, as flags.
 #[derive(clap::Args, Debug, Clone)]
@@ -68,7 +68,7 @@ impl Rig {
     /// What the drives are, for reports.
     pub fn media(&self) -> String {
         match (&self.emus[..], &self.devices[..]) {
-            ([e, ..], _) if matches!(e.config().media, tutti_driver::emulated::MediaConfig::File(_)) => {
+            ([e, ..], _) if matches!(e.config().media, tutti_emulator::MediaConfig::File(_)) => {
                 "emulated (file media)".into()
             }
             ([_, ..], _) => "emulated (RAM media)".into(),

@@ -141,9 +141,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     }
     if args.emulated && args.gio {
         let emus = (0..2usize)
-            .map(|i| {
-                tutti_driver::emulated::EmulatedController::start(args.emu.config(i)?).map_err(Into::into)
-            })
+            .map(|i| tutti_emulator::EmulatedController::start(args.emu.config(i)?).map_err(Into::into))
             .collect::<anyhow::Result<Vec<_>>>()?;
         let ctrls = emus
             .iter()
@@ -163,7 +161,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         if !args.probe {
             bail!("--emulated only goes with --probe or --gio (`tutti demo` verifies emulated drives)");
         }
-        let emu = tutti_driver::emulated::EmulatedController::start(args.emu.config(0)?)?;
+        let emu = tutti_emulator::EmulatedController::start(args.emu.config(0)?)?;
         let ctrl = Controller::new(emu.registers(), emu.dma_space(), ControllerOptions::default())?;
         let results = probe::run(&ctrl)?;
         if args.json {

@@ -20,7 +20,7 @@ use anyhow::{bail, Context};
 use rand::{Rng, SeedableRng};
 use std::ops::Range;
 use std::time::Duration;
-use tutti_driver::emulated::EmulatedController;
+use tutti_emulator::EmulatedController;
 use tutti_gio_uring::{ExecMode, HostExecutorConfig};
 use tutti_objstore::{
     chain_hashes, Backend, DriveSpec, FileId, GioConfig, KvStore, OpenMode, PoolOptions, StoreOptions,

@@ -96,8 +96,8 @@ mod tests {
     use super::*;
     use crate::cmd::bench::sgl_vs_prp::scatter::Shape;
     use crate::pattern::drive_words;
-    use tutti_driver::emulated::EmuIommu;
     use tutti_driver::transport::DmaSpace;
+    use tutti_emulator::EmuIommu;
 
     /// Two drives' objects placed where the scatters say, as a correct read leaves them.
     fn placed(shape: Shape, objects: [usize; 2]) -> (Vec<Vec<u8>>, Vec<Scatter>, Vec<DmaBuffer>) {

@@ -233,8 +233,8 @@ pub fn build(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tutti_driver::emulated::EmuIommu;
     use tutti_driver::spec::{SglDescriptor, SglKind};
+    use tutti_emulator::EmuIommu;
 
     const PAGE: u64 = 4096;
 

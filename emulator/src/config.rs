@@ -1,8 +1,8 @@
 //! What an emulated controller looks like to the driver.
 
-use crate::spec::SglSupport;
 use std::path::PathBuf;
 use std::time::Duration;
+use tutti_driver::spec::SglSupport;
 
 /// One namespace of an emulated controller.
 ///

@@ -7,10 +7,10 @@
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tutti_driver::emulated::{EmulatedConfig, EmulatedController};
 use tutti_driver::spec::registers::{cq_head_doorbell, offset, sq_tail_doorbell};
 use tutti_driver::spec::{Aqa, Cc, CompletionEntry, Csts, Psdt, SglDescriptor, Status, SubmissionEntry};
 use tutti_driver::transport::{DmaBuffer, DmaSpace, Registers};
+use tutti_emulator::{EmulatedConfig, EmulatedController};
 
 pub const DEADLINE: Duration = Duration::from_secs(10);
 /// How long a "nothing is posted" check watches the queue.

@@ -8,13 +8,13 @@
 use super::config::{EmulatedConfig, MediaConfig};
 use super::iommu::{DeviceDma, IommuFault};
 use super::walk::SglPiece;
-use crate::error::{DriverError, Result};
 use crate::owner::{lock_media, MediaOwner};
 use memmap2::{MmapMut, MmapOptions, UncheckedAdvice};
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use tutti_driver::{DriverError, Result};
 
 /// File transfers move through a scratch buffer at most this large.
 const FILE_WINDOW: u64 = 1 << 20;
@@ -363,9 +363,9 @@ fn zero_file(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::emulated::config::NamespaceConfig;
-    use crate::emulated::iommu::EmuIommu;
-    use crate::transport::{DmaSpace, IovaSegment};
+    use crate::config::NamespaceConfig;
+    use crate::iommu::EmuIommu;
+    use tutti_driver::transport::{DmaSpace, IovaSegment};
 
     fn cfg(media: MediaConfig) -> EmulatedConfig {
         EmulatedConfig {
@@ -525,7 +525,7 @@ mod tests {
         let path = temp_path("own");
         let c = cfg(MediaConfig::File(path.clone()));
         let mut first = Media::open(&c).unwrap();
-        let sidecar = crate::owner::sidecar_path(&path);
+        let sidecar = tutti_driver::owner::sidecar_path(&path);
         let record = std::fs::read_to_string(&sidecar).unwrap();
         assert!(record.contains(&format!("pid={}", std::process::id())), "{record}");
         // Write through the first owner, then try a second open.

@@ -1,4 +1,5 @@
-//! A software NVMe controller that behaves as a device.
+//! tutti-emulator: a software NVMe controller that behaves as a device, for
+//! machines (tests, CI, demos) without a drive.
 //!
 //! It has a register file ([`regs`]) the driver pokes exactly as it would a
 //! BAR, an IOMMU ([`iommu`]) through which it reaches every byte of host
@@ -10,8 +11,14 @@
 //! execute only long after they were fetched (late DMA),
 //! and [`EmulatedController::set_fatal`] raises CSTS.CFS.
 //!
-//! The driver brings it up through the same code path as a real drive:
-//! `Controller::new(ctrl.registers(), ctrl.dma_space(), ..)`.
+//! It implements the driver's transport traits ([`Registers`], [`DmaSpace`])
+//! and speaks the driver's spec types, so the driver brings it up through the
+//! same code path as a real drive:
+//! `Controller::new(ctrl.registers(), ctrl.dma_space(), ..)`. [`owner`] locks
+//! a drive's media file for one controller at a time.
+
+// Libraries report through return values and `tracing`, never by printing.
+#![warn(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod config;
 mod cost;
@@ -19,6 +26,7 @@ mod engine;
 pub mod faults;
 pub mod iommu;
 mod media;
+pub mod owner;
 pub mod regs;
 pub mod walk;
 
@@ -27,11 +35,12 @@ pub use faults::{FaultAction, FaultInjector, FaultMatch};
 pub use iommu::{allow_peer_access, EmuIommu, RemoteSpace, LOCAL_OWNER};
 pub use regs::RegisterFile;
 
-use crate::error::{DriverError, Result};
-use crate::transport::{DmaSpace, Registers};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use tutti_driver::transport::wake::wake_controller;
+use tutti_driver::transport::{DmaSpace, Registers};
+use tutti_driver::{DriverError, Result};
 
 /// Counters the controller keeps; read with [`EmulatedController::stats`].
 #[derive(Default)]
@@ -105,7 +114,7 @@ pub struct EmulatedStats {
     pub mixed_nanos: u64,
     /// Times the idle controller thread parked on its wake word.
     pub parks: u64,
-    /// Parks a doorbell writer ended ([`regs::wake_controller`]) rather than the timeout.
+    /// Parks a doorbell writer ended ([`wake_controller`]) rather than the timeout.
     pub woken: u64,
 }
 
@@ -184,7 +193,7 @@ impl EmulatedController {
     /// Makes the controller report Controller Fatal Status and stop processing.
     pub fn set_fatal(&self) {
         self.shared.fatal.store(true, Ordering::Release);
-        regs::wake_controller(self.shared.regs.wake());
+        wake_controller(self.shared.regs.wake());
     }
     /// Starts recording when the next command is fetched and when completions
     /// are written ([`trace_take`](Self::trace_take)); costs nothing measurable.
@@ -228,7 +237,7 @@ impl EmulatedController {
 impl Drop for EmulatedController {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        regs::wake_controller(self.shared.regs.wake());
+        wake_controller(self.shared.regs.wake());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

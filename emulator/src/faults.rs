@@ -4,10 +4,10 @@
 //! controller executes; a matching rule with hits left is consumed and its
 //! action applied instead of (or before) normal execution.
 
-use crate::spec::Status;
 use std::ops::Range;
 use std::sync::Mutex;
 use std::time::Duration;
+use tutti_driver::spec::Status;
 
 /// What happens to a command that matches a rule.
 #[derive(Clone, Debug, PartialEq)]

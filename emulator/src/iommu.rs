@@ -27,13 +27,13 @@
 //! between that check and the copy would be missed; the owner closes that
 //! window by dropping a dead client's regions with [`EmuIommu::unmap_owner`].)
 
-use crate::error::{DriverError, Result};
-use crate::transport::{DmaBuffer, DmaMapping, DmaSpace, IovaSegment};
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use tutti_driver::transport::{DmaBuffer, DmaMapping, DmaSpace, IovaSegment};
+use tutti_driver::{DriverError, Result};
 
 const PAGE: usize = 4096;
 /// First IOVA handed out: well above any address a test might confuse it with.

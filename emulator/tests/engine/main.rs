@@ -7,13 +7,13 @@ mod host;
 
 use host::*;
 use std::time::{Duration, Instant};
-use tutti_driver::emulated::{
-    EmulatedConfig, EmulatedController, FaultAction, FaultMatch, MediaConfig, NamespaceConfig,
-};
 use tutti_driver::spec::registers::{offset, sq_tail_doorbell, ShutdownNotification};
 use tutti_driver::spec::{
     Aqa, Cc, IdentifyController, IdentifyNamespace, Psdt, SglDescriptor, SglSupport, ShutdownStatus, Status,
     SubmissionEntry,
+};
+use tutti_emulator::{
+    EmulatedConfig, EmulatedController, FaultAction, FaultMatch, MediaConfig, NamespaceConfig,
 };
 use zerocopy::FromBytes;
 
@@ -344,7 +344,7 @@ fn delayed_and_failed_commands() {
 #[test]
 fn the_cost_model_delays_but_completes() {
     let cfg = EmulatedConfig {
-        cost: tutti_driver::emulated::CostModel {
+        cost: tutti_emulator::CostModel {
             per_command: Duration::from_millis(2),
             bytes_per_sec: Some(64 << 20),
             ..Default::default()
@@ -367,10 +367,10 @@ fn the_cost_model_delays_but_completes() {
 #[test]
 fn reads_fetched_during_writes_are_paced_at_the_mixed_rate() {
     let cfg = EmulatedConfig {
-        cost: tutti_driver::emulated::CostModel {
+        cost: tutti_emulator::CostModel {
             read_bytes_per_sec: Some(64 << 20),
             write_bytes_per_sec: Some(1 << 20),
-            mixed: Some(tutti_driver::emulated::MixedModel { efficiency: 0.4, read_share: 0.5 }),
+            mixed: Some(tutti_emulator::MixedModel { efficiency: 0.4, read_share: 0.5 }),
             ..Default::default()
         },
         ..EmulatedConfig::default()
@@ -401,9 +401,9 @@ fn reads_fetched_during_writes_are_paced_at_the_mixed_rate() {
 #[test]
 fn a_cost_model_that_makes_no_sense_is_refused() {
     let cfg = EmulatedConfig {
-        cost: tutti_driver::emulated::CostModel {
+        cost: tutti_emulator::CostModel {
             read_bytes_per_sec: Some(1 << 30),
-            mixed: Some(tutti_driver::emulated::MixedModel { efficiency: 1.5, read_share: 0.5 }),
+            mixed: Some(tutti_emulator::MixedModel { efficiency: 1.5, read_share: 0.5 }),
             ..Default::default()
         },
         ..EmulatedConfig::default()

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tutti_driver::command::Command;
 use tutti_driver::controller::{Controller, ControllerOptions};
-use tutti_driver::emulated::regs::WAKE_PARKED;
-use tutti_driver::emulated::{EmulatedConfig, EmulatedController, NamespaceConfig};
+use tutti_driver::transport::wake::WAKE_PARKED;
 use tutti_driver::transport::{DoorbellKind, Registers};
+use tutti_emulator::{EmulatedConfig, EmulatedController, NamespaceConfig};
 
 fn cfg(name: &str) -> EmulatedConfig {
     EmulatedConfig {

@@ -15,13 +15,14 @@ use super::faults::FaultAction;
 use super::iommu::DmaView;
 use super::media::Media;
 use super::Shared;
-use crate::spec::registers::offset;
-use crate::spec::status::StatusCodeType;
-use crate::spec::{Aqa, Cap, Cc, Csts, IoOpcode, ShutdownStatus, Status, SubmissionEntry};
 use queues::{Cq, Pending, QueueMem, Sq};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tutti_driver::spec::registers::offset;
+use tutti_driver::spec::status::StatusCodeType;
+use tutti_driver::spec::{Aqa, Cap, Cc, Csts, IoOpcode, ShutdownStatus, Status, SubmissionEntry};
+use tutti_driver::transport::wake::WAKE_PARKED;
 
 const ADMIN_QID: u16 = 0;
 /// NVMe 1.4.0 (§3.1.2).
@@ -30,7 +31,7 @@ const VERSION: u32 = 0x0001_0400;
 /// doorbells anyway: a doorbell written without [`wake_controller`] (a writer
 /// that does not know the wake word) is still served, this much later.
 ///
-/// [`wake_controller`]: super::regs::wake_controller
+/// [`wake_controller`]: tutti_driver::transport::wake::wake_controller
 const MAX_PARK: Duration = Duration::from_millis(2);
 /// The first parked wait of an idle spell; each next one doubles, to [`MAX_PARK`].
 const FIRST_PARK: Duration = Duration::from_micros(50);
@@ -205,8 +206,8 @@ struct Engine {
     pending: Vec<Pending>,
     features: Features,
     /// The cost model's transfer clocks: when the paced channels are next free.
-    cost: crate::emulated::cost::CostClock,
-    /// The configuration has no cost model ([`CostModel::is_free`](crate::emulated::CostModel::is_free)).
+    cost: crate::cost::CostClock,
+    /// The configuration has no cost model ([`CostModel::is_free`](crate::CostModel::is_free)).
     cost_free: bool,
     /// The IOMMU as the I/O command being executed sees it: scoped to the
     /// owner of its submission queue's memory.
@@ -233,7 +234,7 @@ impl Engine {
             cqs: (0..queues).map(|_| None).collect(),
             pending: Vec::new(),
             features,
-            cost: crate::emulated::cost::CostClock::new(Instant::now()),
+            cost: crate::cost::CostClock::new(Instant::now()),
             cost_free: shared.cfg.cost.is_free(),
             dma: DmaView::new(&shared.iommu),
             qmem: DmaView::new(&shared.iommu),
@@ -288,16 +289,16 @@ impl Engine {
     fn park(&mut self, timeout: Duration) -> bool {
         let shared = self.shared.clone();
         let wake = shared.regs.wake();
-        wake.store(super::regs::WAKE_PARKED, Ordering::SeqCst);
+        wake.store(WAKE_PARKED, Ordering::SeqCst);
         std::sync::atomic::fence(Ordering::SeqCst);
         if shared.stop.load(Ordering::Acquire) || self.step() {
             wake.store(0, Ordering::Relaxed);
             return true;
         }
         bump(&shared.counters.parks, 1);
-        crate::futex::wait(wake, super::regs::WAKE_PARKED, timeout);
+        tutti_driver::futex::wait(wake, WAKE_PARKED, timeout);
         // A writer that saw the word set swapped it to 0 (and woke us).
-        if wake.swap(0, Ordering::Relaxed) != super::regs::WAKE_PARKED {
+        if wake.swap(0, Ordering::Relaxed) != WAKE_PARKED {
             bump(&shared.counters.woken, 1);
         }
         false
@@ -442,12 +443,12 @@ impl Engine {
 
     /// An I/O command of SQ `qid`, its data moved through the IOMMU view of
     /// the SQ's owner: a client's command reaches only that client's memory.
-    /// (`crate::emulated::LOCAL_OWNER`'s queues are the owner process's own.)
+    /// (`crate::LOCAL_OWNER`'s queues are the owner process's own.)
     fn io_command_of(&mut self, qid: u16, sqe: &SubmissionEntry) -> Done {
         // The owner's own queues (in its own memory) reach every region: it
         // moves data for clients that have no queue pair of their own.
         let owner = self.sqs.get(qid as usize).and_then(Option::as_ref).and_then(|sq| sq.owner);
-        self.dma.set_scope(owner.filter(|&o| o != crate::emulated::LOCAL_OWNER));
+        self.dma.set_scope(owner.filter(|&o| o != crate::LOCAL_OWNER));
         self.io_command(sqe)
     }
 

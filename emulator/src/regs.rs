@@ -12,19 +12,25 @@
 //! mapping shorter under another one (which would raise SIGBUS there).
 //!
 //! One word of the file, [`WAKE_WORD`], lets the controller thread park
-//! instead of polling: it sets the word to [`WAKE_PARKED`] before its last look
+//! instead of polling: it sets the word to
+//! [`WAKE_PARKED`](tutti_driver::transport::wake::WAKE_PARKED) before its last look
 //! at the doorbells and then waits on it (a shared futex, so a client process
 //! ringing through its own mapping wakes it too). Every doorbell writer calls
 //! [`wake_controller`] after its store. The wait always has a timeout, so a
 //! writer that does not (an older client, a GPU) is served late, never lost.
+//! The writer's half of this protocol is the driver's
+//! ([`tutti_driver::transport::wake`]): its doorbells follow it, and each
+//! register file mapped in this process is registered there so that a writer
+//! holding only a doorbell's address finds the wake word.
 
-use crate::error::{DriverError, Result};
-use crate::spec::registers::{bar_len_for, offset};
-use crate::transport::{check_register, DoorbellKind, Registers};
 use memmap2::{MmapOptions, MmapRaw};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
+use tutti_driver::spec::registers::{bar_len_for, offset};
+use tutti_driver::transport::wake::{register_memory_bar, unregister_memory_bar, wake_controller};
+use tutti_driver::transport::{check_register, DoorbellKind, Registers};
+use tutti_driver::{DriverError, Result};
 
 /// The largest register file [`RegisterFile::from_fd`] maps: doorbells for
 /// 65535 queues at the largest stride the emulator supports, rounded up.
@@ -35,38 +41,6 @@ const PAGE: usize = 4096;
 /// Offset of the controller's wake word: the last dword of the command-set
 /// specific registers (0xF00..0x1000), which the NVM command set leaves unused.
 pub const WAKE_WORD: usize = 0xFFC;
-/// The wake word's value while the controller thread is parked (or about to).
-pub const WAKE_PARKED: u32 = 1;
-
-/// Called by a doorbell writer after its store (`wake` is the register file's
-/// [`WAKE_WORD`]): wakes the controller if it is parked. Costs a full fence and
-/// a load when it is not; the futex wake happens once per park.
-#[inline]
-pub fn wake_controller(wake: &AtomicU32) {
-    // Orders the doorbell store before the load (the controller orders its
-    // WAKE_PARKED store before its doorbell loads the same way): either it
-    // sees our doorbell or we see it parked.
-    std::sync::atomic::fence(Ordering::SeqCst);
-    if wake.load(Ordering::Relaxed) != 0 && wake.swap(0, Ordering::SeqCst) != 0 {
-        crate::futex::wake(wake);
-    }
-}
-
-/// Register files mapped in this process: (start address, length).
-static MAPPED: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
-
-/// The wake word of the emulated register file (mapped in this process) that
-/// `doorbell` lies in, for writers that only hold a doorbell's address (a GPU
-/// doorbell relay, the host executor's queue descriptors). `None` when the
-/// address is in no register file: a real BAR.
-pub fn wake_word_of(doorbell: *const u32) -> Option<NonNull<u32>> {
-    let a = doorbell as usize;
-    let mapped = MAPPED.lock().unwrap_or_else(|e| e.into_inner());
-    mapped
-        .iter()
-        .find(|&&(start, len)| a >= start && a < start + len)
-        .and_then(|&(start, _)| NonNull::new((start + WAKE_WORD) as *mut u32))
-}
 
 pub struct RegisterFile {
     name: String,
@@ -79,7 +53,7 @@ impl RegisterFile {
     /// new sealed memfd.
     pub fn new(name: &str, max_qid: u16, dstrd: u8) -> Result<Self> {
         let len = bar_len_for(max_qid, dstrd).next_multiple_of(PAGE);
-        let fd = crate::memfd::create_sealed(&format!("tutti-bar0-{name}"), len)
+        let fd = tutti_driver::memfd::create_sealed(&format!("tutti-bar0-{name}"), len)
             .map_err(|e| DriverError::io(format!("{name}: the register file's memfd"), e))?;
         Self::map(name, fd, len)
     }
@@ -98,7 +72,7 @@ impl RegisterFile {
                 bar_len_for(0, 0)
             )));
         }
-        crate::memfd::check_sealed(fd.as_fd(), len).map_err(bad)?;
+        tutti_driver::memfd::check_sealed(fd.as_fd(), len).map_err(bad)?;
         Self::map(name, fd, len)
     }
 
@@ -107,7 +81,13 @@ impl RegisterFile {
             .len(len)
             .map_raw(&fd)
             .map_err(|e| DriverError::io(format!("{name}: mapping the register file"), e))?;
-        MAPPED.lock().unwrap_or_else(|e| e.into_inner()).push((map.as_ptr() as usize, map.len()));
+        let start = map.as_ptr() as usize;
+        match NonNull::new((start + WAKE_WORD) as *mut u32) {
+            Some(wake) => register_memory_bar(start, map.len(), wake),
+            None => {
+                return Err(DriverError::invalid(format!("{name}: the register file mapped at address 0")))
+            }
+        }
         Ok(RegisterFile { name: name.to_string(), map, fd })
     }
 
@@ -157,7 +137,7 @@ impl RegisterFile {
 impl Drop for RegisterFile {
     fn drop(&mut self) {
         let start = self.map.as_ptr() as usize;
-        MAPPED.lock().unwrap_or_else(|e| e.into_inner()).retain(|&(s, _)| s != start);
+        unregister_memory_bar(start);
     }
 }
 

@@ -7,8 +7,8 @@
 //! (reads from a plain buffer).
 
 use super::iommu::IommuFault;
-use crate::spec::{SglDescriptor, SglKind, SglSupport, Status};
-use crate::transport::IovaSegment;
+use tutti_driver::spec::{SglDescriptor, SglKind, SglSupport, Status};
+use tutti_driver::transport::IovaSegment;
 
 /// At most this many SGL descriptors are read for one command; a longer (or
 /// looping) chain is refused with Invalid Number of SGL Descriptors.

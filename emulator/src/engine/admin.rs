@@ -1,13 +1,13 @@
 //! Admin commands (§5): Identify, features, and the I/O queues' life cycle.
 
 use super::{Cq, Done, Engine, QueueMem, Sq, VERSION};
-use crate::emulated::walk::walk_prp;
-use crate::spec::identify::{nidt, oncs, put_descriptor, set_ascii_field};
-use crate::spec::opcode::{cns, feature};
-use crate::spec::{
+use crate::walk::walk_prp;
+use tutti_driver::spec::identify::{nidt, oncs, put_descriptor, set_ascii_field};
+use tutti_driver::spec::opcode::{cns, feature};
+use tutti_driver::spec::{
     AdminOpcode, IdentifyController, IdentifyNamespace, LbaFormat, Psdt, Status, SubmissionEntry,
 };
-use crate::spec::{CQE_SIZE, SQE_SIZE};
+use tutti_driver::spec::{CQE_SIZE, SQE_SIZE};
 use zerocopy::IntoBytes;
 
 /// PCI vendor id reported in Identify Controller.

@@ -1,13 +1,13 @@
 //! NVM command set I/O commands (§6): Read, Write, Flush, Write Zeroes, Dataset Management.
 
 use super::{Done, Engine};
-use crate::emulated::config::NamespaceConfig;
-use crate::emulated::cost::Direction;
-use crate::emulated::media::MediaError;
-use crate::emulated::walk::{walk_prp_into, walk_sgl_into, SglPiece};
-use crate::spec::{IoOpcode, Psdt, Status, SubmissionEntry};
+use crate::config::NamespaceConfig;
+use crate::cost::Direction;
+use crate::media::MediaError;
+use crate::walk::{walk_prp_into, walk_sgl_into, SglPiece};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
+use tutti_driver::spec::{IoOpcode, Psdt, Status, SubmissionEntry};
 
 /// Flush with this NSID applies to every namespace (§6.8).
 const ALL_NAMESPACES: u32 = 0xffff_ffff;

@@ -1,11 +1,11 @@
 //! Queue state, command fetching and completion posting (§4.1, §4.6, §7.2).
 
 use super::{Done, Engine, Phase};
-use crate::spec::registers::{cq_head_doorbell, sq_tail_doorbell};
-use crate::spec::{CompletionEntry, Status, SubmissionEntry};
-use crate::spec::{CQE_SIZE, SQE_SIZE};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
+use tutti_driver::spec::registers::{cq_head_doorbell, sq_tail_doorbell};
+use tutti_driver::spec::{CompletionEntry, Status, SubmissionEntry};
+use tutti_driver::spec::{CQE_SIZE, SQE_SIZE};
 use zerocopy::IntoBytes;
 
 /// Commands taken from one SQ before the next SQ gets a turn.
@@ -30,7 +30,7 @@ impl QueueMem {
     }
 
     /// The owner of the region holding the queue's first entry.
-    pub(super) fn owner(&self, iommu: &crate::emulated::EmuIommu) -> Option<u64> {
+    pub(super) fn owner(&self, iommu: &crate::EmuIommu) -> Option<u64> {
         match self {
             QueueMem::Contiguous(base) => iommu.owner_of(*base),
             QueueMem::Pages(pages) => pages.first().and_then(|&p| iommu.owner_of(p)),
@@ -38,7 +38,7 @@ impl QueueMem {
     }
 
     /// Whether any of the queue's memory lies in another process's region.
-    pub(super) fn is_remote(&self, iommu: &crate::emulated::EmuIommu) -> bool {
+    pub(super) fn is_remote(&self, iommu: &crate::EmuIommu) -> bool {
         match self {
             QueueMem::Contiguous(base) => iommu.is_remote(*base),
             QueueMem::Pages(pages) => pages.iter().any(|&p| iommu.is_remote(p)),
@@ -198,7 +198,7 @@ impl Engine {
             busy = true;
             let trace = &self.shared.trace;
             if trace.on.load(Ordering::Relaxed) && trace.first_fetch_ns.load(Ordering::Relaxed) == 0 {
-                trace.first_fetch_ns.store(crate::emulated::monotonic_ns(), Ordering::Release);
+                trace.first_fetch_ns.store(crate::monotonic_ns(), Ordering::Release);
             }
             if let Some(done) = self.execute(qid, &sqe) {
                 self.complete(qid, cqid, sqe.cid(), done);
@@ -297,7 +297,7 @@ impl Engine {
             .dma_write(addr, &entry.as_bytes()[..12])
             .and_then(|()| iommu.dma_store_u32(addr + 12, entry.dw3));
         if self.shared.trace.on.load(Ordering::Relaxed) {
-            self.shared.trace.last_post_ns.store(crate::emulated::monotonic_ns(), Ordering::Release);
+            self.shared.trace.last_post_ns.store(crate::monotonic_ns(), Ordering::Release);
         }
         if written.is_err() {
             let why = format!("cannot write CQ {cqid} entry at {addr:#x}");
