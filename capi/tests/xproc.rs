@@ -23,8 +23,7 @@ use std::time::{Duration, Instant};
 use tutti::*;
 use tutti_daemon::arbitration::{Word, MAX_SLOTS};
 use tutti_daemon::Daemon;
-use tutti_driver::emulated::{CostModel, EmulatedConfig, MixedModel, NamespaceConfig};
-use tutti_objstore::{Dtype, Geometry, OpenMode, PoolOptions};
+use tutti_driver::emulated::{CostModel, MixedModel};
 
 const BLOCKS: u32 = 8;
 /// Set in a child: `<role> <socket>`.
@@ -37,33 +36,13 @@ const LOAD_SEED: u8 = 0x21;
 /// A tuttid on 2 slow emulated drives whose cost model collapses (and counts) transfers that
 /// run while the other direction is in flight on the drive.
 fn slow_daemon(tag: &str) -> (Daemon, std::path::PathBuf) {
-    let dir = std::env::temp_dir().join(format!("tutti-xproc-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let g = Geometry { layers: LAYERS, kv_heads: 2, head_dim: 64, tokens_per_block: TPB, dtype: Dtype::Bf16 };
     let cost = CostModel {
         read_bytes_per_sec: Some(20_000_000),
         write_bytes_per_sec: Some(10_000_000),
         mixed: Some(MixedModel { efficiency: 0.5, read_share: 0.5 }),
         ..CostModel::default()
     };
-    let drives = (0..2)
-        .map(|i| EmulatedConfig {
-            name: format!("emu{i}"),
-            serial: format!("XPROC-{tag}-{i}"),
-            namespaces: vec![NamespaceConfig::with_bytes(16 << 20, 512)],
-            cost: cost.clone(),
-            ..EmulatedConfig::default()
-        })
-        .collect();
-    let d = Daemon::start(tutti_daemon::DaemonConfig {
-        socket: dir.join("tuttid.sock"),
-        mode: tutti_daemon::SocketMode::Owner,
-        drives: tutti_daemon::DriveSource::Emulated(drives),
-        pool: PoolOptions::new(g, OpenMode::Create),
-        io_timeout: Duration::from_secs(2),
-    })
-    .expect("tuttid starts");
-    (d, dir)
+    start_daemon_with(&format!("xproc-{tag}"), cost)
 }
 
 fn connect(socket: &str, name: &str) -> Rt {
