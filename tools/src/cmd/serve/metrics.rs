@@ -413,6 +413,13 @@ impl Collector for Snapshot {
         )?;
         counter(
             &mut e,
+            "client_reports_restarted",
+            "Client reports whose counters went back; the client's earlier report stays counted.",
+            None,
+            m.reports_restarted,
+        )?;
+        counter(
+            &mut e,
             "loaded",
             "KV bytes clients loaded successfully (clients' reports).",
             bytes,
