@@ -139,7 +139,7 @@ fn the_exposition_counts_what_the_clients_did_and_promtool_finds_nothing_wrong()
         );
         assert!(!ok || !said.trim().is_empty(), "promtool accepted a counter typed as a gauge");
     } else {
-        skip::skip("promtool is not installed (Debian: apt-get install prometheus)");
+        skip::skip("no promtool on PATH (scripts/setup-prometheus puts it in ~/.cache/tutti/prometheus/bin; scripts/test adds that to PATH)");
     }
 
     // Anything but GET /metrics is answered, not served.
@@ -154,7 +154,7 @@ fn the_exposition_counts_what_the_clients_did_and_promtool_finds_nothing_wrong()
 fn a_real_prometheus_scrapes_tuttid_and_answers_a_query_through_its_api() {
     if !have("prometheus") {
         return skip::skip(
-            "prometheus is not installed (Debian: apt-get install --no-install-recommends prometheus)",
+            "no prometheus on PATH (scripts/setup-prometheus puts it in ~/.cache/tutti/prometheus/bin; scripts/test adds that to PATH)",
         );
     }
     let dir = TempDir::new("prom");

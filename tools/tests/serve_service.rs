@@ -141,6 +141,13 @@ fn a_config_file_sets_the_flags_a_given_flag_wins_and_mistakes_name_their_key() 
     let serve = Serve::start(c);
     assert_eq!(serve.socket(), dir.join("c.sock"));
     assert_eq!(serve.hello["serve_flags"], FLAGS);
+    // `tutti status` works against it as against any other.
+    let st = status_json(&serve.socket());
+    assert_eq!(
+        (st["pid"].as_i64(), st["geometry"]["head_dim"].as_u64()),
+        (Some(serve.pid() as i64), Some(64)),
+        "{st}"
+    );
     assert!(serve.hello["metrics"].as_str().unwrap().starts_with("http://127.0.0.1:"), "{}", serve.hello);
     assert!(serve.terminate().success());
 
