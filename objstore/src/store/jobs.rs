@@ -253,22 +253,28 @@ impl KvStore {
         let d = per_drive.len();
         if d > 0 && job.residues.len() == d {
             let layer = job.layers.start + i as u32;
-            let mut objects = vec![0u64; d];
-            for j in [2 * layer, 2 * layer + 1] {
-                for (r, n) in job.residues.iter().enumerate() {
-                    objects[(r + j as usize) % d] += *n as u64;
+            // Drive `at` holds the K objects of the pairs whose file ≡ at - 2·layer (mod d), and
+            // the V objects of those whose file ≡ at - 2·layer - 1.
+            let (k, v) = ((2 * layer as usize) % d, (2 * layer as usize + 1) % d);
+            let of =
+                |at: usize| job.residues[(at + d - k) % d] as u64 + job.residues[(at + d - v) % d] as u64;
+            if outcome.failed.is_empty() {
+                for (at, counter) in per_drive.iter().enumerate() {
+                    counter.fetch_add(of(at) * obj, Ordering::Relaxed);
                 }
-            }
-            for (p, _) in &outcome.failed {
-                if let Some(pair) = job.pairs.get(*p as usize) {
-                    for j in [2 * layer, 2 * layer + 1] {
-                        let at = self.map.drive_of(pair.file, j) as usize;
-                        objects[at] = objects[at].saturating_sub(1);
+            } else {
+                let mut objects: Vec<u64> = (0..d).map(of).collect();
+                for (p, _) in &outcome.failed {
+                    if let Some(pair) = job.pairs.get(*p as usize) {
+                        for j in [2 * layer, 2 * layer + 1] {
+                            let at = self.map.drive_of(pair.file, j) as usize;
+                            objects[at] = objects[at].saturating_sub(1);
+                        }
                     }
                 }
-            }
-            for (counter, n) in per_drive.iter().zip(objects) {
-                counter.fetch_add(n * obj, Ordering::Relaxed);
+                for (counter, n) in per_drive.iter().zip(objects) {
+                    counter.fetch_add(n * obj, Ordering::Relaxed);
+                }
             }
         }
         c.layers.fetch_add(1, Ordering::Relaxed);
