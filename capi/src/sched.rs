@@ -35,6 +35,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 use std::sync::{Arc, Mutex};
 use tutti_daemon::arbitration::SharedArbitration;
+use tutti_objstore::report::GateWaits;
 use tutti_objstore::{Admit, Direction, GateUnit, IoGate, JobId, StoreAdmission};
 use tutti_scheduler::{
     Arbiter, ArbiterConfig, ArbiterStats, BacklogFull, Decision, DriveCounts, IoKind, IoRates, Mode,
@@ -193,6 +194,21 @@ pub(crate) struct SchedGate {
     arbiter: Mutex<Arbiter>,
     /// The daemon's arbitration board, for a client of tuttid.
     board: OnceLock<Arc<SharedArbitration>>,
+    /// The waits of arbiters that `tutti_sched_configure` replaced, so that
+    /// [`IoGate::waits`] never goes down (tuttid adds up its clients' reports).
+    retired: Mutex<GateWaits>,
+}
+
+/// An arbiter's waits, as reports count them.
+fn arbiter_waits(a: &Arbiter) -> GateWaits {
+    let s = a.stats();
+    GateWaits {
+        reads_for_writes: s.read_waits,
+        writes_for_reads: s.write_waits_for_reads,
+        writes_for_slack: s.write_waits_for_slack,
+        cross_process: s.xproc_waits,
+        ..GateWaits::default()
+    }
 }
 
 /// The other clients of the daemon, as the arbiter sees them: its counts go to this process's
@@ -308,7 +324,7 @@ impl SchedGate {
     /// The default: arbitration only, until the engine configures more.
     pub(crate) fn new(drives: usize, layers: u32, object_bytes: u64) -> Result<SchedGate> {
         let arbiter = arbiter_from(&tutti_sched_config_t::default(), drives, layers, object_bytes)?;
-        Ok(SchedGate { arbiter: Mutex::new(arbiter), board: OnceLock::new() })
+        Ok(SchedGate { arbiter: Mutex::new(arbiter), board: OnceLock::new(), retired: Mutex::default() })
     }
 
     /// Arbitrates with the other clients of a tuttid through its board, from now on.
@@ -380,6 +396,22 @@ impl IoGate for SchedGate {
             a.forget(job);
         }
     }
+
+    fn waits(&self) -> GateWaits {
+        let mut w = self.arbiter.lock().map(|a| arbiter_waits(&a)).unwrap_or_default();
+        if let Ok(r) = self.retired.lock() {
+            w.reads_for_writes += r.reads_for_writes;
+            w.writes_for_reads += r.writes_for_reads;
+            w.writes_for_slack += r.writes_for_slack;
+            w.cross_process += r.cross_process;
+        }
+        if let Some(b) = self.board.get() {
+            let bs = b.stats();
+            w.stale_marks = bs.stale_words;
+            w.stale_skips = bs.stale_skips;
+        }
+        w
+    }
 }
 
 /// Configures the runtime's scheduler (see `tutti_sched_config_t`). Only while no job of the
@@ -407,11 +439,19 @@ pub unsafe extern "C" fn tutti_sched_configure(
         }
         let mode = arbiter.config().mode;
         let mut arbiter = arbiter;
-        rt.sched.with(|a| {
+        let old = rt.sched.with(|a| {
             // The board slot stays with the runtime (no unit in flight: its counts are 0).
             arbiter.set_peers(a.peers().cloned());
-            *a = arbiter
+            let old = arbiter_waits(a);
+            *a = arbiter;
+            old
         })?;
+        let mut retired = lock(&rt.sched.retired, "scheduler")?;
+        retired.reads_for_writes += old.reads_for_writes;
+        retired.writes_for_reads += old.writes_for_reads;
+        retired.writes_for_slack += old.writes_for_slack;
+        retired.cross_process += old.cross_process;
+        drop(retired);
         tracing::info!(%mode, "scheduler configured");
         Ok(TUTTI_OK)
     })

@@ -180,6 +180,8 @@ struct HoldCounts {
     holds: AtomicU64,
     stale_marks: AtomicU64,
     stale_skips: AtomicU64,
+    waits: AtomicU64,
+    wait_ns: AtomicU64,
 }
 
 /// What the daemon's metadata holds met on the board.
@@ -192,6 +194,12 @@ pub struct HoldStats {
     pub stale_marks: u64,
     /// Holds that skipped a client marked stale instead of waiting for its reads.
     pub stale_skips: u64,
+    /// Holds that found a client's reads in flight and waited for them (or for the deadline).
+    #[serde(default)]
+    pub waits: u64,
+    /// Time those holds waited, ns.
+    #[serde(default)]
+    pub wait_ns: u64,
 }
 
 /// A client whose row the daemon sees stuck.
@@ -312,6 +320,7 @@ impl Board {
         let start = Instant::now();
         let mut spins = 0u32;
         let mut skipped = false;
+        let mut waited = false;
         loop {
             let blocked = self.in_meta.lock().unwrap_or_else(|p| p.into_inner()).clone();
             let reading: Vec<usize> = (0..self.slots)
@@ -331,6 +340,7 @@ impl Board {
             if live.is_empty() {
                 break;
             }
+            waited = true;
             if now.duration_since(start) >= within {
                 for slot in live {
                     self.mark_waited_out(slot, now);
@@ -352,6 +362,11 @@ impl Board {
         }
         if skipped {
             self.counts.stale_skips.fetch_add(1, Ordering::Relaxed);
+        }
+        if waited {
+            self.counts.waits.fetch_add(1, Ordering::Relaxed);
+            let ns = start.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+            self.counts.wait_ns.fetch_add(ns, Ordering::Relaxed);
         }
         MetaHold { board: self, caller, _one: one }
     }
@@ -419,6 +434,8 @@ impl Board {
             holds: c.holds.load(Ordering::Relaxed),
             stale_marks: c.stale_marks.load(Ordering::Relaxed),
             stale_skips: c.stale_skips.load(Ordering::Relaxed),
+            waits: c.waits.load(Ordering::Relaxed),
+            wait_ns: c.wait_ns.load(Ordering::Relaxed),
         }
     }
 
@@ -804,24 +821,26 @@ mod tests {
         c.publish(1, 3, 0, 0);
         let within = Duration::from_millis(50);
         drop(board.hold_for_metadata(None, within));
-        assert_eq!(board.hold_stats(), HoldStats { holds: 1, stale_marks: 1, stale_skips: 0 });
+        let counts = |h: HoldStats| (h.holds, h.stale_marks, h.stale_skips, h.waits);
+        assert_eq!(counts(board.hold_stats()), (1, 1, 0, 1), "the first hold waited");
+        assert!(board.hold_stats().wait_ns >= within.as_nanos() as u64, "{:?}", board.hold_stats());
         // Stuck still: the next holds go without waiting, and say they skipped it.
         for _ in 0..5 {
             drop(board.hold_for_metadata(None, Duration::from_secs(600)));
         }
-        assert_eq!(board.hold_stats(), HoldStats { holds: 6, stale_marks: 1, stale_skips: 5 });
+        assert_eq!(counts(board.hold_stats()), (6, 1, 5, 1), "skips do not wait");
         let stale = board.stale();
         assert_eq!(stale.len(), 1);
         assert!(stale[0].slot == c.slot() && stale[0].skipped_by_holds, "{stale:?}");
         // It makes progress: its row changed, so the next hold waits for it again.
         c.publish(1, 2, 0, 0);
         drop(board.hold_for_metadata(None, within));
-        assert_eq!(board.hold_stats(), HoldStats { holds: 7, stale_marks: 2, stale_skips: 5 });
+        assert_eq!(counts(board.hold_stats()), (7, 2, 5, 2));
         c.publish(0, 0, 0, 0);
         c.publish(1, 0, 0, 0);
         board.observe();
         assert!(board.stale().is_empty());
         drop(board.hold_for_metadata(None, Duration::from_secs(600)));
-        assert_eq!(board.hold_stats(), HoldStats { holds: 8, stale_marks: 2, stale_skips: 5 });
+        assert_eq!(counts(board.hold_stats()), (8, 2, 5, 2), "nothing to wait for");
     }
 }

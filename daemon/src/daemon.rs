@@ -40,6 +40,16 @@ pub struct DaemonConfig {
 /// a stuck client's row has not changed.
 const BOARD_LOOK: Duration = Duration::from_millis(200);
 
+/// Takes metrics snapshots of a running daemon (see [`Daemon::metrics_source`]).
+#[derive(Clone)]
+pub struct MetricsSource(Arc<Service>);
+
+impl MetricsSource {
+    pub fn snapshot(&self) -> crate::metrics::MetricsReport {
+        self.0.metrics()
+    }
+}
+
 /// A running daemon. Dropping it stops it (clients get errors, not hangs).
 pub struct Daemon {
     service: Arc<Service>,
@@ -142,6 +152,18 @@ impl Daemon {
 
     pub fn status(&self) -> StatusReport {
         self.service.status()
+    }
+
+    /// The status report and the counters `tutti serve --metrics` exports.
+    pub fn metrics(&self) -> crate::metrics::MetricsReport {
+        self.service.metrics()
+    }
+
+    /// A handle that takes [`metrics`](Self::metrics) snapshots from another thread (a
+    /// metrics endpoint). Stop whatever holds it before stopping the daemon: the daemon's
+    /// state is dropped with the last handle.
+    pub fn metrics_source(&self) -> MetricsSource {
+        MetricsSource(self.service.clone())
     }
 
     /// Whether the accept loop has ended (it ends only when stopped or on a fatal error).

@@ -23,6 +23,7 @@ pub mod client;
 mod conn;
 mod daemon;
 pub mod error;
+pub mod metrics;
 pub mod peer;
 pub mod proto;
 pub mod remote;
@@ -31,7 +32,7 @@ mod service;
 pub mod wire;
 
 pub use client::Connection;
-pub use daemon::{Daemon, DaemonConfig, DriveSource};
+pub use daemon::{Daemon, DaemonConfig, DriveSource, MetricsSource};
 pub use error::{DaemonError, Result};
 pub use peer::{AccessPolicy, PeerCred};
 pub use server::{Handler, Server, SocketMode};

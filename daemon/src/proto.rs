@@ -10,7 +10,10 @@ use serde::{Deserialize, Serialize};
 use tutti_driver::controller::ControllerInfo;
 use tutti_objstore::io::proxy::LayoutSpec;
 use tutti_objstore::io::{Direction, LayerOutcome, Pair};
-use tutti_objstore::{BlockHash, ControlStats, FileId, IdentityId, Lookup, PoolShape, Reserved, Verdict};
+use tutti_objstore::{
+    BlockHash, ControlStats, DataPathReport, FileId, Geometry, IdentityId, Lookup, PoolShape, Reserved,
+    Verdict,
+};
 
 /// Bumped on any change a peer of the other version would misread. 2: the per-drive
 /// arbitration board ([`Request::Arbitration`]); a client of 1 would put reads and writes on a
@@ -108,6 +111,10 @@ pub enum Request {
     },
     EndLoad {
         files: Vec<FileId>,
+        /// The client's data-path counters as of now (see `tutti_objstore::report`): they ride
+        /// on the calls that end a load or a store, so reporting costs no round trip.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        report: Option<Box<DataPathReport>>,
     },
     Reserve {
         identity: IdentityId,
@@ -116,6 +123,9 @@ pub enum Request {
     Settle {
         id: u64,
         verdicts: Vec<Verdict>,
+        /// As for [`Request::EndLoad`].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        report: Option<Box<DataPathReport>>,
     },
     Stats,
     Status,
@@ -193,6 +203,18 @@ pub enum ErrorKind {
     Io,
     /// The request came before `Hello`, or with a protocol this daemon does not speak.
     Protocol,
+}
+
+impl ErrorKind {
+    /// The kind's name in reports and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::Invalid => "invalid",
+            ErrorKind::Busy => "busy",
+            ErrorKind::Io => "io",
+            ErrorKind::Protocol => "protocol",
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -284,6 +306,9 @@ pub struct StatusReport {
     /// What tuttid's own metadata writes met on the arbitration board.
     #[serde(default)]
     pub arbitration: crate::arbitration::HoldStats,
+    /// The pool's KV geometry (what its drives were formatted for).
+    #[serde(default)]
+    pub geometry: Option<Geometry>,
 }
 
 /// A client whose arbitration row has held I/O without changing (stopped, hung, or broken):
@@ -318,6 +343,13 @@ pub struct EmulatedIo {
     pub commands: u64,
     /// Commands its cost model ran with reads and writes on the drive together.
     pub mixed_commands: u64,
+    /// Bytes its media gave (reads) and took (writes), and commands completed with an error.
+    #[serde(default)]
+    pub bytes_read: u64,
+    #[serde(default)]
+    pub bytes_written: u64,
+    #[serde(default)]
+    pub errors: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

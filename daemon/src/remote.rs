@@ -29,8 +29,8 @@ use tutti_driver::DriverError;
 use tutti_emulator::RegisterFile;
 use tutti_objstore::io::{Direction, LayerOutcome, Pair};
 use tutti_objstore::{
-    Backend, BlockHash, ControlStats, DriveSpec, FileId, Geometry, IdentityId, KvStore, Lookup, ObjError,
-    PoolControl, Reserved, Verdict,
+    Backend, BlockHash, ControlStats, DataPathReport, DriveSpec, FileId, Geometry, IdentityId, KvStore,
+    Lookup, ObjError, PoolControl, Reserved, Verdict,
 };
 
 /// How long a control request may take before the client gives up on the daemon.
@@ -271,11 +271,21 @@ impl DmaBroker for VfioMaps {
 /// The pool's control path, over the socket.
 pub struct RemotePool {
     client: Arc<Client>,
+    /// The store's latest data-path counters, sent with the next end-load or settle.
+    report: Mutex<Option<Box<DataPathReport>>>,
 }
 
 impl RemotePool {
+    fn new(client: Arc<Client>) -> RemotePool {
+        RemotePool { client, report: Mutex::new(None) }
+    }
+
     fn ask(&self, req: Request) -> tutti_objstore::Result<Response> {
         self.client.call(req).map_err(obj_err)
+    }
+
+    fn take_report(&self) -> Option<Box<DataPathReport>> {
+        self.report.lock().ok().and_then(|mut r| r.take())
     }
 }
 
@@ -299,7 +309,7 @@ impl PoolControl for RemotePool {
         self.ask(Request::BeginLoad { identity, files: files.to_vec() }).map(|_| ())
     }
     fn end_load(&self, files: &[FileId]) -> tutti_objstore::Result<()> {
-        self.ask(Request::EndLoad { files: files.to_vec() }).map(|_| ())
+        self.ask(Request::EndLoad { files: files.to_vec(), report: self.take_report() }).map(|_| ())
     }
     fn reserve(
         &self,
@@ -316,7 +326,7 @@ impl PoolControl for RemotePool {
         id: u64,
         verdicts: &[Verdict],
     ) -> tutti_objstore::Result<Vec<std::result::Result<(), String>>> {
-        match self.ask(Request::Settle { id, verdicts: verdicts.to_vec() })? {
+        match self.ask(Request::Settle { id, verdicts: verdicts.to_vec(), report: self.take_report() })? {
             Response::Settled(r) if r.len() == verdicts.len() => Ok(r),
             r => Err(obj_err(unexpected("settle", &r))),
         }
@@ -329,6 +339,14 @@ impl PoolControl for RemotePool {
     }
     fn gone(&self) -> Option<String> {
         self.client.lost().map(|e| e.to_string())
+    }
+    fn wants_reports(&self) -> bool {
+        true
+    }
+    fn report(&self, report: DataPathReport) {
+        if let Ok(mut r) = self.report.lock() {
+            *r = Some(Box::new(report));
+        }
     }
 }
 
@@ -426,7 +444,7 @@ pub fn connect_control(
             Ok((&ctrl.info, nsid))
         })
         .collect::<Result<Vec<_>>>()?;
-    let control: Arc<dyn PoolControl> = Arc::new(RemotePool { client: client.clone() });
+    let control: Arc<dyn PoolControl> = Arc::new(RemotePool::new(client.clone()));
     Ok(KvStore::attach_control(&drives, pool.shape.clone(), control)?)
 }
 
@@ -435,7 +453,14 @@ fn check_geometry(pool: &PoolReply, want: Option<&Geometry>) -> Result<()> {
     match want {
         Some(g) if *g != pool.shape.geometry => Err(DaemonError::Obj(ObjError::Invalid {
             field: "geometry",
-            what: format!("the daemon's pool is formatted for {}, this process has {g}", pool.shape.geometry),
+            what: format!(
+                "the daemon's pool is formatted for {} (`tutti serve {}`), this process has {g}: \
+                 its KV needs a tuttid started with `tutti serve {}` on other drives or another pool \
+                 directory (under tensor parallelism the KV heads are per rank)",
+                pool.shape.geometry,
+                pool.shape.geometry.serve_flags(),
+                g.serve_flags()
+            ),
         })),
         _ => Ok(()),
     }
@@ -476,7 +501,7 @@ fn open(
     } else {
         None
     };
-    let control: Arc<dyn PoolControl> = Arc::new(RemotePool { client: client.clone() });
+    let control: Arc<dyn PoolControl> = Arc::new(RemotePool::new(client.clone()));
     let starved = ctrls.iter().find(|c| c.free_io_queue_pairs() == 0);
     if let (Some(c), Backend::Gio(g)) = (starved, backend) {
         if matches!(g.executor, tutti_objstore::GioExecutor::Cuda(_)) {

@@ -70,6 +70,8 @@ pub(crate) struct Service {
     next_client: AtomicU64,
     /// The per-drive arbitration board the clients share.
     board: Board,
+    /// What `tutti serve --metrics` exports beyond the status report.
+    counters: crate::metrics::Counters,
 }
 
 fn err(kind: ErrorKind, message: impl Into<String>) -> Response {
@@ -115,6 +117,7 @@ impl Service {
             proxies: Mutex::new(HashMap::new()),
             next_client: AtomicU64::new(1),
             board,
+            counters: crate::metrics::Counters::default(),
         })
     }
 
@@ -311,13 +314,29 @@ impl Service {
                         name: s.ctrl.name().to_string(),
                         commands: st.commands,
                         mixed_commands: st.mixed_commands,
+                        bytes_read: st.bytes_read,
+                        bytes_written: st.bytes_written,
+                        errors: st.errors,
                     })
                 })
                 .collect(),
             clients: list,
             waiting_for_hello,
             arbitration: self.board.hold_stats(),
+            geometry: Some(self.pool.shape().geometry),
         }
+    }
+
+    /// The status report and the counters of `tutti serve --metrics`.
+    pub fn metrics(&self) -> crate::metrics::MetricsReport {
+        let drives = self
+            .drives
+            .iter()
+            .map(|&(c, ns)| {
+                (self.ctrls.get(c as usize).map_or("?".into(), |s| s.ctrl.name().to_string()), ns)
+            })
+            .collect();
+        self.counters.snapshot(self.status(), Some(self.pool.shape().geometry), drives)
     }
 
     fn pool_reply(&self) -> Result<(Response, Vec<OwnedFd>), Response> {
@@ -555,6 +574,7 @@ impl Service {
             Request::Lookup { identity, hashes } => {
                 cap("hashes", hashes.len(), MAX_HASHES)?;
                 let found = self.pool.lookup(identity, &hashes).map_err(from_obj)?;
+                self.counters.lookup(hashes.len(), found.files.len());
                 if found.pin != 0 {
                     self.with_client(client, |c| c.pins.insert(found.pin));
                 }
@@ -577,6 +597,7 @@ impl Service {
             Request::BeginLoad { identity, files } => {
                 cap("files", files.len(), MAX_FILES)?;
                 self.pool.begin_load(identity, &files).map_err(from_obj)?;
+                self.counters.load_references.fetch_add(files.len() as u64, Ordering::Relaxed);
                 self.with_client(client, |c| {
                     for f in &files {
                         *c.loads.entry(*f).or_default() += 1;
@@ -584,7 +605,10 @@ impl Service {
                 });
                 ok(Response::Ok)
             }
-            Request::EndLoad { files } => {
+            Request::EndLoad { files, report } => {
+                if let Some(r) = report {
+                    self.counters.report(client, *r, self.drives.len());
+                }
                 cap("files", files.len(), MAX_FILES)?;
                 // Only references this client holds, all or nothing.
                 let held = self
@@ -711,7 +735,10 @@ impl Service {
                 let mut h = host.lock().map_err(|_| err(ErrorKind::Io, "proxy state poisoned"))?;
                 ok(Response::Outcome(h.poll(token).map_err(from_obj)?))
             }
-            Request::Settle { id, verdicts } => {
+            Request::Settle { id, verdicts, report } => {
+                if let Some(r) = report {
+                    self.counters.report(client, *r, self.drives.len());
+                }
                 let news = self.with_client(client, |c| c.reservations.get(&id).copied()).flatten();
                 let Some(news) = news else {
                     return Err(invalid(format!("reservation {id} is not this client's")));
@@ -898,10 +925,14 @@ impl Handler for Service {
             );
         }
         let name = req.name();
+        self.counters.request(name);
         match self.handle(client, peer, req) {
             Ok(r) => r,
             Err(e) => {
                 tracing::debug!(client, request = name, reply = ?e, "request refused");
+                if let Response::Error { kind, .. } = &e {
+                    self.counters.error(kind.name());
+                }
                 (e, Vec::new())
             }
         }
@@ -931,6 +962,7 @@ impl Handler for Service {
         if let Some(state) = state {
             self.release(client, state);
         }
+        self.counters.departed(client);
         self.clients().remove(&client);
     }
 }

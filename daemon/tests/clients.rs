@@ -529,11 +529,15 @@ fn malformed_and_foreign_requests_get_clear_errors_and_the_daemon_goes_on() {
     let id = IdentityId(7);
     refused(call(&Request::Unpin { pin: 12345 }), ErrorKind::Invalid, "pin 12345");
     refused(
-        call(&Request::Settle { id: 99, verdicts: vec![Verdict::Commit] }),
+        call(&Request::Settle { id: 99, verdicts: vec![Verdict::Commit], report: None }),
         ErrorKind::Invalid,
         "reservation 99",
     );
-    refused(call(&Request::EndLoad { files: vec![0] }), ErrorKind::Invalid, "no load reference");
+    refused(
+        call(&Request::EndLoad { files: vec![0], report: None }),
+        ErrorKind::Invalid,
+        "no load reference",
+    );
     refused(call(&Request::BeginLoad { identity: id, files: vec![0] }), ErrorKind::Invalid, "file 0");
     refused(call(&Request::Map { ctrl: 9, addr: 4096, len: 4096 }), ErrorKind::Invalid, "controller 9");
     refused(call(&Request::Map { ctrl: 0, addr: 4096, len: 0 }), ErrorKind::Invalid, "empty");
@@ -600,19 +604,27 @@ fn malformed_and_foreign_requests_get_clear_errors_and_the_daemon_goes_on() {
         panic!()
     };
     assert_eq!(entries.len(), 2);
-    refused(call(&Request::Settle { id: rid, verdicts: vec![] }), ErrorKind::Invalid, "2 new files");
+    refused(
+        call(&Request::Settle { id: rid, verdicts: vec![], report: None }),
+        ErrorKind::Invalid,
+        "2 new files",
+    );
     // Another client cannot touch it.
     let other = tutti_daemon::Connection::connect(daemon.socket(), t).unwrap();
     let hello = Request::Hello { protocol: tutti_daemon::proto::PROTOCOL, name: "other".into() };
     let _: (Response, _) = other.call(&hello, &[], t).unwrap();
     let (r, _): (Response, _) = other
-        .call(&Request::Settle { id: rid, verdicts: vec![Verdict::Commit, Verdict::Commit] }, &[], t)
+        .call(
+            &Request::Settle { id: rid, verdicts: vec![Verdict::Commit, Verdict::Commit], report: None },
+            &[],
+            t,
+        )
         .unwrap();
     refused(r, ErrorKind::Invalid, "not this client's");
     drop(other);
     // The owner gives it up; nothing became visible.
     assert!(matches!(
-        call(&Request::Settle { id: rid, verdicts: vec![Verdict::GiveUp, Verdict::GiveUp] }),
+        call(&Request::Settle { id: rid, verdicts: vec![Verdict::GiveUp, Verdict::GiveUp], report: None }),
         Response::Settled(_)
     ));
     let s = daemon.status();

@@ -339,6 +339,7 @@ fn a_reused_slot_is_never_read_stale() {
     let stats = rig.ring.staging_stats(table).unwrap();
     assert!(stats.waits > 0, "the three slots were contended: {stats:?}");
     assert_eq!(stats.withheld, 0);
+    assert_eq!(stats.in_use_now, 0, "every slot is back in the free ring between layers: {stats:?}");
 }
 
 /// Reads layer 0 with drive 1's next read made to vanish (`drop_next`) or to run late
@@ -357,6 +358,7 @@ fn lose_one_read(rig: &Rig, table: TableId, late: Option<Duration>) {
     assert_eq!(statuses, vec![IoStatus::CompletionTimeout]);
     let stats = rig.ring.staging_stats(table).unwrap();
     assert_eq!((stats.withheld, stats.withheld_now), (1, 1), "{stats:?}");
+    assert_eq!(stats.in_use_now, 0, "the withheld slot is not counted as in use: {stats:?}");
 }
 
 #[test]

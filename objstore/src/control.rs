@@ -98,4 +98,13 @@ pub trait PoolControl: Send + Sync {
     fn gone(&self) -> Option<String> {
         None
     }
+    /// Whether the owner collects the store's data-path counters: a client's store then
+    /// hands its [`DataPathReport`](crate::report::DataPathReport) to
+    /// [`report`](Self::report) just before each `end_load` and `settle` (once per finished
+    /// load job and per store). An owner in this process sees the store itself: no.
+    fn wants_reports(&self) -> bool {
+        false
+    }
+    /// The store's counters as of now, to go to the owner with the next call.
+    fn report(&self, _report: crate::report::DataPathReport) {}
 }

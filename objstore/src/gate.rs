@@ -46,4 +46,8 @@ pub trait IoGate: Send + Sync {
     fn finished(&self, job: JobId, layer: u32);
     /// The job is done or gone: whatever the gate keeps for it goes.
     fn forget(&self, job: JobId);
+    /// Times it held units back, by reason, since it was made (for reports).
+    fn waits(&self) -> crate::report::GateWaits {
+        crate::report::GateWaits::default()
+    }
 }

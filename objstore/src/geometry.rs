@@ -173,6 +173,17 @@ impl Geometry {
     }
 }
 
+impl Geometry {
+    /// The `tutti serve` (and `tutti demo`) flags that describe this geometry, for messages
+    /// that tell an operator how to start a daemon that matches.
+    pub fn serve_flags(&self) -> String {
+        format!(
+            "--layers {} --kv-heads {} --head-dim {} --block-tokens {} --dtype {}",
+            self.layers, self.kv_heads, self.head_dim, self.tokens_per_block, self.dtype
+        )
+    }
+}
+
 impl std::fmt::Display for Geometry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(

@@ -19,6 +19,7 @@ mod mapped;
 pub mod memory;
 pub mod pool;
 pub mod registration;
+pub mod report;
 pub mod store;
 pub mod stripe;
 pub mod superblock;
@@ -37,6 +38,7 @@ pub use local::LocalPool;
 pub use memory::HostKvMemory;
 pub use pool::{OpenMode, PoolOptions};
 pub use registration::{DataPath, KvMemoryKind, TableSizes};
+pub use report::DataPathReport;
 pub use store::{
     thread_cpu_ns, Backend, JobId, JobStatus, KvStore, Lookup, PoolInfo, StoreId, StoreOptions, StoreReport,
     StoreStats,

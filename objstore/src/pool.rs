@@ -151,7 +151,13 @@ impl Pool {
         let pool = sb.pool_name();
         let perr = |what: String| ObjError::Pool { pool: pool.clone(), what };
         if sb.geometry != opts.geometry {
-            return Err(perr(format!("formatted for {}, opened for {}", sb.geometry, opts.geometry)));
+            return Err(perr(format!(
+                "formatted for {}, opened for {}: `tutti serve {}` opens it (another geometry needs \
+                 other drives or another pool directory, or `--open create` to reformat, losing its contents)",
+                sb.geometry,
+                opts.geometry,
+                sb.geometry.serve_flags()
+            )));
         }
         let shapes: Vec<DriveShape> = drives.iter().map(|d| d.shape).collect();
         let map = StripeMap::new(&opts.geometry, &shapes, sb.journal_pages)?.with_files(sb.files)?;

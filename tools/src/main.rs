@@ -8,7 +8,8 @@ mod plot;
 mod progress;
 mod report;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use std::ffi::OsString;
 
 #[derive(Parser)]
 #[command(
@@ -50,8 +51,68 @@ enum Command {
     Bench(cmd::bench::Args),
 }
 
+/// Which flags of `tutti serve` the command line (or their environment variables) gave.
+struct CommandLine<'m>(&'m clap::ArgMatches);
+
+impl cmd::serve::config::Given for CommandLine<'_> {
+    fn given(&self, flag: &str) -> bool {
+        let given = |m: &clap::ArgMatches, id: &str| {
+            matches!(
+                m.value_source(id),
+                Some(clap::parser::ValueSource::CommandLine | clap::parser::ValueSource::EnvVariable)
+            )
+        };
+        let cmd = Cli::command();
+        let find = |c: &clap::Command| {
+            c.get_arguments().find(|a| a.get_long() == Some(flag)).map(|a| a.get_id().as_str().to_string())
+        };
+        if let Some(id) = find(&cmd) {
+            return given(self.0, &id);
+        }
+        match (cmd.find_subcommand("serve").and_then(find), self.0.subcommand_matches("serve")) {
+            (Some(id), Some(sub)) => given(sub, &id),
+            _ => false,
+        }
+    }
+}
+
+/// Checks one key of a config file with the parser of the flag it stands for.
+fn check_serve_words(words: &[OsString]) -> Result<(), String> {
+    let argv = [OsString::from("tutti"), OsString::from("serve")].into_iter().chain(words.iter().cloned());
+    Cli::command().try_get_matches_from(argv).map(|_| ()).map_err(|e| {
+        // clap's message and its hints (possible values), without the usage lines.
+        let text = e.render().to_string();
+        let said: Vec<&str> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with("Usage:") && !l.starts_with("For more information"))
+            .collect();
+        said.join(" ").trim_start_matches("error: ").to_string()
+    })
+}
+
+/// The command line, with the flags of `tutti serve --config FILE` added where the command line
+/// gave none.
+fn parse() -> Result<Cli, anyhow::Error> {
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let Command::Serve(serve) = &cli.command else { return Ok(cli) };
+    let Some(path) = &serve.config else { return Ok(cli) };
+    let extra = cmd::serve::config::flags_from_file(path, &CommandLine(&matches), &check_serve_words)?;
+    Cli::try_parse_from(std::env::args_os().chain(extra))
+        .map_err(|e| anyhow::anyhow!("--config {}: {}", path.display(), e.render().to_string().trim_end()))
+}
+
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = match parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            eprintln!("tutti: error: {e:#}");
+            // A usage error, as clap's: the same start would fail the same way (a service
+            // manager should not restart it; the unit in contrib/ says so).
+            return std::process::ExitCode::from(2);
+        }
+    };
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)

@@ -593,6 +593,19 @@ class TuttiConnector(KVConnectorBase_V1):
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> TuttiConnectorStats:
         return TuttiConnectorStats(data=dict(data or {}))
 
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: Any, metric_types: dict, labelnames: list[str],
+                           per_engine_labelvalues: dict[int, list[object]]) -> Any:
+        """tutti's counters on vLLM's Prometheus metrics (``vllm:tutti_*``; see
+        :mod:`tutti._connector.prom`)."""
+        from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics
+
+        from ._connector import prom
+
+        counters = tuple(k for k in STAT_KEYS if k not in GAUGE_KEYS)
+        return prom.build(KVConnectorPromMetrics, vllm_config, metric_types, labelnames, per_engine_labelvalues,
+                          counters, GAUGE_KEYS)
+
     # ==============================
     # Scheduler side
     # ==============================

@@ -50,6 +50,9 @@ pub struct StagingStats {
     pub withheld: u64,
     /// Slots out of use for that reason now.
     pub withheld_now: u64,
+    /// Slots a lane holds now: neither free nor withheld (read without stopping the
+    /// executor, so a snapshot that may be a slot or two behind while lanes run).
+    pub in_use_now: u64,
     /// Withheld slots handed back after the queue pair their command was
     /// submitted on was deleted and created again.
     pub reclaimed_after_reset: u64,
@@ -79,7 +82,10 @@ impl Staging {
 
     fn stats(&self) -> Result<StagingStats> {
         let d: StagingDesc = self.desc.read_obj(0)?;
+        let ring: RingHeader = self.desc.read_obj(RING_AT)?;
+        let free = ring.tail.wrapping_sub(ring.head).min(self.slots as u64);
         Ok(StagingStats {
+            in_use_now: (self.slots as u64).saturating_sub(free).saturating_sub(d.held_now),
             slots: self.slots,
             slot_bytes: self.slot_bytes,
             bytes: self.slots as u64 * self.slot_bytes as u64,

@@ -596,6 +596,23 @@ impl LayerIo for GioIo {
         GioIo::staging(self)
     }
 
+    fn drive_io(&self) -> Vec<crate::report::DriveIo> {
+        let mut out = vec![crate::report::DriveIo::default(); self.ring.drives().len()];
+        match self.ring.queue_stats() {
+            Ok(queues) => {
+                for q in queues {
+                    if let Some(d) = out.get_mut(q.drive as usize) {
+                        d.commands += q.completed;
+                        d.status_errors += q.errors;
+                        d.timeouts += q.expired;
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "reading the queue pairs' counters failed"),
+        }
+        out
+    }
+
     fn accepts(&self, kind: MemoryKind) -> Result<()> {
         if kind == MemoryKind::Cuda && !self.gpu {
             return Err(ObjError::invalid(

@@ -182,6 +182,12 @@ pub(crate) trait LayerIo: Send {
     fn staging(&self) -> Option<tutti_gio_uring::StagingStats> {
         None
     }
+    /// Per pool drive: NVMe commands completed, error completions and timeouts on this
+    /// path's queue pairs (`DriveIo`'s byte counts are the store's). Empty for a path that
+    /// keeps no per-queue counters.
+    fn drive_io(&self) -> Vec<crate::report::DriveIo> {
+        Vec::new()
+    }
     /// A job (or every job of a store session) is about to move `pairs` for
     /// each of its layers. A path whose executor can keep them does so now,
     /// once per job or session, and returns a handle

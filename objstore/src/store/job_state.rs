@@ -79,6 +79,24 @@ pub(crate) struct Job {
     pub(super) drive_bytes: Vec<Option<Vec<u64>>>,
     /// The I/O gate was told the job is done.
     pub(super) gate_forgotten: bool,
+    /// When each layer was handed to the I/O path (its latency runs until the poll that sees it end).
+    pub(super) submitted: Vec<Option<std::time::Instant>>,
+    /// Pairs by `file mod drives` (see [`residues`]): a layer's bytes per drive without a
+    /// pass over the pairs.
+    pub(super) residues: Arc<[u32]>,
+}
+
+/// How many of `pairs` have `file mod drives` = r, for each r: object `j` of file `f` lives on
+/// drive `(f + j) mod drives` (the stripe map), so object `j` of every pair puts `residues[r]`
+/// objects on drive `(r + j) mod drives`. O(pairs), once per job or store session.
+pub(crate) fn residues(pairs: &[Pair], drives: u32) -> Arc<[u32]> {
+    let mut r = vec![0u32; drives as usize];
+    if drives > 0 {
+        for p in pairs {
+            r[(p.file % drives) as usize] += 1;
+        }
+    }
+    r.into()
 }
 
 /// Who registered a job's pair list, and so who frees it.
@@ -182,6 +200,7 @@ impl Job {
         dir: Direction,
         pairs: Arc<[Pair]>,
         slots: Arc<[u32]>,
+        residues: Arc<[u32]>,
         blocks: u32,
         layers: Range<u32>,
     ) -> Self {
@@ -212,6 +231,8 @@ impl Job {
             session_notified: false,
             drive_bytes: vec![None; n],
             gate_forgotten: false,
+            submitted: vec![None; n],
+            residues,
         }
     }
 

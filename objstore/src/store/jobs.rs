@@ -132,7 +132,7 @@ impl KvStore {
             for i in 0..job.state.len() {
                 if let LayerState::Running(token) = job.state[i] {
                     if let Some(outcome) = io.poll(token)? {
-                        self.account(job, &outcome, obj);
+                        self.account(job, i, &outcome, obj);
                         job.record(i, outcome, gone);
                         if let Some(g) = gate {
                             g.finished(id, job.layers.start + i as u32);
@@ -181,7 +181,10 @@ impl KvStore {
                     g.finished(id, layer);
                 }
                 match submitted {
-                    Ok(Some(token)) => job.state[i] = LayerState::Running(token),
+                    Ok(Some(token)) => {
+                        job.state[i] = LayerState::Running(token);
+                        job.submitted[i] = Some(Instant::now());
+                    }
                     // The I/O path is full: try again once something finishes.
                     Ok(None) => {
                         io.progress()?;
@@ -219,6 +222,7 @@ impl KvStore {
             let files = std::mem::take(&mut job.io_files);
             // The owner holds the references; gone, it holds nothing any more.
             if self.gone.get().is_none() {
+                self.offer_report();
                 self.control.end_load(&files)?;
             }
         }
@@ -233,9 +237,46 @@ impl KvStore {
         Ok(())
     }
 
-    fn account(&self, job: &Job, outcome: &LayerOutcome, obj: u64) {
+    /// Counts layer `i` of `job`, which just finished with `outcome`.
+    fn account(&self, job: &Job, i: usize, outcome: &LayerOutcome, obj: u64) {
         let ok = job.pairs.len().saturating_sub(outcome.failed.len()) as u64 * 2 * obj;
         let c = &self.counters;
+        let ns = job.submitted[i].map_or(0, |t| t.elapsed().as_nanos().min(u64::MAX as u128) as u64);
+        let (layers, latency, per_drive) = match job.dir {
+            Direction::Load => (&c.layers_loaded, &c.load_latency, &c.drive_loaded),
+            Direction::Store => (&c.layers_stored, &c.store_latency, &c.drive_stored),
+        };
+        layers.fetch_add(1, Ordering::Relaxed);
+        latency.observe(ns);
+        // The layer's K and V objects of every pair, by drive, less those of failed pairs:
+        // O(drives + failures), not O(pairs).
+        let d = per_drive.len();
+        if d > 0 && job.residues.len() == d {
+            let layer = job.layers.start + i as u32;
+            // Drive `at` holds the K objects of the pairs whose file ≡ at - 2·layer (mod d), and
+            // the V objects of those whose file ≡ at - 2·layer - 1.
+            let (k, v) = ((2 * layer as usize) % d, (2 * layer as usize + 1) % d);
+            let of =
+                |at: usize| job.residues[(at + d - k) % d] as u64 + job.residues[(at + d - v) % d] as u64;
+            if outcome.failed.is_empty() {
+                for (at, counter) in per_drive.iter().enumerate() {
+                    counter.fetch_add(of(at) * obj, Ordering::Relaxed);
+                }
+            } else {
+                let mut objects: Vec<u64> = (0..d).map(of).collect();
+                for (p, _) in &outcome.failed {
+                    if let Some(pair) = job.pairs.get(*p as usize) {
+                        for j in [2 * layer, 2 * layer + 1] {
+                            let at = self.map.drive_of(pair.file, j) as usize;
+                            objects[at] = objects[at].saturating_sub(1);
+                        }
+                    }
+                }
+                for (counter, n) in per_drive.iter().zip(objects) {
+                    counter.fetch_add(n * obj, Ordering::Relaxed);
+                }
+            }
+        }
         c.layers.fetch_add(1, Ordering::Relaxed);
         c.commands.fetch_add(outcome.commands, Ordering::Relaxed);
         c.host_calls.fetch_add(outcome.host_calls, Ordering::Relaxed);
@@ -271,7 +312,8 @@ impl KvStore {
         let pairs: Arc<[Pair]> =
             files.iter().zip(blocks).map(|(&file, &block)| Pair { file, block }).collect();
         let n = pairs.len() as u32;
-        let job = Job::new(Direction::Load, pairs, (0..n).collect(), n, layers);
+        let residues = super::job_state::residues(&pairs, self.map.drive_count());
+        let job = Job::new(Direction::Load, pairs, (0..n).collect(), residues, n, layers);
         self.start_job(job, files.to_vec(), cpu0)
     }
 

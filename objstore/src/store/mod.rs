@@ -183,6 +183,41 @@ struct Counters {
     failed_blocks: AtomicU64,
     recoveries: AtomicU64,
     recovery_failures: AtomicU64,
+    layers_loaded: AtomicU64,
+    layers_stored: AtomicU64,
+    load_latency: Latency,
+    store_latency: Latency,
+    /// Per pool drive: KV bytes of objects loaded from it and stored on it successfully.
+    drive_loaded: Box<[AtomicU64]>,
+    drive_stored: Box<[AtomicU64]>,
+}
+
+impl Counters {
+    fn new(drives: usize) -> Counters {
+        let zeros = || (0..drives).map(|_| AtomicU64::new(0)).collect();
+        Counters { drive_loaded: zeros(), drive_stored: zeros(), ..Counters::default() }
+    }
+}
+
+/// Layer transfer times in the buckets of [`crate::report::LATENCY_BOUNDS_S`].
+#[derive(Default)]
+struct Latency {
+    buckets: [AtomicU64; crate::report::LATENCY_BUCKETS],
+    sum_ns: AtomicU64,
+}
+
+impl Latency {
+    fn observe(&self, ns: u64) {
+        self.buckets[crate::report::latency_bucket(ns)].fetch_add(1, Ordering::Relaxed);
+        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> crate::report::LatencyHistogram {
+        crate::report::LatencyHistogram {
+            buckets: self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).collect(),
+            sum_ns: self.sum_ns.load(Ordering::Relaxed),
+        }
+    }
 }
 
 pub struct KvStore {
@@ -333,6 +368,7 @@ impl KvStore {
     ) -> KvStore {
         let name = crate::superblock::pool_name(shape.id);
         tracing::info!(pool = %name, backend = io.name(), "store open");
+        let counters = Counters::new(map.drive_count() as usize);
         KvStore {
             id: shape.id,
             name,
@@ -348,7 +384,7 @@ impl KvStore {
             sessions: Mutex::new(HashMap::new()),
             retired_lists: Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),
-            counters: Counters::default(),
+            counters,
             gate: RwLock::new(None),
             gone: OnceLock::new(),
             io_told: AtomicBool::new(false),
@@ -691,6 +727,56 @@ impl KvStore {
             quarantined_files: get(&c.quarantined_files),
             recoveries: get(&c.recoveries),
             recovery_failures: get(&c.recovery_failures),
+        }
+    }
+}
+
+impl KvStore {
+    /// The data path's counters since the store was opened: what a client of tuttid reports
+    /// to it (see [`crate::report`]).
+    pub fn data_report(&self) -> crate::report::DataPathReport {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (mut drives, staging) = match self.io.lock() {
+            Ok(io) => (io.drive_io(), io.staging()),
+            Err(_) => (Vec::new(), None),
+        };
+        let n = c.drive_loaded.len();
+        if drives.len() < n {
+            drives.resize(n, crate::report::DriveIo::default());
+        }
+        for (d, io) in drives.iter_mut().enumerate().take(n) {
+            io.bytes_loaded = get(&c.drive_loaded[d]);
+            io.bytes_stored = get(&c.drive_stored[d]);
+        }
+        let gate = self.gate().map(|g| g.waits()).unwrap_or_default();
+        crate::report::DataPathReport {
+            layers_loaded: get(&c.layers_loaded),
+            layers_stored: get(&c.layers_stored),
+            bytes_loaded: get(&c.bytes_loaded),
+            bytes_stored: get(&c.bytes_stored),
+            commands: get(&c.commands),
+            failed_blocks: get(&c.failed_blocks),
+            queue_recoveries: get(&c.recoveries),
+            queue_recovery_failures: get(&c.recovery_failures),
+            load_latency: c.load_latency.snapshot(),
+            store_latency: c.store_latency.snapshot(),
+            drives,
+            gate,
+            staging: staging.map(|s| crate::report::StagingNow {
+                slots: s.slots as u64,
+                in_use: s.in_use_now,
+                withheld: s.withheld_now,
+                waits: s.waits,
+            }),
+        }
+    }
+
+    /// Hands the owner of the pool the data path's counters, if it collects them; called
+    /// just before each `end_load` and `settle`.
+    pub(crate) fn offer_report(&self) {
+        if self.control.wants_reports() {
+            self.control.report(self.data_report());
         }
     }
 }

@@ -67,6 +67,8 @@ pub(crate) struct Session {
     /// `pairs` as registered with the I/O path, from the first job that got a
     /// free list until commit or abort.
     pair_list: Option<u64>,
+    /// `pairs` by file mod drives (`job_state::residues`), once for every job of the session.
+    residues: Arc<[u32]>,
 }
 
 /// What a store achieved, per block of the request.
@@ -132,10 +134,12 @@ impl KvStore {
                 Entry::Present(_) => {}
             }
         }
+        let residues = super::job_state::residues(&pairs, self.map.drive_count());
         let session = Session {
             reservation,
             entries,
             running_jobs: 0,
+            residues,
             pairs: pairs.into(),
             slots: slots.into(),
             unstored,
@@ -162,7 +166,7 @@ impl KvStore {
             let job = if s.failed_since_begin == 0 {
                 self.session_job(s, layers)?
             } else {
-                Self::reduced_job(s, layers)
+                self.reduced_job(s, layers)
             };
             s.running_jobs += 1;
             job
@@ -187,8 +191,15 @@ impl KvStore {
                 }
             }
         }
-        let mut job =
-            Job::new(Direction::Store, s.pairs.clone(), s.slots.clone(), s.entries.len() as u32, layers);
+        let residues = s.residues.clone();
+        let mut job = Job::new(
+            Direction::Store,
+            s.pairs.clone(),
+            s.slots.clone(),
+            residues,
+            s.entries.len() as u32,
+            layers,
+        );
         if s.pair_list.is_some() {
             job.use_session_list(s.pair_list);
         }
@@ -200,7 +211,7 @@ impl KvStore {
 
     /// A job of the blocks not failed so far: fewer pairs than the session's
     /// list, so it carries (and registers) its own.
-    fn reduced_job(s: &Session, layers: Range<u32>) -> Job {
+    fn reduced_job(&self, s: &Session, layers: Range<u32>) -> Job {
         let mut pairs = Vec::new();
         let mut slots = Vec::new();
         for (i, e) in s.entries.iter().enumerate() {
@@ -209,7 +220,9 @@ impl KvStore {
                 slots.push(i as u32);
             }
         }
-        let mut job = Job::new(Direction::Store, pairs.into(), slots.into(), s.entries.len() as u32, layers);
+        let residues = super::job_state::residues(&pairs, self.map.drive_count());
+        let mut job =
+            Job::new(Direction::Store, pairs.into(), slots.into(), residues, s.entries.len() as u32, layers);
         for (i, e) in s.entries.iter().enumerate() {
             if let Entry::Failed(why) | Entry::New { failed: Some(why), .. } = e {
                 job.fail_all_slots(&[i as u32], why);
@@ -323,6 +336,7 @@ impl KvStore {
                 }
             }
         }
+        self.offer_report();
         let results = self.control.settle(session.reservation, &verdicts)?;
         for ((&i, v), res) in news.iter().zip(&verdicts).zip(results) {
             match (v, res) {
@@ -367,6 +381,7 @@ impl KvStore {
                 _ => None,
             })
             .collect();
+        self.offer_report();
         self.control.settle(session.reservation, &verdicts)?;
         Ok(())
     }

@@ -29,6 +29,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         "pool {}: {} files, {} valid, {} free, {} being written, {} pinned, {} quarantined",
         s.pool, ix.files, ix.valid, ix.free, ix.reserved, ix.pinned, ix.quarantined
     );
+    if let Some(g) = &s.geometry {
+        println!("geometry: {g} (tutti serve {})", g.serve_flags());
+    }
     println!("commits {}, journal appends {}", s.stats.files_committed, s.stats.journal_appends);
     let a = &s.arbitration;
     println!(

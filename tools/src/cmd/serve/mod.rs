@@ -1,7 +1,16 @@
 //! `tutti serve`: run tuttid, the process that owns the drives and the pool
 //! and serves engine processes (clients) on a Unix socket.
+//!
+//! As a service: `--config FILE` takes the flags from a TOML file ([`config`]), `--metrics ADDR`
+//! serves Prometheus metrics ([`metrics`]), readiness and stopping are told to systemd
+//! ([`notify`]), and SIGTERM stops it cleanly (see [`run`]).
+
+pub mod config;
+pub mod metrics;
+mod notify;
 
 use crate::emu::PoolDriveArgs;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -21,6 +30,18 @@ pub enum OpenFlag {
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
+    /// Take the flags from this TOML file (see docs/operating.md); a flag given on the
+    /// command line, or through its environment variable, wins over the file.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Check the flags (and the --config file), print the settings they make as JSON, and
+    /// exit without starting.
+    #[arg(long)]
+    pub check_config: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464; port 0 picks one,
+    /// printed at start).
+    #[arg(long)]
+    pub metrics: Option<SocketAddr>,
     /// The Unix socket clients connect to.
     #[arg(long, default_value = "/run/tutti/tuttid.sock", env = "TUTTI_SOCKET")]
     pub socket: PathBuf,
@@ -101,12 +122,59 @@ fn group_id(name: &str) -> anyhow::Result<u32> {
         .ok_or_else(|| anyhow::anyhow!("--group {name}: no such group"))
 }
 
+/// `--check-config`: the settings the flags make, checked as far as it goes without touching
+/// a drive, a file or the socket.
+fn check_config(
+    args: &Args,
+    geometry: &tutti_objstore::Geometry,
+    vfio: &[(tutti_driver::pci::Bdf, Vec<u32>)],
+) -> anyhow::Result<()> {
+    let drives = if vfio.is_empty() {
+        let e = &args.pool_drives.emu;
+        e.cost_model()?;
+        serde_json::json!({
+            "emulated": args.pool_drives.emulated,
+            "dir": e.dir,
+            "capacity_mib": e.capacity_mib,
+            "lba_size": e.lba_size,
+        })
+    } else {
+        let list: Vec<String> = vfio
+            .iter()
+            .flat_map(|(b, ns)| {
+                if ns.is_empty() {
+                    vec![b.to_string()]
+                } else {
+                    ns.iter().map(|n| format!("{b}/{n}")).collect()
+                }
+            })
+            .collect();
+        serde_json::json!({ "vfio": list, "noiommu": args.pool_drives.noiommu })
+    };
+    let out = serde_json::json!({
+        "socket": args.socket,
+        "group": args.group,
+        "metrics": args.metrics,
+        "drives": drives,
+        "open": format!("{:?}", args.open),
+        "geometry": geometry,
+        "serve_flags": geometry.serve_flags(),
+        "io_timeout_ms": args.io_timeout_ms,
+        "idle_exit_s": args.idle_exit_s,
+    });
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(())
+}
+
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let geometry = args.geometry.geometry()?;
     let mode = match &args.group {
         Some(g) => SocketMode::Group(group_id(g)?),
         None => SocketMode::Owner,
     };
+    if args.check_config {
+        return check_config(args, &geometry, &super::identify::group_drives(&args.pool_drives.drives)?);
+    }
     let drives = if args.pool_drives.drives.is_empty() {
         let list = (0..args.pool_drives.emulated as usize)
             .map(|i| args.pool_drives.emu.config(i))
@@ -135,9 +203,22 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         pool: PoolOptions::new(geometry, open),
         io_timeout: Duration::from_millis(args.io_timeout_ms),
     })?;
+    let metrics = match args.metrics {
+        Some(addr) => Some(metrics::MetricsServer::start(addr, daemon.metrics_source())?),
+        None => None,
+    };
     let status = daemon.status();
+    // The pool's own geometry (what its drives were formatted for; the flags' when created).
+    let geometry = status.geometry.unwrap_or(geometry);
+    let metrics_url = metrics.as_ref().map(|m| format!("http://{}/metrics", m.addr()));
     if args.json {
-        println!("{}", serde_json::json!({"serving": status.socket, "pid": status.pid, "pool": status.pool}));
+        println!(
+            "{}",
+            serde_json::json!({
+                "serving": status.socket, "pid": status.pid, "pool": status.pool, "geometry": geometry,
+                "serve_flags": geometry.serve_flags(), "metrics": metrics_url,
+            })
+        );
     } else {
         println!(
             "tuttid {} serving pool {} on {} (pid {})",
@@ -146,7 +227,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             status.socket,
             status.pid
         );
+        println!("geometry: {geometry} (tutti serve {})", geometry.serve_flags());
+        if let Some(url) = &metrics_url {
+            println!("metrics: {url}");
+        }
     }
+    notify::notify(&format!("READY=1\nSTATUS=serving pool {} on {}", status.pool, status.socket));
     let mut idle = args.idle_exit_s.map(|s| IdleExit::new(s, Instant::now()));
     // Bounded waits: the loop checks the stop flag and the accept thread every 100 ms,
     // the client count (--idle-exit-s) every 500 ms.
@@ -165,7 +251,14 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+    notify::notify("STOPPING=1");
+    tracing::info!("tuttid stopping: clients are disconnected, their uncommitted stores given up");
+    // Scrapes hold the daemon's state: they stop first.
+    if let Some(m) = metrics {
+        m.stop();
+    }
     daemon.stop()?;
+    tracing::info!("tuttid stopped");
     Ok(())
 }
 
