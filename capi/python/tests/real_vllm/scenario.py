@@ -10,7 +10,10 @@ SPEC: {"engines": [ENGINE, ...]}; ENGINE: {"name", "model", "connector": {extra 
 before batch 1), "tamper": bool (perturb every loaded block after it lands), "executor": str,
 "max_model_len", "kv_bytes", "ignore_eos": bool, "status_socket": path (report `tutti status --json`
 of that tuttid while the engine is up, as "daemon_status"), "force_zeroing": bool (vLLM zeroes every
-newly allocated block, as for Mamba or mixed-precision models)}.
+newly allocated block, as for Mamba or mixed-precision models), "by_name": bool (no
+kv_connector_module_path: vLLM finds TuttiConnector in its connector registry, where the installed
+package's vllm.general_plugins entry point put it)}.
+The result also says which tutti package, library and binary the process used ("tutti_package").
 Per engine it reports "preemptions" (vLLM's scheduler preempted a request) and
 "preempted_with_pending_saves" (the victim still had deferred saves in flight), and with
 force_zeroing "zeroed_blocks" and "zeroed_under_pending_save" (blocks vLLM zeroed while a
@@ -31,7 +34,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # capi/python: the tutti package
+# TUTTI_SCENARIO_INSTALLED=1: the tutti package is an installed one (on PYTHONPATH, found by vLLM
+# through its entry point); otherwise capi/python, the source tree.
+if os.environ.get("TUTTI_SCENARIO_INSTALLED") != "1":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
 BLOCK = 32
 TAMPER = {"on": False}  # the engine running now tampers with loaded blocks
@@ -124,9 +130,11 @@ def run_engine(spec: dict) -> dict:
     kw.update(spec.get("llm", {}))
     if spec.get("connector") is not None:
         kw["kv_transfer_config"] = dict(
-            kv_connector="TuttiConnector", kv_connector_module_path="tutti.vllm", kv_role="kv_both",
+            kv_connector="TuttiConnector", kv_role="kv_both",
             kv_connector_extra_config=spec["connector"], kv_load_failure_policy=spec.get("policy", "recompute"),
         )
+        if not spec.get("by_name"):
+            kw["kv_transfer_config"]["kv_connector_module_path"] = "tutti.vllm"
     llm = LLM(**kw)
     sp = SamplingParams(max_tokens=spec.get("max_tokens", 6), temperature=0.0, logprobs=3, detokenize=False,
                         ignore_eos=bool(spec.get("ignore_eos")))
@@ -155,7 +163,9 @@ def run_engine(spec: dict) -> dict:
         # The daemon's view while this engine is up: its clients and their leases.
         import subprocess
 
-        done = subprocess.run([os.environ["TUTTI_BIN"], "status", "--json", "--socket", spec["status_socket"]],
+        from tutti._connector.shared import find_tutti_bin
+
+        done = subprocess.run([find_tutti_bin(), "status", "--json", "--socket", spec["status_socket"]],
                               capture_output=True, text=True, timeout=60)
         out["daemon_status"] = json.loads(done.stdout) if done.returncode == 0 else {"error": done.stderr}
     if conn is not None:
@@ -175,6 +185,20 @@ def run_engine(spec: dict) -> dict:
     llm.llm_engine.engine_core.shutdown() if hasattr(llm.llm_engine, "engine_core") else None
     del llm
     gc.collect()
+    return out
+
+
+def _package() -> dict:
+    """Which tutti this process imported, the library it loaded and the binary daemon 'auto' runs."""
+    import tutti
+    from tutti._connector.shared import find_tutti_bin
+    from tutti._lib import lib
+
+    out = {"module": tutti.__file__, "lib": str(lib().path)}
+    try:
+        out["bin"] = find_tutti_bin()
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        out["bin"] = f"error: {e}"
     return out
 
 
@@ -201,6 +225,7 @@ def main() -> None:
             r[k] = counters[k] - before[k]
         r["name"] = e.get("name")
         res["engines"].append(r)
+    res["tutti_package"] = _package()
     print("\nRESULT " + json.dumps(res))
 
 

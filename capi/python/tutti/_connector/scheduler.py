@@ -32,7 +32,7 @@ from ..errors import NotRegistered, TuttiError
 from ..runtime import Runtime, chain_hashes
 from .metadata import LoadSpec, SaveSpec, StepPlan
 
-log = logging.getLogger("tutti.vllm")
+log = logging.getLogger("vllm.tutti")
 
 
 @dataclass
