@@ -183,6 +183,42 @@ pub extern "C" fn cuEventSynchronize(ev: CUevent) -> CUresult {
     })
 }
 
+/// The host time between two events' latest records, as CUDA reports it: milliseconds.
+///
+/// # Safety
+/// `ms` is NULL or a valid out pointer.
+unsafe fn elapsed(name: &'static str, ms: *mut f32, start: CUevent, end: CUevent) -> CUresult {
+    call(&[name], || {
+        let st = driver().state();
+        st.need_init()?;
+        let (a, b) = (event(&st, start)?, event(&st, end)?);
+        let never = || fail(CUresult::CUDA_ERROR_INVALID_HANDLE, "an event was never recorded");
+        let (a, b) = (a.latest_reached_at().ok_or_else(never)?, b.latest_reached_at().ok_or_else(never)?);
+        let (Some(a), Some(b)) = (a, b) else {
+            return Err(fail(CUresult::CUDA_ERROR_NOT_READY, "an event's latest record is not reached yet"));
+        };
+        let v = if b >= a { (b - a).as_secs_f64() * 1e3 } else { -((a - b).as_secs_f64() * 1e3) };
+        // SAFETY: forwarded contract.
+        unsafe { out(ms, v as f32, "pMilliseconds") }
+    })
+}
+
+/// # Safety
+/// `ms` is NULL or a valid out pointer.
+#[no_mangle]
+pub unsafe extern "C" fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { elapsed("cuEventElapsedTime", ms, start, end) }
+}
+
+/// # Safety
+/// `ms` is NULL or a valid out pointer.
+#[no_mangle]
+pub unsafe extern "C" fn cuEventElapsedTime_v2(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult {
+    // SAFETY: forwarded contract.
+    unsafe { elapsed("cuEventElapsedTime_v2", ms, start, end) }
+}
+
 #[no_mangle]
 pub extern "C" fn cuEventDestroy_v2(ev: CUevent) -> CUresult {
     call(&["cuEventDestroy_v2"], || {

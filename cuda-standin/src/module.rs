@@ -36,10 +36,14 @@ fn wait_args(p: &[u64]) -> HostArgs {
         ids: p[1] as usize as *const u32,
         seqs: p[2] as usize as *const u32,
         n: p[3] as u32,
-        rsvd: 0,
         timeout_ns: p[4],
         result: p[5] as usize as *mut u32,
+        ..HostArgs::exec(std::ptr::null_mut())
     }
+}
+
+fn copy_args(p: &[u64]) -> HostArgs {
+    HostArgs::copy(p[0] as usize as *const u64, p[1] as u32, p[2])
 }
 
 /// One line per kernel of the host build.
@@ -47,6 +51,7 @@ pub(crate) const HOST_ENTRIES: &[HostEntry] = &[
     HostEntry { kernel: HostKernel::Issue, params: &[8], args: exec_args },
     HostEntry { kernel: HostKernel::Persistent, params: &[8], args: exec_args },
     HostEntry { kernel: HostKernel::Wait, params: &[8, 8, 8, 4, 8, 8], args: wait_args },
+    HostEntry { kernel: HostKernel::Copy, params: &[8, 4, 8], args: copy_args },
 ];
 
 pub(crate) fn host_entry(name: &str) -> Option<&'static HostEntry> {

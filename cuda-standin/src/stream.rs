@@ -23,34 +23,54 @@ pub(crate) enum StreamKind {
     NonBlocking,
 }
 
-/// An event's record count and how many of those records were reached.
+/// An event's record count, how many of those records were reached, and when the
+/// last one reached was.
 #[derive(Default)]
 pub(crate) struct Event {
-    state: Mutex<(u64, u64)>,
+    state: Mutex<EventState>,
+}
+
+#[derive(Default)]
+struct EventState {
+    recorded: u64,
+    reached: u64,
+    reached_at: Option<Instant>,
 }
 
 impl Event {
     pub fn new() -> Arc<Event> {
-        Arc::new(Event { state: Mutex::new((0, 0)) })
+        Arc::new(Event::default())
     }
-    fn lock(&self) -> MutexGuard<'_, (u64, u64)> {
+    fn lock(&self) -> MutexGuard<'_, EventState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
     /// A new record; returns its generation.
     pub fn record(&self) -> u64 {
         let mut s = self.lock();
-        s.0 += 1;
-        s.0
+        s.recorded += 1;
+        s.recorded
     }
     pub fn recorded(&self) -> u64 {
-        self.lock().0
+        self.lock().recorded
     }
     pub fn reached(&self, generation: u64) -> bool {
-        self.lock().1 >= generation
+        self.lock().reached >= generation
+    }
+    /// When its latest record was reached: None if it was never recorded, or its latest
+    /// record has not been reached yet (cuEventElapsedTime's NOT_READY).
+    pub fn latest_reached_at(&self) -> Option<Option<Instant>> {
+        let s = self.lock();
+        if s.recorded == 0 {
+            return None;
+        }
+        Some(if s.reached >= s.recorded { s.reached_at } else { None })
     }
     fn complete(&self, generation: u64) {
         let mut s = self.lock();
-        s.1 = s.1.max(generation);
+        if generation > s.reached {
+            s.reached = generation;
+            s.reached_at = Some(Instant::now());
+        }
     }
 }
 

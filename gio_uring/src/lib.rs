@@ -45,7 +45,10 @@ mod status;
 
 pub use drive::{DriveInfo, DriveQueues};
 pub use error::{GioError, Result};
-pub use executor::{CudaExecutor, CudaExecutorConfig, ExecMode, Executor, HostExecutor, HostExecutorConfig};
+pub use executor::{
+    CopyDirection, CopyReport, CopySpec, CopyTimes, CudaExecutor, CudaExecutorConfig, ExecMode, Executor,
+    HostExecutor, HostExecutorConfig,
+};
 pub use gio_uring::{
     pairs_per_iocb, ExecutorStats, GioOptions, GioUring, QueueStats, RecoveryReport, StagingStats, TableInfo,
 };

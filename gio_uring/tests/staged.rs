@@ -288,3 +288,151 @@ fn a_failed_read_leaves_kv_untouched_and_a_lost_one_withholds_its_slot() {
     assert_eq!(run(&rig, table, Op::Read), vec![]);
     assert!(first_diff(&mem.bytes(), &want).is_none());
 }
+
+/// A rig whose commands expire after 300 ms, for the tests of commands the host gives up on.
+fn expiring_rig() -> Rig {
+    let opts = GioOptions {
+        depth: 16,
+        command_timeout: Duration::from_millis(300),
+        submit_timeout: Duration::from_secs(3),
+        ..Default::default()
+    };
+    rig(RigSpec { ns_bytes: 16 << 20, opts, ..Default::default() })
+}
+
+/// Slots are reused many times per layer (3 slots for 192 commands) and reads execute late
+/// (every read's data lands 2 ms after the controller took it). Whatever a slot held before
+/// a read is never that read's chunk: within a read pass each chunk is read once, and the
+/// pass over layer 0 follows a write pass whose last chunks were layer 1's (layer 1's read
+/// follows layer 0's). Every word of the pattern differs, and every round writes new data.
+/// So a copy out of a slot that ran before its read's data landed, or that read a line
+/// cached from the slot's previous use, puts another chunk's bytes into KV memory, and the
+/// check of every byte catches it. (On the host no cache can be stale; what this catches
+/// here is a copy that does not wait for the completion. The load flavour that keeps a GPU
+/// from reading a stale line is checked in the SASS: kernels/tests/sass.rs.)
+#[test]
+fn a_reused_slot_is_never_read_stale() {
+    use tutti_driver::emulated::{FaultAction, FaultMatch};
+    let rig = staged_rig(SglSupport::Supported);
+    let g = geometry();
+    let mut mem = Kv8::new(&g);
+    let st = staged_table(&rig, &g, &mem);
+    let table = rig.ring.register_staged_table(&st.0, 3).unwrap();
+    let read = FaultMatch { opcode: Some(0x02), ..Default::default() };
+    for e in &rig.emus {
+        e.faults().inject(read.clone(), FaultAction::DelayExecution(Duration::from_millis(2)), None);
+    }
+    for round in 0..3u64 {
+        mem.fill(0x57a1e ^ (round << 32));
+        let want = mem.bytes();
+        assert_eq!(run(&rig, table, Op::Write), vec![], "round {round}: staged writes");
+        // A sentinel no chunk holds: a chunk never copied out shows as it.
+        mem.w_mut().iter_mut().for_each(|w| *w = 0xDEAD_BEEF_DEAD_BEEF);
+        assert_eq!(run(&rig, table, Op::Read), vec![], "round {round}: staged reads");
+        let got = mem.bytes();
+        assert!(
+            first_diff(&got, &want).is_none(),
+            "round {round}: first differing byte at {:?} (a stale or early copy out of a slot)",
+            first_diff(&got, &want)
+        );
+    }
+    let stats = rig.ring.staging_stats(table).unwrap();
+    assert!(stats.waits > 0, "the three slots were contended: {stats:?}");
+    assert_eq!(stats.withheld, 0);
+}
+
+/// Reads layer 0 with drive 1's next read made to vanish (`drop_next`) or to run late
+/// (`late`: it moves its data and completes only after that long): either way the command
+/// expires, its slot is withheld, and the rest of the layer is unharmed.
+fn lose_one_read(rig: &Rig, table: TableId, late: Option<Duration>) {
+    use tutti_driver::emulated::FaultMatch;
+    let read = FaultMatch { opcode: Some(0x02), ..Default::default() };
+    match late {
+        Some(by) => rig.emus[1].faults().delay_execution_next(read, by),
+        None => rig.emus[1].faults().drop_next(read),
+    }
+    let ids = rig.ring.submit_layer(table, 0, &pairs(), Op::Read, 3).unwrap();
+    let results = rig.ring.wait_cqe(&ids, Duration::from_secs(60)).unwrap();
+    let statuses: Vec<IoStatus> = results.iter().flat_map(|r| r.failures.iter().map(|f| f.status)).collect();
+    assert_eq!(statuses, vec![IoStatus::CompletionTimeout]);
+    let stats = rig.ring.staging_stats(table).unwrap();
+    assert_eq!((stats.withheld, stats.withheld_now), (1, 1), "{stats:?}");
+}
+
+#[test]
+fn withheld_slots_come_back_after_their_queue_is_recreated() {
+    let rig = expiring_rig();
+    let g = geometry();
+    let mut mem = Kv8::new(&g);
+    mem.fill(0x7e5e7);
+    let want = mem.bytes();
+    let st = staged_table(&rig, &g, &mem);
+    let table = rig.ring.register_staged_table(&st.0, 4).unwrap();
+    assert_eq!(run(&rig, table, Op::Write), vec![]);
+    lose_one_read(&rig, table, None);
+
+    // The drive may still write the slot: it stays out through more work on the same queues.
+    assert_eq!(run(&rig, table, Op::Read), vec![]);
+    let stats = rig.ring.staging_stats(table).unwrap();
+    assert_eq!(
+        (stats.withheld_now, stats.reclaimed_after_reset, stats.reclaimed_late),
+        (1, 0, 0),
+        "{stats:?}"
+    );
+
+    // Deleting and recreating drive 1's queue pairs ends every command of the old ones.
+    rig.ring.recover_drive(1, Duration::from_secs(10)).unwrap();
+    mem.w_mut().iter_mut().for_each(|w| *w = 0);
+    assert_eq!(run(&rig, table, Op::Read), vec![]);
+    assert!(first_diff(&mem.bytes(), &want).is_none(), "every byte after the recovery");
+    let stats = rig.ring.staging_stats(table).unwrap();
+    assert_eq!(
+        (stats.withheld, stats.withheld_now, stats.reclaimed_after_reset, stats.reclaimed_late),
+        (1, 0, 1, 0),
+        "the withheld slot came back once its queue was recreated: {stats:?}"
+    );
+}
+
+#[test]
+fn a_slot_withheld_for_a_late_command_comes_back_when_it_completes() {
+    let rig = expiring_rig();
+    let g = geometry();
+    let mut mem = Kv8::new(&g);
+    mem.fill(0x1a7e);
+    let want = mem.bytes();
+    let st = staged_table(&rig, &g, &mem);
+    let table = rig.ring.register_staged_table(&st.0, 4).unwrap();
+    assert_eq!(run(&rig, table, Op::Write), vec![]);
+    let late = Duration::from_millis(1200);
+    let lost_at = std::time::Instant::now();
+    lose_one_read(&rig, table, Some(late));
+
+    // While the late read is pending, the other three slots carry the work, and its DMA
+    // (into the withheld slot) lands in nothing anyone reads.
+    mem.w_mut().iter_mut().for_each(|w| *w = 0);
+    assert_eq!(run(&rig, table, Op::Read), vec![]);
+    assert!(first_diff(&mem.bytes(), &want).is_none(), "every byte while the late read was pending");
+
+    // Once it has completed, the next lanes on its queue reap the late completion, and the
+    // slot comes back without any recovery (a pass or two: whoever scans last must see it).
+    std::thread::sleep(
+        (lost_at + late + Duration::from_millis(200)).saturating_duration_since(std::time::Instant::now()),
+    );
+    let mut stats = rig.ring.staging_stats(table).unwrap();
+    for _ in 0..3 {
+        mem.w_mut().iter_mut().for_each(|w| *w = 0);
+        assert_eq!(run(&rig, table, Op::Read), vec![]);
+        assert!(first_diff(&mem.bytes(), &want).is_none(), "every byte after the late completion");
+        stats = rig.ring.staging_stats(table).unwrap();
+        if stats.withheld_now == 0 {
+            break;
+        }
+    }
+    assert_eq!(
+        (stats.withheld, stats.withheld_now, stats.reclaimed_after_reset, stats.reclaimed_late),
+        (1, 0, 0, 1),
+        "the withheld slot came back after its command's late completion: {stats:?}"
+    );
+    let stale: u64 = rig.ring.queue_stats().unwrap().iter().map(|q| q.stale).sum();
+    assert!(stale >= 1, "the late completion arrived as a stale one");
+}

@@ -9,6 +9,9 @@
  *   tt_gio_wait        waits (on the engine's stream) until IOCBs have
  *                      completed a given issue, or a timeout passes;
  *                      adds the number completed to *done.
+ *   tt_gio_copy        the staged path's warp copy alone, for its benchmark
+ *                      (tutti bench staged): n chunks of `bytes`, chunk c
+ *                      from pairs[2c] to pairs[2c + 1].
  *
  * Blocks must be a multiple of 32 threads. On the GPU the grid must be
  * co-resident (sized from the occupancy of the SM partition): blocks wait on
@@ -103,4 +106,14 @@ TT_KERNEL void tt_gio_wait(const struct tt_exec_ctx* ctx, const uint32_t* ids, c
             tt_backoff(&sleep, ctx->max_backoff_ns);
         }
     }
+}
+
+/* Warp w of the grid copies chunks w, w + warps, ...: each chunk by one warp, as the staged
+ * loop copies it (tt_warp_copy), with nothing else around it. */
+TT_KERNEL void TT_LAUNCH_BOUNDS(TT_GIO_BLOCK_THREADS, 2)
+    tt_gio_copy(const uint64_t* pairs, uint32_t n, uint64_t bytes) {
+    const uint32_t per_block = tt_block_dim() / TT_WARP_SIZE;
+    const uint32_t warps = tt_grid_dim() * per_block;
+    for (uint32_t c = tt_block_idx() * per_block + tt_thread_idx() / TT_WARP_SIZE; c < n; c += warps)
+        tt_warp_copy((uint8_t*)pairs[2u * c + 1u], (const uint8_t*)pairs[2u * c], bytes);
 }

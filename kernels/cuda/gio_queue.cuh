@@ -54,6 +54,9 @@ TT_DEVICE void tt_finish_ioctx(const struct tt_exec_ctx* ctx, uint32_t ref, uint
 TT_DEVICE uint32_t tt_cid_gen_mask(const struct tt_nvmeq* q) {
     return q->cid_shift >= 16u ? 0u : (1u << (16u - q->cid_shift)) - 1u;
 }
+TT_DEVICE uint32_t tt_cid(const struct tt_nvmeq* q, uint32_t slot, uint32_t lap) {
+    return slot | ((lap & tt_cid_gen_mask(q)) << q->cid_shift);
+}
 
 /* Learns how far the controller has fetched from an SQHD value (§4.6 DW2). */
 TT_DEVICE void tt_sq_head_advance(struct tt_nvmeq* q, uint32_t sqhd) {
@@ -88,6 +91,9 @@ TT_DEVICE bool tt_slot_expire(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q,
     if (!force && !tt_slot_overdue(ctx, t0, now)) return false;
     if (tt_atomic_cas_u64(&q->slot_owner[slot], owner, TT_SLOT_FREE) != owner) return false;
     const uint64_t waited = (t0 && now > t0) ? now - t0 : 0;
+    /* Before the status (its store releases this): whoever learns of the timeout from it
+     * finds the expiry recorded, and a completion arriving later can say so (tt_cq_complete). */
+    tt_atomic_exch_u32(&q->slot_late[slot], TT_LATE_EXPIRED | tt_cid(q, slot, (uint32_t)owner));
     tt_finish_ioctx(ctx, (uint32_t)(owner >> 32), TT_STATUS(TT_KIND_TIMEOUT, TT_TIMEOUT_COMPLETION), waited);
     tt_st_release_u32(&q->slot_turn[slot], (uint32_t)owner + 1u);
     tt_atomic_add_u64(&q->expired, 1);
@@ -108,6 +114,9 @@ TT_DEVICE void tt_cq_complete(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q,
     if (owner == TT_SLOT_FREE || ((uint32_t)owner & tt_cid_gen_mask(q)) != gen ||
         tt_atomic_cas_u64(&q->slot_owner[slot], owner, TT_SLOT_FREE) != owner) {
         tt_atomic_add_u64(&q->stale, 1);
+        /* The command expired in this slot has completed after all: the drive is done with
+         * its data (a staging slot withheld for it may come back, gio_stage.cuh). */
+        tt_atomic_cas_u32(&q->slot_late[slot], TT_LATE_EXPIRED | cid, TT_LATE_ARRIVED | cid);
         return;
     }
     const uint32_t field = (dw3 >> 17) & 0x7FFFu;
@@ -121,7 +130,7 @@ TT_DEVICE void tt_cq_complete(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q,
 }
 
 /* Consumes every completion entry present; the caller holds the head lock. */
-TT_DEVICE uint32_t tt_cq_drain(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q) {
+TT_NOINLINE uint32_t tt_cq_drain(const struct tt_exec_ctx* ctx, struct tt_nvmeq* q) {
     const uint32_t depth = q->depth;
     /* Read once an entry is there: most polls find none, and on the host the clock
      * read is what a poll of an empty queue costs most. */
@@ -269,8 +278,8 @@ TT_DEVICE void tt_queue_leave(const struct tt_exec_ctx* ctx, uint32_t qidx) {
  * A caller passing false must publish the queue itself (tt_warp_publish), or leave it
  * to the wait (tt_wait_ioctx publishes while its command is unreaped).
  * Returns TT_STATUS_PENDING once submitted, or the status the IOCTX fails with. */
-TT_DEVICE uint32_t tt_sq_submit(const struct tt_exec_ctx* ctx, uint32_t qidx, uint64_t ticket, struct tt_sqe* cmd,
-                                uint32_t ref, struct tt_ioctx* io, bool publish) {
+TT_NOINLINE uint32_t tt_sq_submit(const struct tt_exec_ctx* ctx, uint32_t qidx, uint64_t ticket, struct tt_sqe* cmd,
+                                  uint32_t ref, struct tt_ioctx* io, bool publish) {
     struct tt_nvmeq* q = &ctx->queues[qidx];
     const uint32_t depth = q->depth;
     const uint32_t slot = (uint32_t)(ticket % depth);
@@ -302,7 +311,7 @@ TT_DEVICE uint32_t tt_sq_submit(const struct tt_exec_ctx* ctx, uint32_t qidx, ui
     tt_st_relaxed_u64(&io->ticket, ticket);
     tt_st_relaxed_u64(&q->slot_time[slot], 0);
     tt_st_release_u64(&q->slot_owner[slot], ((uint64_t)ref << 32) | lap);
-    const uint32_t cid = slot | ((lap & tt_cid_gen_mask(q)) << q->cid_shift);
+    const uint32_t cid = tt_cid(q, slot, lap);
     cmd->w[0] = (cmd->w[0] & ~0xFFFF0000ull) | ((uint64_t)cid << 16);
     uint64_t* entry = (uint64_t*)(q->sq + (size_t)slot * 64u);
     for (int k = 0; k < 8; k++) tt_st_relaxed_u64(&entry[k], cmd->w[k]);
@@ -328,40 +337,75 @@ TT_DEVICE void tt_warp_publish(const struct tt_exec_ctx* ctx, int32_t queue) {
     tt_sq_publish(&ctx->queues[queue]);
 }
 
-/* Waits until IOCTX `index` of IOCB `b` (submitted by this lane) is finished,
- * reaping its queue meanwhile and expiring it once it is past the command
- * timeout. Its publication is bounded by the commands ahead of it (each bounded
- * the same way) unless it lies behind a dead queue's hole; a hard deadline of
- * submit + 2 x command timeout backs both arguments up. */
+/* A lane's wait for one command it submitted: what tt_wait_poll needs, read once. */
+struct tt_waiter {
+    uint64_t owner;  /* the slot owner word of the command */
+    uint64_t ticket;
+    uint64_t hard;   /* the hard deadline */
+    uint64_t now;    /* the last clock reading */
+    uint32_t qidx;
+    uint32_t polls;
+};
+
+/* Starts waiting for IOCTX `index` of IOCB `b`, which this lane submitted (tt_sq_submit
+ * returned TT_STATUS_PENDING). */
+TT_DEVICE void tt_wait_begin(const struct tt_exec_ctx* ctx, uint32_t b, uint32_t index, struct tt_waiter* w) {
+    const struct tt_ioctx* io = &ctx->iocbs[b].ioctx[index];
+    w->qidx = tt_ld_relaxed_u32(&io->queue);
+    w->ticket = tt_ld_relaxed_u64(&io->ticket);
+    w->owner = ((uint64_t)tt_ioctx_ref(b, index) << 32) | (uint32_t)(w->ticket / ctx->queues[w->qidx].depth);
+    w->hard = tt_now_ns() + ctx->submit_timeout_ns + 2 * ctx->command_timeout_ns;
+    w->now = 0;
+    w->polls = 0;
+}
+
+/* One look at the command of `w`: reaps its queue, expires it once it is past the command
+ * timeout, publishes what is ready. True once the IOCTX is finished (any status); else
+ * *reaped says whether this look consumed completions (a caller backs off when it did not).
+ * Its publication is bounded by the commands ahead of it (each bounded the same way)
+ * unless it lies behind a dead queue's hole; the hard deadline of submit + 2 x command
+ * timeout backs both arguments up. */
+#if defined(__CUDACC__)
+#define TT_WAIT_CLOCK_POLLS 1u /* the GPU's clock is a register read */
+#else
 #define TT_WAIT_CLOCK_POLLS 8u
-TT_DEVICE void tt_wait_ioctx(const struct tt_exec_ctx* ctx, uint32_t b, uint32_t index) {
+#endif
+TT_NOINLINE bool tt_wait_poll(const struct tt_exec_ctx* ctx, uint32_t b, uint32_t index, struct tt_waiter* w,
+                              bool* reaped) {
+    *reaped = false;
     struct tt_ioctx* io = &ctx->iocbs[b].ioctx[index];
-    if (tt_ld_acquire_u32(&io->status) != TT_STATUS_PENDING) return;
-    const uint32_t qidx = tt_ld_relaxed_u32(&io->queue);
-    struct tt_nvmeq* q = &ctx->queues[qidx];
-    const uint64_t ticket = tt_ld_relaxed_u64(&io->ticket);
-    const uint32_t slot = (uint32_t)(ticket % q->depth);
-    const uint64_t owner = ((uint64_t)tt_ioctx_ref(b, index) << 32) | (uint32_t)(ticket / q->depth);
-    const uint64_t hard = tt_now_ns() + ctx->submit_timeout_ns + 2 * ctx->command_timeout_ns;
+    if (tt_ld_acquire_u32(&io->status) != TT_STATUS_PENDING) return true;
+    struct tt_nvmeq* q = &ctx->queues[w->qidx];
+    const uint32_t slot = (uint32_t)(w->ticket % q->depth);
+    /* One clock reading every TT_WAIT_CLOCK_POLLS polls: on the host it costs more
+     * than the poll itself. An older reading only makes an expiry later, by at
+     * most that many backoff sleeps (each <= max_backoff). */
+    if (w->polls++ % TT_WAIT_CLOCK_POLLS == 0) w->now = tt_now_ns();
+    if (w->now > w->hard && tt_slot_expire(ctx, q, slot, w->owner, w->now, true)) return true;
+    bool expired = false;
+    const uint32_t n = tt_cq_reap_expire(ctx, q, slot, w->owner, w->now, &expired);
+    if (expired) return true;
+    if (!n) tt_sq_publish(q);
+    if (tt_ld_acquire_u32(&q->dead) && w->ticket > tt_ld_acquire_u64(&q->hole) &&
+        tt_atomic_cas_u64(&q->slot_owner[slot], w->owner, TT_SLOT_FREE) == w->owner) {
+        /* Behind the hole: never published, never seen by the controller. */
+        tt_finish_ioctx(ctx, tt_ioctx_ref(b, index), TT_STATUS(TT_KIND_QUEUE_DEAD, w->qidx), 0);
+        tt_st_release_u32(&q->slot_turn[slot], (uint32_t)w->owner + 1u);
+        return true;
+    }
+    *reaped = n != 0;
+    return false;
+}
+
+/* Waits until IOCTX `index` of IOCB `b` (submitted by this lane) is finished. */
+TT_DEVICE void tt_wait_ioctx(const struct tt_exec_ctx* ctx, uint32_t b, uint32_t index) {
+    if (tt_ld_acquire_u32(&ctx->iocbs[b].ioctx[index].status) != TT_STATUS_PENDING) return;
+    struct tt_waiter w;
+    tt_wait_begin(ctx, b, index, &w);
     uint32_t sleep = 32;
-    uint64_t now = 0;
-    for (uint32_t polls = 0; tt_ld_acquire_u32(&io->status) == TT_STATUS_PENDING; polls++) {
-        /* One clock reading every TT_WAIT_CLOCK_POLLS polls: on the host it costs more
-         * than the poll itself. An older reading only makes an expiry later, by at
-         * most that many backoff sleeps (each <= max_backoff). */
-        if (polls % TT_WAIT_CLOCK_POLLS == 0) now = tt_now_ns();
-        if (now > hard && tt_slot_expire(ctx, q, slot, owner, now, true)) return;
-        bool expired = false;
-        const uint32_t reaped = tt_cq_reap_expire(ctx, q, slot, owner, now, &expired);
-        if (expired) return;
-        if (!reaped) tt_sq_publish(q);
-        if (tt_ld_acquire_u32(&q->dead) && ticket > tt_ld_acquire_u64(&q->hole) &&
-            tt_atomic_cas_u64(&q->slot_owner[slot], owner, TT_SLOT_FREE) == owner) {
-            /* Behind the hole: never published, never seen by the controller. */
-            tt_finish_ioctx(ctx, tt_ioctx_ref(b, index), TT_STATUS(TT_KIND_QUEUE_DEAD, qidx), 0);
-            tt_st_release_u32(&q->slot_turn[slot], (uint32_t)owner + 1u);
-            return;
-        }
+    for (;;) {
+        bool reaped = false;
+        if (tt_wait_poll(ctx, b, index, &w, &reaped)) return;
         if (!reaped) tt_backoff(&sleep, ctx->max_backoff_ns);
     }
 }

@@ -7,13 +7,18 @@ namespace {
 void run_issue(const tt_host_args* a) { tt_gio_issue(a->ctx); }
 void run_persistent(const tt_host_args* a) { tt_gio_persistent(a->ctx); }
 void run_wait(const tt_host_args* a) { tt_gio_wait(a->ctx, a->ids, a->seqs, a->n, a->timeout_ns, a->result); }
+void run_copy(const tt_host_args* a) { tt_gio_copy(a->pairs, a->n, a->bytes); }
 }  // namespace
 
 extern "C" {
 
 /* Kernel ids, as in kernels/src/host.rs. */
 static tt_host_kernel_fn kernel_fn(uint32_t kernel) {
-    return kernel == 1 ? run_issue : kernel == 2 ? run_persistent : kernel == 3 ? run_wait : nullptr;
+    return kernel == 1   ? run_issue
+           : kernel == 2 ? run_persistent
+           : kernel == 3 ? run_wait
+           : kernel == 4 ? run_copy
+                         : nullptr;
 }
 
 void* tt_host_launch(uint32_t kernel, uint32_t grid, uint32_t block, const tt_host_args* args, char* err,

@@ -176,6 +176,10 @@ struct Warp {
     uint32_t match_gen[2] = {~0u, ~0u};
     bool any[2] = {};
     uint32_t any_gen[2] = {~0u, ~0u};
+    uint32_t ballot[2] = {};
+    uint32_t ballot_gen[2] = {~0u, ~0u};
+    uint32_t vote[2][8] = {};
+    uint32_t vote_gen[2] = {~0u, ~0u};
 };
 
 struct Lane {
@@ -546,6 +550,35 @@ bool tt_host_warp_any(bool pred) {
         w.any_gen[buf] = w.bar.gen;
     }
     return w.any[buf];
+}
+
+uint32_t tt_host_warp_ballot(bool pred) {
+    BlockRun* b = t_block;
+    Warp& w = b->warps[b->cur / 32];
+    const uint32_t buf = w.bar.gen & 1u;
+    tt_host_warp_exchange(pred ? 1 : 0);
+    if (w.ballot_gen[buf] != w.bar.gen) {
+        uint32_t bits = 0;
+        for (uint32_t i = 0; i < 32; i++) bits |= (uint32_t)(w.slots[buf][i] != 0) << i;
+        w.ballot[buf] = bits;
+        w.ballot_gen[buf] = w.bar.gen;
+    }
+    return w.ballot[buf];
+}
+
+void tt_host_warp_vote(uint32_t flags, uint32_t* masks, uint32_t n) {
+    BlockRun* b = t_block;
+    Warp& w = b->warps[b->cur / 32];
+    const uint32_t buf = w.bar.gen & 1u;
+    tt_host_warp_exchange(flags);
+    if (w.vote_gen[buf] != w.bar.gen) {
+        uint32_t m[8] = {};
+        for (uint32_t i = 0; i < 32; i++)
+            for (uint32_t k = 0, f = (uint32_t)w.slots[buf][i]; f && k < 8; k++, f >>= 1) m[k] |= (f & 1u) << i;
+        memcpy(w.vote[buf], m, sizeof m);
+        w.vote_gen[buf] = w.bar.gen;
+    }
+    for (uint32_t k = 0; k < n && k < 8; k++) masks[k] = w.vote[buf][k];
 }
 
 void tt_host_block_sync(void) {

@@ -31,6 +31,11 @@ const uint64_t* tt_host_warp_exchange(uint64_t v);
  * any lane passed true. */
 uint32_t tt_host_warp_match(uint32_t v);
 bool tt_host_warp_any(bool pred);
+/* Bit i: lane i passed true (__ballot_sync), computed once per warp like `any`. */
+uint32_t tt_host_warp_ballot(bool pred);
+/* Ballots of bits 0 .. n-1 (n <= 8) of every lane's `flags` from one exchange: masks[k] bit i
+ * is lane i's bit k. */
+void tt_host_warp_vote(uint32_t flags, uint32_t* masks, uint32_t n);
 /* __syncthreads. */
 void tt_host_block_sync(void);
 /* Storage shared by the lanes of this block; successive calls get successive chunks. */
@@ -55,6 +60,8 @@ struct tt_host_args {
     uint32_t rsvd;
     uint64_t timeout_ns;
     uint32_t* result;
+    const uint64_t* pairs; /* tt_gio_copy */
+    uint64_t bytes;        /* tt_gio_copy */
 };
 
 typedef void (*tt_host_kernel_fn)(const struct tt_host_args*);

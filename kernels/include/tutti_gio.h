@@ -32,7 +32,7 @@ typedef long long int64_t;
 #include <stdint.h>
 #endif
 
-#define TT_ABI_VERSION 4u
+#define TT_ABI_VERSION 5u
 
 /* One IOCB carries at most this many IOCTXs: one per thread of two 1024-thread blocks. */
 #define TT_IOCB_MAX_IOCTX 2048u
@@ -106,6 +106,15 @@ typedef long long int64_t;
 /* tt_drive.flags */
 #define TT_DRIVE_SGL 0x1u       /* the controller accepts SGLs (Identify SGLS != 0) */
 #define TT_DRIVE_SGL_DWORD 0x2u /* ... with dword alignment (SGLS = 10b) */
+
+/* tt_nvmeq.slot_late: the slot's last expired command (low 16 bits: its CID) ... */
+#define TT_LATE_EXPIRED 0x80000000u
+/* ... whose completion came after all. */
+#define TT_LATE_ARRIVED 0x40000000u
+
+/* tt_staging.held[2 * slot]: 0, or the withheld slot's command (see tt_staging). */
+#define TT_HELD_VALID 0x8000000000000000ull
+#define TT_HELD_TICKET_BITS 40u
 
 /* tt_nvmeq.slot_owner value of a slot with no command in flight. */
 #define TT_SLOT_FREE 0xFFFFFFFFFFFFFFFFull
@@ -236,12 +245,17 @@ struct tt_drive {
  * then reads `users`, so one side always sees the other); if set it leaves
  * again and the command fails with TT_KIND_QUEUE_RECOVERING. A lane leaves
  * once its command has finished. With `recovering` set and `users` at 0 no
- * lane is inside the queue, and the host may delete, recreate and reset it.
+ * lane is inside the queue, and the host may delete, recreate and reset it;
+ * it bumps `epoch` once the new pair exists (before it opens the gate), so
+ * whatever waited on a command of the old pair (a withheld staging slot) knows
+ * the drive can no longer touch it.
  */
 struct tt_qgate {
     uint32_t recovering; /* host: 1 while the queue is being recovered (or failed to recover) */
     uint32_t users;      /* executor: commands between admission and their finish */
-    uint64_t rsvd[7];
+    uint32_t epoch;      /* host: bumped each time the queue pair was deleted and created again */
+    uint32_t rsvd0;
+    uint64_t rsvd[6];
 };
 
 /*
@@ -255,7 +269,12 @@ struct tt_qgate {
  * publishes every contiguous ready slot with one doorbell write and stamps
  * their slot_time (a command's timeout runs from publication). The CID is
  * the slot in the low cid_shift bits and the lap's low bits above them, so a
- * completion that arrives after its command was expired is recognised.
+ * completion that arrives after its command was expired is recognised: the
+ * expiry records TT_LATE_EXPIRED | CID in slot_late[slot], and such a late
+ * completion turns it into TT_LATE_ARRIVED | CID (the drive is then done
+ * with the command's data). A CID names one command within a window of
+ * depth << (16 - cid_shift) tickets; a completion later than that is
+ * indistinguishable from a newer command's, here as everywhere in the queue.
  */
 struct tt_nvmeq {
     uint8_t* sq;           /* depth x 64-byte submission entries */
@@ -272,7 +291,8 @@ struct tt_nvmeq {
     uint32_t cid_shift; /* bits of the CID that hold the slot */
     struct tt_qgate* gate; /* shared memory: the host's hold on this queue */
     uint32_t* wake;        /* host lanes: emulated controller's wake word, or NULL */
-    uint64_t pad0[4];
+    uint32_t* slot_late;   /* [depth] TT_LATE_* | CID of the last command expired in the slot */
+    uint64_t pad0[3];
     /* submission */
     uint64_t ticket;
     uint64_t hole; /* lowest ticket whose submitter gave up (never published), or ~0 */
@@ -307,9 +327,17 @@ struct tt_nvmeq {
  * Free slot indices sit in the ring `free` (capacity >= nslots): a lane pops
  * one before it builds a command, waits (bounded by the submit deadline) when
  * none is free, and pushes it back once the command has finished and its data
- * was copied. A slot whose command ended without a known outcome (expired,
- * stranded on a dead queue) may still be written by its drive: it is never
- * handed out again (`withheld`).
+ * was copied.
+ *
+ * A slot whose command ended without a known outcome (expired, stranded on a
+ * dead queue) may still be written by its drive: it is withheld, recorded in
+ * held[2 * s] = TT_HELD_VALID | (withhold number, 23 bits) << 40 | ticket (low
+ * 40 bits) and held[2 * s + 1] = queue << 48 | CID << 32 | the queue gate's
+ * epoch then. It goes back to `free` once the drive can no longer touch it:
+ * the queue's epoch moved on (the pair was deleted and created again), or the
+ * command's late completion arrived (its queue's slot_late says so, within the
+ * CID window). Lanes running this table's IOCBs look for such slots
+ * (tt_stage_reclaim) whenever held_now is not 0.
  */
 struct tt_staging {
     struct tt_ring* free;  /* executor memory: free slot indices */
@@ -320,10 +348,13 @@ struct tt_staging {
     uint32_t sgl_drives;   /* bit d: pool drive d takes SGL descriptors, else PRPs */
     uint32_t page_shift;   /* PRP page size (the controllers' memory page size) */
     /* executor counters */
-    uint64_t waits;        /* times a lane found no free slot */
-    uint64_t withheld;     /* slots never returned: their command's outcome is unknown */
-    uint64_t staged_bytes; /* bytes copied between slots and KV memory */
-    uint64_t rsvd[4];
+    uint64_t waits;           /* times a lane found no free slot */
+    uint64_t withheld;        /* times a slot was withheld: its command's outcome unknown */
+    uint64_t staged_bytes;    /* bytes copied between slots and KV memory */
+    uint64_t* held;           /* [nslots][2], executor memory: what each withheld slot waits for */
+    uint64_t held_now;        /* slots withheld now */
+    uint64_t reclaimed_reset; /* withheld slots given back after their queue was recreated */
+    uint64_t reclaimed_late;  /* ... after their command's late completion */
 };
 
 /*

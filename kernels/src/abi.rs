@@ -6,7 +6,7 @@
 
 use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
-pub const ABI_VERSION: u32 = 4;
+pub const ABI_VERSION: u32 = 5;
 pub const IOCB_MAX_IOCTX: usize = 2048;
 pub const IOCTX_INDEX_BITS: u32 = 11;
 pub const IOCB_MAX_PAIRS: usize = 1024;
@@ -64,6 +64,14 @@ pub const DRIVE_SGL_DWORD: u32 = 0x2;
 
 pub const SLOT_FREE: u64 = u64::MAX;
 pub const NO_ERROR: u64 = u64::MAX;
+/// `tt_nvmeq.slot_late`: the slot's last expired command (low 16 bits: its CID) ...
+pub const LATE_EXPIRED: u32 = 0x8000_0000;
+/// ... whose completion came after all.
+pub const LATE_ARRIVED: u32 = 0x4000_0000;
+/// `tt_staging.held[2 * slot]` of a withheld slot has this bit set.
+pub const HELD_VALID: u64 = 1 << 63;
+/// Low bits of a withheld slot's command ticket kept in `held[2 * slot]`.
+pub const HELD_TICKET_BITS: u32 = 40;
 
 /// `TT_STATUS(kind, detail)`.
 pub const fn status(kind: u32, detail: u32) -> u32 {
@@ -207,7 +215,10 @@ pub struct DriveDesc {
 pub struct QueueGate {
     pub recovering: u32,
     pub users: u32,
-    pub rsvd: [u64; 7],
+    /// Host: bumped each time the queue pair was deleted and created again.
+    pub epoch: u32,
+    pub rsvd0: u32,
+    pub rsvd: [u64; 6],
 }
 
 /// `struct tt_nvmeq`: configuration, then state only the executor touches.
@@ -231,7 +242,9 @@ pub struct NvmeQueue {
     /// Host lanes only: executor address of an emulated controller's wake
     /// word, woken after each doorbell store (0: none; a GPU leaves it alone).
     pub wake: u64,
-    pub pad0: [u64; 4],
+    /// Executor address of `[depth]` u32: `LATE_*` | CID of the last command expired in each slot.
+    pub slot_late: u64,
+    pub pad0: [u64; 3],
     pub ticket: u64,
     pub hole: u64,
     pub pad1: [u64; 6],
@@ -302,11 +315,18 @@ pub struct StagingDesc {
     pub page_shift: u32,
     /// Executor: times a lane found no free slot.
     pub waits: u64,
-    /// Executor: slots kept out of use after a command of unknown outcome.
+    /// Executor: times a slot was kept out of use after a command of unknown outcome.
     pub withheld: u64,
     /// Executor: bytes copied between slots and KV memory.
     pub staged_bytes: u64,
-    pub rsvd: [u64; 4],
+    /// Executor address of `[nslots][2]` u64: what each withheld slot waits for (see `tutti_gio.h`).
+    pub held: u64,
+    /// Executor: slots withheld now.
+    pub held_now: u64,
+    /// Executor: withheld slots given back after their queue pair was deleted and created again.
+    pub reclaimed_reset: u64,
+    /// Executor: withheld slots given back after their command's late completion.
+    pub reclaimed_late: u64,
 }
 
 /// `struct tt_pair_list`: a registered (file, block) pair list.

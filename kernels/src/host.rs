@@ -21,6 +21,10 @@ pub struct HostArgs {
     pub rsvd: u32,
     pub timeout_ns: u64,
     pub result: *mut u32,
+    /// `tt_gio_copy`: `[n][2]` source and destination addresses.
+    pub pairs: *const u64,
+    /// `tt_gio_copy`: bytes per chunk.
+    pub bytes: u64,
 }
 
 impl HostArgs {
@@ -34,7 +38,14 @@ impl HostArgs {
             rsvd: 0,
             timeout_ns: 0,
             result: std::ptr::null_mut(),
+            pairs: std::ptr::null(),
+            bytes: 0,
         }
+    }
+
+    /// Arguments of `tt_gio_copy`: `n` chunks of `bytes`, chunk c from `pairs[2c]` to `pairs[2c + 1]`.
+    pub fn copy(pairs: *const u64, n: u32, bytes: u64) -> Self {
+        HostArgs { pairs, n, bytes, ..HostArgs::exec(std::ptr::null_mut()) }
     }
 }
 
@@ -44,11 +55,13 @@ pub enum HostKernel {
     Issue = 1,
     Persistent = 2,
     Wait = 3,
+    Copy = 4,
 }
 
 impl HostKernel {
     /// Every kernel of the host build.
-    pub const ALL: [HostKernel; 3] = [HostKernel::Issue, HostKernel::Persistent, HostKernel::Wait];
+    pub const ALL: [HostKernel; 4] =
+        [HostKernel::Issue, HostKernel::Persistent, HostKernel::Wait, HostKernel::Copy];
 
     /// The kernel whose entry point is called `name`.
     pub fn from_name(name: &str) -> Option<HostKernel> {
@@ -60,6 +73,7 @@ impl HostKernel {
             HostKernel::Issue => crate::KERNEL_ISSUE,
             HostKernel::Persistent => crate::KERNEL_PERSISTENT,
             HostKernel::Wait => crate::KERNEL_WAIT,
+            HostKernel::Copy => crate::KERNEL_COPY,
         }
     }
 }

@@ -9,7 +9,8 @@
 //!   threads, one per CUDA thread — the executor used without a GPU.
 //!
 //! Kernels: `tt_gio_issue` (launch mode), `tt_gio_persistent` (SQPOLL mode),
-//! `tt_gio_wait` (waits for IOCB completions on a stream).
+//! `tt_gio_wait` (waits for IOCB completions on a stream), `tt_gio_copy` (the
+//! staged path's warp copy alone, for `tutti bench staged`).
 
 // Libraries report through return values and `tracing`, never by printing.
 #![warn(clippy::print_stdout, clippy::print_stderr)]
@@ -31,13 +32,18 @@ pub const GIO_PROGRAM: &str = "tutti_gio.cu";
 pub const KERNEL_ISSUE: &str = "tt_gio_issue";
 pub const KERNEL_PERSISTENT: &str = "tt_gio_persistent";
 pub const KERNEL_WAIT: &str = "tt_gio_wait";
-pub const KERNELS: [&str; 3] = [KERNEL_ISSUE, KERNEL_PERSISTENT, KERNEL_WAIT];
+pub const KERNEL_COPY: &str = "tt_gio_copy";
+pub const KERNELS: [&str; 4] = [KERNEL_ISSUE, KERNEL_PERSISTENT, KERNEL_WAIT, KERNEL_COPY];
 /// Threads per block the issue kernels are compiled for (`TT_GIO_BLOCK_THREADS`).
 pub const GPU_BLOCK_THREADS: u32 = 512;
 
 /// The parameter sizes (bytes, in order) every launcher passes each kernel:
 /// `tt_gio_issue(ctx)`, `tt_gio_persistent(ctx)`,
-/// `tt_gio_wait(ctx, ids, seqs, n, timeout_ns, done)`. The cubin's own
-/// parameter tables must match (`kernels/tests/sass.rs`).
-pub const KERNEL_PARAMS: [(&str, &[u32]); 3] =
-    [(KERNEL_ISSUE, &[8]), (KERNEL_PERSISTENT, &[8]), (KERNEL_WAIT, &[8, 8, 8, 4, 8, 8])];
+/// `tt_gio_wait(ctx, ids, seqs, n, timeout_ns, done)`, `tt_gio_copy(pairs, n, bytes)`.
+/// The cubin's own parameter tables must match (`kernels/tests/sass.rs`).
+pub const KERNEL_PARAMS: [(&str, &[u32]); 4] = [
+    (KERNEL_ISSUE, &[8]),
+    (KERNEL_PERSISTENT, &[8]),
+    (KERNEL_WAIT, &[8, 8, 8, 4, 8, 8]),
+    (KERNEL_COPY, &[8, 4, 8]),
+];

@@ -18,6 +18,10 @@
 //! (branch targets, predicated branches and exits, calls). A call counts as a
 //! store unless the callee has neither stores nor fences (ptxas' integer
 //! division helpers). Indirect branches make the check fail rather than guess.
+//!
+//! [`copy_loop`] reads the staged path's warp copy (`tt_warp_copy`): the
+//! widest global loads and stores of its loops, and how many loads a lane has
+//! issued before the first store that consumes one of them (loads in flight).
 
 use crate::error::KernelError;
 use std::collections::HashMap;
@@ -127,6 +131,8 @@ pub struct Instr {
     pub opcode: String,
     /// Branch or call target label, e.g. `.L_x_12`.
     pub target: Option<String>,
+    /// The operands as printed, e.g. `R12, desc[UR18][R50.64]`.
+    pub operands: String,
 }
 
 impl Instr {
@@ -196,10 +202,11 @@ pub fn parse(listing: &str) -> Vec<Function> {
             None
         };
         let target = body.split_once("`(").and_then(|(_, t)| t.split_once(')')).map(|(t, _)| t.to_string());
+        let operands = body.split_once(first).map_or("", |(_, rest)| rest).trim().to_string();
         for l in pending_labels.drain(..) {
             f.labels.insert(l, f.instrs.len());
         }
-        f.instrs.push(Instr { addr, pred, opcode: first.to_string(), target });
+        f.instrs.push(Instr { addr, pred, opcode: first.to_string(), target, operands });
     }
     funcs
 }
@@ -397,6 +404,109 @@ pub fn check(funcs: &[Function]) -> Result<Report, KernelError> {
     Ok(report)
 }
 
+/// What the machine code of a copy loop does (see [`copy_loop`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CopyLoop {
+    /// Address of the loop's first instruction (its backward branch's target).
+    pub start: u64,
+    /// Global loads (`LDG`) and stores (`STG`) in the loop, with their modifiers.
+    pub loads: Vec<String>,
+    pub stores: Vec<String>,
+    /// Loads issued, from the loop's start, before the first store whose data
+    /// registers one of them writes: how many a lane has in flight when it
+    /// must first wait for one.
+    pub in_flight: usize,
+    /// Local-memory loads and stores (spills) inside the loop.
+    pub local: usize,
+}
+
+impl CopyLoop {
+    /// Every global load and store of the loop moves 128 bits.
+    pub fn all_128_bit(&self) -> bool {
+        let wide = |o: &String| o.split('.').any(|m| m == "128");
+        !self.loads.is_empty()
+            && !self.stores.is_empty()
+            && self.loads.iter().all(wide)
+            && self.stores.iter().all(wide)
+    }
+    /// Every global load is strong at system scope (`.STRONG.SYS`): not served from the SM's L1.
+    pub fn loads_strong_sys(&self) -> bool {
+        let sys = |o: &String| o.split('.').any(|m| m == "STRONG") && o.split('.').any(|m| m == "SYS");
+        !self.loads.is_empty() && self.loads.iter().all(sys)
+    }
+}
+
+/// The registers an operand such as `R12` names for an access of `width` bits
+/// (a 128-bit access uses R12..R15).
+fn registers(op: &str, width: u32) -> Option<std::ops::Range<u32>> {
+    let n: u32 = op.trim().strip_prefix('R')?.parse().ok()?;
+    Some(n..n + (width / 32).max(1))
+}
+
+fn access_width(opcode: &str) -> u32 {
+    opcode
+        .split('.')
+        .find_map(|m| m.parse::<u32>().ok())
+        .filter(|w| [8, 16, 32, 64, 128].contains(w))
+        .unwrap_or(32)
+}
+
+/// The loops of `f` (a backward branch and its target) that both load and store
+/// global memory, each read as a [`CopyLoop`], in address order.
+pub fn copy_loops(f: &Function) -> Vec<CopyLoop> {
+    let mut out = Vec::new();
+    for (end, br) in f.instrs.iter().enumerate() {
+        if br.base() != "BRA" {
+            continue;
+        }
+        let Some(&start) = br.target.as_deref().and_then(|t| f.labels.get(t)) else { continue };
+        if start > end {
+            continue;
+        }
+        let body = &f.instrs[start..=end];
+        let mut l = CopyLoop { start: f.instrs[start].addr, ..Default::default() };
+        let mut loaded: Vec<std::ops::Range<u32>> = Vec::new();
+        let mut first_use = None;
+        for ins in body {
+            match ins.base() {
+                "LDG" => {
+                    l.loads.push(ins.opcode.clone());
+                    // Destination first: `R12, desc[UR18][R50.64]`.
+                    if let Some(r) =
+                        ins.operands.split(',').next().and_then(|d| registers(d, access_width(&ins.opcode)))
+                    {
+                        loaded.push(r);
+                    }
+                }
+                "STG" => {
+                    l.stores.push(ins.opcode.clone());
+                    // Data last: `desc[UR18][R8.64], R12`.
+                    let data =
+                        ins.operands.rsplit(',').next().and_then(|d| registers(d, access_width(&ins.opcode)));
+                    if first_use.is_none()
+                        && data.is_some_and(|d| loaded.iter().any(|r| r.start < d.end && d.start < r.end))
+                    {
+                        first_use = Some(loaded.len());
+                    }
+                }
+                "LDL" | "STL" => l.local += 1,
+                _ => {}
+            }
+        }
+        if l.loads.is_empty() || l.stores.is_empty() {
+            continue;
+        }
+        l.in_flight = first_use.unwrap_or(0);
+        out.push(l);
+    }
+    out
+}
+
+/// The copy loop of `f` with the most loads in flight (ties: the first).
+pub fn copy_loop(f: &Function) -> Option<CopyLoop> {
+    copy_loops(f).into_iter().reduce(|best, l| if l.in_flight > best.in_flight { l } else { best })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -512,5 +622,51 @@ $helper:
         let body = "        /*0000*/                   STL [R1], R2 ;\n        /*0010*/                   LDL R3, [R1] ;\n        /*0020*/                   EXIT ;\n";
         let r = check(&listing(body)).unwrap();
         assert_eq!((r.functions[0].local_stores, r.functions[0].local_loads), (1, 1));
+    }
+
+    const COPY: &str = "
+.L_x_13:
+        /*0ba0*/                   LDG.E.128.STRONG.SYS R8, desc[UR8][R4.64] ;
+        /*0bd0*/                   LDG.E.128.STRONG.SYS R12, desc[UR10][R4.64+0x200] ;
+        /*0bf0*/                   LDG.E.128.STRONG.SYS R16, desc[UR12][R4.64+0x400] ;
+        /*0c00*/                   IADD3 R4, P1, R4, 0x600, RZ ;
+        /*0cf0*/                   STG.E.128 desc[UR8][R6.64], R8 ;
+        /*0d00*/                   STG.E.128 desc[UR10][R6.64+0x200], R12 ;
+        /*0d10*/                   STG.E.128 desc[UR12][R6.64+0x400], R16 ;
+        /*0d70*/               @P2 BRA `(.L_x_13) ;
+        /*0d80*/                   RET.REL.NODEC R2 `(k) ;
+";
+
+    #[test]
+    fn a_copy_loop_reports_its_widths_and_loads_in_flight() {
+        let f = &listing(COPY)[0];
+        let l = copy_loop(f).unwrap();
+        assert_eq!((l.loads.len(), l.stores.len(), l.in_flight, l.local), (3, 3, 3, 0));
+        assert!(l.all_128_bit() && l.loads_strong_sys());
+        assert_eq!(l.start, 0xba0);
+    }
+
+    #[test]
+    fn a_copy_that_stores_each_word_before_the_next_load_has_one_in_flight() {
+        // The old staged copy: one load, its store, the next load.
+        let body = "
+.L_x_1:
+        /*0000*/                   LDG.E.64.STRONG.SYS R8, desc[UR8][R4.64] ;
+        /*0010*/                   STG.E.64 desc[UR8][R6.64], R8 ;
+        /*0020*/                   LDG.E.64.STRONG.SYS R10, desc[UR8][R4.64+0x8] ;
+        /*0030*/                   STG.E.64 desc[UR8][R6.64+0x8], R10 ;
+        /*0040*/               @P2 BRA `(.L_x_1) ;
+";
+        let l = copy_loop(&listing(body)[0]).unwrap();
+        assert_eq!(l.in_flight, 1);
+        assert!(!l.all_128_bit());
+        // A store of a register no load wrote does not end the count early.
+        let unrelated = COPY.replace("STG.E.128 desc[UR8][R6.64], R8", "STG.E.128 desc[UR8][R6.64], R40");
+        assert_eq!(copy_loop(&listing(&unrelated)[0]).unwrap().in_flight, 3);
+        // Weak loads (an L1 hit may be stale) are told apart.
+        let weak = COPY.replace("LDG.E.128.STRONG.SYS R12", "LDG.E.128 R12");
+        assert!(!copy_loop(&listing(&weak)[0]).unwrap().loads_strong_sys());
+        // No backward branch, no loop.
+        assert!(copy_loop(&listing(&COPY.replace("@P2 BRA", "@P2 NOP"))[0]).is_none());
     }
 }

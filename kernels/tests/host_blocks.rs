@@ -21,9 +21,8 @@ fn counted(grid: u32, first: u32, count: u32, n: usize) -> u32 {
         ids: ids.as_ptr(),
         seqs: seqs.as_ptr(),
         n: n as u32,
-        rsvd: 0,
-        timeout_ns: 0,
         result: &mut done,
+        ..HostArgs::exec(std::ptr::null_mut())
     };
     // SAFETY: everything `args` reaches lives until the launch is joined right here.
     let launch = unsafe { HostLaunch::start_blocks(HostKernel::Wait, grid, first, count, 32, args) }.unwrap();

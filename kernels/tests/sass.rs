@@ -3,7 +3,10 @@
 //! - every doorbell (MMIO) store has a system fence before it and after it on
 //!   every path (`nvdisasm` from the pip wheel);
 //! - registers and local-memory spills per kernel are reported and bounded;
-//! - the cubin's parameter tables match what the launchers pass (`KERNEL_PARAMS`).
+//! - the cubin's parameter tables match what the launchers pass (`KERNEL_PARAMS`);
+//! - the staged path's copy (`tt_warp_copy`, which `tt_process_staged` calls)
+//!   moves 128-bit words with strong system-scope loads, several of them in
+//!   flight per lane before the first store that needs one.
 //!
 //! Skips (with the reason; under CI=true fails) when libnvrtc or nvdisasm
 //! cannot be found; `scripts/nvrtc-check --install` installs both wheels.
@@ -18,8 +21,8 @@ mod skip;
 use std::sync::OnceLock;
 use std::time::Duration;
 use tutti_kernels::{
-    cubin, nvrtc, sass, GPU_BLOCK_THREADS, KERNELS, KERNEL_ISSUE, KERNEL_PARAMS, KERNEL_PERSISTENT,
-    KERNEL_WAIT,
+    cubin, nvrtc, sass, GPU_BLOCK_THREADS, KERNELS, KERNEL_COPY, KERNEL_ISSUE, KERNEL_PARAMS,
+    KERNEL_PERSISTENT, KERNEL_WAIT,
 };
 
 fn compiled() -> Option<&'static nvrtc::Compiled> {
@@ -94,18 +97,26 @@ fn registers_and_spills_are_bounded() {
         let k = c.kernels.iter().find(|k| k.name == name).unwrap();
         println!(
             "{name}: {} registers (cap {cap}), spill stores {} B, spill loads {} B, stack {} B",
-            k.registers, k.registers, k.spill_stores, k.spill_loads
+            k.registers, k.spill_stores, k.spill_loads, k.stack_frame
         );
         assert!(k.registers <= cap, "{name} uses {} registers, more than {cap}", k.registers);
         // Spills go to local memory (cached in L1/L2, backed by HBM): tolerable on a path
         // that waits on NVMe, but a growing amount is a regression to look at. NVRTC 12.9
-        // spills 316 B each way in tt_process_part since the staged path joined the direct
-        // one under the 64-register cap (84/56 B before); the bound leaves room, not licence.
+        // spilled 316 B each way in tt_process_part once the staged path joined the direct
+        // one under the 64-register cap (84/56 B before), 376/408 B later. The warp-stepped
+        // staged loop (issue 27) holds more per lane across its steps: inlined as before it
+        // spilled ~730 B; with the staged loop, its copy, the command builder, the submission,
+        // the poll and the CQ drain as calls of their own it is ~400/480 B in all, and none
+        // of it in the copy loop (the test below). The bound leaves room, not licence.
         assert!(k.spill_stores <= 512 && k.spill_loads <= 512, "{name} spills {k:?}");
     }
     let local: usize = funcs.iter().map(|f| f.count("STL") + f.count("LDL")).sum();
     println!("local-memory instructions in all functions: {local}");
-    assert!(local <= 384, "{local} local-memory loads/stores in the SASS");
+    // Both issue kernels carry their own copy of every function they call. 336 before the
+    // warp-stepped staged loop, 616 with it: a lane's command and wait state live in local
+    // memory (L1) between the warp's steps, and tt_wait_poll reads its waiter there. None of
+    // it is in the copy loop (the test below).
+    assert!(local <= 704, "{local} local-memory loads/stores in the SASS");
 }
 
 #[test]
@@ -136,5 +147,71 @@ fn parameter_tables_match_the_launchers() {
         assert_eq!(k.max_threads, Some(GPU_BLOCK_THREADS), "{name}: __launch_bounds__ thread limit");
         let from_ptxas = c.kernels.iter().find(|r| r.name == name).unwrap().registers;
         assert_eq!(k.registers, Some(from_ptxas), "{name}: cubin REGCOUNT differs from ptxas' report");
+    }
+}
+
+#[test]
+fn the_staged_copy_moves_128_bit_words_with_several_loads_in_flight() {
+    let Some(funcs) = listing() else { return };
+    // ptxas compiles a __noinline__ function once per kernel that calls it.
+    for k in [KERNEL_ISSUE, KERNEL_PERSISTENT, KERNEL_COPY] {
+        let copies: Vec<&sass::Function> =
+            funcs.iter().filter(|f| f.name.contains(k) && f.name.contains("tt_warp_copy")).collect();
+        assert_eq!(copies.len(), 1, "{k}: expected one tt_warp_copy in its SASS");
+        let f = copies[0];
+        let l = sass::copy_loop(f).unwrap_or_else(|| panic!("{}: no loop that loads and stores", f.name));
+        println!(
+            "{}: loop at {:#x}: {} loads ({}), {} stores ({}), {} in flight before the first dependent store, {} local",
+            f.name,
+            l.start,
+            l.loads.len(),
+            l.loads.first().map_or("", String::as_str),
+            l.stores.len(),
+            l.stores.first().map_or("", String::as_str),
+            l.in_flight,
+            l.local
+        );
+        assert!(
+            l.all_128_bit(),
+            "{}: not every global load and store of the copy loop is 128-bit: {l:?}",
+            f.name
+        );
+        assert!(
+            l.loads_strong_sys(),
+            "{}: the slot loads must be strong at system scope (an L1 hit may be a reused slot's old bytes): {l:?}",
+            f.name
+        );
+        assert!(
+            l.in_flight >= 2,
+            "{}: {} load(s) in flight before the first dependent store",
+            f.name,
+            l.in_flight
+        );
+        assert_eq!(l.local, 0, "{}: local-memory traffic inside the copy loop", f.name);
+    }
+    // ... and it is what the staged loop copies chunks with (directly or through a callee).
+    for k in [KERNEL_ISSUE, KERNEL_PERSISTENT] {
+        let staged = funcs
+            .iter()
+            .find(|f| f.name.contains(k) && f.name.contains("tt_process_staged"))
+            .unwrap_or_else(|| panic!("{k}: no tt_process_staged in its SASS"));
+        let mut reached = vec![staged.name.clone()];
+        let mut at = 0;
+        while at < reached.len() {
+            let f = funcs.iter().find(|f| f.name == reached[at]);
+            at += 1;
+            let callees =
+                f.into_iter().flat_map(|f| f.instrs.iter()).filter(|i| i.opcode.starts_with("CALL"));
+            for t in callees.filter_map(|i| i.target.clone()) {
+                if !reached.contains(&t) {
+                    reached.push(t);
+                }
+            }
+        }
+        assert!(
+            reached.iter().any(|n| n.contains("tt_warp_copy")),
+            "{}: never reaches tt_warp_copy (calls {reached:?})",
+            staged.name
+        );
     }
 }

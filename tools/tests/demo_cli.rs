@@ -192,3 +192,21 @@ fn namespaces_with_metadata_or_zones_are_refused_by_name() {
         assert!(err.contains("reformat") || err.contains("NVM command set"), "{flag:?}: a remedy: {err}");
     }
 }
+
+#[test]
+fn host_kv_memory_moves_on_the_staged_path_with_host_staged() {
+    // Both executor modes: the lanes copy every chunk between its staging slot and KV memory.
+    for mode in ["persistent", "launch"] {
+        let r = json(&[&SMALL[..], &["--kv-memory", "host-staged", "--executor", mode]].concat());
+        assert_eq!(r["pool"]["data_path"]["mode"], "staged", "{mode}: {}", r["pool"]["data_path"]);
+        let want = r["request_bytes"].as_u64().unwrap();
+        assert_eq!(r["retrieve"]["verified_bytes"].as_u64(), Some(want), "{mode}");
+        assert_eq!(r["reopen"]["verified_bytes"].as_u64(), Some(want), "{mode}");
+        let staging = &r["pool"]["data_path"]["staging"];
+        assert_eq!(staging["withheld"].as_u64(), Some(0), "{mode}: {staging}");
+        assert!(
+            staging["staged_bytes"].as_u64().unwrap() >= 2 * want,
+            "{mode}: stored and retrieved through slots: {staging}"
+        );
+    }
+}

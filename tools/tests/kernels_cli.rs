@@ -69,4 +69,14 @@ fn the_sass_check_passes_and_says_what_it_checked() {
     let (ok, text, err) = kernels(&["--sass"]);
     assert!(ok, "the SASS check failed:\n{text}\n{err}");
     assert!(text.contains("doorbell stores, 0 unfenced"), "{text}");
+    // The staged copy of each kernel that has one: 8 loads of 128 bits before the first store.
+    let copies: Vec<&str> = text.lines().filter(|l| l.starts_with("staged copy")).collect();
+    assert_eq!(copies.len(), 3, "tt_gio_issue, tt_gio_persistent, tt_gio_copy:\n{text}");
+    for l in copies {
+        assert!(
+            l.contains("8 loads in flight") && l.contains("LDG.E.128.STRONG.SYS") && l.contains("STG.E.128"),
+            "{l}"
+        );
+        assert!(!l.contains("NOT as required"), "{l}");
+    }
 }

@@ -19,6 +19,11 @@ Prompts: W is a 150-token prompt; B shares W's first 100 tokens (3 whole 32-toke
 and then differs. The baseline engine has no connector and vLLM's own prefix cache, so B's
 prefix is computed once and reused there too: with the connector, B's prefix must come back
 from tutti byte for byte, and B's greedy tokens and top-3 logprobs must be identical.
+
+The connector runs its defaults (the host executor's mode included) except where a test says.
+On the 2-layer test model loading a few blocks and recomputing them take about the same time,
+so the engines that check a second load of the same prefix set ``"load_policy": "always"``; the
+break-even rule itself is checked on the 8-layer bench model, where the two are far apart.
 """
 
 from __future__ import annotations
@@ -140,7 +145,7 @@ def main_run_full(vllm_python, installed, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("real-vllm")
     engines = [
         engine("base", [[W], [B], [B2]]),
-        engine("tutti", [[W], [B], [B2]], pool(tmp / "pool"), prefix_cache=False),
+        engine("tutti", [[W], [B], [B2]], pool(tmp / "pool", load_policy="always"), prefix_cache=False),
         engine("tamper", [[W], [B]], pool(tmp / "pool-tamper"), prefix_cache=False, tamper=True),
         engine("chunked", [[W], [B]], pool(tmp / "pool-chunked"), prefix_cache=False,
                llm={"enable_chunked_prefill": True, "max_num_batched_tokens": 64}),
@@ -251,6 +256,64 @@ def test_with_vllms_prefix_cache_on_local_hits_are_not_loaded_again(main_run):
     assert p["tutti"]["bytes_stored"] > 0 and p["tutti"]["bytes_loaded"] == 0
 
 
+# ---- the break-even rule: slow drives decline the hit, fast ones load it ------------------------------
+
+# The 8-layer bench model: B's 3-block prefix is 1.5 MiB of float32 KV and ~0.1 s of compute here.
+# Unpaced drives read it in milliseconds; at 256 KiB/s a drive (2 drives) it takes ~3 s.
+BENCH_MODEL = str(VENV / "tutti-models" / "bench-llama")
+SLOW_READ = 256 << 10
+
+
+@pytest.fixture(scope="module")
+def breakeven_run(vllm_python, tmp_path_factory):
+    if not (Path(BENCH_MODEL) / "config.json").exists():
+        why = f"no bench model at {BENCH_MODEL} (run scripts/setup-vllm)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        print(f"SKIP: {why}", file=sys.stderr)
+        pytest.skip(why)
+    tmp = tmp_path_factory.mktemp("real-vllm-breakeven")
+    slow = pool(tmp / "slow", emulated_read_bytes_per_sec=SLOW_READ, io_timeout_ms=20_000)
+    kw = dict(prefix_cache=False, model=BENCH_MODEL, max_model_len=512)
+    engines = [
+        engine("base", [[W], [B], [B2]], model=BENCH_MODEL, max_model_len=512),
+        engine("slow", [[W], [B], [B2]], slow, **kw),
+        engine("fast", [[W], [B], [B2]], pool(tmp / "fast"), **kw),
+    ]
+    res = run(vllm_python, tmp, "breakeven", engines)
+    return {e["name"]: e for e in res["engines"]}
+
+
+def test_slow_drives_the_connector_reports_no_match_and_outputs_stay_identical(breakeven_run):
+    """B loads while the rule learns (no load timed yet); B2's hit is then expected to load far
+    slower than it computes: 0 matched tokens, recomputed, the same tokens and logprobs."""
+    r = breakeven_run
+    e = r["slow"]
+    for batch in range(3):
+        assert same_output(results(r["base"], batch)[0], results(e, batch)[0]), batch
+    assert results(e, 1)[0]["cached"] == HIT and results(e, 2)[0]["cached"] == 0
+    one_load = 2 * (HIT // BLOCK) * e["tutti"]["layers"] * e["tutti"]["object_bytes"]
+    assert e["tutti"]["bytes_loaded"] == one_load and e["tutti"]["failed_blocks"] == 0
+    s = e["reported_scheduler"]
+    assert s["match_learning"] == 1 and s["match_declined_requests"] == 1
+    assert s["match_hit_tokens"] == 2 * HIT
+    assert s["match_reported_tokens"] == HIT and s["match_declined_tokens"] == HIT
+    assert s["hit_tokens"] == HIT
+    assert 0 < s["est_read_bytes_per_s"] < 4 * SLOW_READ and s["est_prefill_s_per_token"] > 0
+
+
+def test_fast_drives_the_connector_reports_the_hit(breakeven_run):
+    r = breakeven_run
+    e = r["fast"]
+    for batch in range(3):
+        assert same_output(results(r["base"], batch)[0], results(e, batch)[0]), batch
+    assert results(e, 1)[0]["cached"] == HIT and results(e, 2)[0]["cached"] == HIT
+    s = e["reported_scheduler"]
+    assert s["match_learning"] == 1 and s["match_declined_tokens"] == 0 and s["match_declined_requests"] == 0
+    assert s["match_reported_tokens"] == s["match_hit_tokens"] == s["hit_tokens"] == 2 * HIT
+    assert s["est_read_bytes_per_s"] > 4 * SLOW_READ
+
+
 # ---- a second process on the same pool: restart hits, injected load failures ------------------------
 
 @pytest.fixture(scope="module")
@@ -323,8 +386,9 @@ def preempt_run(vllm_python, tmp_path_factory):
     kw = dict(max_tokens=40, ignore_eos=True, max_model_len=320, prefix_cache=False, llm=small)
     engines = [
         engine("base", [[PA, PB], [PB_LATER]], **kw),
-        engine("eager", [[PA, PB], [PB_LATER]], pool(tmp / "p1"), force_zeroing=True, **kw),
-        engine("deferred", [[PA, PB], [PB_LATER]], pool(tmp / "p2", deferred_saves=True), force_zeroing=True, **kw),
+        engine("eager", [[PA, PB], [PB_LATER]], pool(tmp / "p1", load_policy="always"), force_zeroing=True, **kw),
+        engine("deferred", [[PA, PB], [PB_LATER]], pool(tmp / "p2", deferred_saves=True, load_policy="always"),
+               force_zeroing=True, **kw),
     ]
     res = run(vllm_python, tmp, "preempt", engines)
     return {e["name"]: e for e in res["engines"]}

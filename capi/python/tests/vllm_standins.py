@@ -16,6 +16,7 @@ load can be checked against what computing it would have produced.
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -122,9 +123,16 @@ class MiniEngine:
     """vLLM's schedule → execute_model → update loop, reduced to what the connector sees."""
 
     def __init__(self, g: tutti.Geometry, extra: dict, num_blocks: int = 32, local_prefix_cache=None,
-                 tensor=tutti.HostTensor):
-        """``tensor(shape, element_size)`` makes each layer's KV tensor (default host memory)."""
+                 tensor=tutti.HostTensor, feedback: bool = False, compute_s_per_token: float = 0.0):
+        """``tensor(shape, element_size)`` makes each layer's KV tensor (default host memory).
+
+        ``feedback``: hand the worker's metadata of each step to the scheduler side, as vLLM >= 0.32
+        does (the break-even rule learns from it; without it the rule reports every hit).
+        ``compute_s_per_token``: "computing" a token of a step takes this long (spread over the
+        layers), so that recomputing has a cost the rule can weigh."""
         self.g = g
+        self.feedback = feedback
+        self.compute_s_per_token = compute_s_per_token
         self.B = g.tokens_per_block
         self.num_blocks = num_blocks
         cfg = vllm_config(g, extra)
@@ -240,7 +248,10 @@ class MiniEngine:
             self.worker.start_load_kv(None)
         load_errors = self.worker.get_block_ids_with_load_errors()
         finished = self.worker.get_finished(out.finished_req_ids)
+        worker_meta = self.worker.build_connector_worker_meta()
         self.worker.clear_connector_metadata()
+        if self.feedback and worker_meta is not None:
+            self.scheduler.update_connector_output(SimpleNamespace(kv_connector_worker_meta=worker_meta))
         return load_errors, finished
 
     def _execute(self, out: SchedulerOutput, meta) -> None:
@@ -257,6 +268,8 @@ class MiniEngine:
     def _compute_layer(self, out: SchedulerOutput, layer: int) -> None:
         """Writes K and V of every block touched by the scheduled tokens (whole blocks, for simplicity)."""
         t = self.kv[layer_name(layer)]
+        if self.compute_s_per_token:
+            time.sleep(self.compute_s_per_token * sum(out.num_scheduled_tokens.values()) / self.g.layers)
         for req_id, count in out.num_scheduled_tokens.items():
             req = self.running[req_id]
             start, end = req.num_computed_tokens, req.num_computed_tokens + count

@@ -23,7 +23,7 @@ from ._lib import lib, sized
 from .jobs import DEFAULT_TIMEOUT_S, Job, JobStatus, Store, StoreReport, _Handle
 
 __all__ = [
-    "Geometry", "Runtime", "RuntimeInfo", "Stats", "TableSizes", "Lookup", "chain_hashes", "clock_ns",
+    "HOST_EXEC_MODE_DEFAULT", "default_exec_mode", "Geometry", "Runtime", "RuntimeInfo", "Stats", "TableSizes", "Lookup", "chain_hashes", "clock_ns",
     "abi_version", "Job", "JobStatus", "Store", "StoreReport", "DEFAULT_TIMEOUT_S", "packed_hashes", "packed_u32",
 ]
 
@@ -239,6 +239,23 @@ def _check_exec_mode(mode: str | None) -> None:
         raise ValueError(f"exec_mode {mode!r} is not one of {names} or None (the executor's default)")
 
 
+# The host executor's mode when none is given, with one executor thread (inline runs none): the
+# fastest measured for CPU serving (docs/perf/breakeven.md). C callers keep libtutti's default
+# (TUTTI_EXEC_MODE_DEFAULT: launch), whose lanes progress between the caller's calls.
+HOST_EXEC_MODE_DEFAULT = "inline"
+
+
+def default_exec_mode(executor: str, host_lane_blocks: int) -> str | None:
+    """The mode a runtime gets when none is given: inline for the host executor with one lane
+    block, else None (libtutti's default: launch)."""
+    return HOST_EXEC_MODE_DEFAULT if executor == "gio" and host_lane_blocks <= 1 else None
+
+
+def _exec_mode(executor: str, mode: str | None, host_lane_blocks: int) -> str | None:
+    _check_exec_mode(mode)
+    return mode if mode is not None else default_exec_mode(executor, host_lane_blocks)
+
+
 class Runtime(_Handle):
     """An open pool on drives (emulated or VFIO) with one I/O executor."""
 
@@ -272,10 +289,13 @@ class Runtime(_Handle):
         emulated_mixed_read_share: float = 0.0,
         exec_mode: str | None = None,
     ):
-        """``exec_mode`` (``"launch"``, ``"persistent"`` or ``"inline"``; None: the executor's
-        default, launch) says how a gio executor runs its kernels: launched per issue,
-        one persistent kernel polling the ring (a CUDA executor then needs ``cuda_sm_count``),
-        or (host executor only) lanes run on the calling threads with no executor thread.
+        """``exec_mode`` (``"launch"``, ``"persistent"`` or ``"inline"``) says how a gio executor
+        runs its kernels: launched per issue, one persistent kernel polling the ring (a CUDA
+        executor then needs ``cuda_sm_count``), or (host executor only) lanes run on the
+        calling threads with no executor thread. None: ``"inline"`` for the host executor with
+        one lane block (``host_lane_blocks`` 0 or 1; the fastest measured for CPU serving,
+        docs/perf/breakeven.md), else libtutti's default, launch (as for C callers, whose
+        ``exec_mode`` 0 keeps meaning launch).
 
         ``executor="gio_cuda"`` runs the I/O kernels on CUDA device ``cuda_device`` (on
         ``cuda_sm_count`` SMs of a green context; 0: all SMs); on a machine without a CUDA
@@ -297,7 +317,7 @@ class Runtime(_Handle):
         if executor not in _lib.EXECUTOR or executor == "control":
             names = ", ".join(e for e in _lib.EXECUTOR if e != "control")
             raise ValueError(f"executor {executor!r} is not one of {names} (\"control\" is for Runtime.connect)")
-        _check_exec_mode(exec_mode)
+        exec_mode = _exec_mode(executor, exec_mode, host_lane_blocks)
         if open_mode not in _lib.OPEN_MODE:
             raise ValueError(f"open_mode {open_mode!r} is not one of {', '.join(_lib.OPEN_MODE)}")
         self._keep = []  # buffers the config points into, alive across the call
@@ -368,10 +388,12 @@ class Runtime(_Handle):
         Every method works as on a runtime opened in-process. ``executor="control"`` leases
         nothing and moves no bytes (an engine's scheduler process): lookups, ``contains``,
         pins and stats work; ``register_kv`` raises :class:`~tutti.errors.Unsupported`.
+        ``exec_mode`` None picks as for an in-process :class:`Runtime` (inline for ``"gio"``
+        with one lane block).
         """
         if executor not in _lib.EXECUTOR:
             raise ValueError(f"executor {executor!r} is not one of {', '.join(_lib.EXECUTOR)}")
-        _check_exec_mode(exec_mode)
+        exec_mode = _exec_mode(executor, exec_mode, host_lane_blocks)
         cfg = sized(
             _lib.ClientConfig,
             executor=_lib.EXECUTOR[executor],

@@ -21,7 +21,12 @@ Load it with SGLang's ``dynamic`` factory::
   cache identity of model name, SGLang layout, dtype, TP/PP/CP rank and tenant salt, so no
   rank or layout ever reads another's bytes.
 - ``batch_exists(keys)``: the leading run of keys stored; the run is pinned until the get
-  that follows it (:mod:`tutti._hicache.pins`).
+  that follows it (:mod:`tutti._hicache.pins`). Under the break-even rule (``load_policy``,
+  :mod:`tutti._connector.breakeven`) only the part of the run expected to load faster than
+  SGLang recomputes it is reported: load time from the reads this backend timed (and the reads
+  and writes in flight), recompute time from ``prefill_s_per_token`` or ``slack_table`` — a
+  storage backend sees no forward pass, so nothing here learns SGLang's prefill rate, and
+  without either key every hit is reported.
 - ``batch_get_v1`` / ``batch_set_v1(keys, host_indices)``: one tutti load job, or one store
   session, for the whole batch; ``host_indices[i * page_size]`` is page ``i``.
 - ``get``/``batch_get``/``set``/``batch_set`` (SGLang's generic path, page tensors): borrow free
@@ -52,6 +57,7 @@ except ImportError as e:  # pragma: no cover - only without SGLang
     ) from e
 
 from ._connector import shared
+from ._connector.breakeven import BreakEven, Observations, slack_prior
 from ._hicache import config as _config
 from ._hicache.config import ConfigError
 from ._hicache.keys import KeyTypeError, key_hashes
@@ -74,6 +80,16 @@ log = logging.getLogger("tutti.sglang")
 
 class NotRegisteredError(RuntimeError):
     """A data call came before ``register_mem_pool_host``."""
+
+
+class _PerToken:
+    """A fixed prefill cost per token (``prefill_s_per_token``) as the break-even rule's recompute estimate."""
+
+    def __init__(self, s_per_token: float):
+        self.s_per_token = s_per_token
+
+    def recompute_s(self, tokens: int, before: int, after: int) -> float:
+        return tokens * self.s_per_token
 
 
 @dataclass
@@ -140,6 +156,11 @@ class TuttiHiCacheStorage(HiCacheStorage):
         self.counters = _Counters()
         self._metrics = bool(getattr(sc, "enable_storage_metrics", False))
         self._counters_lock = threading.Lock()
+        # The break-even rule (made at registration, when a page's size is known), and the bytes
+        # being read and written now: the backlog a new read waits behind.
+        self.rule: Optional[BreakEven] = None
+        self._rule_lock = threading.Lock()
+        self._in_flight = 0
 
     # --- registration ---------------------------------------------------------------------
 
@@ -161,6 +182,12 @@ class TuttiHiCacheStorage(HiCacheStorage):
                 raise UnsupportedPool(f"tutti.sglang: registering SGLang's host pool ({layout.describe()}) failed: {e}") from e
             self.rt, self.layout, self._runtime_cfg = rt, layout, rcfg
             self._pins = PinBook(rt.unpin, self.cfg.pin_ttl_s)
+            prior = (_PerToken(self.cfg.prefill_s_per_token) if self.cfg.prefill_s_per_token > 0
+                     else slack_prior(self.cfg.slack_table, layout.geometry.layers))
+            self.rule = BreakEven(self.cfg.load_policy, layout.page_bytes, layout.page_size, prior=prior)
+            if self.cfg.load_policy == "breakeven" and prior is None:
+                log.info("tutti.sglang: no 'prefill_s_per_token' or 'slack_table': the break-even rule has no "
+                         "recompute estimate and every hit is reported")
         super().register_mem_pool_host(mem_pool_host)
         log.info("tutti.sglang: rank %s registered %s (model %r)", self.ranks, layout.describe(), self.model)
 
@@ -230,14 +257,22 @@ class TuttiHiCacheStorage(HiCacheStorage):
         except TuttiError as e:
             log.warning("tutti.sglang: lookup of %d keys failed (a miss): %s", len(keys), e)
             return 0
-        if hit.hits:
+        reported = hit.hits
+        if reported and self.rule is not None:
+            with self._rule_lock:
+                reported = self.rule.decide(0, hit.hits, hit.hits * self.rule.B, self._in_flight)
+        if reported:
             pins.add(keys[0], hit.pin)
         elif hit.pin:
             hit.unpin()
         with self._counters_lock:
             self.counters.lookups += 1
             self.counters.lookup_hits += hit.hits
-        return hit.hits
+        return reported
+
+    def _moving(self, nbytes: int) -> None:
+        with self._rule_lock:
+            self._in_flight += nbytes
 
     def exists(self, key: str) -> bool:
         hashes = key_hashes([key])
@@ -260,6 +295,7 @@ class TuttiHiCacheStorage(HiCacheStorage):
         ids = layout.block_ids(host_indices, n)
         t0 = time.perf_counter()
         ok = [False] * n
+        self._moving(n * layout.page_bytes)
         try:
             with rt.load(packed_hashes(hashes), ids) as job:
                 status = self._wait(job, "read", n)
@@ -272,8 +308,13 @@ class TuttiHiCacheStorage(HiCacheStorage):
         except TuttiError as e:
             log.warning("tutti.sglang: reading %d pages failed (misses): %s", n, e)
         finally:
+            self._moving(-n * layout.page_bytes)
             pins.release_run(keys[0])
-        self._count("get", ok, layout, time.perf_counter() - t0)
+        secs = time.perf_counter() - t0
+        if all(ok) and self.rule is not None:
+            with self._rule_lock:
+                self.rule.observe(Observations(loads=[(n * layout.page_bytes, secs, True)]))
+        self._count("get", ok, layout, secs)
         return ok
 
     def batch_set_v1(self, keys: List[str], host_indices, extra_info: Any = None) -> List[bool]:
@@ -288,6 +329,7 @@ class TuttiHiCacheStorage(HiCacheStorage):
         t0 = time.perf_counter()
         ok = [False] * n
         present = 0
+        self._moving(n * layout.page_bytes)
         try:
             with rt.begin_store(packed_hashes(hashes), ids) as st:
                 with st.submit() as job:
@@ -300,6 +342,8 @@ class TuttiHiCacheStorage(HiCacheStorage):
                         ok[i] = False
         except TuttiError as e:
             log.warning("tutti.sglang: writing %d pages failed (not stored): %s", n, e)
+        finally:
+            self._moving(-n * layout.page_bytes)
         with self._counters_lock:
             self.counters.pages_present += present
         self._count("set", ok, layout, time.perf_counter() - t0)
@@ -450,6 +494,10 @@ class TuttiHiCacheStorage(HiCacheStorage):
             c = {k: v for k, v in vars(self.counters).items() if not isinstance(v, list)}
         c["pins_held"] = self.pins_held()
         c["pins_expired"] = self._pins.expired if self._pins is not None else 0
+        if self.rule is not None:
+            with self._rule_lock:
+                c.update(self.rule.counters)  # since registration (the break-even rule's match_*)
+                c.update(self.rule.gauges)
         if self.rt is not None:
             try:
                 c["runtime"] = vars(self.rt.stats())

@@ -63,6 +63,7 @@ from ._connector.config import (
     from_vllm,
     is_multiprocess,
 )
+from ._connector import breakeven
 from ._connector.metadata import LoadSpec, SaveSpec, StepPlan
 from ._connector.profile import StepProfiler
 from ._connector.sched import SchedHooks
@@ -142,6 +143,10 @@ STAT_KEYS = (
 # remote_hit_blocks, the worker side the rest; all zero without a tier.
 STAT_KEYS += cluster.STAT_KEYS
 _SCHEDULER_TIER_KEYS = ("remote_lookups", "remote_hit_blocks")
+# The break-even rule's (scheduler side): counters, then gauges (the rates its latest decision
+# used; aggregating keeps the latest, never a sum).
+STAT_KEYS += breakeven.STAT_COUNTERS + breakeven.STAT_GAUGES
+GAUGE_KEYS = frozenset(breakeven.STAT_GAUGES)
 
 
 @dataclass
@@ -154,6 +159,10 @@ class TuttiConnectorStats(KVConnectorStats):
     whose load failed (handed to vLLM); ``loads``/``saves``: requests loaded / stored.
     ``remote_*``: the Mooncake tier's lookups, blocks found, blocks and bytes loaded, failed
     calls, objects that did not verify, blocks and bytes published, publications dropped.
+    ``match_*``: the break-even rule's tokens hit (held by tutti beyond vLLM's own cache),
+    reported, declined as slower to load than to compute (and the requests concerned), requests
+    reported while the rule was still learning, and probes; ``est_*``: the read rate, load
+    latency, prefill cost per token and backlog its latest decision used (gauges).
     """
 
     def __post_init__(self):
@@ -165,7 +174,10 @@ class TuttiConnectorStats(KVConnectorStats):
 
     def aggregate(self, other: "KVConnectorStats") -> "TuttiConnectorStats":
         for k, v in (other.data or {}).items():
-            self.data[k] = self.data.get(k, 0) + v
+            if k in GAUGE_KEYS:
+                self.data[k] = v if v else self.data.get(k, 0)
+            else:
+                self.data[k] = self.data.get(k, 0) + v
         return self
 
     def reduce(self) -> dict[str, int | float]:
@@ -217,6 +229,30 @@ def _rank() -> tuple[int, int]:
         return int(get_tp_group().rank_in_group), int(get_pp_group().rank_in_group)
     except Exception:  # noqa: BLE001 - no vLLM, or its groups are not set up (one rank)
         return 0, 0
+
+
+try:  # pragma: no cover - exercised only where vLLM is installed
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorWorkerMetadata
+except ImportError:
+
+    class KVConnectorWorkerMetadata:  # type: ignore[no-redef]
+        """Stand-in for vLLM's (>= 0.32) worker-to-scheduler metadata base."""
+
+        def aggregate(self, other):
+            raise NotImplementedError
+
+
+class TuttiWorkerMeta(KVConnectorWorkerMetadata):
+    """One step's timings from the workers (:class:`breakeven.Observations`), for the scheduler
+    side's break-even rule; vLLM aggregates the ranks' before handing them over."""
+
+    def __init__(self, obs: breakeven.Observations):
+        self.obs = obs
+
+    def aggregate(self, other: "KVConnectorWorkerMetadata") -> "TuttiWorkerMeta":
+        if isinstance(other, TuttiWorkerMeta):
+            self.obs.merge(other.obs)
+        return self
 
 
 try:  # pragma: no cover - exercised only where vLLM is installed
@@ -293,6 +329,7 @@ class TuttiConnector(KVConnectorBase_V1):
         self._worker: WorkerSide | None = None
         self._profiler: StepProfiler | None = None
         self._sched: SchedHooks | None = None
+        self._clock = breakeven.StepClock()
         # Scheduler side with a daemon: each rank's identity, from vLLM's handshake.
         self._rank_identities: dict[tuple[int, int], tuple[str, bytes, str]] = {}
         c = self.config
@@ -316,9 +353,13 @@ class TuttiConnector(KVConnectorBase_V1):
                     f"{SINGLE_PROCESS_HINT}"
                 )
             identities = self._identities if c.uses_daemon else None
+            g = c.geometry
+            rule = breakeven.BreakEven(c.load_policy, 2 * g.layers * g.object_bytes, g.tokens_per_block,
+                                       prior=breakeven.slack_prior(c.sched_slack_table, g.layers))
             self._scheduler = SchedulerSide(self.runtime, c.geometry.tokens_per_block, c.deferred_saves,
                                             identities=identities, ranks=c.tp_size * c.pp_size,
-                                            remote=self._remote_contains if self.tier is not None else None)
+                                            remote=self._remote_contains if self.tier is not None else None,
+                                            rule=rule)
             log.info("tutti: scheduler side: pool %s; geometry %s; looks up and plans loads (moves no bytes)",
                      shared.describe_pool(c, self.runtime), shared.geometry_text(c.geometry))
         else:
@@ -417,19 +458,35 @@ class TuttiConnector(KVConnectorBase_V1):
         self._worker.drain()
         self._stats.data["save_s"] += time.monotonic() - t0
 
+    def bind_connector_metadata(self, connector_metadata: Any) -> None:
+        """vLLM hands the worker each step's plan here, before the forward pass: the step begins
+        (deferred saves of the last step complete, the timing hooks start). vLLM >= 0.32 calls
+        ``start_load_kv`` after the forward pass when the step has no loads, so the step cannot
+        begin there."""
+        super().bind_connector_metadata(connector_metadata)
+        if self._worker is not None and isinstance(connector_metadata, StepPlan):
+            plan = connector_metadata
+            self._clock.begin(plan.step, plan.scheduled_tokens, plan.prefill_tokens)
+            if self._profiler is not None:
+                self._profiler.begin_step(plan.prefill_tokens, plan.prefix_tokens, plan.decode_context_tokens)
+            if self._sched is not None:
+                self._sched.begin_step(plan.prefill_tokens, plan.prefix_tokens, plan.decode_context_tokens)
+            t0 = time.monotonic()
+            self._worker.begin_step(plan)
+            dt = time.monotonic() - t0
+            self._stats.data["save_s"] += dt
+            self._clock.in_hook(dt)
+
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         """Submits this step's loads for every layer; attention layers then wait for their own."""
         plan = self._plan()
         if plan is None:
             return
-        if self._profiler is not None:
-            self._profiler.begin_step(plan.prefill_tokens, plan.prefix_tokens, plan.decode_context_tokens)
-        if self._sched is not None:
-            self._sched.begin_step(plan.prefill_tokens, plan.prefix_tokens, plan.decode_context_tokens)
+        w = self._w()
         t0 = time.monotonic()
-        self._w().begin_step(plan)
-        self._stats.data["save_s"] += time.monotonic() - t0
-        self._w().start_loads(plan)
+        w.start_loads(plan)
+        self._clock.loads_submitted(w.loading_bytes(), t0)
+        self._clock.in_hook(time.monotonic() - t0)
         self._stats.data["loads"] += sum(1 for ld in plan.loads if ld.hashes or ld.remote_hashes)
         self._stats.data["saves"] += sum(1 for sv in plan.saves if sv.hashes)
 
@@ -438,7 +495,12 @@ class TuttiConnector(KVConnectorBase_V1):
         w = self._w()
         t0 = time.monotonic()
         w.wait_layer(layer_name)
-        self._stats.data["load_s"] += time.monotonic() - t0
+        t1 = time.monotonic()
+        if self._clock.waiting_for_loads and w.loads_complete():
+            self._clock.loads_seen_done(t0, t1)
+        dt = time.monotonic() - t0
+        self._stats.data["load_s"] += dt
+        self._clock.in_hook(dt)
         layer = w.layer_of(layer_name)
         if self._profiler is not None and layer is not None:
             self._profiler.layer_begins(layer)
@@ -450,16 +512,19 @@ class TuttiConnector(KVConnectorBase_V1):
         plan = self._plan()
         if plan is None:
             return
+        t0 = time.monotonic()
         layer = self._w().layer_of(layer_name)
         if self._profiler is not None and layer is not None:
             self._profiler.layer_ends(layer)
         if self._sched is not None and layer is not None:
             self._sched.layer_ends(layer)
         self._w().save_layer(plan, layer_name, kv_layer)
+        self._clock.in_hook(time.monotonic() - t0)
 
     def wait_for_save(self) -> None:
         """Ends the step's I/O: loads finished, saves written and committed (visible to lookups)."""
         w = self._w()
+        self._clock.end_forward()
         if self._profiler is not None:
             self._profiler.end_step()
         if self._sched is not None:
@@ -467,9 +532,19 @@ class TuttiConnector(KVConnectorBase_V1):
         t0 = time.monotonic()
         w.finish_loads()
         t1 = time.monotonic()
+        if self._clock.waiting_for_loads:
+            self._clock.loads_seen_done(t0, t1)
+        self._clock.end_loads(failed=w.has_load_errors)
         w.finish_saves(self._plan())
         self._stats.data["load_s"] += t1 - t0
         self._stats.data["save_s"] += time.monotonic() - t1
+
+    def build_connector_worker_meta(self) -> TuttiWorkerMeta | None:
+        """This step's timings (loads, the forward pass), for the scheduler side's break-even rule."""
+        if self._worker is None or self.config.load_policy == "always":
+            return None
+        obs = self._clock.take(self._worker.pending_write_bytes())
+        return TuttiWorkerMeta(obs) if obs is not None else None
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         """(finished requests whose deferred saves are done, None): loads always finish in their step.
@@ -507,6 +582,11 @@ class TuttiConnector(KVConnectorBase_V1):
             for k in mine:
                 self._stats.data[k] += tier[k] - self._last_tier.get(k, 0)
             self._last_tier = tier
+        if self._scheduler is not None and self._scheduler.rule is not None:
+            rule = self._scheduler.rule.take_stats()
+            if any(rule[k] for k in breakeven.STAT_COUNTERS):  # gauges only with a decision
+                for k, v in rule.items():
+                    self._stats.data[k] = v if k in GAUGE_KEYS else self._stats.data[k] + v
         if self._stats.is_empty():
             return None
         out, self._stats = self._stats, TuttiConnectorStats()
@@ -528,8 +608,15 @@ class TuttiConnector(KVConnectorBase_V1):
     # ==============================
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
-        """Tokens beyond ``num_computed_tokens`` tutti can load (whole blocks, never the last token)."""
+        """Tokens beyond ``num_computed_tokens`` tutti can load (whole blocks, never the last token)
+        and, under the break-even rule, expects to load faster than vLLM computes them."""
         return self._s().matched(request, num_computed_tokens)
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        """The workers' output of a step: their timings feed the break-even rule."""
+        meta = getattr(connector_output, "kv_connector_worker_meta", None)
+        if isinstance(meta, TuttiWorkerMeta) and self._scheduler is not None:
+            self._scheduler.observe(meta.obs)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         """vLLM found blocks for the request: plan loading the hit chunks into them."""
@@ -545,7 +632,7 @@ class TuttiConnector(KVConnectorBase_V1):
         p = self._s().plan(scheduler_output)
         return TuttiConnectorMetadata(
             p.loads, p.saves, prefill_tokens=p.prefill_tokens, prefix_tokens=p.prefix_tokens,
-            decode_context_tokens=p.decode_context_tokens,
+            decode_context_tokens=p.decode_context_tokens, scheduled_tokens=p.scheduled_tokens, step=p.step,
         )
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
@@ -588,4 +675,5 @@ __all__ = [
     "TuttiConnectorStats",
     "check_single_process",
     "TuttiHandshake",
+    "TuttiWorkerMeta",
 ]

@@ -8,7 +8,11 @@
 //! `tutti demo --cuda` in persistent and launch mode, staged (KV in HBM) and
 //! direct (KV in host memory), every byte verified, at commit 6d67bf2. The I/O
 //! kernels there ran in an 8-SM green context (asked for 1-4 SMs, the split gave
-//! 8). Later kernel changes (the ring's idle-parking fields) have not run on a GPU.
+//! 8). Later kernel changes (the ring's idle-parking fields; issue 27's warp-cooperative
+//! staged copy and withheld-slot reclaim) have not run on a GPU, nor have the persistent
+//! kernel's restart past `deferred_bound` and the copy bench (`cuda/bench.rs`): those run
+//! on the stand-in (`executor_deferred`, `tools/tests/bench_staged_cli.rs`) and the
+//! staged copy's machine code is checked in the SASS.
 //!
 //! In CI the stand-in driver runs it (`cuda-standin/`: a `libcuda.so` that
 //! cudarc loads through [`CudaExecutorConfig::driver`], and that runs kernel
@@ -50,6 +54,9 @@
 //! - A stop that times out with kernels still running poisons the executor:
 //!   later calls fail, and nothing the kernels may still touch is freed.
 
+mod bench;
+
+use super::copy_bench::{CopyReport, CopySpec};
 use super::cuda_mem::{check, CudaCtx, Device, MapError, Pinned, Registry};
 use super::relay::{DoorbellMode, DoorbellRelay, RelayConfig, Watch};
 use super::{ExecBinding, ExecMode, ExecShape, Executor};
@@ -60,11 +67,11 @@ use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tutti_driver::transport::DoorbellKind;
-use tutti_kernels::{nvrtc, GPU_BLOCK_THREADS, KERNEL_ISSUE, KERNEL_PERSISTENT, KERNEL_WAIT};
+use tutti_kernels::{nvrtc, GPU_BLOCK_THREADS, KERNEL_COPY, KERNEL_ISSUE, KERNEL_PERSISTENT, KERNEL_WAIT};
 
 /// Green contexts (cuGreenCtxCreate) need 12.4, their streams 12.5.
 const GREEN_CTX_DRIVER: i32 = 12050;
@@ -105,6 +112,12 @@ pub struct CudaExecutorConfig {
     /// `scripts/gpu-check`). It is checked first: the device's architecture,
     /// every entry point, and the parameter tables the launches pass.
     pub cubin: Option<PathBuf>,
+    /// Persistent mode: frees and host unregistrations wait while the kernel
+    /// runs (the driver would block on it). When this many are waiting, the
+    /// next issue stops the kernel (once the work already queued has run),
+    /// releases them and starts it again, so they cannot pile up while an
+    /// engine registers and drops memory. 0: they wait for `stop`.
+    pub deferred_bound: usize,
 }
 
 impl Default for CudaExecutorConfig {
@@ -120,6 +133,7 @@ impl Default for CudaExecutorConfig {
             blocks_per_sm: None,
             doorbells: DoorbellMode::Direct,
             cubin: None,
+            deferred_bound: 64,
         }
     }
 }
@@ -129,6 +143,8 @@ struct Kernels {
     issue: sys::CUfunction,
     persistent: sys::CUfunction,
     wait: sys::CUfunction,
+    /// `tt_gio_copy` (the copy benchmark, `bench.rs`).
+    copy: sys::CUfunction,
     /// The same image as a library: its kernel handles belong to no context,
     /// so `enqueue_wait` may launch on another context's stream.
     library: sys::CUlibrary,
@@ -164,6 +180,8 @@ struct WaitScratch {
 struct State {
     binding: Option<ExecBinding>,
     stopped: bool,
+    /// The persistent kernel is being stopped and started again (`restart_if_due`).
+    restarting: bool,
 }
 
 /// Runs the I/O kernels on a GPU. See the module documentation for what has
@@ -186,6 +204,13 @@ pub struct CudaExecutor {
     relay: Mutex<Option<Relay>>,
     /// `name` with the relay named, once doorbells are relayed.
     relayed_name: OnceLock<String>,
+    /// Held while the persistent kernel is restarted or stopped (one at a time), and by an
+    /// issue from its check of the deferred frees to its push.
+    lifecycle: Mutex<()>,
+    /// Times the persistent kernel was stopped and started again to release deferred frees.
+    restarts: AtomicU64,
+    /// `cuDriverGetVersion` (e.g. 12080): which entry points exist.
+    driver_version: i32,
 }
 
 // SAFETY: CUDA handles are used only inside `CudaCtx::enter` (the context pushed on the
@@ -490,7 +515,100 @@ impl CudaExecutor {
             wait: Mutex::new(None),
             relay: Mutex::new(None),
             relayed_name: OnceLock::new(),
+            lifecycle: Mutex::new(()),
+            restarts: AtomicU64::new(0),
+            driver_version: version,
         })
+    }
+
+    /// Frees and host unregistrations waiting for the kernels (see
+    /// [`CudaExecutorConfig::deferred_bound`]).
+    pub fn deferred_frees(&self) -> usize {
+        self.ctx.deferred_len()
+    }
+
+    /// Times the persistent kernel was stopped and started again to release them.
+    pub fn restarts(&self) -> u64 {
+        self.restarts.load(Ordering::Relaxed)
+    }
+
+    /// Persistent mode, before parts are pushed: when `deferred_bound` frees are waiting,
+    /// stops the kernel (it returns once the submission ring is empty, so the work already
+    /// queued runs first; nothing new is pushed meanwhile, since the caller pushes only
+    /// after this returns), releases them, and starts it again. Skipped while `tt_gio_wait`
+    /// runs on the aux stream (the driver's frees would wait for it); the next issue
+    /// looks again. A kernel that does not return within `stop_timeout` poisons the
+    /// executor, as a failed stop does.
+    fn restart_if_due(&self) -> Result<()> {
+        let bound = self.cfg.deferred_bound;
+        if self.cfg.mode != ExecMode::Persistent || bound == 0 || self.ctx.deferred_len() < bound {
+            return Ok(());
+        }
+        let _life = self.lifecycle.lock().map_err(|_| self.err("lifecycle lock poisoned"))?;
+        if self.ctx.deferred_len() < bound || !self.ctx.enter()?.idle(&[self.aux]) {
+            return Ok(());
+        }
+        let binding = {
+            let mut st = self.state.lock().map_err(|_| self.err("state lock poisoned"))?;
+            match st.binding {
+                Some(b) if !st.stopped => {
+                    st.restarting = true;
+                    b
+                }
+                _ => return Ok(()),
+            }
+        };
+        let result = self.restart(&binding);
+        if let Ok(mut st) = self.state.lock() {
+            st.restarting = false;
+        }
+        result
+    }
+
+    fn restart(&self, b: &ExecBinding) -> Result<()> {
+        // SAFETY: `control` is the live shared control block (pinned, mapped for the GPU).
+        let stop = unsafe { AtomicU32::from_ptr(&raw mut (*b.control.as_ptr()).stop) };
+        stop.store(1, Ordering::Release);
+        if !self.drain(self.stream, self.cfg.stop_timeout)? {
+            self.ctx.poison();
+            tracing::error!(executor = %self.name, "the persistent kernel did not return to release deferred frees: poisoned");
+            return Err(self.err(format!(
+                "the persistent kernel did not return within {:?} when stopped to release deferred frees; \
+                 the executor is poisoned and leaks its memory",
+                self.cfg.stop_timeout
+            )));
+        }
+        let released = {
+            let mut cur = self.ctx.enter()?;
+            let n = cur.deferred();
+            // No launch can start on aux while this thread holds the driver lock.
+            if cur.idle(&[self.aux]) {
+                cur.release_deferred();
+                n
+            } else {
+                0
+            }
+        };
+        stop.store(0, Ordering::Release);
+        self.launch_persistent(b)?;
+        self.restarts.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(executor = %self.name, released, "persistent kernel restarted to release deferred frees");
+        Ok(())
+    }
+
+    /// Launches the persistent grid. Every block must be resident: they wait on each
+    /// other through the queues. Everything the kernel reads was written through the copy
+    /// stream and has landed.
+    fn launch_persistent(&self, b: &ExecBinding) -> Result<()> {
+        let mut ctx = b.ctx;
+        let mut params: [*mut c_void; 1] = [(&raw mut ctx).cast()];
+        self.launch(
+            self.kernels.persistent,
+            self.shape.max_blocks,
+            self.shape.block_threads,
+            self.stream,
+            &mut params,
+        )
     }
 
     /// The doorbell relay's counters, once doorbells are relayed.
@@ -721,8 +839,10 @@ fn load(cubin: &[u8]) -> Result<Kernels> {
         check("cuModuleGetFunction", unsafe { sys::cuModuleGetFunction(&mut f, module, c.as_ptr()) })?;
         Ok(f)
     };
-    let funcs = (|| Ok::<_, GioError>((get(KERNEL_ISSUE)?, get(KERNEL_PERSISTENT)?, get(KERNEL_WAIT)?)))();
-    let (issue, persistent, wait) = match funcs {
+    let funcs = (|| {
+        Ok::<_, GioError>((get(KERNEL_ISSUE)?, get(KERNEL_PERSISTENT)?, get(KERNEL_WAIT)?, get(KERNEL_COPY)?))
+    })();
+    let (issue, persistent, wait, copy) = match funcs {
         Ok(f) => f,
         Err(e) => {
             // SAFETY: loaded above; no kernel of it was launched.
@@ -760,7 +880,7 @@ fn load(cubin: &[u8]) -> Result<Kernels> {
         }
         return Err(e);
     }
-    Ok(Kernels { module, issue, persistent, wait, library, wait_any })
+    Ok(Kernels { module, issue, persistent, wait, copy, library, wait_any })
 }
 
 impl Executor for CudaExecutor {
@@ -878,17 +998,7 @@ impl Executor for CudaExecutor {
         self.ctx.set_live();
         if self.cfg.mode == ExecMode::Persistent {
             self.set_active_blocks(&binding, self.shape.max_blocks);
-            let mut ctx = binding.ctx;
-            let mut params: [*mut c_void; 1] = [(&raw mut ctx).cast()];
-            // Every block of the grid must be resident: they wait on each other through the queues.
-            // Everything the kernel reads was written through the copy stream and has landed.
-            self.launch(
-                self.kernels.persistent,
-                self.shape.max_blocks,
-                self.shape.block_threads,
-                self.stream,
-                &mut params,
-            )?;
+            self.launch_persistent(&binding)?;
         }
         Ok(())
     }
@@ -897,6 +1007,7 @@ impl Executor for CudaExecutor {
         if self.cfg.mode != ExecMode::Persistent {
             return Ok(());
         }
+        self.restart_if_due()?;
         let grid = sm_budget.saturating_mul(self.shape.blocks_per_unit).clamp(1, self.shape.max_blocks);
         let b = self.state.lock().map_err(|_| self.err("state lock poisoned"))?.binding;
         let b = b.ok_or_else(|| self.err("not started"))?;
@@ -924,8 +1035,10 @@ impl Executor for CudaExecutor {
         // SAFETY: a live stream of this context.
         match unsafe { sys::cuStreamQuery(self.stream) } {
             sys::CUresult::CUDA_SUCCESS if self.cfg.mode == ExecMode::Persistent => {
+                // The driver lock held by `cur` keeps a restart from launching the kernel again
+                // between the query and this look at the state.
                 let started = self.state.lock().map_err(|_| self.err("state lock poisoned"))?;
-                if started.binding.is_some() && !started.stopped {
+                if started.binding.is_some() && !started.stopped && !started.restarting {
                     return Err(self.err("the persistent kernel returned without being stopped"));
                 }
                 Ok(())
@@ -1008,6 +1121,7 @@ impl Executor for CudaExecutor {
 
     fn stop(&self) -> Result<()> {
         self.live_check()?;
+        let _life = self.lifecycle.lock().map_err(|_| self.err("lifecycle lock poisoned"))?;
         let binding = {
             let mut st = self.state.lock().map_err(|_| self.err("state lock poisoned"))?;
             st.stopped = true;
@@ -1033,6 +1147,10 @@ impl Executor for CudaExecutor {
             )));
         }
         self.ctx.settle()
+    }
+
+    fn copy_bench(&self, spec: &CopySpec) -> Result<CopyReport> {
+        self.run_copy_bench(spec)
     }
 }
 

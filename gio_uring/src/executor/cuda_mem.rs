@@ -23,7 +23,8 @@
 //!   kernel they would block until it stops (and memory freed under a kernel
 //!   is a use after free). While the executor's kernels may run, frees go to
 //!   a deferred list, released once the streams are idle (stop, or an idle
-//!   moment in launch mode).
+//!   moment in launch mode; a persistent executor stops and restarts its
+//!   kernel when the list reaches its bound, `CudaExecutorConfig::deferred_bound`).
 //! - **Poisoned after a failed stop.** When kernels are still running after
 //!   the stop deadline, nothing of this context is ever freed again: memory,
 //!   streams, module and the context itself are leaked on purpose.
@@ -34,7 +35,7 @@ use cudarc::driver::sys;
 use std::collections::HashMap;
 use std::ffi::CStr;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -87,6 +88,8 @@ pub(super) struct CudaCtx {
     live: AtomicBool,
     /// A stop failed: kernels may still use everything; nothing is freed.
     poisoned: AtomicBool,
+    /// `Driver::deferred.len()`, readable without the lock.
+    deferred_len: AtomicUsize,
     /// Deadline of one copy or memset.
     copy_timeout: Duration,
 }
@@ -121,6 +124,7 @@ impl CudaCtx {
             driver: Mutex::new(Driver { copy: std::ptr::null_mut(), staging: None, deferred: Vec::new() }),
             live: AtomicBool::new(false),
             poisoned: AtomicBool::new(false),
+            deferred_len: AtomicUsize::new(0),
             copy_timeout,
         });
         {
@@ -165,6 +169,11 @@ impl CudaCtx {
         self.poisoned.load(Ordering::Acquire)
     }
 
+    /// Frees and unregistrations waiting for the kernels to stop (a relaxed read).
+    pub fn deferred_len(&self) -> usize {
+        self.deferred_len.load(Ordering::Relaxed)
+    }
+
     /// From now on nothing of this context is freed.
     pub fn poison(&self) {
         self.poisoned.store(true, Ordering::Release);
@@ -195,6 +204,7 @@ impl CudaCtx {
         };
         if self.live.load(Ordering::Acquire) {
             cur.driver.deferred.push(what);
+            self.deferred_len.store(cur.driver.deferred.len(), Ordering::Relaxed);
         } else {
             cur.free(what);
         }
@@ -301,7 +311,9 @@ impl Current<'_> {
 
     /// Releases what was deferred (the caller knows no kernel runs).
     pub fn release_deferred(&mut self) {
-        for d in std::mem::take(&mut self.driver.deferred) {
+        let all = std::mem::take(&mut self.driver.deferred);
+        self.ctx.deferred_len.store(0, Ordering::Relaxed);
+        for d in all {
             self.free(d);
         }
     }
@@ -327,6 +339,7 @@ impl Current<'_> {
             .into_iter()
             .partition(|d| matches!(d, Deferred::Unregister(p) if (start..end).contains(&(*p as usize))));
         self.driver.deferred = keep;
+        self.ctx.deferred_len.store(self.driver.deferred.len(), Ordering::Relaxed);
         for d in now {
             self.free(d);
         }

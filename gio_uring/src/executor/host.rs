@@ -7,6 +7,7 @@
 //! cannot be mapped for the GPU: that fallback runs against emulated
 //! controllers in CI this way.
 
+use super::copy_bench::{CopyDirection, CopyReport, CopySpec, CopyTimes};
 use super::relay::{DoorbellMode, DoorbellRelay, Watch};
 use super::{ExecBinding, ExecMode, ExecShape, Executor};
 use crate::error::{GioError, Result};
@@ -284,9 +285,9 @@ impl Executor for HostExecutor {
             ids: ids.as_ptr(),
             seqs: seqs.as_ptr(),
             n: ids.len() as u32,
-            rsvd: 0,
             timeout_ns: timeout.as_nanos().min(u64::MAX as u128) as u64,
             result: done.as_ptr(),
+            ..HostArgs::exec(std::ptr::null_mut())
         };
         // SAFETY: `ids`, `seqs` and `done` outlive the launch, which is joined before returning;
         // the context outlives the executor's use as in `launch`.
@@ -334,6 +335,81 @@ impl Executor for HostExecutor {
             st.inline = None;
         }
         Ok(())
+    }
+
+    /// The kernel's host build on `blocks` threads of `block_lanes` fibers against `memcpy`
+    /// on the calling thread, wall clock. The kernel's time includes starting its threads
+    /// (tens of microseconds), as a launch's would.
+    fn copy_bench(&self, spec: &CopySpec) -> Result<CopyReport> {
+        let total = spec.check()? as usize;
+        let (slots, kv) = (HostMemory::new(total)?, HostMemory::new(total)?);
+        let (src_mem, dst_mem) = match spec.direction {
+            CopyDirection::SlotToKv => (&slots, &kv),
+            CopyDirection::KvToSlot => (&kv, &slots),
+        };
+        let src = spec.pattern(total);
+        src_mem.write_bytes(0, &src)?;
+        let offsets = spec.offsets(&spec.permutation());
+        let pairs: Vec<u64> =
+            offsets.iter().flat_map(|&(s, d)| [src_mem.exec_addr() + s, dst_mem.exec_addr() + d]).collect();
+        let (grid, block) = (self.cfg.blocks, self.cfg.block_lanes);
+        let zero = vec![0u8; total];
+        let mut got = vec![0u8; total];
+        let mut report = CopyReport {
+            chunk_bytes: spec.chunk_bytes,
+            chunks: spec.chunks,
+            direction: spec.direction,
+            grid,
+            block,
+            baseline: "memcpy on the calling thread".into(),
+            clock: "wall clock".into(),
+            runs: Vec::new(),
+            verified_bytes: 0,
+        };
+        let b = spec.chunk_bytes as usize;
+        for rep in 0..spec.reps {
+            dst_mem.write_bytes(0, &zero)?;
+            let t = Instant::now();
+            let args = HostArgs::copy(pairs.as_ptr(), spec.chunks, spec.chunk_bytes);
+            // SAFETY: `pairs` and both regions outlive the launch, joined right here.
+            unsafe { HostLaunch::start(HostKernel::Copy, grid, block, args)? }.join();
+            let kernel = t.elapsed();
+            if rep == 0 {
+                dst_mem.read_bytes(0, &mut got)?;
+                report.verified_bytes += spec.verify("tt_gio_copy", &src, &got, Some(&offsets))?;
+            }
+
+            dst_mem.write_bytes(0, &zero)?;
+            let t = Instant::now();
+            for &(s, d) in &offsets {
+                // SAFETY: both ranges lie inside their regions (offsets of whole chunks), which
+                // do not overlap.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        src_mem.as_ptr().add(s as usize),
+                        dst_mem.as_ptr().add(d as usize),
+                        b,
+                    )
+                };
+            }
+            let baseline_chunks = t.elapsed();
+            if rep == 0 {
+                dst_mem.read_bytes(0, &mut got)?;
+                report.verified_bytes += spec.verify("memcpy per chunk", &src, &got, Some(&offsets))?;
+            }
+
+            dst_mem.write_bytes(0, &zero)?;
+            let t = Instant::now();
+            // SAFETY: two separate regions of `total` bytes.
+            unsafe { std::ptr::copy_nonoverlapping(src_mem.as_ptr(), dst_mem.as_ptr(), total) };
+            let baseline = t.elapsed();
+            if rep == 0 {
+                dst_mem.read_bytes(0, &mut got)?;
+                report.verified_bytes += spec.verify("memcpy", &src, &got, None)?;
+            }
+            report.runs.push(CopyTimes { kernel, baseline, baseline_chunks });
+        }
+        Ok(report)
     }
 }
 

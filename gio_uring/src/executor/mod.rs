@@ -5,11 +5,13 @@
 //! [`Executor`] only: it lays out memory through it, then asks it to start,
 //! to run queued IOCB parts, and to stop.
 
+mod copy_bench;
 mod cuda;
 mod cuda_mem;
 mod host;
 mod relay;
 
+pub use copy_bench::{CopyDirection, CopyReport, CopySpec, CopyTimes, COPY_MAX_BYTES};
 pub use cuda::{CudaExecutor, CudaExecutorConfig};
 pub use host::{HostExecutor, HostExecutorConfig};
 pub use relay::{DoorbellMode, DoorbellRelay, RelayConfig, RelayStats, Watch, MAILBOX_IDLE, MAILBOX_STRIDE};
@@ -143,4 +145,14 @@ pub trait Executor: Send + Sync {
     fn wait_kernel(&self, ids: &[u32], seqs: &[u32], timeout: Duration) -> Result<u32>;
     /// Stops a persistent kernel and waits for every kernel it launched.
     fn stop(&self) -> Result<()>;
+    /// Times the staged path's copy alone (`tt_gio_copy`) against this executor's own
+    /// way of moving the same bytes, and checks every byte (see `copy_bench.rs`). Not
+    /// while a ring runs on the executor: it launches kernels of its own.
+    fn copy_bench(&self, spec: &CopySpec) -> Result<CopyReport> {
+        let _ = spec;
+        Err(crate::error::GioError::Executor {
+            executor: self.name().into(),
+            what: "this executor has no copy benchmark".into(),
+        })
+    }
 }

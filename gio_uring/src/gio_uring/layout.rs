@@ -34,17 +34,20 @@ pub(crate) struct QueueLayout {
     pub time: usize,
     pub ready: usize,
     pub turn: usize,
+    pub late: usize,
 }
 
 impl QueueLayout {
     /// Puts the queue's `depth` slots in the state of a fresh queue: no owner
-    /// (`SLOT_FREE`), no submission time, not ready, turn 0. Only while no
-    /// executor lane can touch the queue (before it starts, or during a recovery).
+    /// (`SLOT_FREE`), no submission time, not ready, turn 0, no expired command.
+    /// Only while no executor lane can touch the queue (before it starts, or
+    /// during a recovery).
     pub(crate) fn reset_slots(&self, private: &dyn ExecMemory, depth: usize) -> Result<()> {
         private.write_bytes(self.owner, &abi::SLOT_FREE.to_ne_bytes().repeat(depth))?;
         private.write_bytes(self.time, &vec![0; 8 * depth])?;
         private.write_bytes(self.ready, &vec![0; 8 * depth])?;
-        private.write_bytes(self.turn, &vec![0; 4 * depth])
+        private.write_bytes(self.turn, &vec![0; 4 * depth])?;
+        private.write_bytes(self.late, &vec![0; 4 * depth])
     }
 }
 
@@ -101,6 +104,7 @@ impl Layout {
                 time: take(8 * d),
                 ready: take(8 * d),
                 turn: take(4 * d),
+                late: take(4 * d),
             });
         }
         Layout {
@@ -162,6 +166,11 @@ fn check(opts: &GioOptions, drives: &[DriveQueues]) -> Result<()> {
                 q.depth()
             )));
         }
+    }
+    // A withheld staging slot names its queue in 16 bits (tt_staging.held).
+    let queues: usize = drives.iter().map(|d| d.queues.len()).sum();
+    if queues > u16::MAX as usize {
+        return Err(GioError::invalid(format!("{queues} queue pairs given; at most 65535 are supported")));
     }
     Ok(())
 }
@@ -239,6 +248,7 @@ pub(super) fn build(
                 slot_time: private.exec_at(ql.time),
                 slot_ready: private.exec_at(ql.ready),
                 slot_turn: private.exec_at(ql.turn),
+                slot_late: private.exec_at(ql.late),
                 depth,
                 qid: q.qid() as u32,
                 drive: di as u32,

@@ -8,7 +8,9 @@
 //! recreates each pair on the controller — §5.6: Delete I/O Submission Queue
 //! completes only after every command of the SQ was completed or aborted, so
 //! nothing submitted earlier can move data afterwards — resets the executor's
-//! queue state to that of a fresh pair, and opens the queues again.
+//! queue state to that of a fresh pair, bumps each gate's `epoch` (staging
+//! slots withheld for commands of the old pairs come back: `tt_stage_reclaim`),
+//! and opens the queues again.
 
 use super::GioUring;
 use crate::error::{GioError, Result};
@@ -41,10 +43,11 @@ pub struct RecoveryReport {
     pub elapsed: Duration,
 }
 
-/// The two words of one `tt_qgate`.
+/// The words of one `tt_qgate` the host touches.
 pub(crate) struct Gate<'a> {
     pub recovering: &'a AtomicU32,
     pub users: &'a AtomicU32,
+    pub epoch: &'a AtomicU32,
 }
 
 impl GioUring {
@@ -52,12 +55,13 @@ impl GioUring {
     pub(crate) fn gate(&self, q: usize) -> Gate<'_> {
         debug_assert!(q < self.layout.queues.len());
         // SAFETY: the gate array holds one `tt_qgate` per queue in shared memory owned by
-        // `self`; both words are only ever accessed atomically, by the host and the executor.
+        // `self`; these words are only ever accessed atomically, by the host and the executor.
         unsafe {
             let g = self.gates.as_ptr().add(q);
             Gate {
                 recovering: AtomicU32::from_ptr(&raw mut (*g).recovering),
                 users: AtomicU32::from_ptr(&raw mut (*g).users),
+                epoch: AtomicU32::from_ptr(&raw mut (*g).epoch),
             }
         }
     }
@@ -157,6 +161,10 @@ impl GioUring {
             s.head_lock = 0;
             self.private.write_obj(ql.desc, &s)?;
             ql.reset_slots(&*self.private, depth)?;
+            // Nothing submitted to the old pair can move data any more: a staging slot withheld
+            // for one of its commands may be handed out again (tt_stage_reclaim). Release: a lane
+            // that sees the new epoch sees the reset state too.
+            self.gate(q).epoch.fetch_add(1, Ordering::Release);
         }
         self.open(queues);
         report.elapsed = start.elapsed();

@@ -9,8 +9,15 @@
 //! drive takes SGLs, else PRP1 plus the second page and a PRP list built in
 //! that drive's DMA memory. The free slots are a `tt_ring` of slot indices in
 //! executor memory: lanes take and return them with no host involvement; a lane
-//! finding none waits, bounded by the submit timeout (`gio_iocb.cuh`,
+//! finding none waits, bounded by the submit timeout (`gio_stage.cuh`,
 //! `tt_process_staged`).
+//!
+//! A slot whose command ended without a known outcome (expired, or stranded on
+//! a dead queue) may still be written by its drive, so it is withheld; the
+//! executor hands it back once the drive can no longer touch it: after the
+//! queue pair it was submitted on was deleted and created again
+//! ([`GioUring::recover_drive`]), or after the command's late completion
+//! arrived. Both are counted in [`StagingStats`].
 
 use super::GioUring;
 use crate::error::{GioError, Result};
@@ -38,9 +45,16 @@ pub struct StagingStats {
     pub bytes: u64,
     /// Times a lane found no free slot and waited (backpressure).
     pub waits: u64,
-    /// Slots taken out of use because their command's outcome is unknown
-    /// (the drive may still move data through them).
+    /// Times a slot was taken out of use because its command's outcome was
+    /// unknown (the drive might still move data through it).
     pub withheld: u64,
+    /// Slots out of use for that reason now.
+    pub withheld_now: u64,
+    /// Withheld slots handed back after the queue pair their command was
+    /// submitted on was deleted and created again.
+    pub reclaimed_after_reset: u64,
+    /// Withheld slots handed back after their command completed late.
+    pub reclaimed_late: u64,
     /// Bytes copied between slots and KV memory by the executor.
     pub staged_bytes: u64,
 }
@@ -71,6 +85,9 @@ impl Staging {
             bytes: self.slots as u64 * self.slot_bytes as u64,
             waits: d.waits,
             withheld: d.withheld,
+            withheld_now: d.held_now,
+            reclaimed_after_reset: d.reclaimed_reset,
+            reclaimed_late: d.reclaimed_late,
             staged_bytes: d.staged_bytes,
         })
     }
@@ -214,11 +231,13 @@ impl GioUring {
             // SAFETY: `mem` outlives the mapping (Staging drops the mapping first).
             unsafe { self.exec.map_host(mem.as_ptr(), total, HostRange::Memory)? }
         };
-        // Descriptor, free ring (every slot free), data pointer words: one executor allocation.
+        // Descriptor, free ring (every slot free), data pointer words, the withheld slots'
+        // records (zeroed: none withheld): one executor allocation.
         let capacity = slots.next_power_of_two();
         let cells_at = RING_AT + size_of::<RingHeader>();
         let dptr_at = (cells_at + capacity as usize * size_of::<RingCell>()).next_multiple_of(64);
-        let desc_mem = self.exec.alloc(MemKind::Private, dptr_at + words.len() * 8)?;
+        let held_at = (dptr_at + words.len() * 8).next_multiple_of(64);
+        let desc_mem = self.exec.alloc(MemKind::Private, held_at + slots as usize * 16)?;
         let ring =
             RingHeader { head: 0, tail: slots as u64, capacity, mask: capacity - 1, ..Default::default() };
         // Vyukov cells: cell i starts at seq i; a pushed value at position p has seq p + 1.
@@ -238,6 +257,7 @@ impl GioUring {
             free: desc_mem.exec_at(RING_AT),
             base: exec_map.exec_addr(),
             dptr: desc_mem.exec_at(dptr_at),
+            held: desc_mem.exec_at(held_at),
             nslots: slots,
             slot_bytes: slot_bytes32,
             sgl_drives,

@@ -49,6 +49,20 @@ pub enum KvMemoryFlag {
     /// CUDA device memory (cuMemAlloc, HBM on a GPU), reached through the staged data path:
     /// the drives DMA into pinned staging, the kernels copy staging <-> KV. Needs --cuda.
     Cuda,
+    /// Host memory kept out of the drives' reach and moved on the staged data path, as CUDA
+    /// memory is (the staged path on a machine without a GPU).
+    HostStaged,
+}
+
+impl KvMemoryFlag {
+    /// How host KV memory is registered under this flag.
+    pub(super) fn host_kind(self) -> KvMemoryKind {
+        if self == KvMemoryFlag::HostStaged {
+            KvMemoryKind::HostUnmapped
+        } else {
+            KvMemoryKind::Host
+        }
+    }
 }
 
 /// The CUDA executor (`--cuda`): gio_uring's kernels on a GPU.
@@ -81,7 +95,7 @@ pub struct CudaArgs {
 }
 
 impl CudaArgs {
-    fn config(&self, mode: tutti_gio_uring::ExecMode) -> tutti_objstore::CudaExecutorConfig {
+    pub(crate) fn config(&self, mode: tutti_gio_uring::ExecMode) -> tutti_objstore::CudaExecutorConfig {
         // Persistent mode needs an SM partition: without --cuda-sms, launch mode.
         let mode = if self.cuda_sms.is_none() { tutti_gio_uring::ExecMode::Launch } else { mode };
         tutti_objstore::CudaExecutorConfig {
@@ -103,7 +117,8 @@ pub struct Args {
     pub pool_drives: PoolDriveArgs,
     #[command(flatten)]
     pub cuda: CudaArgs,
-    /// Where the engine's KV memory lives: host memory (direct DMA) or CUDA memory (staged).
+    /// Where the engine's KV memory lives: host memory (direct DMA), CUDA memory (staged), or host
+    /// memory moved on the staged path (host-staged).
     #[arg(long, value_enum, default_value_t = KvMemoryFlag::Host)]
     pub kv_memory: KvMemoryFlag,
     /// Tokens of the request whose KV is stored and retrieved.
@@ -322,27 +337,31 @@ pub(super) fn for_blocks(n: u32, f: impl Fn(u32) -> anyhow::Result<()> + Sync) -
 /// The engine's KV memory: host memory, or CUDA device memory allocated
 /// through an executor of the same driver and device.
 enum KvMem {
-    Host(Arc<HostKvMemory>),
-    Cuda { mem: Box<dyn ExecMemory>, _exec: Arc<CudaExecutor> },
+    /// Host memory registered as `kind` (`Host` or `HostUnmapped`).
+    Host(Arc<HostKvMemory>, KvMemoryKind),
+    Cuda {
+        mem: Box<dyn ExecMemory>,
+        _exec: Arc<CudaExecutor>,
+    },
 }
 
 impl KvMem {
     fn addr(&self) -> u64 {
         match self {
-            KvMem::Host(m) => m.addr(),
+            KvMem::Host(m, _) => m.addr(),
             KvMem::Cuda { mem, .. } => mem.exec_addr(),
         }
     }
     fn copy_in(&self, offset: usize, src: &[u8]) -> anyhow::Result<()> {
         match self {
-            KvMem::Host(m) => m.copy_in(offset, src)?,
+            KvMem::Host(m, _) => m.copy_in(offset, src)?,
             KvMem::Cuda { mem, .. } => mem.write_bytes(offset, src)?,
         }
         Ok(())
     }
     fn copy_out(&self, offset: usize, dst: &mut [u8]) -> anyhow::Result<()> {
         match self {
-            KvMem::Host(m) => m.copy_out(offset, dst)?,
+            KvMem::Host(m, _) => m.copy_out(offset, dst)?,
             KvMem::Cuda { mem, .. } => mem.read_bytes(offset, dst)?,
         }
         Ok(())
@@ -350,7 +369,7 @@ impl KvMem {
     /// Zeroes every byte.
     fn clear(&self) -> anyhow::Result<()> {
         match self {
-            KvMem::Host(m) => m.fill(0, m.len(), 0)?,
+            KvMem::Host(m, _) => m.fill(0, m.len(), 0)?,
             KvMem::Cuda { mem, .. } => {
                 let zeros = vec![0u8; (4 << 20).min(mem.len())];
                 for at in (0..mem.len()).step_by(zeros.len()) {
@@ -364,7 +383,7 @@ impl KvMem {
     /// Registers it with `store` under `model`.
     fn register(&self, store: &KvStore, layout: &KvLayout, model: &str) -> anyhow::Result<TableSizes> {
         Ok(match self {
-            KvMem::Host(m) => store.register_host(m.clone(), layout.clone(), model, b"")?,
+            KvMem::Host(m, kind) => store.register_host_as(m.clone(), layout.clone(), model, b"", *kind)?,
             // SAFETY: the layout lies inside `mem` (Kv::new), which lives as long as the Kv,
             // past every store that registers it (the demo drops its stores first).
             KvMem::Cuda { .. } => unsafe {
@@ -386,6 +405,7 @@ impl Kv {
         kind: LayoutFlag,
         blocks: u32,
         cuda: Option<&CudaArgs>,
+        host: KvMemoryKind,
     ) -> anyhow::Result<Kv> {
         let (kind, per) = match kind {
             LayoutFlag::Vllm => {
@@ -397,7 +417,7 @@ impl Kv {
         };
         let total = if kind == LayoutKind::VllmPerLayer { per * g.layers as u64 } else { per };
         let mem = match cuda {
-            None => KvMem::Host(Arc::new(HostKvMemory::new(total as usize)?)),
+            None => KvMem::Host(Arc::new(HostKvMemory::new(total as usize)?), host),
             Some(c) => {
                 // An executor of the same driver and device allocates it (no kernels run on it).
                 let cfg = tutti_objstore::CudaExecutorConfig {
@@ -510,7 +530,13 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     // The engine's KV memory exists before the store starts its executor, as in an engine. On
     // an H100 (driver 580) a module load in another context waits for every running kernel, so
     // the KV memory's executor, made after a persistent I/O kernel started, would wait forever.
-    let kv = Kv::new(g, args.layout, blocks, (args.kv_memory == KvMemoryFlag::Cuda).then_some(&args.cuda))?;
+    let kv = Kv::new(
+        g,
+        args.layout,
+        blocks,
+        (args.kv_memory == KvMemoryFlag::Cuda).then_some(&args.cuda),
+        args.kv_memory.host_kind(),
+    )?;
     let mode = if args.reuse { OpenMode::OpenOrCreate } else { OpenMode::Create };
     let opts = StoreOptions { pool: PoolOptions::new(g, mode), backend };
     let store = KvStore::open(rig.specs()?, opts.clone()).context("opening the pool")?;

@@ -18,7 +18,8 @@ pub struct Args {
     /// Write the cubin here.
     #[arg(long)]
     pub cubin: Option<PathBuf>,
-    /// Also disassemble the cubin with nvdisasm and check every doorbell store's fences.
+    /// Also disassemble the cubin with nvdisasm and check every doorbell store's fences and the
+    /// staged copy loop (128-bit, strong system-scope loads, several in flight).
     #[arg(long)]
     pub sass: bool,
     /// Print the report as JSON.
@@ -43,6 +44,26 @@ struct SassReport {
     nvdisasm: String,
     doorbell_stores: usize,
     violations: Vec<String>,
+    /// The staged path's copy loop (`tt_warp_copy`) in each kernel that has one.
+    staged_copy: Vec<CopyLoopReport>,
+}
+
+#[derive(serde::Serialize)]
+struct CopyLoopReport {
+    function: String,
+    loads: Vec<String>,
+    stores: Vec<String>,
+    /// 128-bit loads each lane issues before the first store that needs one.
+    loads_in_flight: usize,
+    all_128_bit: bool,
+    loads_strong_sys: bool,
+    local_in_loop: usize,
+}
+
+impl CopyLoopReport {
+    fn ok(&self) -> bool {
+        self.all_128_bit && self.loads_strong_sys && self.loads_in_flight >= 2 && self.local_in_loop == 0
+    }
 }
 
 #[derive(serde::Serialize)]
@@ -83,7 +104,24 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let sass = if args.sass {
         let tool = sass::find_nvdisasm()?;
         let text = sass::disassemble(&tool, &compiled.cubin, Duration::from_secs(120))?;
-        let r = sass::check(&sass::parse(&text))?;
+        let funcs = sass::parse(&text);
+        let r = sass::check(&funcs)?;
+        let staged_copy = funcs
+            .iter()
+            .filter(|f| f.name.contains("tt_warp_copy"))
+            .map(|f| {
+                let l = sass::copy_loop(f).unwrap_or_default();
+                CopyLoopReport {
+                    function: f.name.clone(),
+                    all_128_bit: l.all_128_bit(),
+                    loads_strong_sys: l.loads_strong_sys(),
+                    loads_in_flight: l.in_flight,
+                    local_in_loop: l.local,
+                    loads: l.loads,
+                    stores: l.stores,
+                }
+            })
+            .collect();
         Some(SassReport {
             nvdisasm: tool.display().to_string(),
             doorbell_stores: r.mmio_stores(),
@@ -92,6 +130,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                 .iter()
                 .map(|v| format!("{} @ {:#x}: {}", v.function, v.addr, v.what))
                 .collect(),
+            staged_copy,
         })
     } else {
         None
@@ -140,11 +179,28 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             for v in &s.violations {
                 println!("  {v}");
             }
+            for c in &s.staged_copy {
+                println!(
+                    "staged copy {}: {} loads in flight before the first dependent store, {}, {}{}",
+                    c.function,
+                    c.loads_in_flight,
+                    c.loads.first().map_or("no load", String::as_str),
+                    c.stores.first().map_or("no store", String::as_str),
+                    if c.ok() {
+                        ""
+                    } else {
+                        "  (NOT as required: 128-bit, strong system-scope loads, >= 2 in flight, no spills)"
+                    }
+                );
+            }
         }
     }
     if let Some(s) = &report.sass {
         if !s.violations.is_empty() {
             bail!("{} doorbell stores lack their system fences", s.violations.len());
+        }
+        if s.staged_copy.is_empty() || s.staged_copy.iter().any(|c| !c.ok()) {
+            bail!("the staged copy loop is not 128-bit with several strong system-scope loads in flight");
         }
     }
     Ok(())

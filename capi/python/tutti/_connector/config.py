@@ -16,6 +16,12 @@ overridden in the extra config. Keys of ``kv_connector_extra_config``:
 ``host_threads``            ``"gio"``: OS threads of the host executor, each running 32 lanes
                             as fibers (default 0: libtutti's 1, which leaves an engine
                             serving on the CPU its other cores; at most 64)
+``host_mode``               ``"gio"``: how the host executor runs its lanes: ``"inline"``
+                            (on the threads calling tutti, no executor thread; needs
+                            ``host_threads`` <= 1), ``"persistent"`` (executor threads poll
+                            the ring from open to close) or ``"launch"`` (lanes started per
+                            issue: libtutti's default). Default: ``"inline"`` (the fastest
+                            measured for CPU serving), ``"launch"`` when ``host_threads`` > 1
 ``cuda_device``             ``"gio_cuda"``: the CUDA device ordinal (default 0)
 ``cuda_sm_count``           ``"gio_cuda"``: SMs of the I/O green context (default 0: all)
 ``cuda_driver``             ``"gio_cuda"``: the CUDA driver library to load (default: libcuda.so
@@ -25,6 +31,14 @@ overridden in the extra config. Keys of ``kv_connector_extra_config``:
                             ``"persistent"`` (one kernel polls the ring; needs
                             ``cuda_sm_count``, whose SMs it holds while the engine runs)
 ``staging_slots``           pinned staging slots of the staged data path (default 256)
+``emulated_read_bytes_per_sec``, ``emulated_write_bytes_per_sec``: pace each emulated drive's
+                            reads / writes (default 0: unpaced; with ``"daemon": "auto"`` at
+                            least 1 MB/s, ``tutti serve --emu-read-gbps``)
+``emulated_latency_us``, ``emulated_read_latency_us``, ``emulated_write_latency_us``: latency
+                            of each emulated command, and extra per direction (default 0)
+``load_policy``             ``"breakeven"`` (default: report a hit only when loading it is
+                            expected to be faster than recomputing it, see ``breakeven.py``)
+                            or ``"always"`` (report every hit)
 ``open_mode``               ``"open_or_create"`` (default), ``"open"`` or ``"create"``
 ``io_timeout_ms``           per NVMe command deadline (default: libtutti's 2000)
 ``layer_timeout_ms``        how long a layer load or a step's saves may take (default 30000)
@@ -79,7 +93,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..runtime import Geometry
+from ..runtime import Geometry, default_exec_mode
 
 _TORCH_DTYPES = {
     "torch.float32": "f32",
@@ -110,7 +124,14 @@ KNOWN_KEYS = {
     "cuda_driver",
     "cuda_block_threads",
     "cuda_mode",
+    "host_mode",
     "staging_slots",
+    "emulated_read_bytes_per_sec",
+    "emulated_write_bytes_per_sec",
+    "emulated_latency_us",
+    "emulated_read_latency_us",
+    "emulated_write_latency_us",
+    "load_policy",
     "open_mode",
     "io_timeout_ms",
     "layer_timeout_ms",
@@ -140,6 +161,12 @@ KNOWN_KEYS = {
 }
 
 DAEMON_SOCKET_NAME = "tuttid.sock"
+
+HOST_MODES = ("inline", "persistent", "launch")
+EMULATED_PACING = ("emulated_read_bytes_per_sec", "emulated_write_bytes_per_sec", "emulated_latency_us",
+                   "emulated_read_latency_us", "emulated_write_latency_us")
+# libtutti's (and tutti serve's) most latency per emulated command, in µs.
+MAX_EMULATED_LATENCY_US = 10_000_000
 
 
 class ConfigError(ValueError):
@@ -186,7 +213,16 @@ class ConnectorConfig:
     cuda_driver: str | None = None
     cuda_block_threads: int = 0
     cuda_mode: str = "launch"
+    # None: the binding's default (tutti.runtime: inline with one lane block); from_vllm resolves it.
+    host_mode: str | None = None
     staging_slots: int = 0
+    # The emulated drives' pacing: EMULATED_PACING's keys, all 0 = unpaced.
+    emulated_read_bytes_per_sec: int = 0
+    emulated_write_bytes_per_sec: int = 0
+    emulated_latency_us: int = 0
+    emulated_read_latency_us: int = 0
+    emulated_write_latency_us: int = 0
+    load_policy: str = "breakeven"
     # The cluster tier (tutti.cluster.ClusterConfig), when 'mooncake' is set.
     mooncake: Any = None
 
@@ -224,8 +260,13 @@ class ConnectorConfig:
             self.cuda_driver,
             self.cuda_block_threads,
             self.cuda_mode,
+            self.host_mode,
             self.staging_slots,
+            self.pacing(),
         )
+
+    def pacing(self) -> tuple[int, ...]:
+        return tuple(getattr(self, k) for k in EMULATED_PACING)
 
     def io_kwargs(self) -> dict:
         """How this process moves its bytes: the keywords :class:`Runtime` and
@@ -238,6 +279,8 @@ class ConnectorConfig:
         if self.executor == "gio_cuda":
             kw.update(cuda_device=self.cuda_device, cuda_sm_count=self.cuda_sm_count, cuda_driver=self.cuda_driver,
                       cuda_block_threads=self.cuda_block_threads, exec_mode=self.cuda_mode)
+        elif self.executor == "gio" and self.host_mode is not None:
+            kw.update(exec_mode=self.host_mode)
         return kw
 
     def runtime_kwargs(self) -> dict:
@@ -251,6 +294,7 @@ class ConnectorConfig:
                 emulated_capacity_bytes=self.emulated_capacity_bytes,
                 emulated_dir=self.emulated_dir,
             )
+            kw.update({k: getattr(self, k) for k in EMULATED_PACING if getattr(self, k)})
         return kw
 
 
@@ -420,6 +464,38 @@ def from_vllm(vllm_config: Any) -> ConnectorConfig:
             "kv_connector_extra_config['cuda_mode'] = 'persistent' holds its SMs for as long as the engine "
             "runs: set 'cuda_sm_count' (the SMs of its green context), or use 'launch'"
         )
+    # Unset: the binding's default (inline with one executor thread, else libtutti's launch).
+    host_mode = str(extra.get("host_mode", default_exec_mode("gio", _host_threads(extra)) or "launch"))
+    if host_mode not in HOST_MODES:
+        raise ConfigError(
+            f"kv_connector_extra_config['host_mode'] = {host_mode!r}: use 'inline', 'persistent' or 'launch'"
+        )
+    if host_mode == "inline" and _host_threads(extra) > 1:
+        raise ConfigError(
+            f"kv_connector_extra_config['host_mode'] = 'inline' runs one block of lanes on the calling "
+            f"thread; 'host_threads' = {_host_threads(extra)} needs 'persistent' or 'launch'"
+        )
+    load_policy = str(extra.get("load_policy", "breakeven"))
+    if load_policy not in ("breakeven", "always"):
+        raise ConfigError(
+            f"kv_connector_extra_config['load_policy'] = {load_policy!r}: use 'breakeven' or 'always'"
+        )
+    pacing = {k: _int(extra, k, 0) for k in EMULATED_PACING}
+    for k in EMULATED_PACING:
+        if k.endswith("_us") and pacing[k] > MAX_EMULATED_LATENCY_US:
+            raise ConfigError(f"kv_connector_extra_config[{k!r}] = {pacing[k]} is more than 10 s")
+    if any(pacing.values()) and not emulated:
+        raise ConfigError(
+            f"kv_connector_extra_config: {sorted(k for k in pacing if pacing[k])} pace emulated drives; "
+            "set 'emulated_drives' (with 'daemon_socket' the daemon's own flags pace its drives)"
+        )
+    if daemon == "auto":
+        for k in ("emulated_read_bytes_per_sec", "emulated_write_bytes_per_sec"):
+            if 0 < pacing[k] < 1_000_000:
+                raise ConfigError(
+                    f"kv_connector_extra_config[{k!r}] = {pacing[k]}: with 'daemon': 'auto' tuttid paces "
+                    "drives at 1 MB/s or more (tutti serve --emu-read-gbps / --emu-write-gbps >= 0.001)"
+                )
     open_mode = str(extra.get("open_mode", "open_or_create"))
     if open_mode not in ("open", "create", "open_or_create"):
         raise ConfigError(
@@ -497,6 +573,9 @@ def from_vllm(vllm_config: Any) -> ConnectorConfig:
         cuda_block_threads=_int(extra, "cuda_block_threads", 0),
         cuda_driver=str(extra["cuda_driver"]) if extra.get("cuda_driver") else None,
         cuda_mode=cuda_mode,
+        host_mode=host_mode,
         staging_slots=_int(extra, "staging_slots", 0),
+        load_policy=load_policy,
+        **pacing,
         mooncake=mooncake,
     )

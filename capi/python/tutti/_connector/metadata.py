@@ -39,6 +39,9 @@ class StepPlan:
     prefill_tokens: int = 0
     prefix_tokens: int = 0
     decode_context_tokens: int = 0
+    # Every token the step computes, and the plan's number (the workers' timings name it).
+    scheduled_tokens: int = 0
+    step: int = 0
 
     def is_empty(self) -> bool:
         return not self.loads and not self.saves

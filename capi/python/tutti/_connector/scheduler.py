@@ -7,7 +7,8 @@ Per request, from the first time vLLM asks about it until it finishes:
   questions while the request waits for memory return the same answer
   without pinning again. The answer never covers the last prompt token
   (vLLM must compute at least one token to get logits), and is counted in
-  whole blocks.
+  whole blocks. The break-even rule (``breakeven.py``) then keeps only the
+  longest part of the hit that is expected to load faster than it computes.
 * ``allocated`` — once vLLM found blocks for the request, the hit blocks
   beyond vLLM's own prefix cache are planned for loading into them.
 * ``plan`` — each step: the planned loads, and for every scheduled request
@@ -30,6 +31,7 @@ from typing import Any, Callable
 
 from ..errors import NotRegistered, TuttiError
 from ..runtime import Runtime, chain_hashes
+from .breakeven import BreakEven, Observations
 from .metadata import LoadSpec, SaveSpec, StepPlan
 
 log = logging.getLogger("vllm.tutti")
@@ -47,6 +49,7 @@ class RequestState:
     saved_blocks: int = 0  # leading blocks stored or planned for storing
     pending_load: LoadSpec | None = None
     remote_from: int | None = None  # blocks from this index on come from the cluster tier
+    decided: tuple[int, int] | None = None  # (blocks vLLM's cache held, blocks reported) of the decision
 
 
 def _token_ids(request: Any) -> list[int]:
@@ -71,12 +74,19 @@ class SchedulerSide:
     worker pins what it loads, and reports a chunk evicted in between as a load error.
 
     ``remote`` (the cluster tier): given the hashes past the local hit, returns how many leading
-    ones the tier holds; those extend the hit and are loaded from the tier."""
+    ones the tier holds; those extend the hit and are loaded from the tier (the break-even rule
+    counts them at the local drives' rates).
+
+    ``rule``: the break-even rule (None reports every hit)."""
 
     def __init__(self, runtime: Runtime, tokens_per_block: int, deferred_saves: bool = False,
                  identities: Callable[[], list[tuple[str, bytes, str]]] | None = None, ranks: int = 1,
-                 remote: Callable[[list[bytes]], int] | None = None):
+                 remote: Callable[[list[bytes]], int] | None = None, rule: BreakEven | None = None):
         self.rt = runtime
+        self.rule = rule
+        self.step = 0  # plans built so far; each plan carries its number to the workers
+        self._pass_bytes = 0  # loads granted since the last plan: they share the next step's reads
+        self._unacked: list[tuple[int, int]] = []  # (plan, load bytes) of steps no worker reported yet
         self.remote = remote
         self.identities = identities
         self.ranks = ranks
@@ -127,7 +137,28 @@ class SchedulerSide:
         st.local_tokens = num_computed_tokens
         if num_computed_tokens % self.B:
             return 0, False
-        return max(0, st.hits * self.B - num_computed_tokens), False
+        first = num_computed_tokens // self.B
+        if st.decided is None or st.decided[0] != first:
+            reported = st.hits
+            if self.rule is not None and st.hits > first:
+                reported = self.rule.decide(first, st.hits, st.tokens, self._backlog_bytes())
+            st.decided = (first, reported)
+        return max(0, st.decided[1] * self.B - num_computed_tokens), False
+
+    def _backlog_bytes(self) -> int:
+        """Reads the drives owe before a load granted now: loads granted in this pass, and those of
+        plans no worker has reported done (with vLLM's async scheduling; counted only once workers
+        report at all)."""
+        owed = self._pass_bytes
+        if self.rule is not None and self.rule.fed:
+            owed += sum(b for _, b in self._unacked)
+        return owed
+
+    def observe(self, obs: Observations) -> None:
+        """A step's timings from the workers (vLLM's worker metadata)."""
+        self._unacked = [(s, b) for s, b in self._unacked if s > obs.step]
+        if self.rule is not None:
+            self.rule.observe(obs)
 
     def _all_ranks_hold(self, hashes: list[bytes]) -> int:
         ids = self.identities() if self.identities is not None else []
@@ -171,18 +202,25 @@ class SchedulerSide:
                 f"request {st.req_id}: {len(ids)} blocks allocated, the loaded prefix needs {last}"
             )
         split = last if st.remote_from is None else max(first, min(last, st.remote_from))
+        if self.rule is not None:
+            self._pass_bytes += (last - first) * self.rule.block_bytes
         st.pending_load = LoadSpec(st.req_id, st.hashes[first:split], ids[first:split],
                                    st.hashes[split:last], ids[split:last])
 
     # --- build_connector_meta ------------------------------------------------------------
 
     def plan(self, scheduler_output: Any) -> StepPlan:
-        plan = StepPlan()
+        self.step += 1
+        plan = StepPlan(step=self.step)
+        # At most two plans in flight (vLLM's async scheduling runs one step ahead).
+        self._unacked = (self._unacked + [(self.step, self._pass_bytes)])[-2:]
+        self._pass_bytes = 0
         for st in self.requests.values():
             if st.pending_load is not None:
                 plan.loads.append(st.pending_load)
                 st.pending_load = None
         num_scheduled = getattr(scheduler_output, "num_scheduled_tokens", {}) or {}
+        plan.scheduled_tokens = sum(num_scheduled.values())
         for req_id, block_ids, computed, resumed in _scheduled(scheduler_output):
             st = self.requests.get(req_id)
             if st is None:

@@ -133,6 +133,14 @@ def _serve_args(cfg: ConnectorConfig, exe: str, socket: str) -> list[str]:
     args += ["--open", cfg.open_mode.replace("_", "-"), "--idle-exit-s", str(cfg.daemon_idle_exit_s)]
     if cfg.io_timeout_ms:
         args += ["--io-timeout-ms", str(cfg.io_timeout_ms)]
+    for key, flag in (("emulated_read_bytes_per_sec", "--emu-read-gbps"),
+                      ("emulated_write_bytes_per_sec", "--emu-write-gbps")):
+        if getattr(cfg, key):
+            args += [flag, repr(getattr(cfg, key) / 1e9)]
+    for key, flag in (("emulated_latency_us", "--emu-latency-us"), ("emulated_read_latency_us", "--emu-read-latency-us"),
+                      ("emulated_write_latency_us", "--emu-write-latency-us")):
+        if getattr(cfg, key):
+            args += [flag, str(getattr(cfg, key))]
     return args
 
 

@@ -450,6 +450,34 @@ class WorkerSide:
         if self._remote_done:
             self._store_remote_locally()
 
+    def loads_complete(self) -> bool:
+        """Every load of the step has landed (its last layer is in), or there is none."""
+        for ld in self._loads:
+            if ld.job is None:
+                continue
+            try:
+                if not ld.job.layer_done(ld.job.layers[-1]):
+                    return False
+            except TuttiError:
+                return False
+        return True
+
+    def loading_bytes(self) -> int:
+        """KV bytes the step's submitted loads move (this rank's shard)."""
+        return sum(len(ld.spec.block_ids) for ld in self._loads if ld.job is not None) * self.block_bytes
+
+    def pending_write_bytes(self) -> int:
+        """KV bytes of saves submitted but not completed (deferred ones)."""
+        return sum(len(sv.spec.block_ids) for sv in self._pending) * self.block_bytes
+
+    @property
+    def has_load_errors(self) -> bool:
+        return bool(self._load_errors)
+
+    @property
+    def block_bytes(self) -> int:
+        return 2 * self.g.layers * self.g.object_bytes
+
     def take_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
         return errors

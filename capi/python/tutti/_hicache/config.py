@@ -20,6 +20,17 @@ takes: ``prefetch_threshold``, ``prefetch_timeout_*``, ``tp_lcm_size``, ...). Ke
                             wired here; ``"direct"`` is refused: a timed-out read keeps an
                             unknown outcome and SGLang reuses the host page at once)
 ``host_threads``            OS threads of the host executor (default 0: libtutti's 1)
+``host_mode``               how the host executor runs its lanes: ``"inline"`` (default with
+                            one thread: on the threads calling tutti), ``"persistent"`` or
+                            ``"launch"`` (default with more threads)
+``load_policy``             ``"breakeven"`` (default): ``batch_exists`` reports only the run of
+                            pages expected to load faster than SGLang recomputes them, which
+                            needs ``prefill_s_per_token`` or ``slack_table`` (without either
+                            every hit is reported); ``"always"``: every hit
+``prefill_s_per_token``     this engine's prefill cost per token in seconds (e.g. from a
+                            benchmark of the deployment): the recompute estimate
+``slack_table``             a slack table (``tutti profile``) whose windows give the recompute
+                            estimate instead
 ``open_mode``               ``"open_or_create"`` (default), ``"open"``, ``"create"``
 ``io_timeout_ms``           per NVMe command deadline (default: libtutti's 2000)
 ``timeout_ms``              how long one batch may take before its pages count as
@@ -62,6 +73,10 @@ KNOWN_KEYS = SGLANG_KEYS | {
     "vfio_noiommu",
     "executor",
     "host_threads",
+    "host_mode",
+    "load_policy",
+    "prefill_s_per_token",
+    "slack_table",
     "open_mode",
     "io_timeout_ms",
     "timeout_ms",
@@ -124,6 +139,10 @@ class BackendConfig:
     daemon_start_timeout_s: float
     tp_size: int
     pp_size: int
+    host_mode: str | None = None
+    load_policy: str = "breakeven"
+    prefill_s_per_token: float = 0.0
+    slack_table: str | None = None
 
     def runtime_config(self, geometry: Geometry, model: str) -> ConnectorConfig:
         """The runtime settings :mod:`tutti._connector.shared` opens or connects with."""
@@ -135,7 +154,7 @@ class BackendConfig:
             layer_timeout_s=self.timeout_s, daemon=self.daemon, daemon_socket=self.daemon_socket,
             daemon_idle_exit_s=self.daemon_idle_exit_s, daemon_start_timeout_s=self.daemon_start_timeout_s,
             tp_size=self.tp_size, pp_size=self.pp_size, multiprocess=self.tp_size * self.pp_size > 1,
-            host_threads=self.host_threads,
+            host_threads=self.host_threads, host_mode=self.host_mode,
         )
 
 
@@ -201,6 +220,26 @@ def parse(extra: dict | None, *, tp_size: int = 1, pp_size: int = 1) -> BackendC
             "(the drive may still write the page), and SGLang reuses a failed page's host memory at once; "
             "use 'gio', which recovers the drive first"
         )
+    host_threads = _int(extra, "host_threads", 0, 0, MAX_HOST_THREADS)
+    host_mode = extra.get("host_mode")
+    if host_mode is not None:
+        host_mode = _choice(extra, "host_mode", "inline", ("inline", "persistent", "launch"))
+        if host_mode == "inline" and host_threads > 1:
+            raise ConfigError(
+                f"tutti.sglang: {WHERE}['host_mode'] = 'inline' runs the lanes on the calling threads; "
+                f"'host_threads' = {host_threads} needs 'persistent' or 'launch'"
+            )
+    load_policy = _choice(extra, "load_policy", "breakeven", ("breakeven", "always"))
+    rate = extra.get("prefill_s_per_token", 0.0)
+    try:
+        prefill_s_per_token = float(rate)
+    except (TypeError, ValueError):
+        prefill_s_per_token = -1.0
+    if isinstance(rate, bool) or not (0.0 <= prefill_s_per_token < 1.0):
+        raise ConfigError(f"tutti.sglang: {WHERE}['prefill_s_per_token'] = {rate!r} must be seconds in [0, 1)")
+    table = extra.get("slack_table")
+    if table is not None and (not isinstance(table, str) or not os.path.isfile(table)):
+        raise ConfigError(f"tutti.sglang: {WHERE}['slack_table'] = {table!r} is not a file")
     salt = extra.get("tenant_salt", "")
     if not isinstance(salt, (str, bytes)):
         raise ConfigError(f"tutti.sglang: {WHERE}['tenant_salt'] must be a string")
@@ -218,7 +257,11 @@ def parse(extra: dict | None, *, tp_size: int = 1, pp_size: int = 1) -> BackendC
         emulated_dir=emulated_dir,
         vfio_drives=tuple(str(v) for v in vfio),
         vfio_noiommu=bool(extra.get("vfio_noiommu", False)),
-        host_threads=_int(extra, "host_threads", 0, 0, MAX_HOST_THREADS),
+        host_threads=host_threads,
+        host_mode=host_mode,
+        load_policy=load_policy,
+        prefill_s_per_token=prefill_s_per_token,
+        slack_table=table,
         open_mode=_choice(extra, "open_mode", "open_or_create", ("open_or_create", "open", "create")),
         io_timeout_ms=_int(extra, "io_timeout_ms", 0),
         daemon=daemon,

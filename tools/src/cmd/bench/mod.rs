@@ -6,6 +6,7 @@ pub mod retrieve;
 pub mod rig;
 pub mod schedule;
 pub mod sgl_vs_prp;
+pub mod staged;
 
 use std::path::PathBuf;
 
@@ -127,6 +128,9 @@ pub enum Which {
     /// The scheduler's policies (load-all, layer-wise, slack, slack+online) on real I/O through
     /// the runtime against emulated drives with the read/write collapse, beside the simulator.
     Schedule(schedule::Args),
+    /// The staged path's copy alone (slot -> KV, KV -> slot) for the geometry's chunk sizes, against
+    /// memcpy on the host executor or cuMemcpyAsync (the copy engine) with --cuda.
+    Staged(staged::Args),
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
@@ -136,6 +140,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         Which::Commands(a) => commands::run(a),
         Which::Client(a) => client::run(a),
         Which::Schedule(a) => schedule::run(a),
+        Which::Staged(a) => staged::run(a),
     }
 }
 
