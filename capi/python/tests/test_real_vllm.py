@@ -38,8 +38,9 @@ from pathlib import Path
 
 import pytest
 
+import installed_package
+
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[2]
 SCENARIO = HERE / "real_vllm" / "scenario.py"
 VENV = Path(os.environ.get("TUTTI_VLLM_VENV") or Path.home() / ".cache" / "tutti" / "vllm-venv")
 PY = os.environ.get("TUTTI_VLLM_PYTHON") or str(VENV / "bin" / "python")
@@ -76,36 +77,18 @@ def vllm_python(library):
 
 @pytest.fixture(scope="session")
 def installed(vllm_python, tmp_path_factory) -> dict:
-    """The environment of a scenario that runs the installed tutti package: the wheel of this checkout
-    (built by pip with cargo through setuptools-rust; cargo reuses the workspace's target dir) installed
-    with ``pip install --target`` into a directory on PYTHONPATH, and none of the variables that point
-    at the workspace's build (TUTTI_LIB, TUTTI_BIN). vLLM's logging at INFO, its default."""
-    d = tmp_path_factory.mktemp("installed-tutti")
-    wheels, site = d / "wheel", d / "site"
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
-    built = subprocess.run(pip + ["wheel", "--no-deps", "-q", "-w", str(wheels), str(REPO)], capture_output=True,
-                           text=True, timeout=1800)
-    assert built.returncode == 0, f"pip wheel {REPO} failed:\n{built.stdout[-3000:]}\n{built.stderr[-5000:]}"
-    (whl,) = wheels.glob("tutti-*.whl")
-    done = subprocess.run(pip + ["install", "--no-deps", "-q", "--target", str(site), str(whl)], capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return {"PYTHONPATH": str(site), "TUTTI_SCENARIO_INSTALLED": "1", "TUTTI_LIB": None, "TUTTI_BIN": None,
-            "VLLM_LOGGING_LEVEL": "INFO", "site": str(site)}
+    """A scenario's environment changes for the installed package (tests/installed_package.py: the
+    wheel of this checkout, pip install --target, no TUTTI_LIB/TUTTI_BIN), with vLLM's logging at
+    INFO, its default; "site" is where it went (not passed on)."""
+    site = installed_package.install(tmp_path_factory.mktemp("installed-tutti"))
+    return dict(installed_package.environment(site), VLLM_LOGGING_LEVEL="INFO", site=str(site))
 
 
 def run(py: str, tmp: Path, name: str, engines: list[dict], env: dict | None = None, timeout: int = 600) -> dict:
     """Runs a scenario; ``env`` adds variables (None removes one; "site" is not passed on)."""
     spec = tmp / f"{name}.json"
     spec.write_text(json.dumps({"engines": engines}))
-    e = dict(os.environ)
-    for k, v in (env or {}).items():
-        if k == "site":
-            continue
-        if v is None:
-            e.pop(k, None)
-        else:
-            e[k] = v
+    e = installed_package.child_env({k: v for k, v in (env or {}).items() if k != "site"})
     done = subprocess.run([py, str(SCENARIO), str(spec)], capture_output=True, text=True, timeout=timeout, env=e)
     line = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")]
     assert done.returncode == 0 and line, f"scenario {name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
@@ -162,11 +145,7 @@ def main_run(main_run_full):
 
 
 def _installed_package_was_used(res: dict, installed: dict) -> None:
-    site = Path(installed["site"])
-    pkg = res["tutti_package"]
-    assert Path(pkg["module"]).resolve() == (site / "tutti" / "__init__.py").resolve(), pkg
-    assert Path(pkg["lib"]).resolve() == (site / "tutti" / "libtutti.so").resolve(), pkg
-    assert Path(pkg["bin"]).resolve() == (site / "bin" / "tutti").resolve(), pkg
+    installed_package.check_used(res["tutti_package"], Path(installed["site"]))
 
 
 def test_the_installed_package_is_found_by_name_in_one_process(main_run_full, installed):

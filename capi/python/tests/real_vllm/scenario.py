@@ -34,9 +34,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# TUTTI_SCENARIO_INSTALLED=1: the tutti package is an installed one (on PYTHONPATH, found by vLLM
-# through its entry point); otherwise capi/python, the source tree.
-if os.environ.get("TUTTI_SCENARIO_INSTALLED") != "1":
+# TUTTI_TEST_INSTALLED=1: the tutti package is an installed one (on PYTHONPATH, found by vLLM
+# through its entry point; tests/installed_package.py); otherwise capi/python, the source tree.
+sys.path.insert(0, os.path.dirname(HERE))  # tests/: installed_package
+if os.environ.get("TUTTI_TEST_INSTALLED") != "1":
     sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
 BLOCK = 32
@@ -188,20 +189,6 @@ def run_engine(spec: dict) -> dict:
     return out
 
 
-def _package() -> dict:
-    """Which tutti this process imported, the library it loaded and the binary daemon 'auto' runs."""
-    import tutti
-    from tutti._connector.shared import find_tutti_bin
-    from tutti._lib import lib
-
-    out = {"module": tutti.__file__, "lib": str(lib().path)}
-    try:
-        out["bin"] = find_tutti_bin()
-    except Exception as e:  # noqa: BLE001 - reported to the test
-        out["bin"] = f"error: {e}"
-    return out
-
-
 def main() -> None:
     spec = json.load(open(sys.argv[1]))
     counters = {"preemptions": 0, "preempted_with_pending_saves": 0, "zeroed_blocks": 0,
@@ -225,7 +212,9 @@ def main() -> None:
             r[k] = counters[k] - before[k]
         r["name"] = e.get("name")
         res["engines"].append(r)
-    res["tutti_package"] = _package()
+    from installed_package import report
+
+    res["tutti_package"] = report()
     print("\nRESULT " + json.dumps(res))
 
 
