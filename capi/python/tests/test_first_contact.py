@@ -194,11 +194,11 @@ def test_media_held_past_the_deadline_name_their_holder_in_whole_lines(tutti_bin
     held = _hold_media(d)
     try:
         with pytest.raises(ConfigError) as e:
-            _tp2_scheduler(d, G2, daemon_start_timeout_s=3)
+            _tp2_scheduler(d, G2, daemon_start_timeout_s=5)
     finally:
         held.close()
     msg = str(e.value)
-    assert msg.startswith(f"TuttiConnector: no tuttid answered on {d / 'tuttid.sock'} within 3 s"), msg
+    assert msg.startswith(f"TuttiConnector: no tuttid answered on {d / 'tuttid.sock'} within 5 s"), msg
     lines = _quoted(msg)
     assert lines and all(l.startswith(("tutti", "{")) for l in lines), lines  # whole lines, none cut mid-word
     assert any("already in use" in l and f"pid {os.getpid()}" in l for l in lines), lines
@@ -253,3 +253,9 @@ def test_through_tuttid_the_start_up_line_names_the_daemon_and_its_pool(daemon, 
         c.shutdown()
     (line,) = [m for m in tutti_log.messages if m.startswith("tutti: scheduler side:")]
     assert line.startswith(f"tutti: scheduler side: pool in tuttid at {daemon}, pool {st['pool']} (2 drives, "), line
+
+
+def test_a_run_of_identical_lines_is_quoted_once_with_its_count():
+    text = shared._quote(["tutti: error: held", "tutti: error: held", "tutti: error: held", "other", "tutti: error: held"])
+    assert text.splitlines() == ["    | tutti: error: held   [3 times]", "    | other", "    | tutti: error: held"]
+    assert shared._quote([]) == "    | (nothing)"

@@ -177,7 +177,17 @@ def log_lines(path: Path, start: int = 0, limit: int = _LOG_LINES) -> list[str]:
 
 
 def _quote(lines: list[str]) -> str:
-    return "\n".join(f"    | {l}" for l in lines) if lines else "    | (nothing)"
+    """Lines indented under a bar; a run of identical lines (a daemon started again and again
+    failing the same way) once, with its count."""
+    if not lines:
+        return "    | (nothing)"
+    runs: list[list] = []
+    for l in lines:
+        if runs and runs[-1][0] == l:
+            runs[-1][1] += 1
+        else:
+            runs.append([l, 1])
+    return "\n".join(f"    | {l}" + (f"   [{n} times]" if n > 1 else "") for l, n in runs)
 
 
 def geometry_text(g: Geometry) -> str:
@@ -206,8 +216,9 @@ def _fix(cfg: ConnectorConfig, text: str) -> str:
 
 
 class DaemonStartError(ConfigError):
-    """tuttid exited before serving. ``transient``: its error says the media are still held (a
-    daemon of the same directory still exiting), which a retry can cure; nothing else is."""
+    """tuttid exited before serving, or had not served by the deadline. ``transient``: its error
+    says the media are still held (a daemon of the same directory still exiting), which a retry
+    can cure, or it was still starting; nothing else is."""
 
     def __init__(self, message: str, lines: list[str], transient: bool):
         super().__init__(message)
@@ -260,10 +271,7 @@ def _spawn(cfg: ConnectorConfig, socket: str, deadline: float) -> None:
                 lines, transient,
             ) from None
         time.sleep(0.05)
-    raise ConfigError(
-        f"TuttiConnector: no tuttid answered on {socket} within {cfg.daemon_start_timeout_s:g} s (daemon 'auto' "
-        f"for {d}, daemon_start_timeout_s): {what} had not created it. Its log:\n{_quote(log_lines(logf, start))}"
-    )
+    raise DaemonStartError(f"{what} had not created {socket} by the deadline", [], True)
 
 
 # Connect errors a retry can cure: no daemon on the socket yet (or a stale socket file), a daemon
@@ -309,10 +317,13 @@ def _connect_auto(cfg: ConnectorConfig, name: str, control: bool = False) -> Run
             if rt is not None:
                 return rt
         if time.monotonic() >= deadline:
+            lines = log_lines(d / DAEMON_LOG, log_start)
+            # A daemon's own failure is in its log (quoted); a connect error is not.
+            why = f": {last}" if last is not None and not isinstance(last, DaemonStartError) else ""
             raise ConfigError(
                 f"TuttiConnector: no tuttid answered on {socket} within {cfg.daemon_start_timeout_s:g} s "
-                f"(daemon 'auto' for {d}, daemon_start_timeout_s): {last}\nIts log since this engine "
-                f"started:\n{_quote(log_lines(d / DAEMON_LOG, log_start))}"
+                f"(daemon 'auto' for {d}, daemon_start_timeout_s){why}.\nIts log since this engine started:\n"
+                f"{_quote(lines)}\n{_fix(cfg, chr(10).join(lines))}"
             )
         with open(d / START_LOCK, "a+") as lk:
             try:
