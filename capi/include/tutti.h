@@ -195,6 +195,12 @@
 // not exceed it, or `tutti_register_kv` refuses `num_blocks`.
 #define TUTTI_MAX_TABLE_DESCRIPTORS (1 << 27)
 
+// Most bytes of SGL tables one registration may build, every device view of the memory
+// together (`tutti_table_sizes_t::tables × descriptors × 16`; the views are counted before
+// anything is mapped as the drives' distinct DMA spaces). A larger `num_blocks` is refused
+// with `TUTTI_E_INVALID_ARG` naming this bound, before anything is mapped or built.
+#define TUTTI_MAX_TABLE_BYTES (1 << 30)
+
 // `tutti_lookup` flag: pin the hit prefix against eviction until `tutti_unpin`.
 #define TUTTI_LOOKUP_PIN 1
 
@@ -687,8 +693,10 @@ typedef struct tutti_sched_stats_t {
     // Times a layer the local policy let go was held because another process (a client of the
     // same tuttid) had the other direction in flight, or a read ready, on its drives.
     uint64_t xproc_waits;
-    // Words of the arbitration board that blocked I/O unchanged past the stale deadline and
-    // were ignored from then on (a stopped or broken peer).
+    // Times another client was marked stale: its row on the arbitration board blocked I/O
+    // here unchanged past the stale deadline (a stopped or broken peer). Once per stuck client,
+    // whatever the drives, directions and layers it blocked; it is skipped from then on until
+    // its row changes.
     uint64_t xproc_stale_words;
     // Impossible words of the board that were ignored (garbage).
     uint64_t xproc_invalid_words;
@@ -944,7 +952,8 @@ int32_t tutti_job_wait_layer(struct tutti_job_t *job,
 int32_t tutti_job_cancel(struct tutti_job_t *job);
 
 // Copies the reason of the job's first block failure ("" if none so far)
-// into `buf` (NUL-terminated). `*needed` (nullable) gets the bytes needed
+// into `buf` (NUL-terminated). It answers also after the runtime's tuttid is gone, when every
+// other call on the job fails. `*needed` (nullable) gets the bytes needed
 // including the NUL; `TUTTI_E_BUFFER_TOO_SMALL` if `capacity` is less.
 //
 // # Safety
@@ -962,7 +971,10 @@ int32_t tutti_job_destroy(struct tutti_job_t *job);
 
 // Registers the engine's KV memory with the runtime under a cache identity
 // (model, tenant salt, geometry, dtype, layout kind). The SGL tables are
-// built here, once. Replaces an earlier registration when no job or store
+// built here, once. Refused with `TUTTI_E_INVALID_ARG` before anything is mapped or built:
+// tables past `TUTTI_MAX_TABLE_DESCRIPTORS` or `TUTTI_MAX_TABLE_BYTES` (naming the bound),
+// and host memory (`TUTTI_MEMORY_HOST`, `_HOST_STAGED`) that is not all mapped readable and
+// writable in this process. Replaces an earlier registration when no job or store
 // is in flight (`TUTTI_E_BUSY` otherwise). `sizes` (nullable) gets the table sizes.
 //
 // # Safety

@@ -90,6 +90,8 @@ fn obj_code(e: &ObjError) -> i32 {
         ObjError::Invalid { field: "executor", .. } => TUTTI_E_UNSUPPORTED,
         ObjError::Invalid { .. } => TUTTI_E_INVALID_ARG,
         ObjError::Driver(_) | ObjError::Gio(_) | ObjError::Drive { .. } | ObjError::Peer(_) => TUTTI_E_IO,
+        // tuttid is gone: an I/O error of the runtime, whose message names tuttid.
+        ObjError::PeerGone(_) => TUTTI_E_IO,
         ObjError::Pool { .. } => TUTTI_E_POOL,
         ObjError::PoolFull { .. } => TUTTI_E_POOL_FULL,
         ObjError::NotRegistered => TUTTI_E_NOT_REGISTERED,

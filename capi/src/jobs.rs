@@ -282,6 +282,11 @@ impl Job {
         Ok(self.view(self.id.map(|id| self.rt.store.poll(id)).transpose()?))
     }
 
+    /// As `poll`, also after tuttid is gone (the reasons of the job's failures).
+    fn status(&self) -> Result<View> {
+        Ok(self.view(self.id.map(|id| self.rt.store.status(id)).transpose()?))
+    }
+
     fn wait(&self, timeout: Duration) -> Result<View> {
         Ok(self.view(self.id.map(|id| self.rt.store.wait(id, timeout)).transpose()?))
     }
@@ -386,13 +391,12 @@ impl Drop for Job {
     fn drop(&mut self) {
         if let Some(id) = self.id {
             let store = &self.rt.store;
-            if store.poll(id).is_ok_and(|s| !s.done) {
-                let _ = store.cancel(id);
-                let _ = store.wait(id, DRAIN);
-            }
-            // Failures no poll saw yet (a job destroyed unwaited) still count once.
-            if let Ok(s) = store.poll(id) {
-                self.count_failures(&self.failed_bitmap(Some(&s)));
+            // Cancels what was not submitted and waits (bounded) for the layers on the drives,
+            // also when tuttid is gone: a command in flight may still move the job's bytes.
+            match store.drain(id, DRAIN) {
+                // Failures no poll saw yet (a job destroyed unwaited) still count once.
+                Ok(s) => self.count_failures(&self.failed_bitmap(Some(&s))),
+                Err(e) => tracing::warn!(job = id, error = %e, "a destroyed job could not be drained"),
             }
             if let Err(e) = store.release(id) {
                 tracing::warn!(job = id, error = %e, "a destroyed job could not be released");
@@ -649,7 +653,8 @@ pub unsafe extern "C" fn tutti_job_cancel(job: *mut tutti_job_t) -> i32 {
 }
 
 /// Copies the reason of the job's first block failure ("" if none so far)
-/// into `buf` (NUL-terminated). `*needed` (nullable) gets the bytes needed
+/// into `buf` (NUL-terminated). It answers also after the runtime's tuttid is gone, when every
+/// other call on the job fails. `*needed` (nullable) gets the bytes needed
 /// including the NUL; `TUTTI_E_BUFFER_TOO_SMALL` if `capacity` is less.
 ///
 /// # Safety
@@ -664,7 +669,7 @@ pub unsafe extern "C" fn tutti_job_error(
 ) -> i32 {
     guard("tutti_job_error", || {
         let j = job_of(job)?;
-        let v = j.poll()?;
+        let v = j.status()?;
         let msg = v.first_error.unwrap_or_default();
         // SAFETY: forwarded from the caller.
         unsafe { ptr::copy_str(msg.as_bytes(), buf, capacity, needed)? };

@@ -49,6 +49,13 @@ pub const TUTTI_MEMORY_HOST_STAGED: u32 = 3;
 pub const TUTTI_MAX_TABLE_DESCRIPTORS: u64 = 1 << 27;
 const _: () = assert!(TUTTI_MAX_TABLE_DESCRIPTORS == tutti_objstore::registration::MAX_TABLE_DESCRIPTORS);
 
+/// Most bytes of SGL tables one registration may build, every device view of the memory
+/// together (`tutti_table_sizes_t::tables × descriptors × 16`; the views are counted before
+/// anything is mapped as the drives' distinct DMA spaces). A larger `num_blocks` is refused
+/// with `TUTTI_E_INVALID_ARG` naming this bound, before anything is mapped or built.
+pub const TUTTI_MAX_TABLE_BYTES: u64 = 1 << 30;
+const _: () = assert!(TUTTI_MAX_TABLE_BYTES == tutti_objstore::registration::MAX_TABLE_BYTES);
+
 /// `tutti_lookup` flag: pin the hit prefix against eviction until `tutti_unpin`.
 pub const TUTTI_LOOKUP_PIN: u32 = 1;
 
@@ -180,7 +187,10 @@ unsafe fn layout_of(rt: &Runtime, c: &tutti_kv_layout_t) -> Result<KvLayout> {
 
 /// Registers the engine's KV memory with the runtime under a cache identity
 /// (model, tenant salt, geometry, dtype, layout kind). The SGL tables are
-/// built here, once. Replaces an earlier registration when no job or store
+/// built here, once. Refused with `TUTTI_E_INVALID_ARG` before anything is mapped or built:
+/// tables past `TUTTI_MAX_TABLE_DESCRIPTORS` or `TUTTI_MAX_TABLE_BYTES` (naming the bound),
+/// and host memory (`TUTTI_MEMORY_HOST`, `_HOST_STAGED`) that is not all mapped readable and
+/// writable in this process. Replaces an earlier registration when no job or store
 /// is in flight (`TUTTI_E_BUSY` otherwise). `sizes` (nullable) gets the table sizes.
 ///
 /// # Safety

@@ -18,9 +18,10 @@
 //! again on the job's next advance (every `tutti_job_poll`/`wait` pass: the wait loop backs off
 //! to 20 µs sleeps, so a layer starts at most about that long after the other process's I/O
 //! finished, plus the time until the engine's next poll if it does not wait). A client that dies
-//! has its announcements cleared by the daemon; a word on the board that blocks I/O without
-//! changing for `tutti_daemon::arbitration::DEFAULT_STALE_AFTER` (a stopped peer, garbage) is
-//! ignored until it changes (`xproc_stale_words`), and impossible words at once
+//! has its announcements cleared by the daemon; a client whose row blocks I/O without changing
+//! for `tutti_daemon::arbitration::DEFAULT_STALE_AFTER` (a stopped peer, garbage) is waited on
+//! once and then skipped, on every drive and in both directions, until its row changes
+//! (`xproc_stale_words` counts such marks), and impossible words are ignored at once
 //! (`xproc_invalid_words`). `TUTTI_SCHED_PASS` ignores the board (a baseline). A runtime opened
 //! in process (`tutti_runtime_open`) owns its drives and has no peers.
 
@@ -168,8 +169,10 @@ pub struct tutti_sched_stats_t {
     /// Times a layer the local policy let go was held because another process (a client of the
     /// same tuttid) had the other direction in flight, or a read ready, on its drives.
     pub xproc_waits: u64,
-    /// Words of the arbitration board that blocked I/O unchanged past the stale deadline and
-    /// were ignored from then on (a stopped or broken peer).
+    /// Times another client was marked stale: its row on the arbitration board blocked I/O
+    /// here unchanged past the stale deadline (a stopped or broken peer). Once per stuck client,
+    /// whatever the drives, directions and layers it blocked; it is skipped from then on until
+    /// its row changes.
     pub xproc_stale_words: u64,
     /// Impossible words of the board that were ignored (garbage).
     pub xproc_invalid_words: u64,

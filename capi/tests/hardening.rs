@@ -44,6 +44,90 @@ fn a_huge_strided_registration_is_an_error_not_an_abort() {
     expect(unsafe { tutti_register_kv(rt.0, &l, null_mut()) }, TUTTI_E_INVALID_ARG, "num_blocks");
 }
 
+/// A strided layout of `num_blocks` blocks `stride` bytes apart from `base`, K and V of each
+/// layer one object apart.
+fn strided_at(base: u64, num_blocks: u32, stride: u64) -> (Vec<u64>, Vec<u64>, tutti_kv_layout_t) {
+    let k: Vec<u64> = (0..LAYERS as u64).map(|l| base + l * 2 * OBJ as u64).collect();
+    let v: Vec<u64> = k.iter().map(|a| a + OBJ as u64).collect();
+    let mut l = layout(TUTTI_LAYOUT_STRIDED, num_blocks);
+    l.num_layers = LAYERS;
+    l.block_stride = stride;
+    (k, v, l)
+}
+
+#[test]
+fn unmapped_host_memory_is_refused_before_any_table_is_built() {
+    let rt = Rt::open(&config());
+    // The C ABI sweep's case: 2^22 blocks 16 MiB apart over addresses nobody mapped (64 TiB).
+    let (k, v, mut l) = strided_at(1 << 20, 1 << 22, 16 << 20);
+    l.k_bases = k.as_ptr();
+    l.v_bases = v.as_ptr();
+    let t = std::time::Instant::now();
+    // SAFETY: the layout is refused before any of its memory is touched.
+    let code = unsafe { tutti_register_kv(rt.0, &l, null_mut()) };
+    let msg = last_error();
+    assert_eq!(code, TUTTI_E_INVALID_ARG, "{msg}");
+    assert!(msg.contains("not all mapped") || msg.contains("TUTTI_MAX_TABLE_BYTES"), "{msg}");
+    // Refused on the spot, not after building tables for it (that took 10 s, 25 s under ASan).
+    assert!(t.elapsed() < std::time::Duration::from_secs(5), "{:?}", t.elapsed());
+    // Within every bound, and still nobody's memory: refused for what it is.
+    let (k, v, mut l) = strided_at(1 << 20, 64, 1 << 20);
+    l.k_bases = k.as_ptr();
+    l.v_bases = v.as_ptr();
+    // SAFETY: as above.
+    expect(unsafe { tutti_register_kv(rt.0, &l, null_mut()) }, TUTTI_E_INVALID_ARG, "not all mapped");
+    // Memory this process has, but read-only: the loads would write it.
+    // SAFETY: a fresh private anonymous mapping, unmapped below.
+    let ro = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            1 << 20,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(ro, libc::MAP_FAILED);
+    let mut l = layout(TUTTI_LAYOUT_CONTIGUOUS, 4);
+    l.base = ro as u64;
+    // SAFETY: as above.
+    expect(unsafe { tutti_register_kv(rt.0, &l, null_mut()) }, TUTTI_E_INVALID_ARG, "readable and writable");
+    // SAFETY: the mapping made above, no longer referenced.
+    assert_eq!(unsafe { libc::munmap(ro, 1 << 20) }, 0);
+    // The runtime is still usable.
+    let mem = Mem::new(2 * 4 * OBJ * LAYERS as usize);
+    register_per_layer(&rt, &mem, 4);
+    // SAFETY: a live runtime.
+    ok(unsafe { tutti_unregister_kv(rt.0) });
+}
+
+#[test]
+fn tables_past_the_byte_bound_are_refused_up_front_naming_it() {
+    let rt = Rt::open(&config());
+    // SAFETY: plain data; all zeroes is a valid value.
+    let mut info: tutti_runtime_info_t = unsafe { std::mem::zeroed() };
+    info.struct_size = std::mem::size_of::<tutti_runtime_info_t>() as u32;
+    // SAFETY: a live runtime and a full-size struct.
+    ok(unsafe { tutti_runtime_info(rt.0, &mut info) });
+    // Two emulated drives are two device views: the smallest block count whose two tables
+    // pass the bound, well within TUTTI_MAX_TABLE_DESCRIPTORS per table.
+    let per_block = LAYERS as u64 * 2 * info.chunks as u64 * 16 * 2;
+    let blocks = (TUTTI_MAX_TABLE_BYTES / per_block + 1) as u32;
+    assert!((blocks as u64) * LAYERS as u64 * 2 * info.chunks as u64 <= TUTTI_MAX_TABLE_DESCRIPTORS);
+    let (k, v, mut l) = strided_at(1 << 20, blocks, 2 * LAYERS as u64 * OBJ as u64);
+    l.k_bases = k.as_ptr();
+    l.v_bases = v.as_ptr();
+    // SAFETY: refused before any of its memory is touched.
+    expect(unsafe { tutti_register_kv(rt.0, &l, null_mut()) }, TUTTI_E_INVALID_ARG, "TUTTI_MAX_TABLE_BYTES");
+    // One block fewer is within the bound: refused only because the memory is not there.
+    let (k, v, mut l) = strided_at(1 << 20, blocks - 1, 2 * LAYERS as u64 * OBJ as u64);
+    l.k_bases = k.as_ptr();
+    l.v_bases = v.as_ptr();
+    // SAFETY: as above.
+    expect(unsafe { tutti_register_kv(rt.0, &l, null_mut()) }, TUTTI_E_INVALID_ARG, "not all mapped");
+}
+
 #[test]
 fn a_rejected_commit_commits_nothing_and_the_session_commits_later() {
     let rt = Rt::open(&config());

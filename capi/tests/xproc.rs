@@ -2,9 +2,10 @@
 //! processes, one storing and one loading on the same drives, never have a read and a write on
 //! one drive at once (the daemon's emulated drives count every command that ran with the other
 //! direction in flight, whichever client sent it); a client SIGKILLed while its row holds the
-//! drives is cleared by the daemon, so the survivor's loads go on; garbage on the board is
-//! ignored and counted. Child processes are this test binary run again on one test with
-//! `TUTTI_TEST_XPROC` set.
+//! drives is cleared by the daemon, so the survivor's loads go on; a client SIGSTOPped with a
+//! load in flight is waited on once (by the other client and by tuttid's journal writes), then
+//! skipped until it moves again; garbage on the board is ignored and counted. Child processes
+//! are this test binary run again on one test with `TUTTI_TEST_XPROC` set.
 
 // Test code: a panic is how a test fails, in helpers as in #[test] functions
 // (clippy.toml's allow-*-in-tests covers only the latter).
@@ -334,6 +335,131 @@ fn garbage_on_the_board_is_ignored_counted_and_reported() {
     let s = sched_stats(&rt);
     assert_eq!(s.xproc_waits, 0, "{s:?}");
     assert!(s.xproc_invalid_words >= 1, "{s:?}");
+    // SAFETY: a live handle.
+    unsafe { ok(tutti_unregister_kv(rt.0)) };
+    drop(rt);
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Pausing child: stores its own blocks, submits a load of them and stops itself (SIGSTOP) with
+/// the load in flight, as a worker in a long GC pause, under a debugger or in a frozen cgroup.
+/// Continued, it finishes the load, checks every byte and reports.
+fn pauser(socket: &str) {
+    let rt = connect(socket, "pauser");
+    let mut mem = register_filled(&rt, BLOCKS, PAUSE_SEED);
+    let keys = hashes(4, 430);
+    assert_eq!(store_all(&rt, &keys, &[0, 1, 2, 3]).stored, 4);
+    for b in 4..8 {
+        scribble(&mut mem, b);
+    }
+    let to = [4u32, 5, 6, 7];
+    let mut job = null_mut();
+    // SAFETY: valid handles and buffers.
+    unsafe { ok(tutti_submit_load(rt.0, keys.as_ptr(), to.as_ptr(), 4, 0, LAYERS, &mut job)) };
+    let slot = sched_board(rt.0).unwrap().unwrap().slot();
+    println!("xproc-pausing slot={slot}");
+    // SAFETY: raise(2) on this process; the parent continues it with SIGCONT.
+    assert_eq!(unsafe { libc::raise(libc::SIGSTOP) }, 0);
+    let mut st = status();
+    // SAFETY: a live job handle.
+    unsafe {
+        ok(tutti_job_wait(job, WAIT_MS, &mut st));
+        ok(tutti_job_destroy(job));
+    }
+    assert!(st.done == 1 && st.failed == 0, "{st:?}");
+    for (from, &b) in to.iter().enumerate() {
+        assert!(block_bytes(&mut mem, b as usize, BLOCKS) == pattern(from, BLOCKS, PAUSE_SEED), "block {b}");
+    }
+    println!("xproc-resumed loaded=4");
+    // SAFETY: a live handle.
+    unsafe { ok(tutti_unregister_kv(rt.0)) };
+}
+
+/// The state letter of process `pid` (`T`: stopped).
+fn proc_state(pid: u32) -> char {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // "pid (comm) S ...": the state follows the last ')'.
+    stat[stat.rfind(')').unwrap() + 1..].trim_start().chars().next().unwrap()
+}
+
+const PAUSE_SEED: u8 = 0x7C;
+/// Store-and-load rounds made while the other client is stopped.
+const PAUSED_ROUNDS: u32 = 6;
+
+#[test]
+fn a_stopped_client_is_waited_on_once_then_skipped_by_the_others_and_by_tuttid() {
+    if let Some((role, socket)) = child_role() {
+        assert_eq!(role, "pause");
+        pauser(&socket);
+        return;
+    }
+    let (daemon, dir) = slow_daemon("pause");
+    let socket = daemon.socket().to_str().unwrap().to_string();
+    let rt = connect(&socket, "busy");
+    let mut mem = register_filled(&rt, BLOCKS, LOAD_SEED);
+    let mine = hashes(4, 440);
+    assert_eq!(store_all(&rt, &mine, &[0, 1, 2, 3]).stored, 4);
+    let (mut child, mut lines) = spawn(
+        "a_stopped_client_is_waited_on_once_then_skipped_by_the_others_and_by_tuttid",
+        "pause",
+        &socket,
+    );
+    let slot = field(&line_of(&mut lines, "xproc-pausing"), "slot") as usize;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while proc_state(child.id()) != 'T' {
+        assert!(Instant::now() < deadline, "the pausing child did not stop");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let board = sched_board(rt.0).unwrap().unwrap();
+    assert_ne!(slot, board.slot());
+    let holds_before = daemon.status().arbitration;
+
+    // This client goes on storing and loading while the other is stopped with its load on the
+    // board: its reads in flight hold this client's writes, and tuttid's journal writes.
+    for r in 0..PAUSED_ROUNDS {
+        assert_eq!(store_all(&rt, &hashes(4, 600 + r), &[0, 1, 2, 3]).stored, 4, "round {r}");
+        load_and_check(&rt, &mut mem, &mine, LOAD_SEED);
+    }
+    // Waited on once, not once per store, per drive or per direction: the stopped client was
+    // marked stale once, by this client and by tuttid, and skipped from then on.
+    let s = sched_stats(&rt);
+    let b = board.stats();
+    assert_eq!(s.xproc_stale_words, 1, "{s:?}");
+    assert!(b.stale_skips >= PAUSED_ROUNDS as u64, "every later store's writes skipped it: {b:?}");
+    let holds = daemon.status().arbitration;
+    assert_eq!(holds.stale_marks - holds_before.stale_marks, 1, "{holds:?}");
+    // Each store holds the drives twice (reserve, commit); all but the first waited-out one skipped it.
+    assert!(
+        holds.stale_skips - holds_before.stale_skips >= 2 * PAUSED_ROUNDS as u64 - 1,
+        "{holds_before:?} -> {holds:?}"
+    );
+    // tutti status names it, and since when.
+    let status = daemon.status();
+    let paused = status.clients.iter().find(|c| c.arbitration_slot == Some(slot as u32)).unwrap();
+    let stale = paused.stale.clone().expect("the stopped client is reported stale");
+    assert!(stale.skipped_by_holds && stale.unchanged_ms > 0, "{stale:?}");
+    // The writes that went anyway met no read on the drives: the stopped client's reads had
+    // been served (its row said otherwise only because it could not reap them), and what it
+    // reads (files it holds a reference on) no write may touch. The drives count any command
+    // run with the other direction in flight.
+    let mixed: u64 = status.emulated_io.iter().map(|c| c.mixed_commands).sum();
+    assert_eq!(mixed, 0, "{:?}", status.emulated_io);
+
+    // Continued, it finishes its load with every byte right, and counts again.
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGCONT) }, 0);
+    let resumed = line_of(&mut lines, "xproc-resumed");
+    assert_eq!(field(&resumed, "loaded"), 4);
+    assert!(child.wait().unwrap().success());
+    assert_eq!(store_all(&rt, &hashes(4, 700), &[0, 1, 2, 3]).stored, 4);
+    load_and_check(&rt, &mut mem, &mine, LOAD_SEED);
+    assert!(board.stale_peers().is_empty(), "{:?}", board.stale_peers());
+    // Every store made meanwhile is there, byte for byte.
+    for r in 0..PAUSED_ROUNDS {
+        assert_eq!(lookup(&rt, &hashes(4, 600 + r), 0).0, 4, "round {r}");
+    }
+    load_and_check(&rt, &mut mem, &hashes(4, 600), LOAD_SEED);
     // SAFETY: a live handle.
     unsafe { ok(tutti_unregister_kv(rt.0)) };
     drop(rt);

@@ -28,20 +28,38 @@
 //! **The daemon's own writes** (journal appends at a store's commit or an eviction) are
 //! announced in slot [`DAEMON_SLOT`] the same way ([`Board::hold_for_metadata`]): clients' reads
 //! wait while one is held, and it waits (bounded by [`METADATA_WAIT`]) for their reads in
-//! flight to finish.
+//! flight to finish. A client whose reads a hold waited out is skipped by later holds until its
+//! row changes.
 //!
 //! **A client that dies** (crash, SIGKILL) has its connection closed by the kernel; the daemon
 //! then zeroes its row (generation 0) before the slot can be given again, so nothing it held
 //! blocks a drive. A later slot holder gets a new generation: a client that lives on after its
 //! connection ended (its row was zeroed) sees its generation gone and stops announcing.
 //!
-//! **Untrusted contents.** Any client can write anywhere in the board (it maps it read-write).
-//! Everything read from it is checked: counts in a free slot's row, or over [`MAX_PLAUSIBLE`],
-//! are ignored and counted; and a word that blocks a unit without changing for
-//! [`DEFAULT_STALE_AFTER`] (a peer that is stopped or hung, or garbage that looks plausible) is
-//! ignored from then on until it changes, and counted. So a hostile or broken peer can cost
-//! at most that deadline once per word, never a hang. (A client of tuttid can already write
-//! any block of the pool; the board gives it no more power over data than that.)
+//! **Untrusted contents, stuck peers.** Any client can write anywhere in the board (it maps it
+//! read-write). Everything read from it is checked: counts in a free slot's row, or over
+//! [`MAX_PLAUSIBLE`], are ignored and counted. A client that stops moving (SIGSTOP, a debugger,
+//! a frozen cgroup, a long pause, or garbage that looks plausible) leaves its row as it was:
+//! each other client watches such a row with one clock per client, started when the row first
+//! blocks it; once the row has stayed the same for [`DEFAULT_STALE_AFTER`] the client is
+//! marked stale, counted once ([`BoardStats::stale_words`]), and every later check, of either
+//! direction on any drive, skips it without waiting, until its row changes (it made progress,
+//! or it left and its slot was given again). The daemon's metadata holds do the same with their
+//! own deadline ([`METADATA_WAIT`]), and the daemon reports the stuck row in `tutti status`
+//! ([`Board::stale`]). So a stuck peer costs each other process one deadline, not one per unit,
+//! drive or store, and never a hang.
+//!
+//! **Why going past a stale row is safe.** A stale reader may still have reads on the drives
+//! (or announce reads its drive has long served: a stopped process cannot reap). A write that
+//! goes anyway can only share the drive with them, which is slower for both (the read/write
+//! collapse arbitration exists to avoid); it cannot change what they read. A client reads only
+//! files it holds an I/O reference on, and the daemon gives no reservation, so no writer, a file
+//! with a reference; its own journal writes go to the journal region, which no client reads.
+//! Wrong bytes are excluded by those references and by the commit order, not by arbitration.
+//! The deadline (5 s) is long against any unit that makes progress: a unit's commands each end
+//! within the command deadline (2 s by default), and a live client's row changes whenever one
+//! of its units starts or ends. (A client of tuttid can already write any block of the pool;
+//! the board gives it no more power over data than that.)
 
 use crate::error::{DaemonError, Result};
 use memmap2::{MmapOptions, MmapRaw};
@@ -49,7 +67,7 @@ use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// "TUTTIARB", little endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"TUTTIARB");
@@ -140,6 +158,57 @@ pub(crate) struct Board {
     /// Slots of clients blocked in a request that holds the drives for metadata: they cannot
     /// reap their reads meanwhile, so a hold does not wait for those.
     in_meta: Mutex<Vec<usize>>,
+    /// The daemon's own watch of each slot's row (see [`Board::observe`]).
+    rows: Mutex<Vec<RowSeen>>,
+    counts: HoldCounts,
+}
+
+/// A slot's row as the daemon last saw it.
+#[derive(Debug, Clone)]
+struct RowSeen {
+    row: Vec<u64>,
+    /// When the daemon first saw this row (it may have changed and changed back unseen
+    /// between two looks, so this is a lower bound on its age only while looks are frequent).
+    changed: Instant,
+    /// When a metadata hold waited this row's reads out: later holds skip it. Cleared when the
+    /// row changes.
+    waited_out: Option<Instant>,
+}
+
+#[derive(Debug, Default)]
+struct HoldCounts {
+    holds: AtomicU64,
+    stale_marks: AtomicU64,
+    stale_skips: AtomicU64,
+}
+
+/// What the daemon's metadata holds met on the board.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct HoldStats {
+    /// Metadata writes that held the drives.
+    pub holds: u64,
+    /// Clients whose reads a hold waited for [`METADATA_WAIT`] in vain: each is marked stale
+    /// and the write goes anyway. Once per stuck client until its row changes, not per hold.
+    pub stale_marks: u64,
+    /// Holds that skipped a client marked stale instead of waiting for its reads.
+    pub stale_skips: u64,
+}
+
+/// A client whose row the daemon sees stuck.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StaleSlot {
+    pub slot: usize,
+    /// How long its row has held I/O without changing (as far as the daemon's looks tell).
+    pub unchanged_for: Duration,
+    /// A metadata hold waited its reads out; holds skip it until its row changes.
+    pub skipped_by_holds: bool,
+}
+
+/// Whether a row announces any plausible I/O (a free slot's, or garbage, announces none).
+fn holds_io(row: &[u64]) -> bool {
+    row.iter().map(|&w| Word::unpack(w)).any(|w| {
+        w.generation != 0 && !implausible(&w) && (w.reads_in_flight | w.writes_in_flight | w.reads_ready) != 0
+    })
 }
 
 /// The daemon's drives held for one of its metadata writes; dropping it lets the clients' reads go.
@@ -194,6 +263,11 @@ impl Board {
             held: Mutex::new((vec![0; slots], vec![0; slots])),
             meta: Mutex::new(()),
             in_meta: Mutex::new(Vec::new()),
+            rows: Mutex::new(vec![
+                RowSeen { row: vec![0; drives], changed: Instant::now(), waited_out: None };
+                slots
+            ]),
+            counts: HoldCounts::default(),
         };
         // The daemon's own slot, generation 1 for as long as it runs.
         {
@@ -212,10 +286,19 @@ impl Board {
     /// announces a write in flight on each in its own row (clients' reads wait from then on),
     /// then waits until no client has a read in flight (announce-then-check, as the clients
     /// do; reads merely ready do not hold it: the write is short and their readers wait for
-    /// it). Past `within` it goes anyway, with a warning (a client whose row is stuck).
+    /// it). Past `within` it goes anyway, with a warning, and marks the clients still reading
+    /// stale: later holds skip them without waiting, until their rows change (one wait per
+    /// stuck client, not one per hold).
     /// `caller`: the slot of the client whose request this is; it, and every client blocked in
     /// such a request, cannot reap its reads until the request ends, so they are not waited for
     /// (their reads in flight started before; no new one starts while the hold lasts).
+    ///
+    /// Why a write that goes anyway is safe: arbitration is about speed (a drive given reads
+    /// and writes at once serves both slower), never about which bytes a read returns. The
+    /// daemon's metadata writes go to the journal region, which no client reads, and a client
+    /// reads only files it holds an I/O reference on, which no reservation (so no client's
+    /// write either) is given while the reference lasts. A stale reader's reads in flight can
+    /// only end up sharing a drive with the write.
     pub fn hold_for_metadata(&self, caller: Option<usize>, within: Duration) -> MetaHold<'_> {
         if let Some(c) = caller {
             self.in_meta.lock().unwrap_or_else(|p| p.into_inner()).push(c);
@@ -225,24 +308,39 @@ impl Board {
         for w in self.row(DAEMON_SLOT) {
             w.store(busy, Ordering::SeqCst);
         }
-        let start = std::time::Instant::now();
+        self.counts.holds.fetch_add(1, Ordering::Relaxed);
+        let start = Instant::now();
         let mut spins = 0u32;
+        let mut skipped = false;
         loop {
             let blocked = self.in_meta.lock().unwrap_or_else(|p| p.into_inner()).clone();
-            let reading = (0..self.slots).filter(|&s| s != DAEMON_SLOT && !blocked.contains(&s)).find(|&s| {
-                self.row(s).iter().any(|w| {
-                    let w = Word::unpack(w.load(Ordering::SeqCst));
-                    // Garbage (a free slot's counts, implausible ones) holds nothing.
-                    w.generation != 0 && w.reads_in_flight > 0 && w.reads_in_flight <= MAX_PLAUSIBLE
+            let reading: Vec<usize> = (0..self.slots)
+                .filter(|&s| s != DAEMON_SLOT && !blocked.contains(&s))
+                .filter(|&s| {
+                    self.row(s).iter().any(|w| {
+                        let w = Word::unpack(w.load(Ordering::SeqCst));
+                        // Garbage (a free slot's counts, implausible ones) holds nothing.
+                        w.generation != 0 && w.reads_in_flight > 0 && w.reads_in_flight <= MAX_PLAUSIBLE
+                    })
                 })
-            });
-            let Some(slot) = reading else { break };
-            if start.elapsed() >= within {
-                tracing::warn!(
-                    slot,
-                    waited_ms = within.as_millis() as u64,
-                    "a client's reads stayed in flight past the deadline; the metadata write goes anyway"
-                );
+                .collect();
+            let now = Instant::now();
+            let (stale, live): (Vec<usize>, Vec<usize>) =
+                reading.into_iter().partition(|&s| self.look(s, now).is_some());
+            skipped |= !stale.is_empty();
+            if live.is_empty() {
+                break;
+            }
+            if now.duration_since(start) >= within {
+                for slot in live {
+                    self.mark_waited_out(slot, now);
+                    tracing::warn!(
+                        slot,
+                        waited_ms = within.as_millis() as u64,
+                        "a client's reads stayed in flight past the deadline; the metadata write goes anyway, \
+                         and later ones skip it until its arbitration row changes"
+                    );
+                }
                 break;
             }
             spins += 1;
@@ -252,7 +350,76 @@ impl Board {
                 std::thread::sleep(Duration::from_micros(50));
             }
         }
+        if skipped {
+            self.counts.stale_skips.fetch_add(1, Ordering::Relaxed);
+        }
         MetaHold { board: self, caller, _one: one }
+    }
+
+    /// Looks at every client's row, so that [`Board::stale`] can say how long a stuck row has
+    /// not changed. The daemon calls it a few times a second.
+    pub fn observe(&self) {
+        let now = Instant::now();
+        for s in (0..self.slots).filter(|&s| s != DAEMON_SLOT) {
+            self.look(s, now);
+        }
+    }
+
+    /// Looks at slot `s`'s row now: one that changed loses its mark. Returns when a hold
+    /// waited it out, if it did and the row has not changed since.
+    fn look(&self, s: usize, now: Instant) -> Option<Instant> {
+        let cur: Vec<u64> = self.row(s).iter().map(|w| w.load(Ordering::SeqCst)).collect();
+        let mut rows = self.rows.lock().unwrap_or_else(|p| p.into_inner());
+        let seen = rows.get_mut(s)?;
+        if seen.row != cur {
+            if seen.waited_out.is_some() {
+                tracing::info!(
+                    slot = s,
+                    "a client marked stale changed its arbitration row; holds wait for it again"
+                );
+            }
+            *seen = RowSeen { row: cur, changed: now, waited_out: None };
+        }
+        seen.waited_out
+    }
+
+    fn mark_waited_out(&self, s: usize, now: Instant) {
+        let mut rows = self.rows.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(seen) = rows.get_mut(s) {
+            if seen.waited_out.is_none() {
+                seen.waited_out = Some(now);
+                self.counts.stale_marks.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The clients whose rows are stuck now: waited out by a metadata hold, or holding I/O
+    /// unchanged for [`DEFAULT_STALE_AFTER`] (the clients' own deadline), by slot.
+    pub fn stale(&self) -> Vec<StaleSlot> {
+        let now = Instant::now();
+        let rows = self.rows.lock().unwrap_or_else(|p| p.into_inner());
+        rows.iter()
+            .enumerate()
+            .filter(|&(slot, _)| slot != DAEMON_SLOT)
+            .filter_map(|(slot, r)| {
+                let unchanged_for = now.duration_since(r.changed);
+                let stuck = holds_io(&r.row) && unchanged_for >= DEFAULT_STALE_AFTER;
+                (stuck || r.waited_out.is_some()).then_some(StaleSlot {
+                    slot,
+                    unchanged_for,
+                    skipped_by_holds: r.waited_out.is_some(),
+                })
+            })
+            .collect()
+    }
+
+    pub fn hold_stats(&self) -> HoldStats {
+        let c = &self.counts;
+        HoldStats {
+            holds: c.holds.load(Ordering::Relaxed),
+            stale_marks: c.stale_marks.load(Ordering::Relaxed),
+            stale_skips: c.stale_skips.load(Ordering::Relaxed),
+        }
     }
 
     pub fn slots(&self) -> usize {
@@ -305,12 +472,32 @@ impl Board {
 pub struct BoardStats {
     /// Words ignored because they cannot be right (counts in a free slot, or implausible).
     pub invalid_words: u64,
-    /// Blocking words ignored because they did not change for the stale deadline.
+    /// Times another client was marked stale: its row blocked I/O here without changing for
+    /// the stale deadline. Once per stuck peer, however many drives, directions and units it
+    /// blocked, until its row changes.
     pub stale_words: u64,
+    /// Checks that skipped a peer marked stale (each would otherwise have waited on it).
+    pub stale_skips: u64,
 }
 
-/// A word of another client as last seen: (the word, since when, ignored).
-type Seen = (u64, u64, bool);
+/// Another client's row as this one watches it, from the first check it blocked.
+#[derive(Debug)]
+struct PeerWatch {
+    /// Its words on every drive when the clock started: any change (progress, or the client
+    /// left and the slot went to another) restarts it.
+    row: Vec<u64>,
+    since_ns: u64,
+    /// Marked stale: skipped by every check, of either direction on any drive, until the row changes.
+    stale: bool,
+}
+
+/// Whether a word's counts cannot be right: counts in a free slot, or more than a client has
+/// in flight on one drive.
+fn implausible(w: &Word) -> bool {
+    let counts = w.reads_in_flight | w.writes_in_flight | w.reads_ready;
+    let plausible = w.reads_in_flight <= MAX_PLAUSIBLE && w.writes_in_flight <= MAX_PLAUSIBLE;
+    counts != 0 && (w.generation == 0 || !plausible)
+}
 
 /// A client's side: its slot on the daemon's board. Its announcements go in its own row; the
 /// other rows are read, checked and, when stuck, ignored after a deadline (module docs).
@@ -323,10 +510,13 @@ pub struct SharedArbitration {
     stale_after_ns: AtomicU64,
     /// The daemon took the slot back (its row no longer carries this generation).
     lost: AtomicBool,
-    /// Blocking (or impossible) words seen, by (slot, drive).
-    watch: Mutex<HashMap<(usize, usize), Seen>>,
+    /// The other clients that blocked this one, by slot: one clock per client.
+    watch: Mutex<HashMap<usize, PeerWatch>>,
+    /// Impossible words seen, by (slot, drive), to count each once while it stays.
+    garbage: Mutex<HashMap<(usize, usize), u64>>,
     invalid: AtomicU64,
     stale: AtomicU64,
+    stale_skips: AtomicU64,
 }
 
 impl std::fmt::Debug for SharedArbitration {
@@ -379,8 +569,10 @@ impl SharedArbitration {
             stale_after_ns: AtomicU64::new(DEFAULT_STALE_AFTER.as_nanos() as u64),
             lost: AtomicBool::new(false),
             watch: Mutex::new(HashMap::new()),
+            garbage: Mutex::new(HashMap::new()),
             invalid: AtomicU64::new(0),
             stale: AtomicU64::new(0),
+            stale_skips: AtomicU64::new(0),
         };
         if me.row(slot).iter().any(|w| Word::unpack(w.load(Ordering::SeqCst)).generation != reply.generation)
         {
@@ -418,7 +610,18 @@ impl SharedArbitration {
         BoardStats {
             invalid_words: self.invalid.load(Ordering::Relaxed),
             stale_words: self.stale.load(Ordering::Relaxed),
+            stale_skips: self.stale_skips.load(Ordering::Relaxed),
         }
+    }
+
+    /// The other clients marked stale now: (slot, the caller's clock when its row was first seen
+    /// blocking, unchanged since).
+    pub fn stale_peers(&self) -> Vec<(usize, u64)> {
+        let watch = self.watch.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v: Vec<(usize, u64)> =
+            watch.iter().filter(|(_, w)| w.stale).map(|(&s, w)| (s, w.since_ns)).collect();
+        v.sort_unstable();
+        v
     }
 
     /// Announces this client's counts on `drive` (a CAS that keeps its generation: if the
@@ -454,8 +657,10 @@ impl SharedArbitration {
     }
 
     /// After announcing a unit (`write`: a write, else a read) on `drives`: whether no other
-    /// client forbids it. Garbage is ignored and counted; a blocking word unchanged for the
-    /// stale deadline is ignored (and counted) until it changes.
+    /// client forbids it. Garbage is ignored and counted. A client whose row blocks a unit is
+    /// watched with one clock (not one per drive or direction): once its row has stayed
+    /// unchanged for the stale deadline it is marked stale, counted once, and skipped by every
+    /// later check, of either direction on any drive, until its row changes.
     pub fn clear(&self, write: bool, drives: &[usize], now_ns: u64) -> bool {
         if self.is_lost() {
             return true;
@@ -465,49 +670,60 @@ impl SharedArbitration {
         let mut clear = true;
         for s in (0..self.slots).filter(|&s| s != self.slot) {
             let row = self.row(s);
+            let mut blocks = false;
             for &d in drives {
                 let Some(word) = row.get(d) else { continue };
                 let raw = word.load(Ordering::SeqCst);
                 let w = Word::unpack(raw);
-                let counts = w.reads_in_flight | w.writes_in_flight | w.reads_ready;
-                let plausible = w.reads_in_flight <= MAX_PLAUSIBLE && w.writes_in_flight <= MAX_PLAUSIBLE;
-                if counts != 0 && (w.generation == 0 || !plausible) {
-                    // Nobody holds a free slot, and no client has that much in flight.
-                    if watch.insert((s, d), (raw, now_ns, true)).is_none_or(|(old, _, _)| old != raw) {
-                        self.invalid.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(
+                if implausible(&w) {
+                    self.note_garbage(s, d, raw);
+                    continue;
+                }
+                blocks |=
+                    if write { w.reads_in_flight > 0 || w.reads_ready > 0 } else { w.writes_in_flight > 0 };
+            }
+            // A watched row that changed is a live peer again (or another client in its slot).
+            if let Some(seen) = watch.get(&s) {
+                if row.iter().zip(&seen.row).any(|(w, &old)| w.load(Ordering::SeqCst) != old) {
+                    if seen.stale {
+                        tracing::info!(
                             slot = s,
-                            drive = d,
-                            word = raw,
-                            "ignoring an impossible word on the arbitration board"
+                            "a client marked stale changed its arbitration row; it counts again"
                         );
                     }
-                    continue;
+                    watch.remove(&s);
                 }
-                let blocks =
-                    if write { w.reads_in_flight > 0 || w.reads_ready > 0 } else { w.writes_in_flight > 0 };
-                if !blocks {
-                    watch.remove(&(s, d));
-                    continue;
-                }
-                let entry = watch.entry((s, d)).or_insert((raw, now_ns, false));
-                if entry.0 != raw {
-                    *entry = (raw, now_ns, false);
-                }
-                if entry.2 {
-                    continue;
-                }
-                if now_ns.saturating_sub(entry.1) >= stale_after {
-                    entry.2 = true;
-                    self.stale.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(slot = s, drive = d, word = raw, stale_ms = stale_after / 1_000_000,
-                        "a client's arbitration word blocked I/O unchanged past the deadline; ignoring it until it changes");
-                    continue;
-                }
-                clear = false;
             }
+            if !blocks {
+                continue;
+            }
+            let seen = watch.entry(s).or_insert_with(|| PeerWatch {
+                row: row.iter().map(|w| w.load(Ordering::SeqCst)).collect(),
+                since_ns: now_ns,
+                stale: false,
+            });
+            if !seen.stale && now_ns.saturating_sub(seen.since_ns) >= stale_after {
+                seen.stale = true;
+                self.stale.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(slot = s, stale_ms = stale_after / 1_000_000,
+                    "a client's arbitration row blocked I/O unchanged past the deadline; ignoring it until it changes");
+            }
+            if seen.stale {
+                self.stale_skips.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            clear = false;
         }
         clear
+    }
+
+    /// Counts an impossible word once while it stays the same.
+    fn note_garbage(&self, slot: usize, drive: usize, raw: u64) {
+        let mut garbage = self.garbage.lock().unwrap_or_else(|p| p.into_inner());
+        if garbage.insert((slot, drive), raw) != Some(raw) {
+            self.invalid.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(slot, drive, word = raw, "ignoring an impossible word on the arbitration board");
+        }
     }
 
     /// For tests: the raw word of `slot` on `drive` (anything may be written there by any
@@ -578,5 +794,34 @@ mod tests {
             rx.recv_timeout(Duration::from_secs(20)).expect("the caller's reads do not hold it");
         });
         assert!(board.in_meta.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_metadata_hold_waits_out_a_stuck_reader_once_then_skips_it_until_its_row_changes() {
+        let board = Board::new(2).unwrap();
+        let c = client_of(&board);
+        c.publish(0, 1, 0, 0);
+        c.publish(1, 3, 0, 0);
+        let within = Duration::from_millis(50);
+        drop(board.hold_for_metadata(None, within));
+        assert_eq!(board.hold_stats(), HoldStats { holds: 1, stale_marks: 1, stale_skips: 0 });
+        // Stuck still: the next holds go without waiting, and say they skipped it.
+        for _ in 0..5 {
+            drop(board.hold_for_metadata(None, Duration::from_secs(600)));
+        }
+        assert_eq!(board.hold_stats(), HoldStats { holds: 6, stale_marks: 1, stale_skips: 5 });
+        let stale = board.stale();
+        assert_eq!(stale.len(), 1);
+        assert!(stale[0].slot == c.slot() && stale[0].skipped_by_holds, "{stale:?}");
+        // It makes progress: its row changed, so the next hold waits for it again.
+        c.publish(1, 2, 0, 0);
+        drop(board.hold_for_metadata(None, within));
+        assert_eq!(board.hold_stats(), HoldStats { holds: 7, stale_marks: 2, stale_skips: 5 });
+        c.publish(0, 0, 0, 0);
+        c.publish(1, 0, 0, 0);
+        board.observe();
+        assert!(board.stale().is_empty());
+        drop(board.hold_for_metadata(None, Duration::from_secs(600)));
+        assert_eq!(board.hold_stats(), HoldStats { holds: 8, stale_marks: 2, stale_skips: 5 });
     }
 }

@@ -36,11 +36,16 @@ pub struct DaemonConfig {
     pub io_timeout: Duration,
 }
 
+/// How often the daemon looks at the arbitration board, so that `tutti status` can say how long
+/// a stuck client's row has not changed.
+const BOARD_LOOK: Duration = Duration::from_millis(200);
+
 /// A running daemon. Dropping it stops it (clients get errors, not hangs).
 pub struct Daemon {
     service: Arc<Service>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<Result<()>>>,
+    watcher: Option<JoinHandle<()>>,
     socket: PathBuf,
 }
 
@@ -112,8 +117,23 @@ impl Daemon {
             .name("tuttid-accept".into())
             .spawn(move || server.run(h, s))
             .map_err(|e| DaemonError::Io { what: "spawning the accept thread".into(), source: e })?;
+        let (h, s) = (service.clone(), stop.clone());
+        let watcher = std::thread::Builder::new().name("tuttid-board".into()).spawn(move || {
+            while !s.load(Ordering::Acquire) {
+                h.observe_board();
+                std::thread::sleep(BOARD_LOOK);
+            }
+        });
+        let watcher = match watcher {
+            Ok(w) => Some(w),
+            Err(e) => {
+                // Only the status report's "unchanged for" gets coarser: holds look themselves.
+                tracing::warn!(error = %e, "could not start the arbitration board's watcher");
+                None
+            }
+        };
         tracing::info!(socket = %cfg.socket.display(), "tuttid serving");
-        Ok(Daemon { service, stop, thread: Some(thread), socket: cfg.socket })
+        Ok(Daemon { service, stop, thread: Some(thread), watcher, socket: cfg.socket })
     }
 
     pub fn socket(&self) -> &Path {
@@ -136,6 +156,9 @@ impl Daemon {
 
     fn shutdown(&mut self) -> Result<()> {
         self.stop.store(true, Ordering::Release);
+        if let Some(w) = self.watcher.take() {
+            let _ = w.join();
+        }
         match self.thread.take().map(|t| t.join()) {
             Some(Ok(r)) => r,
             Some(Err(_)) => Err(DaemonError::Unexpected("the accept thread panicked".into())),

@@ -46,9 +46,11 @@ pub enum DaemonError {
         source: std::io::Error,
     },
 
-    /// Nothing listens at the socket path.
-    #[error("no tuttid listening at {} (start it with `tutti serve ...`)", path.display())]
-    NotListening { path: PathBuf },
+    /// Nothing listens at the socket path. `stale`: the socket file is there (a daemon that
+    /// was killed leaves it), and who left it, when its owner record says.
+    #[error("no tuttid listening at {}{} (start it with `tutti serve ...`)", path.display(),
+        stale.as_ref().map(|s| format!(": {s}")).unwrap_or_default())]
+    NotListening { path: PathBuf, stale: Option<String> },
 
     /// The daemon refused this client (access policy, client limit, or its own reason).
     #[error("tuttid at {} refused this client: {message}", path.display())]
@@ -88,8 +90,9 @@ pub enum DaemonError {
     #[error(transparent)]
     Driver(#[from] tutti_driver::DriverError),
 
-    /// An earlier call on this connection failed in a way that left requests and replies out of step.
-    #[error("connection to tuttid lost ({}: {why}); open a new connection", path.display())]
+    /// The connection cannot be used any more: the daemon hung up (it stopped or died), or an
+    /// earlier call failed in a way that left requests and replies out of step.
+    #[error("tuttid at {} is gone: {why}; this connection is closed (connect again to go on)", path.display())]
     ConnectionLost { path: PathBuf, why: String },
 }
 

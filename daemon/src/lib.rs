@@ -20,6 +20,7 @@
 
 pub mod arbitration;
 pub mod client;
+mod conn;
 mod daemon;
 pub mod error;
 pub mod peer;

@@ -277,6 +277,25 @@ pub struct StatusReport {
     /// The emulated controllers' I/O counters (none for VFIO controllers).
     #[serde(default)]
     pub emulated_io: Vec<EmulatedIo>,
+    /// Connections that have not said hello yet (not in `clients`; each is closed at its hello
+    /// deadline, and the oldest goes when too many wait).
+    #[serde(default)]
+    pub waiting_for_hello: usize,
+    /// What tuttid's own metadata writes met on the arbitration board.
+    #[serde(default)]
+    pub arbitration: crate::arbitration::HoldStats,
+}
+
+/// A client whose arbitration row has held I/O without changing (stopped, hung, or broken):
+/// the other clients skip it once their stale deadline passed, and so do tuttid's metadata
+/// writes once one of them waited it out.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StaleStatus {
+    /// How long its row has stayed the same while it holds I/O (as far as tuttid, which looks
+    /// a few times a second, can tell).
+    pub unchanged_ms: u64,
+    /// A metadata write of tuttid waited its reads out; later ones skip it until its row changes.
+    pub skipped_by_holds: bool,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -322,4 +341,7 @@ pub struct ClientStatus {
     /// Its slot on the arbitration board, if it took one.
     #[serde(default)]
     pub arbitration_slot: Option<u32>,
+    /// Set while its row on the board is stuck (see [`StaleStatus`]).
+    #[serde(default)]
+    pub stale: Option<StaleStatus>,
 }

@@ -82,6 +82,11 @@ impl Client {
         }
     }
 
+    /// Whether the connection is unusable (the daemon hung up, or a call broke it), and why.
+    pub fn lost(&self) -> Option<DaemonError> {
+        self.conn.lost()
+    }
+
     /// The daemon's status report.
     pub fn status(&self) -> Result<StatusReport> {
         match self.call(Request::Status)? {
@@ -105,6 +110,7 @@ fn driver_err(e: DaemonError) -> DriverError {
 
 fn obj_err(e: DaemonError) -> ObjError {
     match e {
+        e @ DaemonError::ConnectionLost { .. } => ObjError::PeerGone(e.to_string()),
         DaemonError::Rejected { kind: ErrorKind::Invalid, message, request } => {
             ObjError::Invalid { field: request, what: message }
         }
@@ -320,6 +326,9 @@ impl PoolControl for RemotePool {
             Response::Stats(s) => Ok(s),
             r => Err(obj_err(unexpected("stats", &r))),
         }
+    }
+    fn gone(&self) -> Option<String> {
+        self.client.lost().map(|e| e.to_string())
     }
 }
 

@@ -1,38 +1,43 @@
 //! tuttid's listening socket: binding it safely, admitting peers, one thread per client.
 
 use std::fs;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rustix::event::PollFlags;
 
 use crate::client::connect_by;
+use crate::conn::{refuse, serve_connection, ClientCount, ConnState, ConnThread, Limits};
 use crate::error::{DaemonError, Result};
 use crate::peer::{own_uid, AccessPolicy, PeerCred};
-use crate::wire::{poll_once, recv_frame, send_frame, send_frame_by, Hello, PROTOCOL_VERSION};
+use crate::wire::poll_once;
 
 /// Clients served at once unless [`Server::with_max_clients`] says otherwise.
 pub const DEFAULT_MAX_CLIENTS: usize = 256;
 /// Malformed frames after which a client is dropped, unless [`Server::with_malformed_limit`] says otherwise.
 pub const DEFAULT_MALFORMED_LIMIT: u32 = 8;
 /// How long the rest of a frame may take once its first byte came, unless
-/// [`Server::with_frame_timeout`] says otherwise. Idle clients wait without limit.
+/// [`Server::with_frame_timeout`] says otherwise. Idle clients (after hello) wait without limit.
 pub const DEFAULT_FRAME_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long after connecting a peer has to say hello (however slowly its bytes come), unless
+/// [`Server::with_hello_timeout`] says otherwise. Only for a [`Handler::hello_first`] handler.
+pub const DEFAULT_HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long after the greeting a peer that has not said hello may stay silent (no byte at all),
+/// unless [`Server::with_pre_hello_idle`] says otherwise. An engine says hello at once.
+pub const DEFAULT_PRE_HELLO_IDLE: Duration = Duration::from_secs(2);
+/// Connections that have not said hello yet, at most, apart from the clients; beyond it the
+/// oldest is dropped. Unless [`Server::with_max_pre_hello`] says otherwise.
+pub const DEFAULT_MAX_PRE_HELLO: usize = 64;
 
-/// How often the accept loop looks at the stop flag.
+/// How often the accept loop looks at the stop flag, and reaps finished connection threads.
 const STOP_POLL: Duration = Duration::from_millis(100);
-/// How often an idle client's thread looks at the stop flag (stop also shuts its socket).
-const IDLE_POLL: Duration = Duration::from_millis(250);
 /// How long stopping waits for client threads to finish.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a refusal or a last error reply may take to send.
-const LAST_WORD_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long probing an existing socket file may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// `sun_path` holds 108 bytes including the terminating NUL.
@@ -67,6 +72,22 @@ pub trait Handler: Send + Sync + 'static {
     fn malformed(&self, client: u64, why: &str) -> Self::Resp;
     /// The client is gone (closed, crashed, or dropped for a protocol error): release everything it held.
     fn disconnect(&self, client: u64);
+    /// Whether a connection must say hello before it counts as a client: its first request must
+    /// make [`greeted`](Self::greeted) true, or it is answered and closed; until then it is held
+    /// to the hello deadlines and counted apart from the clients. By default every connection
+    /// is a client at once.
+    fn hello_first(&self) -> bool {
+        false
+    }
+    /// Whether `client` has said hello and was accepted (asked only when `hello_first`).
+    fn greeted(&self, _client: u64) -> bool {
+        true
+    }
+    /// Reply that refuses a request for a reason of the server's (the client limit reached at
+    /// hello, a hello deadline passed) before the connection is closed.
+    fn refusal(&self, client: u64, why: &str) -> Self::Resp {
+        self.malformed(client, why)
+    }
 }
 
 /// A bound, listening socket, ready to [`run`](Server::run).
@@ -81,14 +102,6 @@ pub struct Server {
     file_id: (u64, u64),
     policy: AccessPolicy,
     limits: Limits,
-}
-
-/// Per-client limits, copied into each client's thread.
-#[derive(Debug, Clone, Copy)]
-struct Limits {
-    max_clients: usize,
-    malformed_limit: u32,
-    frame_timeout: Duration,
 }
 
 impl Server {
@@ -120,11 +133,19 @@ impl Server {
                 max_clients: DEFAULT_MAX_CLIENTS,
                 malformed_limit: DEFAULT_MALFORMED_LIMIT,
                 frame_timeout: DEFAULT_FRAME_TIMEOUT,
+                hello_timeout: DEFAULT_HELLO_TIMEOUT,
+                pre_hello_idle: DEFAULT_PRE_HELLO_IDLE,
+                max_pre_hello: DEFAULT_MAX_PRE_HELLO,
             },
         };
         // From here an error drops `server`, which removes the socket file again. Until the
         // mode is set the file may be wider open than asked; the peer check still applies.
         set_mode(&server.path, mode)?;
+        // Names this process to whoever finds the socket stale after it was killed.
+        let record = tutti_driver::owner::sidecar_path(&server.path);
+        if let Err(e) = tutti_driver::owner::write_record(&record) {
+            tracing::warn!(file = %record.display(), error = %e, "writing the socket's owner record failed");
+        }
         server
             .listener
             .set_nonblocking(true)
@@ -157,6 +178,25 @@ impl Server {
         self
     }
 
+    /// Sets how long after connecting a peer has to say hello.
+    pub fn with_hello_timeout(mut self, timeout: Duration) -> Server {
+        self.limits.hello_timeout = timeout;
+        self
+    }
+
+    /// Sets how long after the greeting a peer that has not said hello may send nothing.
+    pub fn with_pre_hello_idle(mut self, idle: Duration) -> Server {
+        self.limits.pre_hello_idle = idle;
+        self
+    }
+
+    /// Sets how many connections may be waiting to say hello at once (at least 1); the oldest
+    /// is dropped to make room for a new one beyond that.
+    pub fn with_max_pre_hello(mut self, max: usize) -> Server {
+        self.limits.max_pre_hello = max.max(1);
+        self
+    }
+
     /// The socket path.
     pub fn path(&self) -> &Path {
         &self.path
@@ -165,25 +205,31 @@ impl Server {
     /// Serves clients until `stop` is set, then closes the listener, removes the socket
     /// file, shuts every client's socket and waits (a bounded time) for their threads.
     /// Every client that was accepted by `handler.connect` gets exactly one `disconnect`.
+    /// Threads of connections that ended are joined within [`STOP_POLL`] of their end, and
+    /// their descriptors are closed when they end, whether or not another peer connects.
     pub fn run<H: Handler>(self, handler: Arc<H>, stop: Arc<AtomicBool>) -> Result<()> {
         let own_uid = own_uid();
-        let live = Arc::new(AtomicUsize::new(0));
-        let mut clients: Vec<ClientThread> = Vec::new();
+        let clients = Arc::new(ClientCount::default());
+        let mut conns: Vec<ConnThread> = Vec::new();
         let result = loop {
             if stop.load(Ordering::Acquire) {
                 break Ok(());
             }
-            match poll_once(&self.listener, PollFlags::IN, STOP_POLL) {
+            let ready = poll_once(&self.listener, PollFlags::IN, STOP_POLL);
+            reap(&mut conns);
+            match ready {
                 Ok(false) => continue,
                 Ok(true) => {}
                 Err(e) => break Err(DaemonError::io("waiting for connections", e)),
             }
-            reap(&mut clients);
             loop {
                 match self.listener.accept() {
                     Ok((stream, _)) => {
-                        if let Some(c) = self.admit(stream, &handler, &stop, &live, own_uid) {
-                            clients.push(c);
+                        if handler.hello_first() {
+                            self.make_room(&mut conns);
+                        }
+                        if let Some(c) = self.admit(stream, &handler, &stop, &clients, own_uid) {
+                            conns.push(c);
                         }
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
@@ -197,12 +243,33 @@ impl Server {
                 }
             }
         };
-        tracing::info!(path = %self.path.display(), clients = clients.len(), "tuttid socket stopping");
+        tracing::info!(path = %self.path.display(), clients = conns.len(), "tuttid socket stopping");
         let path = self.path.clone();
         drop(self);
-        shut_down(clients);
+        shut_down(conns);
         tracing::info!(path = %path.display(), "tuttid socket stopped");
         result
+    }
+
+    /// Before a new connection: when as many connections as allowed are waiting to say hello,
+    /// drops the oldest of them. An engine says hello as soon as it is greeted, so it is never
+    /// the oldest for long; silent or slow peers make room for each other, never for a client.
+    fn make_room(&self, conns: &mut [ConnThread]) {
+        let waiting = |c: &&mut ConnThread| {
+            !c.evicted && !c.thread.is_finished() && !c.state.greeted.load(Ordering::Acquire)
+        };
+        if conns.iter_mut().filter(waiting).count() < self.limits.max_pre_hello {
+            return;
+        }
+        if let Some(oldest) = conns.iter_mut().filter(waiting).min_by_key(|c| c.state.accepted) {
+            tracing::warn!(
+                max = self.limits.max_pre_hello,
+                waited_ms = oldest.state.accepted.elapsed().as_millis() as u64,
+                "dropping the oldest connection that has not said hello, to make room"
+            );
+            oldest.evicted = true;
+            oldest.state.shut();
+        }
     }
 
     /// Checks a new connection and starts its thread, or refuses it.
@@ -211,9 +278,9 @@ impl Server {
         stream: UnixStream,
         handler: &Arc<H>,
         stop: &Arc<AtomicBool>,
-        live: &Arc<AtomicUsize>,
+        clients: &Arc<ClientCount>,
         own_uid: u32,
-    ) -> Option<ClientThread> {
+    ) -> Option<ConnThread> {
         let peer = match PeerCred::of(&stream) {
             Ok(peer) => peer,
             Err(e) => {
@@ -226,16 +293,34 @@ impl Server {
             refuse(&stream, message);
             return None;
         }
-        let serving = live.load(Ordering::Acquire);
-        if serving >= self.limits.max_clients {
-            let message = format!(
-                "tuttid serves at most {} clients at once and is serving {serving}; try again later",
-                self.limits.max_clients
-            );
-            tracing::warn!(pid = peer.pid, %message, "refused a client");
-            refuse(&stream, message);
-            return None;
-        }
+        let max = self.limits.max_clients;
+        let full = || {
+            format!(
+                "tuttid serves at most {max} clients at once and is serving {}; try again later",
+                clients.now()
+            )
+        };
+        // Without a hello, a connection is a client from here; with one, it takes its place
+        // when it says hello (and is refused now only if there is no place to take).
+        let seat = if handler.hello_first() {
+            if clients.now() >= max {
+                let message = full();
+                tracing::warn!(pid = peer.pid, %message, "refused a client");
+                refuse(&stream, message);
+                return None;
+            }
+            None
+        } else {
+            match clients.take(max) {
+                Some(seat) => Some(seat),
+                None => {
+                    let message = full();
+                    tracing::warn!(pid = peer.pid, %message, "refused a client");
+                    refuse(&stream, message);
+                    return None;
+                }
+            }
+        };
         let waker = match stream.try_clone() {
             Ok(s) => s,
             Err(e) => {
@@ -243,17 +328,21 @@ impl Server {
                 return None;
             }
         };
-        live.fetch_add(1, Ordering::AcqRel);
-        let slot = Slot(Arc::clone(live));
-        let (handler, stop, limits) = (Arc::clone(handler), Arc::clone(stop), self.limits);
+        let state = ConnState::new(waker);
+        if seat.is_some() {
+            state.greeted.store(true, Ordering::Release);
+        }
+        let (handler, stop, limits, clients, st) =
+            (Arc::clone(handler), Arc::clone(stop), self.limits, Arc::clone(clients), Arc::clone(&state));
         let spawned = std::thread::Builder::new()
             .name(format!("tuttid-peer-{}", peer.pid))
-            .spawn(move || serve_client(stream, peer, &*handler, &stop, limits, slot));
+            .spawn(move || serve_connection(stream, peer, &*handler, &stop, limits, clients, seat, st));
         match spawned {
-            Ok(thread) => Some(ClientThread { thread, waker }),
+            Ok(thread) => Some(ConnThread { thread, state, evicted: false }),
             Err(e) => {
-                // The closure, its slot included, was dropped: the count is back.
-                refuse(&waker, format!("tuttid cannot start a thread for this client: {e}"));
+                // The closure, its seat and socket included, was dropped: the count is back.
+                tracing::warn!(pid = peer.pid, error = %e, "tuttid cannot start a thread for a client");
+                state.shut();
                 None
             }
         }
@@ -271,46 +360,15 @@ impl Drop for Server {
             }
             _ => {}
         }
+        tutti_driver::owner::remove_own_record(&tutti_driver::owner::sidecar_path(&self.path));
     }
 }
 
-/// One client's thread and a second handle on its socket, to shut it down on stop.
-struct ClientThread {
-    thread: JoinHandle<()>,
-    waker: UnixStream,
-}
-
-/// One place in the count of clients being served; given back when dropped.
-struct Slot(Arc<AtomicUsize>);
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// A connected client: gives back its slot, then calls `disconnect`, exactly once, however
-/// its thread ends (return or panic).
-struct Session<'h, H: Handler> {
-    handler: &'h H,
-    client: u64,
-    slot: Option<Slot>,
-}
-
-impl<H: Handler> Drop for Session<'_, H> {
-    fn drop(&mut self) {
-        // The slot first: once a client sees its disconnect, its place can be taken.
-        drop(self.slot.take());
-        tracing::debug!(client = self.client, "client gone");
-        self.handler.disconnect(self.client);
-    }
-}
-
-/// Joins the threads of clients that are gone.
-fn reap(clients: &mut Vec<ClientThread>) {
+/// Joins the threads of connections that ended.
+fn reap(conns: &mut Vec<ConnThread>) {
     let (done, running): (Vec<_>, Vec<_>) =
-        std::mem::take(clients).into_iter().partition(|c| c.thread.is_finished());
-    *clients = running;
+        std::mem::take(conns).into_iter().partition(|c| c.thread.is_finished());
+    *conns = running;
     for c in done {
         if c.thread.join().is_err() {
             tracing::error!("a client thread panicked");
@@ -318,13 +376,13 @@ fn reap(clients: &mut Vec<ClientThread>) {
     }
 }
 
-/// Shuts every client's socket and waits up to [`JOIN_TIMEOUT`] for the threads.
-fn shut_down(clients: Vec<ClientThread>) {
-    for c in &clients {
-        let _ = c.waker.shutdown(std::net::Shutdown::Both);
+/// Shuts every connection's socket and waits up to [`JOIN_TIMEOUT`] for the threads.
+fn shut_down(conns: Vec<ConnThread>) {
+    for c in &conns {
+        c.state.shut();
     }
     let deadline = Instant::now() + JOIN_TIMEOUT;
-    for c in clients {
+    for c in conns {
         while !c.thread.is_finished() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -334,119 +392,6 @@ fn shut_down(clients: Vec<ClientThread>) {
             }
         } else {
             tracing::warn!("a client thread is still in its handler after {JOIN_TIMEOUT:?}; leaving it");
-        }
-    }
-}
-
-/// Tells a peer why it is refused, then closes.
-fn refuse(stream: &UnixStream, message: String) {
-    let hello = Hello::Refused { message };
-    if let Err(e) = send_frame_by(stream, &hello, &[], Instant::now() + LAST_WORD_TIMEOUT) {
-        tracing::debug!(error = %e, "could not send a refusal");
-    }
-    let _ = stream.shutdown(std::net::Shutdown::Both);
-}
-
-/// One client's life: greeting, then requests in order until it goes, breaks the protocol,
-/// or the server stops. The socket is shut down at the end, so the client sees the end
-/// even if a copy of the descriptor lives on in a forked process.
-fn serve_client<H: Handler>(
-    stream: UnixStream,
-    peer: PeerCred,
-    handler: &H,
-    stop: &AtomicBool,
-    limits: Limits,
-    slot: Slot,
-) {
-    serve(&stream, peer, handler, stop, limits, slot);
-    let _ = stream.shutdown(std::net::Shutdown::Both);
-}
-
-fn serve<H: Handler>(
-    stream: &UnixStream,
-    peer: PeerCred,
-    handler: &H,
-    stop: &AtomicBool,
-    limits: Limits,
-    slot: Slot,
-) {
-    let client = match handler.connect(&peer) {
-        Ok(client) => client,
-        Err(message) => {
-            tracing::info!(pid = peer.pid, %message, "the handler refused a client");
-            refuse(stream, message);
-            return;
-        }
-    };
-    let _session = Session { handler, client, slot: Some(slot) };
-    tracing::debug!(client, pid = peer.pid, uid = peer.uid, "client connected");
-    let hello = Hello::Welcome { protocol: PROTOCOL_VERSION, client, daemon_pid: std::process::id() };
-    if let Err(e) = send_frame_by(stream, &hello, &[], Instant::now() + LAST_WORD_TIMEOUT) {
-        tracing::debug!(client, error = %e, "could not greet a client");
-        return;
-    }
-
-    let mut malformed = 0u32;
-    loop {
-        // An idle client may stay for hours: wait for its next frame without a deadline.
-        match poll_once(stream, PollFlags::IN, IDLE_POLL) {
-            Ok(true) => {}
-            Ok(false) if stop.load(Ordering::Acquire) => return,
-            Ok(false) => continue,
-            Err(e) => {
-                tracing::warn!(client, error = %e, "waiting for a request failed");
-                return;
-            }
-        }
-        if stop.load(Ordering::Acquire) {
-            return;
-        }
-        match recv_frame::<H::Req>(stream, Instant::now() + limits.frame_timeout) {
-            Ok((req, fds)) => {
-                let (resp, out) = handler.request(client, &peer, req, fds);
-                if !reply(stream, handler, client, &resp, &out) {
-                    return;
-                }
-            }
-            Err(DaemonError::Closed) => return,
-            Err(e) if e.is_malformed_frame() => {
-                malformed += 1;
-                tracing::warn!(client, error = %e, malformed, "malformed frame");
-                let last = malformed >= limits.malformed_limit;
-                let why = if last {
-                    format!("{e}; {malformed} malformed frames, closing the connection")
-                } else {
-                    e.to_string()
-                };
-                if !reply(stream, handler, client, &handler.malformed(client, &why), &[]) || last {
-                    return;
-                }
-            }
-            Err(e) => {
-                // Oversized, truncated or stalled: the stream is out of step. Say why, then drop it.
-                tracing::warn!(client, error = %e, "dropping a client for a protocol error");
-                let resp = handler.malformed(client, &format!("{e}; closing the connection"));
-                let _ = send_frame_by(stream, &resp, &[], Instant::now() + LAST_WORD_TIMEOUT);
-                return;
-            }
-        }
-    }
-}
-
-/// Sends a reply; one that cannot be encoded or carries too many fds becomes a malformed
-/// reply instead, so the client is never left waiting. False when the client is gone.
-fn reply<H: Handler>(stream: &UnixStream, handler: &H, client: u64, resp: &H::Resp, fds: &[OwnedFd]) -> bool {
-    let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
-    match send_frame(stream, resp, &borrowed) {
-        Ok(()) => true,
-        Err(e) if e.is_malformed_frame() || matches!(e, DaemonError::FrameTooLarge { .. }) => {
-            tracing::error!(client, error = %e, "the handler's reply cannot be sent");
-            let resp = handler.malformed(client, &format!("tuttid could not send its reply: {e}"));
-            send_frame(stream, &resp, &[]).is_ok()
-        }
-        Err(e) => {
-            tracing::debug!(client, error = %e, "could not send a reply");
-            false
         }
     }
 }
@@ -520,7 +465,10 @@ fn clear_stale(path: &Path) -> Result<()> {
             Err(DaemonError::InUse { path: path.to_path_buf(), pid })
         }
         Err(DaemonError::Timeout { .. }) => Err(DaemonError::InUse { path: path.to_path_buf(), pid: None }),
-        Err(DaemonError::NotListening { .. }) => {
+        Err(DaemonError::NotListening { stale, .. }) => {
+            if let Some(why) = stale {
+                tracing::info!(path = %path.display(), %why, "replacing a stale socket file");
+            }
             match fs::remove_file(path) {
                 Ok(()) => {}
                 // Someone else removed it first: the path is free either way.

@@ -6,8 +6,8 @@ use crate::arbitration::{Board, Seat};
 use crate::peer::PeerCred;
 use crate::proto::{
     ArbitrationReply, ClientStatus, ControllerKind, ControllerReply, ControllerStatus, EmulatedIo, ErrorKind,
-    PoolReply, Request, Response, StatusReport, MAX_FILES, MAX_HASHES, MAX_IOVA_RANGES, MAX_MAP_LEN,
-    MAX_NAME, PROTOCOL,
+    PoolReply, Request, Response, StaleStatus, StatusReport, MAX_FILES, MAX_HASHES, MAX_IOVA_RANGES,
+    MAX_MAP_LEN, MAX_NAME, PROTOCOL,
 };
 use crate::server::Handler;
 use std::collections::{HashMap, HashSet};
@@ -193,6 +193,11 @@ impl Service {
         self.board.hold_for_metadata(slot, crate::arbitration::METADATA_WAIT)
     }
 
+    /// Looks at the arbitration board (see [`Board::observe`]).
+    pub fn observe_board(&self) {
+        self.board.observe();
+    }
+
     fn with_client<T>(&self, client: u64, f: impl FnOnce(&mut ClientState) -> T) -> Option<T> {
         self.clients().get_mut(&client).map(f)
     }
@@ -234,11 +239,15 @@ impl Service {
     }
 
     pub fn status(&self) -> StatusReport {
+        self.board.observe();
+        let stale = self.board.stale();
         let clients = self.clients();
         let name_of =
             |ctrl: u32| self.ctrls.get(ctrl as usize).map_or("?".into(), |s| s.ctrl.name().to_string());
+        let waiting_for_hello = clients.values().filter(|c| !c.hello).count();
         let mut list: Vec<ClientStatus> = clients
             .iter()
+            .filter(|(_, c)| c.hello)
             .map(|(&id, c)| ClientStatus {
                 id,
                 name: c.name.clone(),
@@ -258,6 +267,12 @@ impl Service {
                 loading_files: c.loads.len(),
                 proxied: false,
                 arbitration_slot: c.seat.map(|s| s.slot as u32),
+                stale: c.seat.and_then(|seat| {
+                    stale.iter().find(|s| s.slot == seat.slot).map(|s| StaleStatus {
+                        unchanged_ms: s.unchanged_for.as_millis() as u64,
+                        skipped_by_holds: s.skipped_by_holds,
+                    })
+                }),
             })
             .collect();
         drop(clients);
@@ -300,6 +315,8 @@ impl Service {
                 })
                 .collect(),
             clients: list,
+            waiting_for_hello,
+            arbitration: self.board.hold_stats(),
         }
     }
 
@@ -893,6 +910,18 @@ impl Handler for Service {
     fn malformed(&self, client: u64, why: &str) -> Response {
         tracing::warn!(client, why, "malformed request");
         invalid(format!("malformed request: {why}"))
+    }
+
+    fn hello_first(&self) -> bool {
+        true
+    }
+
+    fn greeted(&self, client: u64) -> bool {
+        self.with_client(client, |c| c.hello).unwrap_or(false)
+    }
+
+    fn refusal(&self, _client: u64, why: &str) -> Response {
+        err(ErrorKind::Busy, why)
     }
 
     fn disconnect(&self, client: u64) {

@@ -220,4 +220,38 @@ fn a_client_of_the_previous_protocol_is_refused_at_hello_naming_both() {
         }
         other => panic!("an old client was answered {other:?}"),
     }
+    // The refusal ends the connection: nothing more is served on it.
+    let err = conn.call::<Request, Response>(&Request::Stats, &[], Duration::from_secs(10)).unwrap_err();
+    assert!(matches!(err, tutti_daemon::DaemonError::ConnectionLost { .. }), "{err}");
+    assert_eq!(d.status().waiting_for_hello, 0, "{:?}", d.status());
+}
+
+#[test]
+fn a_stuck_peer_is_waited_on_once_whatever_the_drive_or_direction_until_it_changes() {
+    let (d, _dir) = daemon("once");
+    let (_a_store, a) = client(&d, "a");
+    let (_b_store, b) = client(&d, "b");
+    a.set_stale_after(Duration::from_millis(100));
+    // b is stopped with reads in flight on both drives and one ready on drive 1.
+    b.publish(0, 1, 0, 0);
+    b.publish(1, 2, 0, 1);
+    // a's writes wait for it on drive 0 ...
+    assert!(!a.clear(true, &[0], 1000 * MS));
+    // ... and on drive 1: the same clock, started by the first check (no new 100 ms).
+    assert!(!a.clear(true, &[1], 1050 * MS));
+    assert!(a.clear(true, &[0, 1], 1100 * MS), "stale after one deadline, on every drive");
+    assert_eq!(a.stats().stale_words, 1);
+    // Reads of a are not blocked by it, and do not clear the mark: writes still skip it.
+    assert!(a.clear(false, &[0, 1], 1200 * MS));
+    assert!(a.clear(true, &[1], 1201 * MS) && a.clear(true, &[0], 1202 * MS));
+    assert_eq!(a.stats().stale_words, 1, "marked once, not per drive, direction or unit");
+    assert_eq!(a.stats().stale_skips, 3, "each write check since the mark skipped it");
+    assert_eq!(a.stale_peers(), vec![(b.slot(), 1000 * MS)]);
+    // b resumes: its row changes, so it counts again (and has its own deadline again).
+    b.publish(1, 1, 0, 1);
+    assert!(!a.clear(true, &[1], 1300 * MS));
+    assert!(a.stale_peers().is_empty());
+    b.publish(0, 0, 0, 0);
+    b.publish(1, 0, 0, 0);
+    assert!(a.clear(true, &[0, 1], 1301 * MS));
 }

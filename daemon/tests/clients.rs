@@ -32,6 +32,8 @@ use tutti_objstore::{
 const WAIT: Duration = Duration::from_secs(30);
 const CHUNKS: u32 = 6;
 const MODEL: &str = "tiny-test-model";
+/// Connections the silent child opens: more than tuttid's client limit.
+const SILENT: usize = 300;
 
 fn geo() -> Geometry {
     geometry(4, 64)
@@ -187,6 +189,18 @@ fn role_entry() {
             let dst: Vec<u32> = (CHUNKS..2 * CHUNKS).collect();
             let _job = store.submit_load(&hit.files, &dst, 0..store.geometry().layers).expect("load");
             println!("MIDLOAD");
+            std::thread::sleep(Duration::from_secs(120));
+        }
+        "silent" => {
+            // Connections that never say hello (a buggy or hostile peer of the same user).
+            let mut held = Vec::new();
+            for _ in 0..SILENT {
+                match std::os::unix::net::UnixStream::connect(&socket) {
+                    Ok(s) => held.push(s),
+                    Err(e) => println!("connect failed: {e}"),
+                }
+            }
+            println!("SILENT {}", held.len());
             std::thread::sleep(Duration::from_secs(120));
         }
         r => panic!("unknown role {r}"),
@@ -397,27 +411,29 @@ fn a_load_in_flight_when_the_daemon_dies_ends_within_its_deadline() {
     let dst: Vec<u32> = (CHUNKS..2 * CHUNKS).collect();
     let job = store.submit_load(&hit.files, &dst, 0..store.geometry().layers).unwrap();
     kill(&mut d);
+    // The wait learns at once that tuttid is gone, and says so.
+    let e = store.wait(job, Duration::from_secs(60)).unwrap_err();
+    assert!(matches!(e, tutti_objstore::ObjError::PeerGone(_)), "{e}");
+    assert!(e.to_string().contains("tuttid") && e.to_string().contains("gone"), "{e}");
+    assert!(store.poll(job).is_err() && store.lookup(&hashes).is_err(), "every later call fails too");
+    // The commands in flight never complete (the emulated drives died with the daemon): the
+    // client's own command deadline (2 s) ends them, with an unknown outcome, and no drive is
+    // recovered or blamed for it.
     let t = Instant::now();
-    // The commands in flight never complete: the client's own command deadline (2 s) ends them.
-    let st = store.wait(job, Duration::from_secs(60));
+    let st = store.drain(job, Duration::from_secs(60)).unwrap();
     assert!(t.elapsed() < Duration::from_secs(30), "the load ended within its deadlines: {:?}", t.elapsed());
-    match st {
-        Ok(st) => {
-            assert!(
-                st.done && st.failed > 0,
-                "a load cut off by the daemon's death reports failed blocks: {st:?}"
-            )
-        }
-        Err(e) => eprintln!("the load ended with an error, as it may: {e}"),
-    }
+    assert!(st.done && st.failed > 0, "a load cut off by the daemon's death reports failed blocks: {st:?}");
+    let why = st.first_error.clone().unwrap_or_default();
+    assert!(why.contains("tuttid") && !why.contains("recovery of drive"), "{why}");
+    let s = store.stats();
+    assert_eq!((s.recoveries, s.recovery_failures, s.quarantined_files), (0, 0, 0), "{s:?}");
     // No block is reported loaded that does not hold its bytes.
-    if let Ok(st) = store.poll(job) {
-        for (i, &b) in dst.iter().enumerate() {
-            if !st.block_failed(i as u32) {
-                assert!(kv.holds(b, 8 + i as u64), "block {b} reported loaded holds its bytes");
-            }
+    for (i, &b) in dst.iter().enumerate() {
+        if !st.block_failed(i as u32) {
+            assert!(kv.holds(b, 8 + i as u64), "block {b} reported loaded holds its bytes");
         }
     }
+    store.release(job).unwrap();
 }
 
 #[test]
@@ -489,16 +505,27 @@ fn malformed_and_foreign_requests_get_clear_errors_and_the_daemon_goes_on() {
         }
         r => panic!("expected an error naming {needle:?}, got {r:?}"),
     };
-    // Anything before hello is refused.
-    refused(call(&Request::Stats), ErrorKind::Protocol, "before hello");
-    // A frame that is JSON but no request.
-    let garbage: Response = conn.call(&serde_json::json!({"NoSuchRequest": 1}), &[], t).unwrap().0;
-    refused(garbage, ErrorKind::Invalid, "malformed");
-    refused(call(&Request::Hello { protocol: 999, name: "x".into() }), ErrorKind::Protocol, "protocol");
+    // Anything before hello is refused, and the connection closed; so is a hello of another
+    // protocol or with too long a name.
+    let long = "n".repeat(tutti_daemon::proto::MAX_NAME + 1);
+    let before: [(Request, ErrorKind, &str); 3] = [
+        (Request::Stats, ErrorKind::Protocol, "before hello"),
+        (Request::Hello { protocol: 999, name: "x".into() }, ErrorKind::Protocol, "protocol"),
+        (Request::Hello { protocol: tutti_daemon::proto::PROTOCOL, name: long }, ErrorKind::Invalid, "name"),
+    ];
+    for (req, kind, needle) in before {
+        let early = tutti_daemon::Connection::connect(daemon.socket(), t).unwrap();
+        refused(early.call::<Request, Response>(&req, &[], t).unwrap().0, kind, needle);
+        let closed = early.call::<Request, Response>(&Request::Stats, &[], t).unwrap_err();
+        assert!(closed.to_string().contains("gone"), "{closed}");
+    }
     assert!(matches!(
         call(&Request::Hello { protocol: tutti_daemon::proto::PROTOCOL, name: "fuzzer".into() }),
         Response::Welcome { .. }
     ));
+    // A frame that is JSON but no request: answered, and the connection stays.
+    let garbage: Response = conn.call(&serde_json::json!({"NoSuchRequest": 1}), &[], t).unwrap().0;
+    refused(garbage, ErrorKind::Invalid, "malformed");
     let id = IdentityId(7);
     refused(call(&Request::Unpin { pin: 12345 }), ErrorKind::Invalid, "pin 12345");
     refused(
@@ -595,4 +622,43 @@ fn malformed_and_foreign_requests_get_clear_errors_and_the_daemon_goes_on() {
     let store = client_store(daemon.socket(), "after-fuzz");
     let kv = new_kv(&store);
     store_and_verify(&store, &kv, 11);
+}
+
+#[test]
+fn three_hundred_silent_connections_do_not_lock_engines_out() {
+    role_entry();
+    let dir = TempDir::new("silent");
+    let daemon = Daemon::start(config(&dir.0, 16, OpenMode::Create)).unwrap();
+    const { assert!(SILENT > tutti_daemon::server::DEFAULT_MAX_CLIENTS) };
+    let (mut child, rx) =
+        spawn("three_hundred_silent_connections_do_not_lock_engines_out", "silent", &dir.0, 0);
+    expect_line(&rx, &format!("SILENT {SILENT}"));
+    // Once the daemon has taken them all, it keeps at most DEFAULT_MAX_PRE_HELLO of them, apart
+    // from the clients (the oldest are dropped as newer ones come).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let s = loop {
+        let s = daemon.status();
+        if s.clients_served >= SILENT as u64
+            && s.waiting_for_hello <= tutti_daemon::server::DEFAULT_MAX_PRE_HELLO
+        {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the silent connections were not taken or not bounded: {s:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(s.clients.is_empty(), "{s:?}");
+    // Engines still connect, store and load, while the silent ones stay connected.
+    let store = client_store(daemon.socket(), "engine");
+    let kv = new_kv(&store);
+    store_and_verify(&store, &kv, 31);
+    let other = client_store(daemon.socket(), "engine-2");
+    let kv2 = new_kv(&other);
+    store_and_verify(&other, &kv2, 32);
+    let s = daemon.status();
+    assert_eq!(s.clients.len(), 2, "{s:?}");
+    assert!(s.clients_served > SILENT as u64, "{s:?}");
+    assert!(child.try_wait().unwrap().is_none(), "the silent child is still there");
+    kill(&mut child);
+    drop((kv, kv2));
+    drop((store, other));
 }

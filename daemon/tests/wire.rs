@@ -214,8 +214,15 @@ fn stop_makes_run_return_disconnects_everyone_and_removes_the_socket() {
     let b = Connection::connect(&d.path, CALL).unwrap();
     let path = d.path.clone();
     assert!(path.exists());
+    assert!(a.lost().is_none());
     d.stop(); // Checks: run returned, socket gone, one disconnect per client.
     assert!(!path.exists());
+    // Learnt without a call: the daemon hung up.
+    let lost = a.lost().expect("the hang-up is seen");
+    assert!(
+        matches!(lost, DaemonError::ConnectionLost { .. }) && lost.to_string().contains("is gone"),
+        "{lost}"
+    );
     for c in [a, b] {
         let err = c.call::<_, Resp>(&Req::Echo("late".into()), &[], CALL).unwrap_err();
         assert!(matches!(err, DaemonError::ConnectionLost { .. }), "{err}");
@@ -418,7 +425,7 @@ fn call_fails_within_its_deadline_when_the_daemon_dies() {
     let status = wait_child(pid);
     assert!(libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL, "status {status:#x}");
     let err = conn.call::<_, Resp>(&Req::Echo("again".into()), &[], CALL).unwrap_err();
-    assert!(err.to_string().contains("connection to tuttid lost"), "{err}");
+    assert!(err.to_string().contains("tuttid at") && err.to_string().contains("is gone"), "{err}");
 }
 
 #[test]
@@ -434,7 +441,7 @@ fn a_timed_out_call_poisons_the_connection() {
     let err = conn.call::<_, Resp>(&Req::Echo("next".into()), &[], CALL).unwrap_err();
     let msg = err.to_string();
     // Refused at once, naming the call that broke the connection.
-    assert!(msg.contains("connection to tuttid lost") && msg.contains("timed out"), "{msg}");
+    assert!(msg.contains("is gone") && msg.contains("timed out"), "{msg}");
     d.handler.wait_for("the disconnect", |e| !e.disconnected.is_empty());
     assert_eq!(
         d.handler.requests.load(std::sync::atomic::Ordering::SeqCst),
@@ -455,5 +462,150 @@ fn idle_clients_are_not_timed_out() {
     assert_eq!(resp, Resp::Echo("still connected".into()));
     assert_eq!(d.handler.events(|e| e.disconnected.len()), 0);
     drop(conn);
+    d.stop();
+}
+
+/// Sockets in this network namespace bound to (or accepted on) `path`, from /proc/net/unix:
+/// the listener and one per accepted connection still open in this process.
+fn sockets_on(path: &std::path::Path) -> usize {
+    let table = std::fs::read_to_string("/proc/net/unix").unwrap();
+    let want = path.to_str().unwrap();
+    table.lines().skip(1).filter(|l| l.split_whitespace().nth(7) == Some(want)).count()
+}
+
+/// Waits (bounded) until `done`, or fails naming `what`.
+fn eventually(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !done() {
+        assert!(Instant::now() < deadline, "waited {PATIENCE:?} for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn descriptors_of_closed_connections_are_released_without_another_accept() {
+    let d = Daemon::start("fdrelease", |s| s);
+    assert_eq!(sockets_on(&d.path), 1, "the listener alone");
+    let conns: Vec<Connection> = (0..20).map(|_| Connection::connect(&d.path, CALL).unwrap()).collect();
+    for c in &conns {
+        let _: (Resp, _) = c.call(&Req::Echo("x".into()), &[], CALL).unwrap();
+    }
+    assert_eq!(sockets_on(&d.path), 21, "one accepted socket per connection");
+    drop(conns);
+    // No one connects from here on: the daemon's descriptors go when each peer hangs up.
+    eventually("the accepted sockets to be closed", || sockets_on(&d.path) == 1);
+    d.handler.wait_for("20 disconnects", |e| e.disconnected.len() == 20);
+    d.stop();
+}
+
+/// Reads the daemon's greeting off a raw connection.
+fn greeted_raw(path: &std::path::Path) -> UnixStream {
+    let s = UnixStream::connect(path).unwrap();
+    match recv_frame::<Hello>(&s, soon()).unwrap().0 {
+        Hello::Welcome { .. } => s,
+        other => panic!("expected a welcome, got {other:?}"),
+    }
+}
+
+fn expect_refused(stream: &UnixStream, needle: &str) {
+    match recv_frame::<Resp>(stream, soon()).unwrap().0 {
+        Resp::Refused(why) => assert!(why.contains(needle), "{why:?} names {needle:?}"),
+        other => panic!("expected a refusal naming {needle:?}, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_connection_that_says_nothing_is_closed_at_the_idle_limit() {
+    let d = Daemon::start_with("silent", Recorder::with_hello(), |s| {
+        s.with_pre_hello_idle(Duration::from_millis(300)).with_hello_timeout(Duration::from_secs(60))
+    });
+    let s = greeted_raw(&d.path);
+    let id = d.handler.events(|e| e.connected[0]);
+    expect_refused(&s, "nothing was said");
+    expect_closed(&s);
+    d.handler.wait_for("the disconnect", |e| e.disconnected.contains(&id));
+    eventually("the daemon's socket to be closed", || sockets_on(&d.path) == 1);
+    d.stop();
+}
+
+#[test]
+fn a_hello_trickled_byte_by_byte_is_cut_at_the_hello_deadline() {
+    // The frame deadline alone (60 s) would let it go on; the hello deadline does not.
+    let d = Daemon::start_with("trickle", Recorder::with_hello(), |s| {
+        s.with_hello_timeout(Duration::from_millis(800))
+            .with_pre_hello_idle(Duration::from_millis(300))
+            .with_frame_timeout(Duration::from_secs(60))
+    });
+    let mut s = greeted_raw(&d.path);
+    let frame = frame_bytes(&serde_json::to_vec(&Req::Hello(1)).unwrap());
+    for &b in &frame[..frame.len() - 1] {
+        if s.write_all(&[b]).is_err() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    let why = expect_malformed(&s);
+    assert!(why.contains("timed out") && why.contains("closing"), "{why}");
+    expect_closed(&s);
+    d.stop();
+}
+
+#[test]
+fn a_refused_hello_is_answered_and_the_connection_closed() {
+    let d = Daemon::start_with("refusedhello", Recorder::with_hello(), |s| s);
+    let s = greeted_raw(&d.path);
+    send_frame(&s, &Req::Hello(2), &[]).unwrap();
+    expect_refused(&s, "protocol 2");
+    expect_closed(&s);
+    // So is anything else before hello.
+    let s = greeted_raw(&d.path);
+    send_frame(&s, &Req::Echo("before hello".into()), &[]).unwrap();
+    assert_eq!(recv_frame::<Resp>(&s, soon()).unwrap().0, Resp::Echo("before hello".into()));
+    expect_closed(&s);
+    // A good hello keeps the connection.
+    let s = greeted_raw(&d.path);
+    send_frame(&s, &Req::Hello(1), &[]).unwrap();
+    assert_eq!(recv_frame::<Resp>(&s, soon()).unwrap().0, Resp::Welcome);
+    send_frame(&s, &Req::Echo("after hello".into()), &[]).unwrap();
+    assert_eq!(recv_frame::<Resp>(&s, soon()).unwrap().0, Resp::Echo("after hello".into()));
+    drop(s);
+    d.stop();
+}
+
+#[test]
+fn silent_connections_cannot_take_the_places_of_clients() {
+    // Every deadline far away: only the cap on connections without hello protects the clients.
+    let d = Daemon::start_with("flood", Recorder::with_hello(), |s| {
+        s.with_max_clients(4)
+            .with_max_pre_hello(8)
+            .with_hello_timeout(Duration::from_secs(600))
+            .with_pre_hello_idle(Duration::from_secs(600))
+    });
+    let silent: Vec<UnixStream> = (0..300).map(|_| UnixStream::connect(&d.path).unwrap()).collect();
+    // The daemon keeps at most 8 of them (and a few it is still closing).
+    d.handler.wait_for("300 connections", |e| e.connected.len() == 300);
+    d.handler.wait_for("all but 8 dropped", |e| e.connected.len() - e.disconnected.len() <= 8);
+    let clients: Vec<Connection> = (0..4)
+        .map(|_| {
+            let c = Connection::connect(&d.path, CALL).unwrap();
+            let (r, _): (Resp, _) = c.call(&Req::Hello(1), &[], CALL).unwrap();
+            assert_eq!(r, Resp::Welcome);
+            c
+        })
+        .collect();
+    for c in &clients {
+        let (r, _): (Resp, _) = c.call(&Req::Echo("served".into()), &[], CALL).unwrap();
+        assert_eq!(r, Resp::Echo("served".into()));
+    }
+    // The client limit still holds for those that say hello.
+    let fifth = Connection::connect(&d.path, CALL);
+    match fifth {
+        Err(DaemonError::Refused { message, .. }) => {
+            assert!(message.contains("at most 4 clients"), "{message}")
+        }
+        other => panic!("a fifth client was not refused: {:?}", other.map(|c| c.client_id())),
+    }
+    drop(silent);
+    drop(clients);
     d.stop();
 }

@@ -71,13 +71,43 @@ impl Drop for MediaOwner {
     fn drop(&mut self) {
         // Only a record that still names this process is ours to remove: while we hold the
         // lock nobody else should have written one, but the file is not ours to trust.
-        let ours = read_record(&self.sidecar).is_some_and(|r| r.pid == std::process::id());
-        if ours {
-            if let Err(e) = std::fs::remove_file(&self.sidecar) {
-                tracing::debug!(file = %self.sidecar.display(), error = %e, "removing the media owner record failed");
-            }
+        remove_own_record(&self.sidecar);
+    }
+}
+
+/// Writes an owner record at `path` naming this process (pid, command line, start time): how
+/// a file that one process owns (a media file, tuttid's socket) names its owner to others.
+pub fn write_record(path: &Path) -> std::io::Result<()> {
+    let record = format!(
+        "pid={}\ncommand={}\nsince={}\n",
+        std::process::id(),
+        own_command(),
+        SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    );
+    std::fs::write(path, record)
+}
+
+/// Removes the owner record at `path` if it names this process.
+pub fn remove_own_record(path: &Path) {
+    if read_record(path).is_some_and(|r| r.pid == std::process::id()) {
+        if let Err(e) = std::fs::remove_file(path) {
+            tracing::debug!(file = %path.display(), error = %e, "removing an owner record failed");
         }
     }
+}
+
+/// Who the owner record at `path` names, and whether that process still runs: for a file its
+/// owner left behind (it was killed), so that the error can name the process that left it.
+/// `None` when there is no record, or it names no pid.
+pub fn describe_record(path: &Path) -> Option<String> {
+    let r = read_record(path)?;
+    let holder = Holder { pid: r.pid, command: r.command };
+    let alive = Path::new("/proc").join(r.pid.to_string()).exists();
+    Some(format!(
+        "{holder} ({}; recorded in {})",
+        if alive { "a process with that pid is running" } else { "no longer running" },
+        path.display()
+    ))
 }
 
 /// Takes the exclusive lock on the media file `file` (opened from `path`) and
@@ -105,13 +135,7 @@ pub(crate) fn lock_media(name: &str, path: &Path, file: &File) -> Result<MediaOw
         }
     }
     let sidecar = sidecar_path(path);
-    let record = format!(
-        "pid={}\ncommand={}\nsince={}\n",
-        std::process::id(),
-        own_command(),
-        SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-    );
-    if let Err(e) = std::fs::write(&sidecar, record) {
+    if let Err(e) = write_record(&sidecar) {
         // The lock still protects the media; only the name of the holder is lost.
         tracing::warn!(file = %sidecar.display(), error = %e, "writing the media owner record failed");
     }

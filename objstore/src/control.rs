@@ -92,4 +92,10 @@ pub trait PoolControl: Send + Sync {
     fn settle(&self, id: ReservationId, verdicts: &[Verdict])
         -> Result<Vec<std::result::Result<(), String>>>;
     fn stats(&self) -> Result<ControlStats>;
+    /// Why the pool's owner can no longer be reached, once it cannot (a daemon that stopped,
+    /// died, or broke the connection); `None` while it can. Cheap, and without waiting for a
+    /// call in progress: asked before jobs are advanced. An owner in this process is never gone.
+    fn gone(&self) -> Option<String> {
+        None
+    }
 }

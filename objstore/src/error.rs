@@ -44,6 +44,12 @@ pub enum ObjError {
     /// The pool's owner (tuttid) refused a request or could not be reached.
     #[error("the pool's owner (tuttid): {0}")]
     Peer(String),
+
+    /// The pool's owner (tuttid) is gone: it stopped or died, or stopped answering. The store
+    /// learnt it once and fails every later call at once with this; nothing new goes to the
+    /// drives, and no drive is blamed or recovered for it. Reconnect to go on.
+    #[error("{0}")]
+    PeerGone(String),
 }
 
 impl ObjError {

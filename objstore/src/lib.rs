@@ -15,6 +15,7 @@ pub mod io;
 pub mod journal;
 pub mod layout;
 pub mod local;
+mod mapped;
 pub mod memory;
 pub mod pool;
 pub mod registration;

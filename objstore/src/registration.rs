@@ -149,6 +149,42 @@ pub fn table_descriptors(layout: &KvLayout, chunks: u32) -> Result<u64> {
     Ok(n as u64)
 }
 
+/// Most bytes of SGL tables one registration may build, all its device views together
+/// (`views × num_blocks × layers × 2 × chunks × 16`): the tables are built on the CPU at
+/// registration, about 10 s per GiB, so a larger registration is refused up front (naming this
+/// bound) before anything is mapped. `views` is counted before mapping as the distinct DMA
+/// spaces of the drives (one per VFIO container or emulated controller), at least 1.
+pub const MAX_TABLE_BYTES: u64 = 1 << 30;
+
+/// Refuses a registration whose tables would pass [`MAX_TABLE_DESCRIPTORS`] per table or
+/// [`MAX_TABLE_BYTES`] in all, for `views` device views; returns the descriptors per table.
+pub fn check_table_bounds(layout: &KvLayout, chunks: u32, views: usize) -> Result<u64> {
+    let descriptors = table_descriptors(layout, chunks)?;
+    let bytes = descriptors as u128 * views.max(1) as u128 * size_of::<SglDescriptor>() as u128;
+    if bytes > MAX_TABLE_BYTES as u128 {
+        return Err(ObjError::invalid(
+            "num_blocks",
+            format!(
+                "{} blocks × {} layers × 2 × {chunks} chunks is {descriptors} SGL descriptors per table; \
+                 {} device views make {bytes} bytes of tables, over the {MAX_TABLE_BYTES}-byte bound \
+                 (TUTTI_MAX_TABLE_BYTES) a registration may build; register fewer blocks",
+                layout.num_blocks(),
+                layout.geometry().layers,
+                views.max(1)
+            ),
+        ));
+    }
+    Ok(descriptors)
+}
+
+/// Distinct DMA spaces among `spaces` (drives sharing an IOMMU domain share one).
+pub(crate) fn distinct_spaces(spaces: &[Arc<dyn DmaSpace>]) -> usize {
+    let mut seen: Vec<*const ()> = spaces.iter().map(|s| Arc::as_ptr(s) as *const ()).collect();
+    seen.sort_unstable();
+    seen.dedup();
+    seen.len()
+}
+
 const PAGE: u64 = 4096;
 /// PRP entries per list page (§4.3: the last entry of a full page chains).
 const PRP_PER_PAGE: u64 = PAGE / 8;
@@ -178,7 +214,8 @@ impl Registration {
             return Err(ObjError::invalid("layout", "its geometry differs from the pool's"));
         }
         // Bounded before anything is mapped or allocated.
-        let descriptors = table_descriptors(&layout, map.chunks())?;
+        let views = if memory_kind.p2p_obstacle().is_some() { 1 } else { distinct_spaces(spaces) };
+        let descriptors = check_table_bounds(&layout, map.chunks(), views)?;
         if let Some(why) = memory_kind.p2p_obstacle() {
             // Staged: the drives never see this memory; the executor copies
             // each chunk through staging slots (io::gio builds that table).

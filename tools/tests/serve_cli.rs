@@ -77,6 +77,7 @@ fn serve_reports_status_refuses_a_second_owner_and_stops_on_sigterm() {
     assert_eq!(unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) }, 0);
     assert!(wait(&mut daemon).success());
     assert!(!socket.exists(), "the socket file was removed");
+    assert!(!dir.join("a.sock.owner").exists(), "and its owner record");
     let gone =
         Command::new(env!("CARGO_BIN_EXE_tutti")).args(["status", "--socket"]).arg(&socket).output().unwrap();
     assert!(!gone.status.success());
@@ -122,7 +123,7 @@ fn serve_with_idle_exit_leaves_after_its_last_client_and_removes_the_socket() {
     BufReader::new(daemon.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let socket = dir.join("idle.sock");
     // A client held for longer than the idle period: the daemon stays.
-    let client = tutti_daemon::Connection::connect(&socket, Duration::from_secs(10)).unwrap();
+    let client = tutti_daemon::remote::Client::connect(&socket, "held", Duration::from_secs(10)).unwrap();
     let held = Instant::now();
     while held.elapsed() < Duration::from_millis(2500) {
         assert!(daemon.try_wait().unwrap().is_none(), "tuttid left while a client was connected");
@@ -146,6 +147,40 @@ fn serve_with_idle_exit_leaves_after_its_last_client_and_removes_the_socket() {
     let mut line = String::new();
     BufReader::new(again.stdout.take().unwrap()).read_line(&mut line).unwrap();
     assert!(line.contains("serving"), "{line}");
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(again.id() as i32, libc::SIGTERM) }, 0);
+    assert!(wait(&mut again).success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn status_on_the_socket_of_a_killed_daemon_says_none_listens_and_names_who_left_it() {
+    let dir = std::env::temp_dir().join(format!("tutti-serve-killed-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut daemon =
+        reap::Reap(serve(&dir, "k.sock").stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap());
+    let mut line = String::new();
+    BufReader::new(daemon.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let pid = daemon.id();
+    daemon.kill().unwrap(); // SIGKILL: the socket file and its owner record stay behind
+    wait(&mut daemon);
+    let socket = dir.join("k.sock");
+    assert!(socket.exists() && dir.join("k.sock.owner").exists());
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_tutti")).args(["status", "--socket"]).arg(&socket).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no tuttid listening") && err.contains("stale"), "{err}");
+    assert!(err.contains(&format!("pid {pid}")) && err.contains("no longer running"), "{err}");
+    // A new daemon replaces the stale socket (and the record names it now).
+    let mut again =
+        reap::Reap(serve(&dir, "k.sock").stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap());
+    let mut line = String::new();
+    BufReader::new(again.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert!(line.contains("serving"), "{line}");
+    let record = std::fs::read_to_string(dir.join("k.sock.owner")).unwrap();
+    assert!(record.contains(&format!("pid={}", again.id())), "{record}");
     // SAFETY: kill(2) on our own child.
     assert_eq!(unsafe { libc::kill(again.id() as i32, libc::SIGTERM) }, 0);
     assert!(wait(&mut again).success());

@@ -1,7 +1,7 @@
 //! A recording handler, a daemon on a temporary socket, and fork helpers for the wire tests.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
@@ -25,6 +25,8 @@ pub enum Req {
     /// Write the text at offset 0 of every file that came with the request; send them back.
     Stamp(String),
     SleepMs(u64),
+    /// The hello of a handler that wants one ([`Recorder::with_hello`]): accepted for version 1.
+    Hello(u32),
 }
 
 #[derive(Debug, PartialEq, Serialize, Deserialize)]
@@ -33,6 +35,8 @@ pub enum Resp {
     Stamped(usize),
     Slept,
     Malformed(String),
+    Welcome,
+    Refused(String),
 }
 
 #[derive(Default, Debug)]
@@ -49,9 +53,17 @@ pub struct Recorder {
     pub requests: AtomicUsize,
     events: Mutex<Events>,
     changed: Condvar,
+    /// Connections must say `Req::Hello(1)` first.
+    hello_first: bool,
+    greeted: Mutex<HashSet<u64>>,
 }
 
 impl Recorder {
+    /// A recorder whose connections must say hello first.
+    pub fn with_hello() -> Recorder {
+        Recorder { hello_first: true, ..Recorder::default() }
+    }
+
     /// Waits until `done` holds for the events, or fails the test after [`PATIENCE`].
     pub fn wait_for(&self, what: &str, done: impl Fn(&Events) -> bool) {
         let deadline = Instant::now() + PATIENCE;
@@ -85,7 +97,7 @@ impl Handler for Recorder {
         Ok(id)
     }
 
-    fn request(&self, _client: u64, _peer: &PeerCred, req: Req, fds: Vec<OwnedFd>) -> (Resp, Vec<OwnedFd>) {
+    fn request(&self, client: u64, _peer: &PeerCred, req: Req, fds: Vec<OwnedFd>) -> (Resp, Vec<OwnedFd>) {
         self.requests.fetch_add(1, Ordering::SeqCst);
         match req {
             Req::Echo(s) => (Resp::Echo(s), Vec::new()),
@@ -100,11 +112,28 @@ impl Handler for Recorder {
                 std::thread::sleep(Duration::from_millis(ms));
                 (Resp::Slept, Vec::new())
             }
+            Req::Hello(1) => {
+                self.greeted.lock().unwrap().insert(client);
+                (Resp::Welcome, Vec::new())
+            }
+            Req::Hello(v) => (Resp::Refused(format!("protocol {v}; this handler speaks 1")), Vec::new()),
         }
     }
 
     fn malformed(&self, _client: u64, why: &str) -> Resp {
         Resp::Malformed(why.to_string())
+    }
+
+    fn hello_first(&self) -> bool {
+        self.hello_first
+    }
+
+    fn greeted(&self, client: u64) -> bool {
+        !self.hello_first || self.greeted.lock().unwrap().contains(&client)
+    }
+
+    fn refusal(&self, _client: u64, why: &str) -> Resp {
+        Resp::Refused(why.to_string())
     }
 
     fn disconnect(&self, client: u64) {
@@ -148,10 +177,15 @@ pub struct Daemon {
 
 impl Daemon {
     pub fn start(tag: &str, configure: impl FnOnce(Server) -> Server) -> Daemon {
+        Daemon::start_with(tag, Recorder::default(), configure)
+    }
+
+    /// As [`Daemon::start`], with this handler.
+    pub fn start_with(tag: &str, handler: Recorder, configure: impl FnOnce(Server) -> Server) -> Daemon {
         let dir = TestDir::new(tag);
         let path = dir.join("tuttid.sock");
         let server = configure(Server::bind(&path, SocketMode::Owner).unwrap());
-        let handler = Arc::new(Recorder::default());
+        let handler = Arc::new(handler);
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let (handler, stop) = (Arc::clone(&handler), Arc::clone(&stop));

@@ -295,6 +295,13 @@ impl LayerIo for DirectIo {
         )
     }
 
+    fn owner_gone(&mut self, why: &str) {
+        if self.recover {
+            tracing::warn!(reason = why, "the pool's owner is gone: no queue pair is recovered from here on");
+        }
+        self.recover = false;
+    }
+
     fn progress(&mut self) -> Result<()> {
         Ok(())
     }

@@ -767,6 +767,18 @@ impl LayerIo for GioIo {
         self.recover_held()
     }
 
+    fn owner_gone(&mut self, why: &str) {
+        self.cfg.recover_drives = false;
+        // Layers held for a recovery are reported as they are: their unknown outcomes stay unknown.
+        let held = self.held.len();
+        for (token, h) in self.held.drain() {
+            self.ready.insert(token, h.outcome);
+        }
+        self.recovered.clear();
+        self.pending_recoveries = 0;
+        tracing::warn!(held, reason = why, "the pool's owner is gone: no drive is recovered from here on");
+    }
+
     fn poll(&mut self, token: u64) -> Result<Option<LayerOutcome>> {
         self.take_results()?;
         if self.transfers.contains_key(&token) {

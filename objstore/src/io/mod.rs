@@ -164,6 +164,11 @@ pub(crate) trait LayerIo: Send {
     fn name(&self) -> &'static str;
     /// How layers are moved, for reports.
     fn mode(&self) -> String;
+    /// The pool's owner is gone (see [`crate::PoolControl::gone`]): commands already on the
+    /// drives may still complete and are reaped as usual, but no drive is recovered for
+    /// their failures (recovery needs the owner, and the drives did nothing wrong), and the
+    /// outcome of a command that ends without a completion stays unknown.
+    fn owner_gone(&mut self, _why: &str) {}
     /// Makes a registration's tables available to the executor.
     fn attach(&mut self, reg: &Arc<Registration>, map: &StripeMap) -> Result<()>;
     /// Forgets the registration (its memory is about to be unmapped).

@@ -268,7 +268,10 @@ impl Job {
         }
     }
 
-    pub(super) fn record(&mut self, i: usize, outcome: LayerOutcome) {
+    /// Records layer `i`'s outcome. `owner_gone`: why the pool's owner is gone, when it is: a
+    /// store's failure then says nothing of quarantine (the reservation went with the owner,
+    /// nothing of it is committed, and no drive is recovered or blamed).
+    pub(super) fn record(&mut self, i: usize, outcome: LayerOutcome, owner_gone: Option<&str>) {
         self.state[i] = LayerState::Done;
         self.commands += outcome.commands;
         self.host_calls += outcome.host_calls;
@@ -280,13 +283,22 @@ impl Job {
             let (Some(&slot), Some(pair)) = (self.slots.get(*p as usize), self.pairs.get(*p as usize)) else {
                 continue;
             };
-            let why = match (f.kind, self.dir) {
-                (FailureKind::Definite, _) => format!("layer {layer}: {}", f.why),
-                (FailureKind::Unknown, Direction::Load) => format!(
+            let why = match (f.kind, self.dir, owner_gone) {
+                (_, Direction::Store, Some(gone)) => format!("layer {layer} not stored: {gone}; {}", f.why),
+                (FailureKind::Unknown, Direction::Load, Some(gone)) => format!(
+                    "layer {layer} not loaded: {gone}; {}; outcome unknown: the drive may still write engine block {} \
+                     until it is reset",
+                    f.why, pair.block
+                ),
+                (FailureKind::Definite, Direction::Load, Some(gone)) => {
+                    format!("layer {layer} not loaded: {gone}; {}", f.why)
+                }
+                (FailureKind::Definite, _, None) => format!("layer {layer}: {}", f.why),
+                (FailureKind::Unknown, Direction::Load, None) => format!(
                     "layer {layer}: {}; outcome unknown: the drive may still write engine block {} until it is reset",
                     f.why, pair.block
                 ),
-                (FailureKind::Unknown, Direction::Store) => format!(
+                (FailureKind::Unknown, Direction::Store, None) => format!(
                     "layer {layer}: {}; outcome unknown: the drive may still write file {}, which is quarantined",
                     f.why, pair.file
                 ),

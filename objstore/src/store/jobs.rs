@@ -43,7 +43,7 @@ impl KvStore {
             let all: Vec<(u32, PairFailure)> =
                 (0..job.pairs.len() as u32).map(|p| (p, PairFailure::definite(why.clone()))).collect();
             for i in 0..job.state.len() {
-                job.record(i, LayerOutcome { failed: all.clone(), ..Default::default() });
+                job.record(i, LayerOutcome { failed: all.clone(), ..Default::default() }, None);
             }
         }
         job.io_files = io_files;
@@ -127,11 +127,13 @@ impl KvStore {
         let obj = self.map.object_bytes();
         {
             let mut io = lock(&self.io, "io")?;
+            self.tell_io(&mut **io);
+            let gone = self.gone.get().map(String::as_str);
             for i in 0..job.state.len() {
                 if let LayerState::Running(token) = job.state[i] {
                     if let Some(outcome) = io.poll(token)? {
                         self.account(job, &outcome, obj);
-                        job.record(i, outcome);
+                        job.record(i, outcome, gone);
                         if let Some(g) = gate {
                             g.finished(id, job.layers.start + i as u32);
                         }
@@ -147,13 +149,17 @@ impl KvStore {
                 if job.state[i] != LayerState::Queued {
                     continue;
                 }
-                if job.cancelled {
+                let layer = job.layers.start + i as u32;
+                if job.cancelled || gone.is_some() {
                     let slots = job.slots.clone();
-                    job.fail_all_slots(&slots, "cancelled");
+                    let why = match gone {
+                        Some(why) => format!("layer {layer} not submitted: {why}"),
+                        None => "cancelled".to_string(),
+                    };
+                    job.fail_all_slots(&slots, &why);
                     job.state[i] = LayerState::Done;
                     continue;
                 }
-                let layer = job.layers.start + i as u32;
                 if let Some(g) = gate {
                     if job.drive_bytes[i].is_none() {
                         job.drive_bytes[i] = Some(self.layer_drive_bytes(job, layer));
@@ -190,7 +196,7 @@ impl KvStore {
                         let f = if refused { PairFailure::definite(why) } else { PairFailure::unknown(why) };
                         let all: Vec<(u32, PairFailure)> =
                             (0..job.pairs.len() as u32).map(|p| (p, f.clone())).collect();
-                        job.record(i, LayerOutcome { failed: all, ..Default::default() });
+                        job.record(i, LayerOutcome { failed: all, ..Default::default() }, gone);
                     }
                 }
                 room -= 1;
@@ -211,7 +217,10 @@ impl KvStore {
         }
         if job.is_done() && !job.io_files.is_empty() {
             let files = std::mem::take(&mut job.io_files);
-            self.control.end_load(&files)?;
+            // The owner holds the references; gone, it holds nothing any more.
+            if self.gone.get().is_none() {
+                self.control.end_load(&files)?;
+            }
         }
         if let Some(sid) = job.session {
             let layers: Vec<(u32, Vec<(u32, FailureKind)>)> = std::mem::take(&mut job.layer_failures);
@@ -245,6 +254,7 @@ impl KvStore {
     /// for layers `layers`. The files get an I/O reference until the job ends,
     /// so they cannot be evicted under it even if unpinned meanwhile.
     pub fn submit_load(&self, files: &[FileId], blocks: &[u32], layers: Range<u32>) -> Result<JobId> {
+        self.check_owner()?;
         let cpu0 = thread_cpu_ns();
         let reg = self.registration()?;
         self.check_layers(&layers)?;
@@ -300,14 +310,22 @@ impl KvStore {
     /// Advances the job until `wait` is satisfied (a layer index, or the whole
     /// job) or its deadline passes; without `wait`, once. The jobs lock is
     /// taken per pass, so other callers are not held up by a long wait.
+    /// `strict`: fail at once (each pass) when the pool's owner is gone; cleanup is not strict.
     fn with_job<T>(
         &self,
         id: JobId,
         wait: Option<(Instant, Option<usize>)>,
+        strict: bool,
         f: impl FnOnce(&Job) -> T,
     ) -> Result<T> {
         let mut spins = 0u32;
         loop {
+            if strict {
+                self.check_owner()?;
+            } else {
+                // Learnt here too, so that the I/O path recovers no drive for the owner's death.
+                self.owner_gone();
+            }
             let mut jobs = lock(&self.jobs, "jobs")?;
             self.advance_gated(&mut jobs, id, wait.is_some())?;
             let job = jobs.map.get(&id).ok_or(ObjError::Unknown { what: "job", id })?;
@@ -333,6 +351,8 @@ impl KvStore {
     /// layers it now allows go to the drives (an engine's timing hooks call this, so deferred
     /// writes start in the window that allows them even if no one polls their job).
     pub fn progress(&self) -> Result<()> {
+        // Timing hooks and counters go on without the owner; the I/O path learns it is gone.
+        self.owner_gone();
         let mut jobs = lock(&self.jobs, "jobs")?;
         let ids: Vec<JobId> = jobs.map.keys().copied().collect();
         if self.gate().is_some() {
@@ -350,14 +370,35 @@ impl KvStore {
 
     /// Progress without blocking (submits further layers as earlier ones finish).
     pub fn poll(&self, id: JobId) -> Result<JobStatus> {
-        self.with_job(id, None, |j| j.status(id))
+        self.with_job(id, None, true, |j| j.status(id))
+    }
+
+    /// As [`poll`](Self::poll), also when the pool's owner is gone: what happened to the job
+    /// (its failures and their reasons), for reports and cleanup.
+    pub fn status(&self, id: JobId) -> Result<JobStatus> {
+        self.with_job(id, None, false, |j| j.status(id))
     }
 
     /// Waits until every layer of the job has finished, or `timeout`.
     /// Returns the status either way; `done` tells which.
     pub fn wait(&self, id: JobId, timeout: Duration) -> Result<JobStatus> {
         let deadline = Instant::now() + timeout;
-        self.with_job(id, Some((deadline, None)), |j| j.status(id))
+        self.with_job(id, Some((deadline, None)), true, |j| j.status(id))
+    }
+
+    /// Cleanup: cancels what the job has not submitted yet and waits (up to `timeout`) for the
+    /// layers already on the drives, even when the pool's owner is gone (a command in flight may
+    /// still move data into the job's blocks until it ends). Returns the status either way.
+    pub fn drain(&self, id: JobId, timeout: Duration) -> Result<JobStatus> {
+        {
+            let mut jobs = lock(&self.jobs, "jobs")?;
+            let job = jobs.map.get_mut(&id).ok_or(ObjError::Unknown { what: "job", id })?;
+            if !job.is_done() {
+                job.cancelled = true;
+            }
+        }
+        let deadline = Instant::now() + timeout;
+        self.with_job(id, Some((deadline, None)), false, |j| j.status(id))
     }
 
     /// Waits until layer `layer` of the job has finished, or `timeout`.
@@ -374,7 +415,7 @@ impl KvStore {
             }
             (layer - job.layers.start) as usize
         };
-        self.with_job(id, Some((deadline, Some(index))), |j| j.status(id))
+        self.with_job(id, Some((deadline, Some(index))), true, |j| j.status(id))
     }
 
     /// Stops submitting the job's remaining layers; their blocks are reported
@@ -384,13 +425,13 @@ impl KvStore {
             let mut jobs = lock(&self.jobs, "jobs")?;
             jobs.map.get_mut(&id).ok_or(ObjError::Unknown { what: "job", id })?.cancelled = true;
         }
-        self.poll(id)
+        self.status(id)
     }
 
     /// Forgets a finished job and returns its final status. A job still
     /// running is an error (cancel it and wait first).
     pub fn release(&self, id: JobId) -> Result<JobStatus> {
-        let st = self.poll(id)?;
+        let st = self.status(id)?;
         if !st.done {
             return Err(ObjError::invalid(
                 "job",

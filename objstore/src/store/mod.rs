@@ -44,8 +44,8 @@ use crate::pool::PoolOptions;
 use crate::registration::{DataPath, KvMemoryKind, Registration, TableSizes};
 use crate::stripe::{DriveShape, StripeMap};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 
 /// Which I/O path moves KV objects.
 #[derive(Clone, Debug)]
@@ -207,6 +207,10 @@ pub struct KvStore {
     counters: Counters,
     /// Asked before every layer goes to the drives (see [`crate::gate`]).
     gate: RwLock<Option<Arc<dyn crate::gate::IoGate>>>,
+    /// Why the pool's owner is gone, once the store learnt it ([`KvStore::owner_gone`]).
+    gone: OnceLock<String>,
+    /// The I/O path was told (under its lock, on the next advance).
+    io_told: AtomicBool,
 }
 
 fn lock<'a, T>(m: &'a Mutex<T>, what: &'static str) -> Result<MutexGuard<'a, T>> {
@@ -346,6 +350,8 @@ impl KvStore {
             next_id: AtomicU64::new(1),
             counters: Counters::default(),
             gate: RwLock::new(None),
+            gone: OnceLock::new(),
+            io_told: AtomicBool::new(false),
         }
     }
 
@@ -358,6 +364,45 @@ impl KvStore {
 
     pub(crate) fn gate(&self) -> Option<Arc<dyn crate::gate::IoGate>> {
         self.gate.read().ok().and_then(|g| g.clone())
+    }
+
+    /// Why the pool's owner (tuttid, for a store attached to a daemon's pool) is gone, if it
+    /// is: the first call that finds it so marks the store disconnected, for good. From then
+    /// on every call that needs the owner or starts I/O fails at once with
+    /// [`ObjError::PeerGone`] (waits of jobs in flight included); layers not yet submitted are
+    /// failed without going to the drives; commands already on the drives are still reaped
+    /// (on VFIO drives they complete: the drives outlive the daemon), but no drive is
+    /// recovered for them and none is blamed: their outcome stays unknown. Cleanup
+    /// ([`cancel`](Self::cancel), [`drain`](Self::drain), [`release`](Self::release),
+    /// [`abort_store`](Self::abort_store)) still works. Reconnecting is the caller's: a new
+    /// store on a new connection.
+    pub fn owner_gone(&self) -> Option<String> {
+        if let Some(why) = self.gone.get() {
+            return Some(why.clone());
+        }
+        let why = self.control.gone()?;
+        if self.gone.set(why.clone()).is_ok() {
+            tracing::error!(pool = %self.name, reason = %why,
+                "the pool's owner is gone: this store is disconnected; reconnect to go on");
+        }
+        self.gone.get().cloned()
+    }
+
+    /// Fails at once when the pool's owner is gone.
+    pub(crate) fn check_owner(&self) -> Result<()> {
+        match self.owner_gone() {
+            Some(why) => Err(ObjError::PeerGone(why)),
+            None => Ok(()),
+        }
+    }
+
+    /// Tells the I/O path, once, that the owner is gone; called with its lock held.
+    pub(crate) fn tell_io(&self, io: &mut dyn LayerIo) {
+        if let Some(why) = self.gone.get() {
+            if !self.io_told.swap(true, Ordering::AcqRel) {
+                io.owner_gone(why);
+            }
+        }
     }
 
     pub fn pool_id(&self) -> u128 {
@@ -520,6 +565,14 @@ impl KvStore {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        // Refused before anything is mapped or built: tables past the bound, and host memory
+        // this process does not have (the drives, or the executor's copies, would use every byte).
+        let views =
+            if kind.p2p_obstacle().is_some() { 1 } else { crate::registration::distinct_spaces(&spaces) };
+        crate::registration::check_table_bounds(&layout, self.map.chunks(), views)?;
+        if kind != KvMemoryKind::Cuda {
+            crate::mapped::check_host_mapped(layout.regions())?;
+        }
         // SAFETY: forwarded from the caller.
         let reg = Arc::new(unsafe { Registration::new(layout, identity, &spaces, &self.map, memory, kind)? });
         // The old registration goes first, whether or not the new one is accepted.
@@ -574,6 +627,7 @@ impl KvStore {
     /// The longest prefix of `hashes` stored under the registered identity,
     /// pinned against eviction until [`unpin`](Self::unpin).
     pub fn lookup(&self, hashes: &[BlockHash]) -> Result<Lookup> {
+        self.check_owner()?;
         let id = self.registration()?.identity_id;
         let found = self.control.lookup(id, hashes)?;
         self.counters.lookups.fetch_add(1, Ordering::Relaxed);
@@ -585,12 +639,20 @@ impl KvStore {
     /// How many leading chunks are stored. A query only: nothing is pinned
     /// and the LRU order does not change.
     pub fn contains(&self, hashes: &[BlockHash]) -> Result<usize> {
+        self.check_owner()?;
         let id = self.registration()?.identity_id;
         self.control.contains(id, hashes)
     }
 
     /// Releases a lookup's pins (0 is accepted and does nothing).
     pub fn unpin(&self, pin: u64) -> Result<()> {
+        if pin == 0 {
+            return Ok(());
+        }
+        // Pins live in the owner: with it gone, there is nothing left to release.
+        if self.owner_gone().is_some() {
+            return Ok(());
+        }
         self.control.unpin(pin)
     }
 

@@ -88,6 +88,7 @@ impl KvStore {
     /// every reused file safe to overwrite. Chunks that cannot get a file are
     /// reported at commit; the call fails only on bad arguments.
     pub fn begin_store(&self, hashes: &[BlockHash], blocks: &[u32]) -> Result<StoreId> {
+        self.check_owner()?;
         let reg = self.registration()?;
         if hashes.len() != blocks.len() {
             return Err(ObjError::invalid(
@@ -150,6 +151,7 @@ impl KvStore {
     /// (paper Algorithm 1, `store_layer`, for a range). The job's failure
     /// bitmap is indexed like the request given to [`begin_store`](Self::begin_store).
     pub fn submit_store(&self, store: StoreId, layers: Range<u32>) -> Result<JobId> {
+        self.check_owner()?;
         let cpu0 = thread_cpu_ns();
         // The registration and the blocks were checked by `begin_store`, and the
         // registration cannot be dropped while the session is open (`ensure_idle`).
@@ -282,6 +284,7 @@ impl KvStore {
     /// the rest are given up (their files freed). Fails, leaving the session
     /// open, while one of its jobs is still running.
     pub fn commit_store(&self, store: StoreId) -> Result<StoreReport> {
+        self.check_owner()?;
         let session = self.take_session(store)?;
         // Every job of the session has finished: none of its layers references the list.
         self.release_pair_lists(session.pair_list)?;
@@ -346,6 +349,12 @@ impl KvStore {
     pub fn abort_store(&self, store: StoreId) -> Result<()> {
         let session = self.take_session(store)?;
         self.release_pair_lists(session.pair_list)?;
+        if self.owner_gone().is_some() {
+            // The reservation went with the owner: nothing of it can be committed, and no file
+            // is quarantined for the owner's death (the next owner resets the drives first).
+            tracing::debug!(store, "store given up after the pool's owner went");
+            return Ok(());
+        }
         let verdicts: Vec<Verdict> = session
             .entries
             .into_iter()

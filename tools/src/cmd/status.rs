@@ -30,6 +30,17 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         s.pool, ix.files, ix.valid, ix.free, ix.reserved, ix.pinned, ix.quarantined
     );
     println!("commits {}, journal appends {}", s.stats.files_committed, s.stats.journal_appends);
+    let a = &s.arbitration;
+    println!(
+        "arbitration: {} metadata writes held the drives; {} stuck clients waited out, then skipped by {} of them",
+        a.holds, a.stale_marks, a.stale_skips
+    );
+    if s.waiting_for_hello > 0 {
+        println!(
+            "{} connections have not said hello yet (closed at their hello deadline)",
+            s.waiting_for_hello
+        );
+    }
     for c in &s.controllers {
         println!(
             "controller {}: {} I/O queue pairs granted, {} free; {} ranges of client memory mapped",
@@ -55,6 +66,18 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             c.reservations,
             c.loading_files
         );
+        if let Some(st) = &c.stale {
+            let since = std::time::SystemTime::now()
+                .checked_sub(Duration::from_millis(st.unchanged_ms))
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_secs());
+            println!(
+                "    STALE: its arbitration row has held I/O unchanged for {:.1} s (since unix time {since}); \
+                 the other clients skip it{}",
+                st.unchanged_ms as f64 / 1000.0,
+                if st.skipped_by_holds { ", and so do tuttid's metadata writes" } else { "" }
+            );
+        }
     }
     Ok(())
 }
