@@ -2,8 +2,8 @@
 
 - daemon "auto" and a pool it cannot open: a deterministic start-up failure (a pool of another
   geometry) comes back at once as the headline, quoted in whole lines, with the fix; tuttid is not
-  started again. Only the one failure a retry can cure (the media still held, as by a daemon of the
-  same directory still exiting) is retried, until ``daemon_start_timeout_s``;
+  started again. Only the failures a retry can cure (the media or the socket still held, as by a
+  daemon of the same directory still exiting) are retried, until ``daemon_start_timeout_s``;
 - a running tuttid whose pool has another geometry refuses the engine at once, with the fix;
 - the connector says once, at start-up, where its pool is, its geometry and its data path, and
   logs each load's hit tokens, on the ``vllm.tutti`` logger (a child of vLLM's, whose handler

@@ -17,7 +17,8 @@ answers on its socket: the first process to take ``.tuttid-start.lock`` in that
 directory spawns it (detached, with ``--idle-exit-s``) and waits for it;
 others wait for the socket. Every wait is bounded by ``daemon_start_timeout_s``.
 A daemon that exits before serving is started again only when its error says the media
-is still held (a daemon of the same directory still exiting); any other start-up error
+or the socket are still held (a daemon of the same directory still exiting, or one too busy to
+answer); any other start-up error
 (a pool of another geometry, bad flags) comes back at once as the headline, quoted in
 whole lines of its log, with the fix.
 
@@ -145,8 +146,10 @@ def _serve_args(cfg: ConnectorConfig, exe: str, socket: str) -> list[str]:
 
 
 # What a daemon prints when it lost the race for the media to a daemon of the same directory
-# that is still exiting (the driver's owner lock): the one start-up failure a retry can cure.
+# that is still exiting (the driver's owner lock), or found a live tuttid on its socket (one too
+# busy to answer the connect in time): the start-up failures a retry (or a connect) can cure.
 _MEDIA_HELD = "already in use"
+_SOCKET_HELD = "in use by a live tuttid"
 _LOG_READ_MAX = 64 << 10
 _LOG_LINES = 20
 _LINE_MAX = 2000
@@ -209,16 +212,16 @@ def _fix(cfg: ConnectorConfig, text: str) -> str:
             "directory (a new pool), or set \"open_mode\": \"create\" to format this one for this engine "
             "(what it holds is lost)."
         )
-    if _MEDIA_HELD in text:
-        return (f"The media in {d} are held by another process (named above): stop it, or give 'emulated_dir' "
-                "another directory.")
+    if _MEDIA_HELD in text or _SOCKET_HELD in text:
+        return (f"The media or the socket in {d} are held by another process (named above): stop it, or give "
+                "'emulated_dir' another directory.")
     return f"Fix the cause above; the daemon's command line and output are in {Path(str(d)) / DAEMON_LOG}."
 
 
 class DaemonStartError(ConfigError):
     """tuttid exited before serving, or had not served by the deadline. ``transient``: its error
-    says the media are still held (a daemon of the same directory still exiting), which a retry
-    can cure, or it was still starting; nothing else is."""
+    says the media or the socket are still held (a daemon of the same directory still exiting, or
+    one too busy to answer), which a retry can cure, or it was still starting; nothing else is."""
 
     def __init__(self, message: str, lines: list[str], transient: bool):
         super().__init__(message)
@@ -262,8 +265,8 @@ def _spawn(cfg: ConnectorConfig, socket: str, deadline: float) -> None:
         except ProcessLookupError:
             lines = log_lines(logf, start)
             text = "\n".join(lines)
-            transient = _MEDIA_HELD in text
-            again = ("its media are still held, so it is started again until daemon_start_timeout_s"
+            transient = _MEDIA_HELD in text or _SOCKET_HELD in text
+            again = ("its media or its socket are still held, so it is tried again until daemon_start_timeout_s"
                      if transient else "the same start-up would fail again, so it was not restarted")
             raise DaemonStartError(
                 f"TuttiConnector: tuttid for the pool in {d} exited before serving ({again}). It said:\n"
