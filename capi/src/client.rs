@@ -3,7 +3,7 @@
 //! arbitrates each drive with the daemon's other clients through the daemon's arbitration
 //! board (`tutti_daemon::arbitration`).
 
-use crate::config::{tutti_geometry_t, IoFields, Rig, TUTTI_EXECUTOR_CONTROL};
+use crate::config::{io_fields, tutti_geometry_t, Rig, TUTTI_EXECUTOR_CONTROL};
 use crate::error::{guard, CapiError};
 use crate::ptr::{self, SizePrefixed};
 use crate::runtime::{tutti_runtime_t, Runtime, RUNTIMES};
@@ -166,19 +166,8 @@ pub unsafe extern "C" fn tutti_runtime_connect(
             }
             (tutti_daemon::remote::connect_control(Path::new(socket), &name, timeout, Some(&geometry))?, None)
         } else {
-            let io = IoFields {
-                executor: c.executor,
-                exec_mode: c.exec_mode,
-                io_timeout_ms: c.io_timeout_ms,
-                host_lane_blocks: c.host_lane_blocks,
-                staging_slots: c.staging_slots,
-                cuda_device: c.cuda_device,
-                cuda_sm_count: c.cuda_sm_count,
-                cuda_block_threads: c.cuda_block_threads,
-                cuda_driver: c.cuda_driver,
-            };
             // SAFETY: `cuda_driver` is NULL or NUL-terminated per the field docs.
-            let backend = unsafe { io.backend()? };
+            let backend = unsafe { io_fields!(c).backend()? };
             let (store, board) = tutti_daemon::remote::connect_arbitrated(
                 Path::new(socket),
                 &name,

@@ -375,19 +375,8 @@ impl RuntimeConfig {
                 "TUTTI_EXECUTOR_CONTROL (4) is for tuttid clients (tutti_runtime_connect); a runtime that owns its drives moves its own bytes",
             ));
         }
-        let io = IoFields {
-            executor: c.executor,
-            exec_mode: c.exec_mode,
-            io_timeout_ms: c.io_timeout_ms,
-            host_lane_blocks: c.host_lane_blocks,
-            staging_slots: c.staging_slots,
-            cuda_device: c.cuda_device,
-            cuda_sm_count: c.cuda_sm_count,
-            cuda_block_threads: c.cuda_block_threads,
-            cuda_driver: c.cuda_driver,
-        };
         // SAFETY: forwarded from the caller.
-        let backend = unsafe { io.backend()? };
+        let backend = unsafe { io_fields!(c).backend()? };
         let geometry = c.geometry.to_geometry()?;
         Ok(RuntimeConfig {
             source,
@@ -468,6 +457,7 @@ fn emulated_cost(c: &tutti_runtime_config_t) -> Result<CostModel> {
 
 /// The I/O settings `tutti_runtime_config_t` and `tutti_client_config_t`
 /// share, as the caller gave them (0 = the default throughout).
+/// [`io_fields!`] takes them from either struct.
 pub(crate) struct IoFields {
     pub executor: u32,
     pub exec_mode: u32,
@@ -479,6 +469,25 @@ pub(crate) struct IoFields {
     pub cuda_block_threads: u32,
     pub cuda_driver: *const c_char,
 }
+
+/// The [`IoFields`] of a `tutti_runtime_config_t` or a `tutti_client_config_t`
+/// (the fields have the same names in both).
+macro_rules! io_fields {
+    ($c:expr) => {
+        $crate::config::IoFields {
+            executor: $c.executor,
+            exec_mode: $c.exec_mode,
+            io_timeout_ms: $c.io_timeout_ms,
+            host_lane_blocks: $c.host_lane_blocks,
+            staging_slots: $c.staging_slots,
+            cuda_device: $c.cuda_device,
+            cuda_sm_count: $c.cuda_sm_count,
+            cuda_block_threads: $c.cuda_block_threads,
+            cuda_driver: $c.cuda_driver,
+        }
+    };
+}
+pub(crate) use io_fields;
 
 impl IoFields {
     /// The I/O path these fields ask for, every field checked (the error names it).

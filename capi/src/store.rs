@@ -37,6 +37,19 @@ pub struct tutti_store_report_t {
     pub failed_bitmap_words: u32,
 }
 
+impl Default for tutti_store_report_t {
+    fn default() -> Self {
+        tutti_store_report_t {
+            struct_size: std::mem::size_of::<tutti_store_report_t>() as u32,
+            stored: 0,
+            present: 0,
+            failed: 0,
+            failed_bitmap: std::ptr::null_mut(),
+            failed_bitmap_words: 0,
+        }
+    }
+}
+
 // SAFETY: repr(C) with `struct_size: u32` first.
 unsafe impl SizePrefixed for tutti_store_report_t {
     const NAME: &'static str = "tutti_store_report_t";

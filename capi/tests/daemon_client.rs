@@ -209,20 +209,7 @@ fn a_control_only_client_leases_nothing_and_sees_the_pool() {
         TUTTI_E_UNSUPPORTED,
         "TUTTI_EXECUTOR_CONTROL",
     );
-    let mut info = tutti_runtime_info_t {
-        struct_size: std::mem::size_of::<tutti_runtime_info_t>() as u32,
-        drives: 0,
-        files: 0,
-        chunks: 0,
-        object_bytes: 0,
-        file_bytes: 0,
-        geometry: geometry(),
-        formatted_now: 0,
-        executor: 0,
-        pool_id: [0; 16],
-    };
-    // SAFETY: a live handle and a full-size struct.
-    ok(unsafe { tutti_runtime_info(sched.0, &mut info) });
+    let info = info(&sched);
     assert_eq!((info.drives, info.executor), (2, TUTTI_EXECUTOR_CONTROL));
     drop(sched);
     drop(worker);

@@ -40,30 +40,9 @@ fn geometry() -> tutti_geometry_t {
 /// The daemon child: 2 emulated drives whose every command takes 300 ms (within the client's
 /// 2 s command deadline), so that layers submitted just before the kill are on the drives.
 fn daemon_role(dir: &str) {
-    use tutti_driver::emulated::{EmulatedConfig, NamespaceConfig};
-    use tutti_objstore::{Dtype, Geometry, OpenMode, PoolOptions};
-    let dir = std::path::PathBuf::from(dir);
-    let g = Geometry { layers: LAYERS, kv_heads: 2, head_dim: 64, tokens_per_block: 16, dtype: Dtype::Bf16 };
-    let drives = (0..2)
-        .map(|i| {
-            let mut c = EmulatedConfig {
-                name: format!("emu{i}"),
-                serial: format!("DEAD-{i}"),
-                namespaces: vec![NamespaceConfig::with_bytes(32 << 20, 512)],
-                ..EmulatedConfig::default()
-            };
-            c.cost.per_command = Duration::from_millis(300);
-            c
-        })
-        .collect();
-    let _d = tutti_daemon::Daemon::start(tutti_daemon::DaemonConfig {
-        socket: dir.join("tuttid.sock"),
-        mode: tutti_daemon::SocketMode::Owner,
-        drives: tutti_daemon::DriveSource::Emulated(drives),
-        pool: PoolOptions::new(g, OpenMode::Create),
-        io_timeout: Duration::from_secs(2),
-    })
-    .expect("tuttid starts");
+    let cost =
+        tutti_driver::emulated::CostModel { per_command: Duration::from_millis(300), ..Default::default() };
+    let _d = common::daemon_in(std::path::Path::new(dir), LAYERS, 32 << 20, cost);
     println!("READY");
     // Killed by the test; bounded in case it is not.
     std::thread::sleep(Duration::from_secs(120));
@@ -180,14 +159,7 @@ fn a_daemon_killed_under_a_32_layer_store_fails_every_call_within_one_deadline_n
         tuttid_gone(code, &format!("the submission of layer {layer}"));
         assert!(job.is_null());
     }
-    let mut rep = tutti_store_report_t {
-        struct_size: std::mem::size_of::<tutti_store_report_t>() as u32,
-        stored: 0,
-        present: 0,
-        failed: 0,
-        failed_bitmap: null_mut(),
-        failed_bitmap_words: 0,
-    };
+    let mut rep = tutti_store_report_t::default();
     // SAFETY: a live store handle and a full-size report.
     tuttid_gone(unsafe { tutti_store_commit(store, &mut rep) }, "the commit");
     let (mut hits, mut pin) = (0usize, 0u64);

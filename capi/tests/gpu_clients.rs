@@ -71,24 +71,6 @@ fn launches() -> u64 {
     Standin::load().unwrap().stat("launches", 0).unwrap()
 }
 
-fn info(rt: &Rt) -> tutti_runtime_info_t {
-    let mut i = tutti_runtime_info_t {
-        struct_size: size_of::<tutti_runtime_info_t>() as u32,
-        drives: 0,
-        files: 0,
-        chunks: 0,
-        object_bytes: 0,
-        file_bytes: 0,
-        geometry: geometry(),
-        formatted_now: 0,
-        executor: 0,
-        pool_id: [0; 16],
-    };
-    // SAFETY: a live handle and a full-size struct.
-    ok(unsafe { tutti_runtime_info(rt.0, &mut i) });
-    i
-}
-
 fn data_path(rt: &Rt) -> tutti_data_path_t {
     // SAFETY: all-zero bytes are a valid tutti_data_path_t.
     let mut d: tutti_data_path_t = unsafe { std::mem::zeroed() };

@@ -139,14 +139,7 @@ fn a_rejected_commit_commits_nothing_and_the_session_commits_later() {
     let mut st = null_mut();
     let mut job = null_mut();
     let mut words = [0u64; 3];
-    let mut rep = tutti_store_report_t {
-        struct_size: std::mem::size_of::<tutti_store_report_t>() as u32,
-        stored: 0,
-        present: 0,
-        failed: 0,
-        failed_bitmap: null_mut(),
-        failed_bitmap_words: 0,
-    };
+    let mut rep = tutti_store_report_t::default();
     // SAFETY: valid handles and buffers, or a deliberately misaligned / short bitmap.
     unsafe {
         ok(tutti_store_begin(rt.0, keys.as_ptr(), blocks.as_ptr(), n, &mut st));

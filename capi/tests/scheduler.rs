@@ -104,14 +104,7 @@ fn poll(job: *mut tutti_job_t) -> tutti_job_status_t {
 }
 
 fn report() -> tutti_store_report_t {
-    tutti_store_report_t {
-        struct_size: std::mem::size_of::<tutti_store_report_t>() as u32,
-        stored: 0,
-        present: 0,
-        failed: 0,
-        failed_bitmap: null_mut(),
-        failed_bitmap_words: 0,
-    }
+    tutti_store_report_t::default()
 }
 
 fn hits(rt: &Rt, keys: &[tutti_hash_t]) -> usize {

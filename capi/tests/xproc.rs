@@ -13,18 +13,17 @@
 
 mod common;
 
+use common::child::{field, line_of, Said};
 use common::*;
 use std::ffi::CString;
-use std::io::{BufRead, BufReader, Lines};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::Child;
 use std::ptr::null_mut;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tutti::*;
 use tutti_daemon::arbitration::{Word, MAX_SLOTS};
 use tutti_daemon::Daemon;
-use tutti_driver::emulated::{CostModel, EmulatedConfig, MixedModel, NamespaceConfig};
-use tutti_objstore::{Dtype, Geometry, OpenMode, PoolOptions};
+use tutti_driver::emulated::{CostModel, MixedModel};
 
 const BLOCKS: u32 = 8;
 /// Set in a child: `<role> <socket>`.
@@ -37,33 +36,13 @@ const LOAD_SEED: u8 = 0x21;
 /// A tuttid on 2 slow emulated drives whose cost model collapses (and counts) transfers that
 /// run while the other direction is in flight on the drive.
 fn slow_daemon(tag: &str) -> (Daemon, std::path::PathBuf) {
-    let dir = std::env::temp_dir().join(format!("tutti-xproc-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let g = Geometry { layers: LAYERS, kv_heads: 2, head_dim: 64, tokens_per_block: TPB, dtype: Dtype::Bf16 };
     let cost = CostModel {
         read_bytes_per_sec: Some(20_000_000),
         write_bytes_per_sec: Some(10_000_000),
         mixed: Some(MixedModel { efficiency: 0.5, read_share: 0.5 }),
         ..CostModel::default()
     };
-    let drives = (0..2)
-        .map(|i| EmulatedConfig {
-            name: format!("emu{i}"),
-            serial: format!("XPROC-{tag}-{i}"),
-            namespaces: vec![NamespaceConfig::with_bytes(16 << 20, 512)],
-            cost: cost.clone(),
-            ..EmulatedConfig::default()
-        })
-        .collect();
-    let d = Daemon::start(tutti_daemon::DaemonConfig {
-        socket: dir.join("tuttid.sock"),
-        mode: tutti_daemon::SocketMode::Owner,
-        drives: tutti_daemon::DriveSource::Emulated(drives),
-        pool: PoolOptions::new(g, OpenMode::Create),
-        io_timeout: Duration::from_secs(2),
-    })
-    .expect("tuttid starts");
-    (d, dir)
+    start_daemon_with(&format!("xproc-{tag}"), cost)
 }
 
 fn connect(socket: &str, name: &str) -> Rt {
@@ -85,22 +64,11 @@ fn sched_stats(rt: &Rt) -> tutti_sched_stats_t {
     s
 }
 
-/// Overwrites `block` in every layer, so that a load that moved nothing is seen.
-fn scribble(mem: &mut Mem, block: usize) {
-    let per = 2 * BLOCKS as usize * OBJ;
-    for l in 0..LAYERS as usize {
-        for kv in 0..2 {
-            let o = l * per + kv * BLOCKS as usize * OBJ + block * OBJ;
-            mem.bytes()[o..o + OBJ].fill(0xEE);
-        }
-    }
-}
-
 /// Loads `keys` into blocks 4.. and checks them against blocks 0.. of `seed`'s pattern.
 fn load_and_check(rt: &Rt, mem: &mut Mem, keys: &[tutti_hash_t], seed: u8) {
     let to: Vec<u32> = (4..4 + keys.len() as u32).collect();
     for &b in &to {
-        scribble(mem, b as usize);
+        scribble(mem, b as usize, BLOCKS);
     }
     let st = load_all(rt, keys, &to);
     assert!(st.done == 1 && st.failed == 0, "{st:?}");
@@ -112,37 +80,8 @@ fn load_and_check(rt: &Rt, mem: &mut Mem, keys: &[tutti_hash_t], seed: u8) {
     }
 }
 
-fn spawn(test: &str, role: &str, socket: &str) -> (Child, Lines<BufReader<ChildStdout>>) {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(ROLE, format!("{role} {socket}"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    (child, lines)
-}
-
-/// The next line of the child's that starts with `tag`.
-fn line_of(lines: &mut Lines<BufReader<ChildStdout>>, tag: &str) -> String {
-    let mut seen = Vec::new();
-    for l in lines.map_while(Result::ok) {
-        // The child's libtest prints its own "test name ... " before it on the same line.
-        if let Some(at) = l.find(tag) {
-            return l[at..].to_string();
-        }
-        seen.push(l);
-    }
-    panic!("the child said no {tag}; it said {seen:?}")
-}
-
-fn field(line: &str, key: &str) -> u64 {
-    line.split_whitespace()
-        .find_map(|kv| kv.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
-        .unwrap_or_else(|| panic!("no {key} in {line}"))
-        .parse()
-        .unwrap()
+fn spawn(test: &str, role: &str, socket: &str) -> (Child, Said) {
+    common::child::spawn(test, ROLE, &format!("{role} {socket}"))
 }
 
 /// The child's role, if this process is one: runs it and says so.
@@ -351,7 +290,7 @@ fn pauser(socket: &str) {
     let keys = hashes(4, 430);
     assert_eq!(store_all(&rt, &keys, &[0, 1, 2, 3]).stored, 4);
     for b in 4..8 {
-        scribble(&mut mem, b);
+        scribble(&mut mem, b, BLOCKS);
     }
     let to = [4u32, 5, 6, 7];
     let mut job = null_mut();

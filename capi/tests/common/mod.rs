@@ -203,14 +203,7 @@ pub fn hashes(n: usize, salt: u32) -> Vec<tutti_hash_t> {
 pub fn store_all(rt: &Rt, keys: &[tutti_hash_t], blocks: &[u32]) -> tutti_store_report_t {
     let mut st = ptr::null_mut();
     let mut job = ptr::null_mut();
-    let mut rep = tutti_store_report_t {
-        struct_size: std::mem::size_of::<tutti_store_report_t>() as u32,
-        stored: 0,
-        present: 0,
-        failed: 0,
-        failed_bitmap: ptr::null_mut(),
-        failed_bitmap_words: 0,
-    };
+    let mut rep = tutti_store_report_t::default();
     // SAFETY: valid handles and buffers throughout.
     unsafe {
         ok(tutti_store_begin(rt.0, keys.as_ptr(), blocks.as_ptr(), keys.len(), &mut st));
@@ -262,29 +255,60 @@ pub fn start_daemon_with(
     tag: &str,
     cost: tutti_driver::emulated::CostModel,
 ) -> (tutti_daemon::Daemon, std::path::PathBuf) {
-    use tutti_driver::emulated::{EmulatedConfig, NamespaceConfig};
-    use tutti_objstore::{Dtype, Geometry, OpenMode, PoolOptions};
     let dir = std::env::temp_dir().join(format!("tutti-capi-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let g = Geometry { layers: LAYERS, kv_heads: 2, head_dim: 64, tokens_per_block: TPB, dtype: Dtype::Bf16 };
+    (daemon_in(&dir, LAYERS, 16 << 20, cost), dir)
+}
+
+/// A tuttid in this process, its socket `<dir>/tuttid.sock`, on 2 emulated RAM drives of
+/// `bytes` each with the cost model `cost`, formatted for this suite's geometry with `layers`
+/// layers.
+pub fn daemon_in(
+    dir: &std::path::Path,
+    layers: u32,
+    bytes: u64,
+    cost: tutti_driver::emulated::CostModel,
+) -> tutti_daemon::Daemon {
+    use tutti_driver::emulated::{EmulatedConfig, NamespaceConfig};
+    use tutti_objstore::{Dtype, Geometry, OpenMode, PoolOptions};
+    let g = Geometry { layers, kv_heads: 2, head_dim: 64, tokens_per_block: TPB, dtype: Dtype::Bf16 };
+    let tag = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let drives = (0..2)
         .map(|i| EmulatedConfig {
             name: format!("emu{i}"),
             serial: format!("CAPI-{tag}-{i}"),
-            namespaces: vec![NamespaceConfig::with_bytes(16 << 20, 512)],
+            namespaces: vec![NamespaceConfig::with_bytes(bytes, 512)],
             cost: cost.clone(),
             ..EmulatedConfig::default()
         })
         .collect();
-    let d = tutti_daemon::Daemon::start(tutti_daemon::DaemonConfig {
+    tutti_daemon::Daemon::start(tutti_daemon::DaemonConfig {
         socket: dir.join("tuttid.sock"),
         mode: tutti_daemon::SocketMode::Owner,
         drives: tutti_daemon::DriveSource::Emulated(drives),
         pool: PoolOptions::new(g, OpenMode::Create),
         io_timeout: std::time::Duration::from_secs(2),
     })
-    .expect("tuttid starts");
-    (d, dir)
+    .expect("tuttid starts")
+}
+
+/// What `tutti_runtime_info` says of `rt`.
+pub fn info(rt: &Rt) -> tutti_runtime_info_t {
+    let mut i = tutti_runtime_info_t {
+        struct_size: std::mem::size_of::<tutti_runtime_info_t>() as u32,
+        drives: 0,
+        files: 0,
+        chunks: 0,
+        object_bytes: 0,
+        file_bytes: 0,
+        geometry: geometry(),
+        formatted_now: 0,
+        executor: 0,
+        pool_id: [0; 16],
+    };
+    // SAFETY: a live handle and a full-size struct.
+    ok(unsafe { tutti_runtime_info(rt.0, &mut i) });
+    i
 }
 
 /// A client config for the tuttid at `socket`, this suite's geometry.

@@ -400,6 +400,12 @@ pub(super) struct Kv {
 }
 
 impl Kv {
+    /// The KV memory of `blocks` blocks the flags ask for (`--kv-memory`, `--layout`).
+    pub(super) fn for_args(args: &Args, g: Geometry, blocks: u32) -> anyhow::Result<Kv> {
+        let cuda = (args.kv_memory == KvMemoryFlag::Cuda).then_some(&args.cuda);
+        Kv::new(g, args.layout, blocks, cuda, args.kv_memory.host_kind())
+    }
+
     pub(super) fn new(
         g: Geometry,
         kind: LayoutFlag,
@@ -530,13 +536,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     // The engine's KV memory exists before the store starts its executor, as in an engine. On
     // an H100 (driver 580) a module load in another context waits for every running kernel, so
     // the KV memory's executor, made after a persistent I/O kernel started, would wait forever.
-    let kv = Kv::new(
-        g,
-        args.layout,
-        blocks,
-        (args.kv_memory == KvMemoryFlag::Cuda).then_some(&args.cuda),
-        args.kv_memory.host_kind(),
-    )?;
+    let kv = Kv::for_args(args, g, blocks)?;
     let mode = if args.reuse { OpenMode::OpenOrCreate } else { OpenMode::Create };
     let opts = StoreOptions { pool: PoolOptions::new(g, mode), backend };
     let store = KvStore::open(rig.specs()?, opts.clone()).context("opening the pool")?;

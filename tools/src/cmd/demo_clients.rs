@@ -95,13 +95,7 @@ pub fn client(args: &Args, socket: &Path) -> anyhow::Result<()> {
     let g = args.geometry.geometry()?;
     let blocks = args.tokens / g.tokens_per_block;
     // The KV memory first, as in an engine (see `tutti demo`).
-    let kv = Kv::new(
-        g,
-        args.layout,
-        blocks,
-        (args.kv_memory == KvMemoryFlag::Cuda).then_some(&args.cuda),
-        args.kv_memory.host_kind(),
-    )?;
+    let kv = Kv::for_args(args, g, blocks)?;
     let name = format!("demo-client-{me}");
     let store = tutti_daemon::remote::connect(socket, &name, &backend(args), Duration::from_secs(30))
         .with_context(|| format!("connecting to tuttid at {}", socket.display()))?;

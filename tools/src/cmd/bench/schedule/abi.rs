@@ -190,14 +190,7 @@ impl Store {
 
     /// Commits; returns the blocks stored.
     pub fn commit(&self) -> anyhow::Result<u32> {
-        let mut r = tutti_store_report_t {
-            struct_size: std::mem::size_of::<tutti_store_report_t>() as u32,
-            stored: 0,
-            present: 0,
-            failed: 0,
-            failed_bitmap: null_mut(),
-            failed_bitmap_words: 0,
-        };
+        let mut r = tutti_store_report_t::default();
         // SAFETY: a live store handle and a sized report.
         check("tutti_store_commit", unsafe { tutti_store_commit(self.0, &mut r) }).context("commit")?;
         Ok(r.stored)
