@@ -7,6 +7,14 @@ reports tokens, logprobs, ``num_cached_tokens``, tutti's counters and the stats 
 vLLM's connector-stats hook. Without that venv these tests skip (saying why), and fail under
 ``CI=true``.
 
+The one-process engines (``main_run``), vLLM's multiprocess executor and TP=2 run the tutti
+package as a user installs it: the wheel built from this checkout (``pip wheel``, which runs cargo
+through setuptools-rust) installed with ``pip install --target`` into a directory on the scenario's
+``PYTHONPATH``, with no ``TUTTI_LIB``/``TUTTI_BIN`` and no ``kv_connector_module_path``: vLLM finds
+``TuttiConnector`` by name through the package's ``vllm.general_plugins`` entry point, in every
+process it starts, and the package finds its own libtutti and ``tutti`` binary. The other runs use
+the source tree and the workspace's libtutti built with fault injection (``TUTTI_LIB``).
+
 Prompts: W is a 150-token prompt; B shares W's first 100 tokens (3 whole 32-token blocks)
 and then differs. The baseline engine has no connector and vLLM's own prefix cache, so B's
 prefix is computed once and reused there too: with the connector, B's prefix must come back
@@ -22,12 +30,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+import installed_package
 
 HERE = Path(__file__).resolve().parent
 SCENARIO = HERE / "real_vllm" / "scenario.py"
@@ -64,16 +75,27 @@ def vllm_python(library):
     return PY
 
 
+@pytest.fixture(scope="session")
+def installed(vllm_python, tmp_path_factory) -> dict:
+    """A scenario's environment changes for the installed package (tests/installed_package.py: the
+    wheel of this checkout, pip install --target, no TUTTI_LIB/TUTTI_BIN), with vLLM's logging at
+    INFO, its default; "site" is where it went (not passed on)."""
+    site = installed_package.install(tmp_path_factory.mktemp("installed-tutti"))
+    return dict(installed_package.environment(site), VLLM_LOGGING_LEVEL="INFO", site=str(site))
+
+
 def run(py: str, tmp: Path, name: str, engines: list[dict], env: dict | None = None, timeout: int = 600) -> dict:
+    """Runs a scenario; ``env`` adds variables (None removes one; "site" is not passed on)."""
     spec = tmp / f"{name}.json"
     spec.write_text(json.dumps({"engines": engines}))
-    e = dict(os.environ)
-    e.update(env or {})
+    e = installed_package.child_env({k: v for k, v in (env or {}).items() if k != "site"})
     done = subprocess.run([py, str(SCENARIO), str(spec)], capture_output=True, text=True, timeout=timeout, env=e)
     line = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")]
     assert done.returncode == 0 and line, f"scenario {name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     res = json.loads(line[-1][len("RESULT "):])
     res["stderr"] = done.stderr
+    # vLLM logs to stdout by default (VLLM_LOGGING_STREAM), other libraries to stderr.
+    res["log"] = done.stdout + done.stderr
     return res
 
 
@@ -101,7 +123,8 @@ def same_output(a: dict, b: dict) -> bool:
 # ---- one process: baseline, connector, negative control, chunked prefill, prefix cache on -------------
 
 @pytest.fixture(scope="module")
-def main_run(vllm_python, tmp_path_factory):
+def main_run_full(vllm_python, installed, tmp_path_factory):
+    """One process, the installed package, the connector by name."""
     tmp = tmp_path_factory.mktemp("real-vllm")
     engines = [
         engine("base", [[W], [B], [B2]]),
@@ -111,8 +134,48 @@ def main_run(vllm_python, tmp_path_factory):
                llm={"enable_chunked_prefill": True, "max_num_batched_tokens": 64}),
         engine("prefix-on", [[W], [B], [B2]], pool(tmp / "pool-prefix-on"), prefix_cache=True),
     ]
-    res = run(vllm_python, tmp, "main", engines)
-    return tmp, {e["name"]: e for e in res["engines"]}
+    res = run(vllm_python, tmp, "main", [dict(e, by_name=True) for e in engines], env=installed)
+    return tmp, {e["name"]: e for e in res["engines"]}, res
+
+
+@pytest.fixture(scope="module")
+def main_run(main_run_full):
+    tmp, engines, _ = main_run_full
+    return tmp, engines
+
+
+def _installed_package_was_used(res: dict, installed: dict) -> None:
+    installed_package.check_used(res["tutti_package"], Path(installed["site"]))
+
+
+def test_the_installed_package_is_found_by_name_in_one_process(main_run_full, installed):
+    """No kv_connector_module_path, no TUTTI_LIB or TUTTI_BIN: vLLM built TuttiConnector from its registry
+    (the package's entry point registered it) and the package loaded the libtutti inside it."""
+    _, r, res = main_run_full
+    _installed_package_was_used(res, installed)
+    assert "Creating v1 connector with name: TuttiConnector" in res["log"]
+    assert results(r["tutti"], 1)[0]["cached"] == HIT
+
+
+def _vllm_lines(stderr: str, text: str) -> list[str]:
+    """Lines of vLLM's log (its format: level, time, [file:line]) that carry ``text``."""
+    return [l for l in stderr.splitlines() if text in l and re.search(r"\bINFO \d\d-\d\d [\d:]+ \[", l)]
+
+
+def test_the_connector_says_where_its_pool_is_and_each_loads_hits_in_vllms_log(main_run_full):
+    """vLLM's logging as it comes (INFO): the start-up lines and a line per load are in vLLM's own
+    format, through vLLM's handler."""
+    tmp, _, res = main_run_full
+    err = res["log"]
+    pool_dir = str(tmp / "pool")
+    worker = _vllm_lines(err, f"tutti: worker tp0/pp0: pool in this process: 2 emulated drives of 64 MiB (files in {pool_dir})")
+    assert len(worker) == 1, err[-4000:]
+    assert "geometry " in worker[0] and "× 32 tokens/block, f32" in worker[0] and "direct data path" in worker[0]
+    assert len(_vllm_lines(err, f"tutti: scheduler side: pool in this process: 2 emulated drives of 64 MiB "
+                                f"(files in {pool_dir})")) == 1
+    # The "tutti" engine loaded B's and B2's prefixes: 96 tokens, 3 blocks, each.
+    hits = _vllm_lines(err, f"tokens ({HIT // BLOCK} blocks) hit in the pool")
+    assert len([l for l in hits if f": {HIT} tokens" in l]) >= 2, hits
 
 
 def test_outputs_and_logprobs_identical_with_and_without_the_connector(main_run):
@@ -358,7 +421,7 @@ def test_the_multiprocess_executor_without_a_daemon_is_refused_at_start_up(vllm_
 def _daemon_engine(name: str, d: Path, tp: int = 1) -> dict:
     llm = {"distributed_executor_backend": "mp", "tensor_parallel_size": tp}
     return dict(engine(name, [[W], [B]], pool(d, daemon_idle_exit_s=3), prefix_cache=False,
-                       status_socket=str(d / "tuttid.sock"), llm=llm), executor="mp")
+                       status_socket=str(d / "tuttid.sock"), llm=llm), executor="mp", by_name=True)
 
 
 def _no_daemon_left(d: Path) -> None:
@@ -373,16 +436,37 @@ def _no_daemon_left(d: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def mp_run(main_run, vllm_python):
+def mp_run_full(main_run, vllm_python, installed):
     """vLLM's multiprocess executor, the connector through a tuttid it starts ("daemon": "auto");
-    then a new vLLM process on the same pool."""
+    then a new vLLM process on the same pool. The installed package, the connector by name."""
     tmp, _ = main_run
     d = tmp / "pool-mp"
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
-    first = run(vllm_python, tmp, "mp1", [_daemon_engine("mp", d)], env=env)["engines"][0]
+    env = dict(installed, VLLM_ENABLE_V1_MULTIPROCESSING="1")
+    first = run(vllm_python, tmp, "mp1", [_daemon_engine("mp", d)], env=env)
     second = run(vllm_python, tmp, "mp2", [dict(_daemon_engine("mp-again", d), batches=[[B]])], env=env)
     _no_daemon_left(d)
-    return first, second["engines"][0]
+    return first, second
+
+
+@pytest.fixture(scope="module")
+def mp_run(mp_run_full):
+    first, second = mp_run_full
+    return first["engines"][0], second["engines"][0]
+
+
+def test_multiprocess_executor_finds_the_installed_connector_by_name(main_run, mp_run_full, installed):
+    """The engine core and the worker are processes of their own: each found TuttiConnector by name,
+    said where its pool is in vLLM's log, and daemon 'auto' started the installed package's binary."""
+    tmp, _ = main_run
+    first, _ = mp_run_full
+    _installed_package_was_used(first, installed)
+    d = tmp / "pool-mp"
+    site = Path(installed["site"]).resolve()
+    assert _vllm_lines(first["log"], f"tutti: starting tuttid for {d}: {site / 'bin' / 'tutti'} serve "), \
+        first["log"][-3000:]
+    sock = d / "tuttid.sock"
+    assert _vllm_lines(first["log"], f"tutti: worker tp0/pp0: pool in tuttid at {sock} (daemon 'auto'")
+    assert _vllm_lines(first["log"], f"tutti: scheduler side: pool in tuttid at {sock} (daemon 'auto'")
 
 
 def test_multiprocess_executor_through_the_daemon_loads_a_stored_prefix(main_run, mp_run):
@@ -398,15 +482,17 @@ def test_multiprocess_executor_through_the_daemon_loads_a_stored_prefix(main_run
     assert out["cached"] == (len(B) - 1) // BLOCK * BLOCK and same_output(results(r["base"], 1)[0], out)
 
 
-def test_tensor_parallel_2_through_the_daemon_each_rank_its_own_client(main_run, vllm_python):
+def test_tensor_parallel_2_through_the_daemon_each_rank_its_own_client(main_run, vllm_python, installed):
+    """TP=2, the installed package, the connector by name (in the engine core and both worker processes)."""
     tmp, r = main_run
     d = tmp / "pool-tp2"
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+    env = dict(installed, VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_CPU_OMP_THREADS_BIND="0|1")
     res = run(vllm_python, tmp, "tp2", [_daemon_engine("tp2", d, tp=2)], env=env)
     e = res["engines"][0]
     _no_daemon_left(d)
+    _installed_package_was_used(res, installed)
     # This once failed under heavy load (cached 0): the message carries what diagnoses it.
-    tutti_lines = [l for l in res["stderr"].splitlines() if "tutti" in l.lower()][-40:]
+    tutti_lines = [l for l in res["log"].splitlines() if "tutti" in l.lower()][-40:]
     assert results(e, 1)[0]["cached"] == HIT, dict(
         tutti=e.get("tutti"), worker=e.get("reported_worker"), scheduler=e.get("reported_scheduler"),
         log="\n".join(tutti_lines))

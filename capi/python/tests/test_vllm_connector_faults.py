@@ -290,7 +290,7 @@ def test_unknown_outcome_load_blocks_are_load_errors_with_a_warning(library, geo
         assert w._w().unknown_load_blocks == set()
         w.runtime.emulated_delay_next(0, "load", 3000)
         b = Request("b", prompt(40, 3 * B + 1))
-        with caplog.at_level("WARNING", logger="tutti.vllm"):
+        with caplog.at_level("WARNING", logger="vllm.tutti"):
             r = engine.step(new=[b])
         assert r.matched == {"b": 3 * B}
         assert len(r.load_errors) == 1 and r.load_errors <= set(engine.blocks["b"][:3])
@@ -313,7 +313,7 @@ def test_a_late_read_on_the_gio_path_is_settled_by_recovering_the_drive(library,
         w = engine.worker
         w.runtime.emulated_delay_next(0, "load", 3000)
         b = Request("b", prompt(40, 3 * B + 1))
-        with caplog.at_level("WARNING", logger="tutti.vllm"):
+        with caplog.at_level("WARNING", logger="vllm.tutti"):
             r = engine.step(new=[b])
         assert r.matched == {"b": 3 * B}
         assert len(r.load_errors) == 1 and r.load_errors <= set(engine.blocks["b"][:3])

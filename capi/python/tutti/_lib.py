@@ -8,7 +8,7 @@ unnoticed.
 Where the library is looked for, first match wins:
 
 1. ``$TUTTI_LIB`` — a path to the shared library;
-2. ``libtutti.so`` next to this package (an installed wheel would put it there);
+2. ``libtutti.so`` next to this package (where ``pip install`` puts the one it builds);
 3. ``$CARGO_TARGET_DIR/{release,debug}`` and ``<repo>/target/{release,debug}``
    for a source checkout, where ``<repo>`` is found by walking up from here
    (in each target dir the more recently built of the two first);
@@ -478,8 +478,9 @@ class Library:
                 tried.append(f"{LIB_NAME} via the dynamic loader ({e})")
         if self.cdll is None:
             raise LibraryNotFound(
-                "libtutti.so not found; build it with `cargo build -p tutti-capi --release` or set "
-                "TUTTI_LIB to its path. Tried: " + "; ".join(tried)
+                "libtutti.so not found; install the package (`pip install .` at the repository root builds it), "
+                "build it with `cargo build -p tutti-capi --release`, or set TUTTI_LIB to its path. Tried: "
+                + "; ".join(tried)
             )
         self.missing = []
         for name, (restype, argtypes) in _PROTOTYPES.items():

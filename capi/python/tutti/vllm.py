@@ -3,10 +3,14 @@
 Enable it with::
 
     --kv-transfer-config '{"kv_connector": "TuttiConnector",
-                           "kv_connector_module_path": "tutti.vllm",
                            "kv_role": "kv_both",
                            "kv_connector_extra_config": {"vfio_drives": ["0000:01:00.0"]}}'
 
+(the installed package registers the name with vLLM's connector factory through vLLM's
+``vllm.general_plugins`` entry point, :mod:`tutti._vllm_plugin`; with the package only on
+``PYTHONPATH`` add ``"kv_connector_module_path": "tutti.vllm"``). The connector logs to
+``vllm.tutti``, a child of vLLM's logger, so vLLM's log shows it: one line per connector at
+start-up (where the pool is, its geometry, the data path) and one per load (its hit tokens).
 (keys of ``kv_connector_extra_config``: :mod:`tutti._connector.config`).
 
 When vLLM is importable the class derives from vLLM's ``KVConnectorBase_V1``
@@ -66,7 +70,7 @@ from ._connector.sched import SchedHooks
 from ._connector.scheduler import SchedulerSide
 from ._connector.worker import WorkerSide
 
-log = logging.getLogger("tutti.vllm")
+log = logging.getLogger("vllm.tutti")
 
 try:  # pragma: no cover - exercised only where vLLM is installed
     from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -356,6 +360,8 @@ class TuttiConnector(KVConnectorBase_V1):
                                             identities=identities, ranks=c.tp_size * c.pp_size,
                                             remote=self._remote_contains if self.tier is not None else None,
                                             rule=rule)
+            log.info("tutti: scheduler side: pool %s; geometry %s; looks up and plans loads (moves no bytes)",
+                     shared.describe_pool(c, self.runtime), shared.geometry_text(c.geometry))
         else:
             self._worker = WorkerSide(
                 self.runtime, c.geometry, c.model, c.rank_salt(self.tp_rank, self.pp_rank), c.layer_timeout_s,
@@ -406,6 +412,10 @@ class TuttiConnector(KVConnectorBase_V1):
         backends, resolved = _vllm_layout_facts(self._vllm_config, kv_caches)
         w = self._w()
         w.register(kv_caches, backends, resolved)
+        path = self.runtime.data_path()
+        log.info("tutti: worker tp%d/pp%d: pool %s; geometry %s; %s data path%s", self.tp_rank, self.pp_rank,
+                 shared.describe_pool(self.config, self.runtime), shared.geometry_text(self.config.geometry),
+                 path.mode, f" ({path.p2p_missing})" if path.p2p_missing else "")
         if w.identity is not None:
             shared.note_identity(self.config, (self.tp_rank, self.pp_rank), w.identity)
         if self._profiler is not None and self._w().on_gpu:
@@ -626,6 +636,9 @@ class TuttiConnector(KVConnectorBase_V1):
         self._s().allocated(request, blocks, num_external_tokens)
         if num_external_tokens > 0:
             self._stats.data["hit_tokens"] += num_external_tokens
+            log.info("tutti: request %s: %d tokens (%d blocks) hit in the pool, loading them",
+                     getattr(request, "request_id", "?"), num_external_tokens,
+                     num_external_tokens // self.config.geometry.tokens_per_block)
 
     def build_connector_meta(self, scheduler_output: Any) -> TuttiConnectorMetadata:
         """This step's loads and the prompt blocks it completes (to be stored)."""

@@ -10,7 +10,10 @@ SPEC: {"engines": [ENGINE, ...]}; ENGINE: {"name", "model", "connector": {extra 
 before batch 1), "tamper": bool (perturb every loaded block after it lands), "executor": str,
 "max_model_len", "kv_bytes", "ignore_eos": bool, "status_socket": path (report `tutti status --json`
 of that tuttid while the engine is up, as "daemon_status"), "force_zeroing": bool (vLLM zeroes every
-newly allocated block, as for Mamba or mixed-precision models)}.
+newly allocated block, as for Mamba or mixed-precision models), "by_name": bool (no
+kv_connector_module_path: vLLM finds TuttiConnector in its connector registry, where the installed
+package's vllm.general_plugins entry point put it)}.
+The result also says which tutti package, library and binary the process used ("tutti_package").
 Per engine it reports "preemptions" (vLLM's scheduler preempted a request) and
 "preempted_with_pending_saves" (the victim still had deferred saves in flight), and with
 force_zeroing "zeroed_blocks" and "zeroed_under_pending_save" (blocks vLLM zeroed while a
@@ -31,7 +34,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # capi/python: the tutti package
+# TUTTI_TEST_INSTALLED=1: the tutti package is an installed one (on PYTHONPATH, found by vLLM
+# through its entry point; tests/installed_package.py); otherwise capi/python, the source tree.
+sys.path.insert(0, os.path.dirname(HERE))  # tests/: installed_package
+if os.environ.get("TUTTI_TEST_INSTALLED") != "1":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
 BLOCK = 32
 TAMPER = {"on": False}  # the engine running now tampers with loaded blocks
@@ -124,9 +131,11 @@ def run_engine(spec: dict) -> dict:
     kw.update(spec.get("llm", {}))
     if spec.get("connector") is not None:
         kw["kv_transfer_config"] = dict(
-            kv_connector="TuttiConnector", kv_connector_module_path="tutti.vllm", kv_role="kv_both",
+            kv_connector="TuttiConnector", kv_role="kv_both",
             kv_connector_extra_config=spec["connector"], kv_load_failure_policy=spec.get("policy", "recompute"),
         )
+        if not spec.get("by_name"):
+            kw["kv_transfer_config"]["kv_connector_module_path"] = "tutti.vllm"
     llm = LLM(**kw)
     sp = SamplingParams(max_tokens=spec.get("max_tokens", 6), temperature=0.0, logprobs=3, detokenize=False,
                         ignore_eos=bool(spec.get("ignore_eos")))
@@ -155,7 +164,9 @@ def run_engine(spec: dict) -> dict:
         # The daemon's view while this engine is up: its clients and their leases.
         import subprocess
 
-        done = subprocess.run([os.environ["TUTTI_BIN"], "status", "--json", "--socket", spec["status_socket"]],
+        from tutti._connector.shared import find_tutti_bin
+
+        done = subprocess.run([find_tutti_bin(), "status", "--json", "--socket", spec["status_socket"]],
                               capture_output=True, text=True, timeout=60)
         out["daemon_status"] = json.loads(done.stdout) if done.returncode == 0 else {"error": done.stderr}
     if conn is not None:
@@ -201,6 +212,9 @@ def main() -> None:
             r[k] = counters[k] - before[k]
         r["name"] = e.get("name")
         res["engines"].append(r)
+    from installed_package import report
+
+    res["tutti_package"] = report()
     print("\nRESULT " + json.dumps(res))
 
 

@@ -10,7 +10,9 @@ HiCacheController with ``tutti.sglang`` attached, then runs the steps of the spe
 - ``check``: the prefetch threads read the pages back; compared byte for byte with the data;
 - ``exists_extra``: ``batch_exists`` of the extra keys.
 
-Prints ``RESULT <json>`` with what each step saw, and exits 0 unless something raised.
+Prints ``RESULT <json>`` with what each step saw (and which tutti package, library and binary it
+used), and exits 0 unless something raised. ``TUTTI_TEST_INSTALLED=1``: the pip-installed package
+on PYTHONPATH instead of the source tree.
 """
 
 from __future__ import annotations
@@ -21,7 +23,11 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1]))
+sys.path.insert(0, str(HERE.parent))  # tests/: installed_package
+# TUTTI_TEST_INSTALLED=1: the tutti package is the pip-installed one on PYTHONPATH
+# (tests/installed_package.py); otherwise capi/python, the source tree.
+if os.environ.get("TUTTI_TEST_INSTALLED") != "1":
+    sys.path.insert(0, str(HERE.parents[1]))
 sys.path.insert(0, str(HERE))
 _venv = Path(sys.prefix)
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(_venv / "torch-extensions"))
@@ -73,6 +79,9 @@ def main() -> None:
             raise ValueError(f"unknown step {step!r}")
     out["stats"] = {k: v for k, v in b.stats().items() if k != "runtime"}
     E.stop(ctl)
+    from installed_package import report
+
+    out["tutti_package"] = report()
     print("RESULT " + json.dumps(out), flush=True)
 
 

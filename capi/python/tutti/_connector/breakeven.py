@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-log = logging.getLogger("tutti.vllm")
+log = logging.getLogger("vllm.tutti")
 
 POLICIES = ("breakeven", "always")
 

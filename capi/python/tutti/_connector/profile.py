@@ -23,7 +23,7 @@ from typing import Any
 from ..errors import TuttiError
 from ..runtime import Runtime, clock_ns
 
-log = logging.getLogger("tutti.vllm")
+log = logging.getLogger("vllm.tutti")
 
 
 class _HostClock:

@@ -27,7 +27,7 @@ import logging
 from ..errors import TuttiError
 from ..runtime import Runtime
 
-log = logging.getLogger("tutti.vllm")
+log = logging.getLogger("vllm.tutti")
 
 
 class SchedHooks:

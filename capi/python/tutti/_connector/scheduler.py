@@ -34,7 +34,7 @@ from ..runtime import Runtime, chain_hashes
 from .breakeven import BreakEven, Observations
 from .metadata import LoadSpec, SaveSpec, StepPlan
 
-log = logging.getLogger("tutti.vllm")
+log = logging.getLogger("vllm.tutti")
 
 
 @dataclass

@@ -33,7 +33,7 @@ from ..runtime import Geometry, Job, Runtime, Store
 from ..tensors import mark_written, view
 from .metadata import LoadSpec, SaveSpec, StepPlan
 
-log = logging.getLogger("tutti.vllm")
+log = logging.getLogger("vllm.tutti")
 
 
 class LayoutError(ValueError):
