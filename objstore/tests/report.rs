@@ -9,7 +9,7 @@
 mod common;
 
 use common::*;
-use tutti_driver::emulated::FaultMatch;
+use tutti_emulator::FaultMatch;
 use tutti_driver::spec::Status;
 use tutti_objstore::{chain_hashes, LayoutKind, OpenMode};
 
