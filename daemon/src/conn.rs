@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use rustix::event::PollFlags;
 
 use crate::error::DaemonError;
+use crate::handler::Handler;
 use crate::peer::PeerCred;
-use crate::server::Handler;
 use crate::wire::{poll_once, recv_frame, send_frame, send_frame_by, Hello, PROTOCOL_VERSION};
 
 /// How often an idle client's thread looks at the stop flag (stop also shuts its socket).

@@ -23,6 +23,7 @@ pub mod client;
 mod conn;
 mod daemon;
 pub mod error;
+mod handler;
 pub mod metrics;
 pub mod peer;
 pub mod proto;

@@ -1,7 +1,6 @@
 //! tuttid's listening socket: binding it safely, admitting peers, one thread per client.
 
 use std::fs;
-use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -14,6 +13,7 @@ use rustix::event::PollFlags;
 use crate::client::connect_by;
 use crate::conn::{refuse, serve_connection, ClientCount, ConnState, ConnThread, Limits};
 use crate::error::{DaemonError, Result};
+pub use crate::handler::Handler;
 use crate::peer::{own_uid, AccessPolicy, PeerCred};
 use crate::wire::poll_once;
 
@@ -51,43 +51,6 @@ pub enum SocketMode {
     /// The daemon's user and this group: socket 0660 and group-owned by it, a created
     /// parent directory 0750 and group-owned by it.
     Group(u32),
-}
-
-/// What the daemon does with clients. The server calls it from one thread per client;
-/// requests of one client come in order, requests of different clients concurrently.
-pub trait Handler: Send + Sync + 'static {
-    type Req: serde::de::DeserializeOwned + Send;
-    type Resp: serde::Serialize + Send;
-    /// A new client connected (after the access check). Returns its id, or a refusal message.
-    fn connect(&self, peer: &PeerCred) -> Result<u64, String>;
-    /// One request of client `client`; `fds` came with it. Returns the reply and fds to send with it.
-    fn request(
-        &self,
-        client: u64,
-        peer: &PeerCred,
-        req: Self::Req,
-        fds: Vec<OwnedFd>,
-    ) -> (Self::Resp, Vec<OwnedFd>);
-    /// Reply to a frame that could not be decoded (so the peer gets a clear error, not silence).
-    fn malformed(&self, client: u64, why: &str) -> Self::Resp;
-    /// The client is gone (closed, crashed, or dropped for a protocol error): release everything it held.
-    fn disconnect(&self, client: u64);
-    /// Whether a connection must say hello before it counts as a client: its first request must
-    /// make [`greeted`](Self::greeted) true, or it is answered and closed; until then it is held
-    /// to the hello deadlines and counted apart from the clients. By default every connection
-    /// is a client at once.
-    fn hello_first(&self) -> bool {
-        false
-    }
-    /// Whether `client` has said hello and was accepted (asked only when `hello_first`).
-    fn greeted(&self, _client: u64) -> bool {
-        true
-    }
-    /// Reply that refuses a request for a reason of the server's (the client limit reached at
-    /// hello, a hello deadline passed) before the connection is closed.
-    fn refusal(&self, client: u64, why: &str) -> Self::Resp {
-        self.malformed(client, why)
-    }
 }
 
 /// A bound, listening socket, ready to [`run`](Server::run).

@@ -22,14 +22,13 @@ mod session;
 mod state;
 mod status;
 
-use self::queues::Rings;
 use self::reply::{err, invalid, ok, Reply};
 use self::state::ClientState;
 pub(crate) use self::state::Served;
 use crate::arbitration::Board;
+use crate::handler::Handler;
 use crate::peer::PeerCred;
 use crate::proto::{ErrorKind, Request, Response};
-use crate::server::Handler;
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -141,7 +140,7 @@ impl Service {
             Request::ReleaseQueue { ctrl, qid } => self.release_queue(client, ctrl, qid),
             Request::FreeQueues { ctrl } => self.free_queues(ctrl),
             Request::CreateQueues { ctrl, qid, depth, sq_iova, cq_iova } => {
-                self.create_queues(client, ctrl, Rings { qid, depth, sq_iova, cq_iova })
+                self.create_queues(client, ctrl, qid, depth, sq_iova, cq_iova)
             }
             Request::DeleteQueues { ctrl, qid } => self.delete_queues(client, ctrl, qid),
             Request::Lookup { identity, hashes } => self.lookup(client, identity, &hashes),

@@ -5,14 +5,6 @@ use super::reply::{from_driver, invalid, ok, Reply};
 use super::Service;
 use crate::proto::{Response, MAX_NAME};
 
-/// Where a client asks to put its rings: queue id, depth and the IOVAs of the SQ and CQ.
-pub(super) struct Rings {
-    pub qid: u16,
-    pub depth: u32,
-    pub sq_iova: u64,
-    pub cq_iova: u64,
-}
-
 impl Service {
     /// Whether queue `qid` of `ctrl` exists, if it is leased to `client`.
     fn owns_qid(&self, client: u64, ctrl: u32, qid: u16) -> Result<bool, Response> {
@@ -49,8 +41,15 @@ impl Service {
     }
 
     /// `CreateQueues`: creates the queue pair over rings in the client's own memory.
-    pub(super) fn create_queues(&self, client: u64, ctrl: u32, rings: Rings) -> Reply {
-        let Rings { qid, depth, sq_iova, cq_iova } = rings;
+    pub(super) fn create_queues(
+        &self,
+        client: u64,
+        ctrl: u32,
+        qid: u16,
+        depth: u32,
+        sq_iova: u64,
+        cq_iova: u64,
+    ) -> Reply {
         let s = self.served(ctrl)?;
         if self.owns_qid(client, ctrl, qid)? {
             return Err(invalid(format!("queue {qid} already exists")));
