@@ -3,7 +3,6 @@
 pub mod admin;
 pub mod bench;
 pub mod demo;
-pub mod demo_clients;
 pub mod identify;
 pub mod kernels;
 pub mod profile;

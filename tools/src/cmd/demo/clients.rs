@@ -12,7 +12,9 @@
 //! the parent's other flags); it says `ready`, then answers each line on its stdin (`store`,
 //! `retrieve`, `cross`, `quit`) with one JSON line on its stdout.
 
-use super::demo::{backend, for_blocks, rate, retrieve_seed, store_request, Args, Kv, KvMemoryFlag, Phase};
+use super::args::{backend, Args, KvMemoryFlag};
+use super::kv::{for_blocks, Kv};
+use super::phase::{rate, retrieve_seed, store_request, Phase};
 use crate::report::{bytes, print_json};
 use anyhow::{anyhow, bail, Context};
 use std::io::{BufRead, BufReader, Write};

@@ -1,0 +1,180 @@
+//! The engine's KV memory in the demo: host or CUDA memory laid out as an engine lays it out,
+//! filled with each chunk's known bytes and checked against them.
+
+use super::args::{Args, CudaArgs, KvMemoryFlag, LayoutFlag};
+use crate::pattern::kv_object;
+use anyhow::{bail, Context};
+use std::sync::Arc;
+use tutti_gio_uring::mem::{ExecMemory, MemKind};
+use tutti_gio_uring::{CudaExecutor, Executor};
+use tutti_objstore::{Geometry, HostKvMemory, KvLayout, KvMemoryKind, KvStore, LayoutKind, TableSizes};
+
+/// Runs `f(block)` for every block on two threads.
+pub(crate) fn for_blocks(n: u32, f: impl Fn(u32) -> anyhow::Result<()> + Sync) -> anyhow::Result<()> {
+    std::thread::scope(|s| {
+        let f = &f;
+        let halves = [(0, n / 2), (n / 2, n)];
+        let handles: Vec<_> = halves.iter().map(|&(a, b)| s.spawn(move || (a..b).try_for_each(f))).collect();
+        handles.into_iter().try_for_each(|h| h.join().map_err(|_| anyhow::anyhow!("a worker panicked"))?)
+    })
+}
+
+/// The engine's KV memory: host memory, or CUDA device memory allocated
+/// through an executor of the same driver and device.
+enum KvMem {
+    /// Host memory registered as `kind` (`Host` or `HostUnmapped`).
+    Host(Arc<HostKvMemory>, KvMemoryKind),
+    Cuda {
+        mem: Box<dyn ExecMemory>,
+        _exec: Arc<CudaExecutor>,
+    },
+}
+
+impl KvMem {
+    fn addr(&self) -> u64 {
+        match self {
+            KvMem::Host(m, _) => m.addr(),
+            KvMem::Cuda { mem, .. } => mem.exec_addr(),
+        }
+    }
+    fn copy_in(&self, offset: usize, src: &[u8]) -> anyhow::Result<()> {
+        match self {
+            KvMem::Host(m, _) => m.copy_in(offset, src)?,
+            KvMem::Cuda { mem, .. } => mem.write_bytes(offset, src)?,
+        }
+        Ok(())
+    }
+    fn copy_out(&self, offset: usize, dst: &mut [u8]) -> anyhow::Result<()> {
+        match self {
+            KvMem::Host(m, _) => m.copy_out(offset, dst)?,
+            KvMem::Cuda { mem, .. } => mem.read_bytes(offset, dst)?,
+        }
+        Ok(())
+    }
+    /// Zeroes every byte.
+    fn clear(&self) -> anyhow::Result<()> {
+        match self {
+            KvMem::Host(m, _) => m.fill(0, m.len(), 0)?,
+            KvMem::Cuda { mem, .. } => {
+                let zeros = vec![0u8; (4 << 20).min(mem.len())];
+                for at in (0..mem.len()).step_by(zeros.len()) {
+                    let n = zeros.len().min(mem.len() - at);
+                    mem.write_bytes(at, &zeros[..n])?;
+                }
+            }
+        }
+        Ok(())
+    }
+    /// Registers it with `store` under `model`.
+    fn register(&self, store: &KvStore, layout: &KvLayout, model: &str) -> anyhow::Result<TableSizes> {
+        Ok(match self {
+            KvMem::Host(m, kind) => store.register_host_as(m.clone(), layout.clone(), model, b"", *kind)?,
+            // SAFETY: the layout lies inside `mem` (Kv::new), which lives as long as the Kv,
+            // past every store that registers it (the demo drops its stores first).
+            KvMem::Cuda { .. } => unsafe {
+                store.register_as(layout.clone(), model, b"", KvMemoryKind::Cuda)?
+            },
+        })
+    }
+}
+
+pub(crate) struct Kv {
+    mem: KvMem,
+    pub layout: KvLayout,
+    pub g: Geometry,
+}
+
+impl Kv {
+    /// The KV memory of `blocks` blocks the flags ask for (`--kv-memory`, `--layout`).
+    pub(crate) fn for_args(args: &Args, g: Geometry, blocks: u32) -> anyhow::Result<Kv> {
+        let cuda = (args.kv_memory == KvMemoryFlag::Cuda).then_some(&args.cuda);
+        Kv::new(g, args.layout, blocks, cuda, args.kv_memory.host_kind())
+    }
+
+    pub(crate) fn new(
+        g: Geometry,
+        kind: LayoutFlag,
+        blocks: u32,
+        cuda: Option<&CudaArgs>,
+        host: KvMemoryKind,
+    ) -> anyhow::Result<Kv> {
+        let (kind, per) = match kind {
+            LayoutFlag::Vllm => {
+                (LayoutKind::VllmPerLayer, KvLayout::bytes_needed(LayoutKind::VllmPerLayer, &g, blocks))
+            }
+            LayoutFlag::Contiguous => {
+                (LayoutKind::Contiguous, KvLayout::bytes_needed(LayoutKind::Contiguous, &g, blocks))
+            }
+        };
+        let total = if kind == LayoutKind::VllmPerLayer { per * g.layers as u64 } else { per };
+        let mem = match cuda {
+            None => KvMem::Host(Arc::new(HostKvMemory::new(total as usize)?), host),
+            Some(c) => {
+                // An executor of the same driver and device allocates it (no kernels run on it).
+                let cfg = tutti_objstore::CudaExecutorConfig {
+                    mode: tutti_gio_uring::ExecMode::Launch,
+                    sm_count: None,
+                    ..c.config(tutti_gio_uring::ExecMode::Launch)
+                };
+                let exec = Arc::new(CudaExecutor::new(cfg).context("the CUDA executor for the KV memory")?);
+                let mem =
+                    exec.alloc(MemKind::Private, total as usize).context("allocating CUDA KV memory")?;
+                KvMem::Cuda { mem, _exec: exec }
+            }
+        };
+        let layout = match kind {
+            LayoutKind::VllmPerLayer => {
+                let bases: Vec<u64> = (0..g.layers as u64).map(|l| mem.addr() + l * per).collect();
+                KvLayout::vllm_per_layer(g, blocks, &bases)?
+            }
+            _ => KvLayout::contiguous(g, blocks, mem.addr())?,
+        };
+        Ok(Kv { mem, layout, g })
+    }
+
+    fn offset(&self, block: u32, layer: u32, kv: u32) -> usize {
+        (self.layout.object_addr(block, layer, kv) - self.mem.addr()) as usize
+    }
+
+    /// Writes chunk `chunk`'s KV into engine block `block`.
+    pub(crate) fn fill(&self, seed: u64, chunk: u32, block: u32) -> anyhow::Result<()> {
+        let mut buf = vec![0u8; self.g.object_bytes() as usize];
+        for layer in 0..self.g.layers {
+            for kv in 0..2 {
+                kv_object(seed, chunk, layer, kv, &mut buf);
+                self.mem.copy_in(self.offset(block, layer, kv), &buf)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Registers it with `store` under `model`.
+    pub(crate) fn register_with(&self, store: &KvStore, model: &str) -> anyhow::Result<TableSizes> {
+        self.mem.register(store, &self.layout, model)
+    }
+
+    /// Zeroes every byte.
+    pub(crate) fn clear(&self) -> anyhow::Result<()> {
+        self.mem.clear()
+    }
+
+    /// Checks that engine block `block` holds chunk `chunk`'s KV.
+    pub(crate) fn verify(&self, seed: u64, chunk: u32, block: u32) -> anyhow::Result<()> {
+        let n = self.g.object_bytes() as usize;
+        let (mut want, mut got) = (vec![0u8; n], vec![0u8; n]);
+        for layer in 0..self.g.layers {
+            for kv in 0..2 {
+                kv_object(seed, chunk, layer, kv, &mut want);
+                self.mem.copy_out(self.offset(block, layer, kv), &mut got)?;
+                if want != got {
+                    let at = want.iter().zip(&got).position(|(a, b)| a != b).unwrap_or(0);
+                    bail!(
+                        "chunk {chunk} in block {block}, layer {layer} {}: byte {at} differs",
+                        ["K", "V"][kv as usize]
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}
