@@ -139,3 +139,31 @@ fn main() -> std::process::ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_flag_of_serve_has_a_key_and_every_key_a_flag() {
+        use cmd::serve::config::{KEYS, NOT_IN_FILE};
+        let cli = Cli::command();
+        let serve = cli.find_subcommand("serve").unwrap();
+        let flags: Vec<&str> =
+            cli.get_arguments().chain(serve.get_arguments()).filter_map(|a| a.get_long()).collect();
+        for f in &flags {
+            assert!(
+                NOT_IN_FILE.contains(f) || KEYS.iter().any(|k| k.flag == *f),
+                "--{f} of tutti serve has no key in the config file"
+            );
+        }
+        for k in KEYS {
+            assert!(
+                flags.contains(&k.flag),
+                "key {} names --{}, which tutti serve does not have",
+                k.key,
+                k.flag
+            );
+        }
+    }
+}

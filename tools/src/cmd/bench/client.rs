@@ -3,8 +3,7 @@
 //! in the same run on the same kind of drives: host CPU per layer of a
 //! layer-by-layer load (and per job), and the round trip of a lookup.
 
-use super::retrieve::measure::process_cpu_ns;
-use super::{cpu_s_per_gb, Host, Output};
+use super::common::{cpu_s_per_gb, process_cpu_ns, Host, Output};
 use crate::emu::EmulatedArgs;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -4,9 +4,8 @@
 //! I/O queue pair, and gio_uring with the host executor in launch and
 //! persistent modes, at several batch sizes.
 
-use super::retrieve::measure::process_cpu_ns;
+use super::common::{cpu_s_per_gb, parse_size, process_cpu_ns, size_label, Host, Output};
 use super::rig::{DriveArgs, Rig};
-use super::{parse_size, size_label, Output};
 use crate::plot::table;
 use crate::progress::count_bar;
 use anyhow::{bail, Context};
@@ -142,7 +141,7 @@ const GIO_STAGES: &[&str] = &[
 
 #[derive(serde::Serialize)]
 struct Report {
-    host: super::Host,
+    host: Host,
     media: String,
     drive: String,
     read_bytes: u64,
@@ -203,7 +202,7 @@ fn measure(
         ratio_vs_nop: None,
         process_cpu_ns_per_command: cpu_ns / commands as f64,
         process_cpu_s_per_gb: (bytes_per_command > 0)
-            .then(|| super::cpu_s_per_gb(cpu_ns / 1e9, commands * bytes_per_command)),
+            .then(|| cpu_s_per_gb(cpu_ns / 1e9, commands * bytes_per_command)),
     })
 }
 
@@ -441,7 +440,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if args.read_bytes == 0 || args.read_bytes > 8192 || !args.read_bytes.is_multiple_of(512) {
         bail!("--read-bytes {} is not a multiple of 512 in 512..=8K", args.read_bytes);
     }
-    let host = super::Host::now();
+    let host = Host::now();
     let max_batch = args.batches.iter().copied().max().unwrap_or(1) as u64;
     let span = max_batch * args.read_bytes;
     let rig = Rig::start(&args.drives, span.next_multiple_of(1 << 20))?;

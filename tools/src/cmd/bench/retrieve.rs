@@ -21,7 +21,7 @@ pub(super) mod measure;
 mod report;
 mod tutti;
 
-use super::Output;
+use super::common::Output;
 use crate::cmd::ExecFlag;
 use crate::report::bytes;
 use anyhow::{bail, Context};

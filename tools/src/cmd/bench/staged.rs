@@ -10,7 +10,7 @@
 //! reason. So far `--cuda` has run only on the stand-in driver
 //! (`tools/tests/bench_staged_cli.rs`), whose figures are host threads'.
 
-use super::{parse_size, size_label, Host, Output};
+use super::common::{parse_size, size_label, Host, Output};
 use crate::cmd::demo::CudaArgs;
 use crate::plot::{line_chart, table, Series};
 use anyhow::{bail, Context};

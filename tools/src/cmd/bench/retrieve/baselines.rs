@@ -8,12 +8,14 @@
 //! - [`Memcpy`]: a plain copy of each object from memory — the limit here.
 
 use super::data::Dataset;
-use super::measure::{thread_cpu_ns, Calls, Method};
+use super::measure::{Calls, Method};
+// The object store's own clock for its setup and submission CPU, so the figures compare.
 use anyhow::{bail, Context};
 use io_uring::{opcode, types, IoUring};
 use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
+use tutti_objstore::thread_cpu_ns;
 
 /// Largest registered buffer: the kernel refuses more than 1 GiB per buffer.
 const MAX_FIXED_BUFFER: u64 = 256 << 20;
@@ -188,4 +190,79 @@ fn timed_layers(layers: Range<u32>, mut f: impl FnMut(u32) -> anyhow::Result<()>
         calls.cpu_ns.push(thread_cpu_ns().saturating_sub(t0));
     }
     Ok(calls)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::data::Dataset;
+    use super::super::measure::{run, Calls, Method};
+    use std::ops::Range;
+    use tutti_objstore::thread_cpu_ns;
+
+    /// Copies like the memcpy baseline, but on another thread, and burns some more CPU there:
+    /// the calling thread only waits.
+    struct OffThread {
+        worker_cpu_ns: u64,
+    }
+
+    impl Method for OffThread {
+        fn name(&self) -> &'static str {
+            "off-thread"
+        }
+        fn describe(&self) -> String {
+            "memcpy on a worker thread".into()
+        }
+        fn retrieve(&mut self, ds: &Dataset, n: u32, layers: Range<u32>) -> anyhow::Result<Calls> {
+            let t0 = thread_cpu_ns();
+            let worker = std::thread::scope(|s| {
+                s.spawn(|| -> anyhow::Result<u64> {
+                    let w0 = thread_cpu_ns();
+                    super::Memcpy.retrieve(ds, n, layers.clone())?;
+                    let mut x = 1u64;
+                    while thread_cpu_ns() - w0 < 20_000_000 {
+                        for i in 0..10_000u64 {
+                            x = x.wrapping_mul(6364136223846793005).wrapping_add(i);
+                        }
+                    }
+                    std::hint::black_box(x);
+                    Ok(thread_cpu_ns() - w0)
+                })
+                .join()
+                .map_err(|_| anyhow::anyhow!("worker panicked"))
+            })??;
+            self.worker_cpu_ns += worker;
+            let per_layer = thread_cpu_ns().saturating_sub(t0) / layers.len() as u64;
+            Ok(Calls { cpu_ns: vec![per_layer; layers.len()], ..Default::default() })
+        }
+    }
+
+    #[test]
+    fn process_cpu_counts_work_done_on_other_threads() {
+        let g = tutti_objstore::Geometry {
+            layers: 2,
+            kv_heads: 2,
+            head_dim: 64,
+            tokens_per_block: 16,
+            dtype: tutti_objstore::Dtype::Bf16,
+        };
+        let dir = std::env::temp_dir();
+        let ds = Dataset::create(g, 8, 1, &dir).unwrap();
+        let mut m = OffThread { worker_cpu_ns: 0 };
+        let r = run(&mut m, &ds, 8, 0..2).unwrap();
+        assert!(r.verified, "the worker's copy was not verified");
+        let process_ns = r.process_cpu_us_per_layer * 2.0 * 1e3;
+        // getrusage reports microseconds: allow one per thread for rounding.
+        assert!(
+            process_ns + 10_000.0 >= m.worker_cpu_ns as f64,
+            "process CPU {process_ns} ns misses the worker's {} ns",
+            m.worker_cpu_ns
+        );
+        assert!(
+            r.process_cpu_us_per_layer > r.host_cpu_us_per_layer_call,
+            "process CPU per layer {} µs should exceed the waiting thread's {} µs",
+            r.process_cpu_us_per_layer,
+            r.host_cpu_us_per_layer_call
+        );
+        assert!((r.process_cpu_ns_per_block - r.process_cpu_us_per_layer * 1e3 / 8.0).abs() < 1e-6);
+    }
 }

@@ -4,6 +4,7 @@
 //! emulated controllers included).
 
 use super::data::Dataset;
+use crate::cmd::bench::common::{cpu_s_per_gb, process_cpu_ns};
 use anyhow::bail;
 use std::ops::Range;
 use std::time::Instant;
@@ -30,23 +31,6 @@ pub trait Method {
     /// Moves `layers` of chunks `0..n` into their slots, one call (or, for
     /// tutti, one submission) per layer, and returns once every byte has arrived.
     fn retrieve(&mut self, ds: &Dataset, n: u32, layers: Range<u32>) -> anyhow::Result<Calls>;
-}
-
-/// CPU time of the calling thread, in nanoseconds: the object store's clock
-/// for its own setup and submission CPU, so the figures compare.
-pub use tutti_objstore::thread_cpu_ns;
-
-/// CPU time of the whole process, user and system, in nanoseconds (`getrusage(RUSAGE_SELF)`):
-/// every thread, live or exited, so tutti's executor lanes and emulated controllers count.
-pub fn process_cpu_ns() -> anyhow::Result<u64> {
-    // SAFETY: an all-zero `rusage` is a valid value of this plain C struct.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `ru` is a valid, writable rusage.
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
-        bail!("getrusage(RUSAGE_SELF): {}", std::io::Error::last_os_error());
-    }
-    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1_000;
-    Ok(ns(ru.ru_utime) + ns(ru.ru_stime))
 }
 
 /// One method's run over one scenario, verified.
@@ -126,13 +110,14 @@ pub fn run(m: &mut dyn Method, ds: &Dataset, n: u32, layers: Range<u32>) -> anyh
         process_cpu_s: process_ns / 1e9,
         process_cpu_us_per_layer: process_ns / layers.len() as f64 / 1e3,
         process_cpu_ns_per_block: process_ns / layers.len() as f64 / n as f64,
-        process_cpu_s_per_gb: super::super::cpu_s_per_gb(process_ns / 1e9, bytes),
+        process_cpu_s_per_gb: cpu_s_per_gb(process_ns / 1e9, bytes),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tutti_objstore::thread_cpu_ns;
 
     #[test]
     fn thread_cpu_time_grows_with_work_on_this_thread() {
@@ -145,72 +130,5 @@ mod tests {
         let b = thread_cpu_ns();
         assert!(a > 0 && b > a, "thread CPU clock did not advance: {a} -> {b}");
         assert!(process_cpu_ns().unwrap() >= b - a);
-    }
-
-    /// Copies like the memcpy baseline, but on another thread, and burns some more CPU there:
-    /// the calling thread only waits.
-    struct OffThread {
-        worker_cpu_ns: u64,
-    }
-
-    impl Method for OffThread {
-        fn name(&self) -> &'static str {
-            "off-thread"
-        }
-        fn describe(&self) -> String {
-            "memcpy on a worker thread".into()
-        }
-        fn retrieve(&mut self, ds: &Dataset, n: u32, layers: Range<u32>) -> anyhow::Result<Calls> {
-            let t0 = thread_cpu_ns();
-            let worker = std::thread::scope(|s| {
-                s.spawn(|| -> anyhow::Result<u64> {
-                    let w0 = thread_cpu_ns();
-                    super::super::baselines::Memcpy.retrieve(ds, n, layers.clone())?;
-                    let mut x = 1u64;
-                    while thread_cpu_ns() - w0 < 20_000_000 {
-                        for i in 0..10_000u64 {
-                            x = x.wrapping_mul(6364136223846793005).wrapping_add(i);
-                        }
-                    }
-                    std::hint::black_box(x);
-                    Ok(thread_cpu_ns() - w0)
-                })
-                .join()
-                .map_err(|_| anyhow::anyhow!("worker panicked"))
-            })??;
-            self.worker_cpu_ns += worker;
-            let per_layer = thread_cpu_ns().saturating_sub(t0) / layers.len() as u64;
-            Ok(Calls { cpu_ns: vec![per_layer; layers.len()], ..Default::default() })
-        }
-    }
-
-    #[test]
-    fn process_cpu_counts_work_done_on_other_threads() {
-        let g = tutti_objstore::Geometry {
-            layers: 2,
-            kv_heads: 2,
-            head_dim: 64,
-            tokens_per_block: 16,
-            dtype: tutti_objstore::Dtype::Bf16,
-        };
-        let dir = std::env::temp_dir();
-        let ds = Dataset::create(g, 8, 1, &dir).unwrap();
-        let mut m = OffThread { worker_cpu_ns: 0 };
-        let r = run(&mut m, &ds, 8, 0..2).unwrap();
-        assert!(r.verified, "the worker's copy was not verified");
-        let process_ns = r.process_cpu_us_per_layer * 2.0 * 1e3;
-        // getrusage reports microseconds: allow one per thread for rounding.
-        assert!(
-            process_ns + 10_000.0 >= m.worker_cpu_ns as f64,
-            "process CPU {process_ns} ns misses the worker's {} ns",
-            m.worker_cpu_ns
-        );
-        assert!(
-            r.process_cpu_us_per_layer > r.host_cpu_us_per_layer_call,
-            "process CPU per layer {} µs should exceed the waiting thread's {} µs",
-            r.process_cpu_us_per_layer,
-            r.host_cpu_us_per_layer_call
-        );
-        assert!((r.process_cpu_ns_per_block - r.process_cpu_us_per_layer * 1e3 / 8.0).abs() < 1e-6);
     }
 }

@@ -13,7 +13,8 @@
 //! `submit_load` and `wait_layer` (polling for completions) as wait CPU.
 
 use super::data::Dataset;
-use super::measure::{thread_cpu_ns, Calls, Method};
+use super::measure::{Calls, Method};
+// The object store's own clock for its setup and submission CPU, so the figures compare.
 use crate::emu::{EmulatedArgs, SglFlag};
 use crate::progress::byte_bar;
 use anyhow::{bail, Context};
@@ -22,6 +23,7 @@ use std::ops::Range;
 use std::time::Duration;
 use tutti_emulator::EmulatedController;
 use tutti_gio_uring::{ExecMode, HostExecutorConfig};
+use tutti_objstore::thread_cpu_ns;
 use tutti_objstore::{
     chain_hashes, Backend, DriveSpec, FileId, GioConfig, KvStore, OpenMode, PoolOptions, StoreOptions,
 };

@@ -18,6 +18,8 @@
 mod abi;
 mod report;
 
+use report::{Measured, Predicted, Report, Row, Setup};
+
 use abi::{key, KvMem, Rt};
 use anyhow::{bail, Context};
 use std::time::{Duration, Instant};
@@ -26,7 +28,7 @@ use tutti_scheduler::{
     ComputeModel, GpuModel, ModelGeometry, OnlineConfig, Profiler, RequestShape, TableGrid,
 };
 
-use super::Output;
+use super::common::{cpu_s_per_gb, process_cpu_ns, Host, Output};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -161,47 +163,6 @@ fn sim_config(a: &Args, model: &ComputeModel) -> SimConfig {
         write_guard: 0.05,
         crossover_threshold_pct: 5.0,
     }
-}
-
-/// What one policy measured.
-#[derive(serde::Serialize, Clone, Debug)]
-pub struct Measured {
-    pub bubble_ms: f64,
-    pub ttft_ms: f64,
-    pub prefill_compute_ms: f64,
-    pub read_gbps: f64,
-    pub write_gbps: f64,
-    pub backlog_peak_mib: f64,
-    pub bytes_dropped: u64,
-    /// Units started on a drive with the other direction in flight.
-    pub mixed_issues: u64,
-    pub writes_held_for_slack: u64,
-    pub writes_in_decode: u64,
-    /// Times a read was held behind writes in flight on its drive (writes overrunning a window).
-    pub reads_held_for_writes: u64,
-    /// Process CPU (every thread: the engine's, the runtime's, the emulated drives') over the
-    /// policy's run, per GB read and written. The replayed compute sleeps, so it is I/O's.
-    pub process_cpu_s_per_gb: f64,
-    /// Per request: (bubble ms, TTFT ms).
-    pub per_request: Vec<(f64, f64)>,
-}
-
-/// The simulator's prediction for one policy.
-#[derive(serde::Serialize, Clone, Debug)]
-pub struct Predicted {
-    pub bubble_ms: f64,
-    pub ttft_ms: f64,
-    pub read_gbps: f64,
-    pub write_gbps: f64,
-    pub backlog_peak_mib: f64,
-}
-
-#[derive(serde::Serialize, Clone, Debug)]
-pub struct Row {
-    pub policy: PolicyKind,
-    pub label: &'static str,
-    pub measured: Measured,
-    pub predicted: Predicted,
 }
 
 /// The shape of the workload in blocks.
@@ -366,7 +327,7 @@ fn measure(
     // serving (its engine blocks are the other half of the fresh blocks, so nothing reuses them).
     let mut prev: Option<Pending> = None;
     let start_all = Instant::now();
-    let cpu0 = crate::cmd::bench::retrieve::measure::process_cpu_ns()?;
+    let cpu0 = process_cpu_ns()?;
     for r in 0..a.requests {
         let keys: Vec<_> = prefix.iter().map(|&b| key(r, b, 0)).collect();
         let fresh = &fresh[r as usize % 2];
@@ -435,7 +396,7 @@ fn measure(
         written.finish(p, &shape, a.layers)?;
     }
     let (write_bytes, write_time) = (written.bytes, written.seconds);
-    let cpu_s = crate::cmd::bench::retrieve::measure::process_cpu_ns()?.saturating_sub(cpu0) as f64 / 1e9;
+    let cpu_s = process_cpu_ns()?.saturating_sub(cpu0) as f64 / 1e9;
     tracing::debug!(
         elapsed_s = start_all.elapsed().as_secs_f64(),
         policy = policy.label(),
@@ -456,7 +417,7 @@ fn measure(
         writes_held_for_slack: s.write_waits_for_slack,
         writes_in_decode: s.writes_in_decode,
         reads_held_for_writes: s.read_waits,
-        process_cpu_s_per_gb: crate::cmd::bench::cpu_s_per_gb(cpu_s, read_bytes + write_bytes),
+        process_cpu_s_per_gb: cpu_s_per_gb(cpu_s, read_bytes + write_bytes),
         per_request,
     })
 }
@@ -474,7 +435,7 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
     let path = dir.join("slack.json");
     given.save(&path)?;
     let cpath = std::ffi::CString::new(path.to_string_lossy().as_bytes())?;
-    let host = super::Host::now();
+    let host = Host::now();
     let bar = crate::progress::count_bar(u64::from(a.requests) * 4, "requests", a.out.quiet || a.out.json);
     let mut rows = Vec::new();
     let result = (|| -> anyhow::Result<()> {
@@ -501,6 +462,29 @@ pub fn run(a: &Args) -> anyhow::Result<()> {
         a.context_tokens - (f64::from(a.context_tokens) * a.hit_rate) as u32,
         (f64::from(a.context_tokens) * a.hit_rate) as u32,
     );
-    let rep = report::Report::new(a, host, shape, rows);
+    let rep = Report::new(host, setup(a, shape), rows);
     a.out.emit(&rep, &rep.text(), || rep.svg())
+}
+
+/// The setup the report names, from the flags and the request's shape.
+fn setup(a: &Args, shape: RequestShape) -> Setup {
+    Setup {
+        drives: a.drives,
+        read_mbps_per_drive: a.read_mbps,
+        write_mbps_per_drive: a.write_mbps,
+        mixed_efficiency: a.mixed_efficiency,
+        mixed_read_share: a.mixed_read_share,
+        latency_us: a.latency_us,
+        layers: a.layers,
+        context_tokens: a.context_tokens,
+        hit_rate: a.hit_rate,
+        input_tokens: shape.input_tokens,
+        prefix_tokens: shape.prefix_tokens,
+        requests: a.requests,
+        decode_steps: a.decode_steps,
+        tflops: a.tflops,
+        hbm_gbps: a.hbm_gbps,
+        profile_optimism: a.profile_optimism,
+        backlog_mib: a.backlog_mib,
+    }
 }

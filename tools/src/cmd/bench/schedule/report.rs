@@ -1,8 +1,8 @@
 //! What `tutti bench schedule` reports: JSON, the text table and the plot.
 
-use super::{Args, Row};
+use crate::cmd::bench::common::Host;
 use crate::plot::{line_chart, table, Series};
-use tutti_scheduler::RequestShape;
+use tutti_scheduler::sim::PolicyKind;
 
 #[derive(serde::Serialize)]
 pub struct Setup {
@@ -27,10 +27,51 @@ pub struct Setup {
 
 #[derive(serde::Serialize)]
 pub struct Report {
-    pub host: crate::cmd::bench::Host,
+    pub host: Host,
     pub setup: Setup,
     pub rows: Vec<Row>,
     pub note: &'static str,
+}
+
+/// What one policy measured.
+#[derive(serde::Serialize, Clone, Debug)]
+pub struct Measured {
+    pub bubble_ms: f64,
+    pub ttft_ms: f64,
+    pub prefill_compute_ms: f64,
+    pub read_gbps: f64,
+    pub write_gbps: f64,
+    pub backlog_peak_mib: f64,
+    pub bytes_dropped: u64,
+    /// Units started on a drive with the other direction in flight.
+    pub mixed_issues: u64,
+    pub writes_held_for_slack: u64,
+    pub writes_in_decode: u64,
+    /// Times a read was held behind writes in flight on its drive (writes overrunning a window).
+    pub reads_held_for_writes: u64,
+    /// Process CPU (every thread: the engine's, the runtime's, the emulated drives') over the
+    /// policy's run, per GB read and written. The replayed compute sleeps, so it is I/O's.
+    pub process_cpu_s_per_gb: f64,
+    /// Per request: (bubble ms, TTFT ms).
+    pub per_request: Vec<(f64, f64)>,
+}
+
+/// The simulator's prediction for one policy.
+#[derive(serde::Serialize, Clone, Debug)]
+pub struct Predicted {
+    pub bubble_ms: f64,
+    pub ttft_ms: f64,
+    pub read_gbps: f64,
+    pub write_gbps: f64,
+    pub backlog_peak_mib: f64,
+}
+
+#[derive(serde::Serialize, Clone, Debug)]
+pub struct Row {
+    pub policy: PolicyKind,
+    pub label: &'static str,
+    pub measured: Measured,
+    pub predicted: Predicted,
 }
 
 const NOTE: &str = "measured: real I/O through libtutti on emulated drives with the bandwidth model and \
@@ -40,31 +81,8 @@ started on a drive with the other direction in flight; reads held: times a read 
 flight on its drive; CPU s/GB: process CPU (every thread) per GB read and written.";
 
 impl Report {
-    pub fn new(a: &Args, host: crate::cmd::bench::Host, shape: RequestShape, rows: Vec<Row>) -> Report {
-        Report {
-            host,
-            setup: Setup {
-                drives: a.drives,
-                read_mbps_per_drive: a.read_mbps,
-                write_mbps_per_drive: a.write_mbps,
-                mixed_efficiency: a.mixed_efficiency,
-                mixed_read_share: a.mixed_read_share,
-                latency_us: a.latency_us,
-                layers: a.layers,
-                context_tokens: a.context_tokens,
-                hit_rate: a.hit_rate,
-                input_tokens: shape.input_tokens,
-                prefix_tokens: shape.prefix_tokens,
-                requests: a.requests,
-                decode_steps: a.decode_steps,
-                tflops: a.tflops,
-                hbm_gbps: a.hbm_gbps,
-                profile_optimism: a.profile_optimism,
-                backlog_mib: a.backlog_mib,
-            },
-            rows,
-            note: NOTE,
-        }
+    pub fn new(host: Host, setup: Setup, rows: Vec<Row>) -> Report {
+        Report { host, setup, rows, note: NOTE }
     }
 
     pub fn text(&self) -> String {

@@ -9,9 +9,8 @@ mod data;
 mod report;
 mod scatter;
 
-use super::retrieve::measure::process_cpu_ns;
+use super::common::{cpu_s_per_gb, parse_size, process_cpu_ns, size_label, Host, Output};
 use super::rig::{DriveArgs, Rig};
-use super::{cpu_s_per_gb, parse_size, size_label, Output};
 use crate::progress::byte_bar;
 use anyhow::{bail, Context};
 use data::DriveData;
@@ -121,7 +120,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if let Some(s) = sizes.iter().find(|s| **s == 0 || !s.is_multiple_of(4096)) {
         bail!("object size {s} is not a positive multiple of 4K");
     }
-    let host = super::Host::now();
+    let host = Host::now();
     let bytes = args.bytes.unwrap_or(if args.sweep { 32 << 20 } else { 128 << 20 });
     let largest = sizes.iter().copied().max().unwrap_or(0);
     if bytes < largest {

@@ -1,7 +1,7 @@
 //! What `tutti bench sgl-vs-prp` reports: the JSON rows, the text table and the plot.
 
 use super::scatter::Mode;
-use crate::cmd::bench::size_label;
+use crate::cmd::bench::common::size_label;
 use crate::plot::{line_chart, table, Series};
 
 /// One (object size, piece size, mode) configuration.
@@ -40,7 +40,7 @@ pub struct Row {
 
 #[derive(serde::Serialize)]
 pub struct Report {
-    pub host: crate::cmd::bench::Host,
+    pub host: crate::cmd::bench::common::Host,
     pub media: String,
     pub drives: Vec<String>,
     pub executor: String,
