@@ -17,9 +17,8 @@ mod reap;
 mod common;
 
 use common::{geometry, tokens, Kv};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use tutti_daemon::remote::{connect, Client};
@@ -215,21 +214,8 @@ fn spawn(test: &str, role: &str, dir: &Path, seed: u64) -> (reap::Reap, mpsc::Re
     cmd.args(["--exact", test, "--nocapture", "--test-threads=1"])
         .env("TUTTI_TEST_ROLE", role)
         .env("TUTTI_TEST_DIR", dir)
-        .env("TUTTI_TEST_SEED", seed.to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    let mut child = cmd.spawn().unwrap();
-    let out = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    (reap::Reap(child), rx)
+        .env("TUTTI_TEST_SEED", seed.to_string());
+    reap::spawn_lines(&mut cmd)
 }
 
 /// Waits (bounded) for a line from a child.

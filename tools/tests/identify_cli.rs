@@ -5,15 +5,20 @@
 // (clippy.toml's allow-*-in-tests covers only the latter).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::Command;
+use std::process::{Command, Output};
 
-fn identify(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_tutti"))
+/// `tutti identify --emulated ARGS`, run to its end.
+fn run_identify(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tutti"))
         .arg("identify")
         .arg("--emulated")
         .args(args)
         .output()
-        .expect("run tutti");
+        .expect("run tutti")
+}
+
+fn identify(args: &[&str]) -> (bool, String) {
+    let out = run_identify(args);
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
@@ -47,12 +52,7 @@ fn the_lba_format_and_command_set_are_shown() {
 }
 
 fn identify_err(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_tutti"))
-        .arg("identify")
-        .arg("--emulated")
-        .args(args)
-        .output()
-        .expect("run tutti");
+    let out = run_identify(args);
     assert!(!out.status.success(), "{args:?} should be refused");
     String::from_utf8_lossy(&out.stderr).into_owned()
 }

@@ -11,7 +11,6 @@
 mod reap;
 
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -38,20 +37,14 @@ fn client_processes_verify_their_bytes_and_a_killed_one_is_released() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let socket = dir.join("s.sock");
-    let mut daemon = reap::Reap(
+    let (mut daemon, line) = reap::spawn_first_line(
         tutti()
             .args(["serve", "--emulated", "2", "--capacity-mib", "16", "--layers", "4", "--kv-heads", "2"])
             .args(["--head-dim", "64", "--json", "--dir"])
             .arg(&dir)
             .arg("--socket")
-            .arg(&socket)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
+            .arg(&socket),
     );
-    let mut line = String::new();
-    BufReader::new(daemon.stdout.take().unwrap()).read_line(&mut line).unwrap();
     assert!(line.contains("serving"), "{line}");
     let pairs_before = status(&socket)["controllers"].clone();
 
@@ -69,16 +62,8 @@ fn client_processes_verify_their_bytes_and_a_killed_one_is_released() {
     }
 
     // One held in the middle of a load, then SIGKILLed: the daemon gives back all it held.
-    let mut held = reap::Reap(
-        tutti()
-            .args(["selftest", "--seed", "3", "--hold", "--client"])
-            .arg(&socket)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let mut line = String::new();
-    BufReader::new(held.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let (mut held, line) =
+        reap::spawn_first_line(tutti().args(["selftest", "--seed", "3", "--hold", "--client"]).arg(&socket));
     assert!(line.contains("holding mid-load"), "{line}");
     let s = status(&socket);
     let c = s["clients"].as_array().unwrap().iter().find(|c| c["name"] == "selftest-client-3").cloned();

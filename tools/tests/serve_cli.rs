@@ -10,9 +10,8 @@
 mod reap;
 
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 fn serve(dir: &Path, socket: &str) -> Command {
@@ -41,10 +40,7 @@ fn serve_reports_status_refuses_a_second_owner_and_stops_on_sigterm() {
     let dir = std::env::temp_dir().join(format!("tutti-serve-cli-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let mut daemon =
-        reap::Reap(serve(&dir, "a.sock").stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap());
-    let mut line = String::new();
-    BufReader::new(daemon.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let (mut daemon, line) = reap::spawn_first_line(&mut serve(&dir, "a.sock"));
     let hello: Value = serde_json::from_str(&line).expect("one JSON line when serving");
     assert_eq!(hello["pid"].as_u64(), Some(daemon.id() as u64), "{hello}");
     let socket = dir.join("a.sock");
@@ -111,16 +107,7 @@ fn serve_with_idle_exit_leaves_after_its_last_client_and_removes_the_socket() {
     let dir = std::env::temp_dir().join(format!("tutti-serve-idle-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let mut daemon = reap::Reap(
-        serve(&dir, "idle.sock")
-            .args(["--idle-exit-s", "1"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
-    let mut line = String::new();
-    BufReader::new(daemon.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let (mut daemon, _) = reap::spawn_first_line(serve(&dir, "idle.sock").args(["--idle-exit-s", "1"]));
     let socket = dir.join("idle.sock");
     // A client held for longer than the idle period: the daemon stays.
     let client = tutti_daemon::remote::Client::connect(&socket, "held", Duration::from_secs(10)).unwrap();
@@ -142,10 +129,7 @@ fn serve_with_idle_exit_leaves_after_its_last_client_and_removes_the_socket() {
     assert!(wait(&mut daemon).success(), "a clean exit after the idle period");
     assert!(!socket.exists(), "the socket file was removed");
     // The media is free again: a new daemon on it starts (and is stopped at once).
-    let mut again =
-        reap::Reap(serve(&dir, "idle.sock").stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap());
-    let mut line = String::new();
-    BufReader::new(again.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let (mut again, line) = reap::spawn_first_line(&mut serve(&dir, "idle.sock"));
     assert!(line.contains("serving"), "{line}");
     // SAFETY: kill(2) on our own child.
     assert_eq!(unsafe { libc::kill(again.id() as i32, libc::SIGTERM) }, 0);
@@ -158,10 +142,7 @@ fn status_on_the_socket_of_a_killed_daemon_says_none_listens_and_names_who_left_
     let dir = std::env::temp_dir().join(format!("tutti-serve-killed-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let mut daemon =
-        reap::Reap(serve(&dir, "k.sock").stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap());
-    let mut line = String::new();
-    BufReader::new(daemon.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let (mut daemon, _) = reap::spawn_first_line(&mut serve(&dir, "k.sock"));
     let pid = daemon.id();
     daemon.kill().unwrap(); // SIGKILL: the socket file and its owner record stay behind
     wait(&mut daemon);
@@ -174,10 +155,7 @@ fn status_on_the_socket_of_a_killed_daemon_says_none_listens_and_names_who_left_
     assert!(err.contains("no tuttid listening") && err.contains("stale"), "{err}");
     assert!(err.contains(&format!("pid {pid}")) && err.contains("no longer running"), "{err}");
     // A new daemon replaces the stale socket (and the record names it now).
-    let mut again =
-        reap::Reap(serve(&dir, "k.sock").stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap());
-    let mut line = String::new();
-    BufReader::new(again.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let (mut again, line) = reap::spawn_first_line(&mut serve(&dir, "k.sock"));
     assert!(line.contains("serving"), "{line}");
     let record = std::fs::read_to_string(dir.join("k.sock.owner")).unwrap();
     assert!(record.contains(&format!("pid={}", again.id())), "{record}");

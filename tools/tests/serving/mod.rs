@@ -13,9 +13,8 @@ pub mod reap;
 pub mod common;
 
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use tutti_objstore::{chain_hashes, Backend, BlockHash, GioConfig, KvStore, LayoutKind};
@@ -77,17 +76,7 @@ pub struct Serve {
 impl Serve {
     /// Starts `cmd` (which must have `--json`) and waits, bounded, for its first line.
     pub fn start(mut cmd: Command) -> Serve {
-        let mut child = reap::Reap(cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap());
-        let out = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let (mut child, rx) = reap::spawn_lines(&mut cmd);
         let line = match rx.recv_timeout(Duration::from_secs(60)) {
             Ok(l) => l,
             Err(e) => panic!("tutti serve printed nothing within 60 s ({e}); exit: {:?}", child.try_wait()),

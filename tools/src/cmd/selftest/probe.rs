@@ -341,55 +341,42 @@ pub fn run(ctrl: &Arc<Controller>) -> anyhow::Result<Vec<ProbeResult>> {
         None,
     ));
     let qmem = dma.alloc(64 * 4096)?;
-    let created = |r: &ProbeResult| r.got.contains("Successful");
-    let r = admin(
+    // A create that must be refused; if the controller creates the queue anyway, `undo` deletes it.
+    let refused_create = |name, rule, status: Status, cmd: Command, undo: Command| {
+        let r = admin(name, rule, Expect::Exactly(status), cmd, None);
+        if r.got.contains("Successful") {
+            let _ = ctrl.admin_command(undo, None);
+        }
+        r
+    };
+    out.push(refused_create(
         "Create I/O CQ larger than MQES",
         "§5.3: Invalid Queue Size",
-        Expect::Exactly(Status::INVALID_QUEUE_SIZE),
+        Status::INVALID_QUEUE_SIZE,
         Command::create_io_cq(spare_qid, info.max_queue_entries + 1, qmem.iova(), true),
-        None,
-    );
-    let leaked = created(&r);
-    out.push(r);
-    if leaked {
-        let _ = ctrl.admin_command(Command::delete_io_cq(spare_qid), None);
-    }
-    let r = admin(
+        Command::delete_io_cq(spare_qid),
+    ));
+    out.push(refused_create(
         "Create I/O CQ of one entry",
         "§4.1.3: the minimum queue size is two entries → Invalid Queue Size",
-        Expect::Exactly(Status::INVALID_QUEUE_SIZE),
+        Status::INVALID_QUEUE_SIZE,
         Command::create_io_cq(spare_qid, 1, qmem.iova(), true),
-        None,
-    );
-    let leaked = created(&r);
-    out.push(r);
-    if leaked {
-        let _ = ctrl.admin_command(Command::delete_io_cq(spare_qid), None);
-    }
-    let r = admin(
+        Command::delete_io_cq(spare_qid),
+    ));
+    out.push(refused_create(
         "Create I/O CQ above the granted count",
         "§5.3 / §5.21.1.7: Invalid Queue Identifier",
-        Expect::Exactly(Status::INVALID_QID),
+        Status::INVALID_QID,
         Command::create_io_cq(spare_qid + 1, 16, qmem.iova(), true),
-        None,
-    );
-    let leaked = created(&r);
-    out.push(r);
-    if leaked {
-        let _ = ctrl.admin_command(Command::delete_io_cq(spare_qid + 1), None);
-    }
-    let r = admin(
+        Command::delete_io_cq(spare_qid + 1),
+    ));
+    out.push(refused_create(
         "Create I/O SQ on a CQ that does not exist",
         "§5.4: Completion Queue Invalid",
-        Expect::Exactly(Status::CQ_INVALID),
+        Status::CQ_INVALID,
         Command::create_io_sq(spare_qid, 16, qmem.iova(), spare_qid, true),
-        None,
-    );
-    let leaked = created(&r);
-    out.push(r);
-    if leaked {
-        let _ = ctrl.admin_command(Command::delete_io_sq(spare_qid), None);
-    }
+        Command::delete_io_sq(spare_qid),
+    ));
     let mut sgl_identify = Command::identify_controller();
     sgl_identify = sgl_identify
         .data(tutti_driver::command::DataPtr::Sgl(SglDescriptor::data_block(id_page.iova(), 4096)));
