@@ -147,9 +147,15 @@ impl Service {
             Request::Contains { identity, hashes } => self.contains(identity, &hashes),
             Request::Unpin { pin } => self.unpin(client, pin),
             Request::BeginLoad { identity, files } => self.begin_load(client, identity, &files),
-            Request::EndLoad { files, report } => self.end_load(client, &files, report),
+            Request::EndLoad { files, report } => {
+                self.note_report(client, report);
+                self.end_load(client, &files)
+            }
             Request::Reserve { identity, hashes } => self.reserve(client, identity, &hashes),
-            Request::Settle { id, verdicts, report } => self.settle(client, id, &verdicts, report),
+            Request::Settle { id, verdicts, report } => {
+                self.note_report(client, report);
+                self.settle(client, id, &verdicts)
+            }
             Request::ProxyAttach { layout } => self.proxy_attach(client, peer, &layout),
             Request::ProxyDetach => self.proxy_detach(client),
             Request::ProxyRegisterPairs { pairs } => self.proxy_register_pairs(client, &pairs),

@@ -46,6 +46,14 @@ impl Service {
         Ok((Response::Pool(Box::new(reply)), fds))
     }
 
+    /// Counts the data-path report a client's `EndLoad` or `Settle` carries (before the
+    /// request itself is checked: the counters are the client's word, not the pool's state).
+    pub(super) fn note_report(&self, client: u64, report: Option<Box<DataPathReport>>) {
+        if let Some(r) = report {
+            self.counters.report(client, *r, self.drives.len());
+        }
+    }
+
     /// `Stats`: the pool's counters.
     pub(super) fn stats(&self) -> Reply {
         ok(self.pool.stats().map(Response::Stats).map_err(from_obj)?)
@@ -94,15 +102,7 @@ impl Service {
     }
 
     /// `EndLoad`: drops load references the client holds, all or nothing.
-    pub(super) fn end_load(
-        &self,
-        client: u64,
-        files: &[FileId],
-        report: Option<Box<DataPathReport>>,
-    ) -> Reply {
-        if let Some(r) = report {
-            self.counters.report(client, *r, self.drives.len());
-        }
+    pub(super) fn end_load(&self, client: u64, files: &[FileId]) -> Reply {
         cap("files", files.len(), MAX_FILES)?;
         // Only references this client holds, all or nothing.
         let held = self
@@ -146,16 +146,7 @@ impl Service {
     }
 
     /// `Settle`: commits or gives up each new file of the client's reservation `id`.
-    pub(super) fn settle(
-        &self,
-        client: u64,
-        id: u64,
-        verdicts: &[Verdict],
-        report: Option<Box<DataPathReport>>,
-    ) -> Reply {
-        if let Some(r) = report {
-            self.counters.report(client, *r, self.drives.len());
-        }
+    pub(super) fn settle(&self, client: u64, id: u64, verdicts: &[Verdict]) -> Reply {
         let news = self.with_client(client, |c| c.reservations.get(&id).copied()).flatten();
         let Some(news) = news else {
             return Err(invalid(format!("reservation {id} is not this client's")));
