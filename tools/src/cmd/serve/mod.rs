@@ -6,6 +6,7 @@
 //! ([`notify`]), and SIGTERM stops it cleanly (see [`run`]).
 
 pub mod config;
+mod exposition;
 pub mod metrics;
 mod notify;
 
