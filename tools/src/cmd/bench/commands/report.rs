@@ -8,48 +8,48 @@ use tutti_gio_uring::ExecMode;
 /// One path at one batch size.
 #[derive(serde::Serialize, Clone)]
 pub(super) struct Measure {
-    pub path: &'static str,
-    pub batch: u32,
+    pub(super) path: &'static str,
+    pub(super) batch: u32,
     /// Commands completed successfully (failures stop the run).
-    pub commands: u64,
-    pub seconds: f64,
-    pub ns_per_command: f64,
+    pub(super) commands: u64,
+    pub(super) seconds: f64,
+    pub(super) ns_per_command: f64,
     /// ns per command over the io_uring NOP's at the same batch size.
-    pub ratio_vs_nop: Option<f64>,
+    pub(super) ratio_vs_nop: Option<f64>,
     /// CPU of every thread of the process (executor lanes, emulated controller) per command.
-    pub process_cpu_ns_per_command: f64,
+    pub(super) process_cpu_ns_per_command: f64,
     /// The same per decimal GB read (none for NOPs, which move nothing).
-    pub process_cpu_s_per_gb: Option<f64>,
+    pub(super) process_cpu_s_per_gb: Option<f64>,
 }
 
 /// The persistent executor left idle for a second after its runs.
 #[derive(serde::Serialize)]
 pub(super) struct Idle {
-    pub seconds: f64,
+    pub(super) seconds: f64,
     /// Process CPU seconds over the idle spell (the emulated controller's thread included).
-    pub process_cpu_s: f64,
+    pub(super) process_cpu_s: f64,
     /// CPU seconds of the executor's own threads over it.
-    pub executor_cpu_s: f64,
-    pub executor_threads: usize,
+    pub(super) executor_cpu_s: f64,
+    pub(super) executor_threads: usize,
 }
 
 /// The median time of one stage of a batch (`--breakdown`).
 #[derive(serde::Serialize, Clone)]
 pub(super) struct Stage {
-    pub path: &'static str,
-    pub batch: u32,
-    pub stage: &'static str,
+    pub(super) path: &'static str,
+    pub(super) batch: u32,
+    pub(super) stage: &'static str,
     /// Median over the traced batches, ns per batch (negative: the stages overlapped).
-    pub median_ns: i64,
-    pub batches: usize,
+    pub(super) median_ns: i64,
+    pub(super) batches: usize,
 }
 
 /// Stage timings of traced batches: each sample is one batch's milestones in order.
 pub(super) struct Breakdown {
-    pub path: &'static str,
-    pub batch: u32,
-    pub names: &'static [&'static str],
-    pub samples: Vec<Vec<u64>>,
+    pub(super) path: &'static str,
+    pub(super) batch: u32,
+    pub(super) names: &'static [&'static str],
+    pub(super) samples: Vec<Vec<u64>>,
 }
 
 impl Breakdown {
@@ -94,19 +94,19 @@ pub(super) const GIO_STAGES: &[&str] = &[
 
 #[derive(serde::Serialize)]
 pub(super) struct Report {
-    pub host: Host,
-    pub media: String,
-    pub drive: String,
-    pub read_bytes: u64,
-    pub data_pointer: &'static str,
+    pub(super) host: Host,
+    pub(super) media: String,
+    pub(super) drive: String,
+    pub(super) read_bytes: u64,
+    pub(super) data_pointer: &'static str,
     /// Why the io_uring baseline is missing, if it is.
-    pub io_uring_unavailable: Option<String>,
+    pub(super) io_uring_unavailable: Option<String>,
     /// Bytes of the read buffer compared with what was written, after every path.
-    pub bytes_verified: u64,
-    pub results: Vec<Measure>,
-    pub idle_persistent: Option<Idle>,
+    pub(super) bytes_verified: u64,
+    pub(super) results: Vec<Measure>,
+    pub(super) idle_persistent: Option<Idle>,
     /// Stage medians (`--breakdown`), ns per batch.
-    pub breakdown: Vec<Stage>,
+    pub(super) breakdown: Vec<Stage>,
 }
 
 pub(super) const NOP: &str = "io_uring NOP";
