@@ -10,7 +10,8 @@
 //! (`tutti bench staged --cuda`) when one is lent.
 
 use super::super::copy_bench::{CopyDirection, CopyReport, CopySpec, CopyTimes};
-use super::super::cuda_mem::{check, Device, Pinned};
+use super::context::check;
+use super::memory::{Device, Pinned};
 use super::CudaExecutor;
 use crate::error::Result;
 use crate::mem::ExecMemory;
