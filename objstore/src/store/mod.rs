@@ -21,19 +21,21 @@
 //! Every call takes `&self`; the store is `Send + Sync`. Lock order: jobs,
 //! then I/O, then the control path's own locks.
 
-mod job_state;
+pub(crate) mod job_state;
 mod jobs;
 mod session;
+mod session_state;
 
+pub use crate::control::Lookup;
 pub use job_state::{thread_cpu_ns, JobId, JobStatus, LAYERS_IN_FLIGHT};
-pub use session::{StoreId, StoreReport};
+pub use session_state::{StoreId, StoreReport};
 
 use crate::control::{PoolControl, PoolShape};
 use crate::drives::{DriveSpec, DriveView};
 use crate::error::{ObjError, Result};
 use crate::geometry::Geometry;
 use crate::hash::{BlockHash, CacheIdentity};
-use crate::index::{FileId, IndexStats};
+use crate::index::IndexStats;
 use crate::io::direct::DirectIo;
 use crate::io::LayerIo;
 use crate::journal::ReplayStats;
@@ -69,22 +71,6 @@ pub struct StoreOptions {
 impl StoreOptions {
     pub fn new(pool: PoolOptions) -> Self {
         StoreOptions { pool, backend: Backend::Gio(Default::default()) }
-    }
-}
-
-/// A pinned lookup result: the files of the longest stored prefix.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Lookup {
-    /// Pass to [`KvStore::unpin`] when the files have been loaded (0 if nothing was pinned).
-    pub pin: u64,
-    /// `files[i]` holds chunk `i` of the request.
-    pub files: Vec<FileId>,
-}
-
-impl Lookup {
-    /// Chunks (blocks) of the request found.
-    pub fn hits(&self) -> usize {
-        self.files.len()
     }
 }
 
@@ -234,7 +220,7 @@ pub struct KvStore {
     io: Mutex<Box<dyn LayerIo>>,
     reg: RwLock<Option<Arc<Registration>>>,
     jobs: Mutex<job_state::Jobs>,
-    sessions: Mutex<HashMap<u64, session::Session>>,
+    sessions: Mutex<HashMap<u64, session_state::Session>>,
     /// Session pair lists whose release the I/O path refused (an IOCB still
     /// referenced them); retried whenever a session ends or registers.
     retired_lists: Mutex<Vec<u64>>,
