@@ -33,7 +33,7 @@
 //! definite and the store frees the files instead of quarantining them. When
 //! a recovery cannot run or fails, the failures stay unknown.
 
-use super::{layer_commands, Direction, LayerIo, LayerOutcome, Pair};
+use super::{layer_commands, Direction, LayerIo, LayerOutcome, LayerRequest, Pair};
 use crate::error::{ObjError, Result};
 use crate::registration::KvMemoryKind as MemoryKind;
 use crate::registration::Registration;
@@ -411,13 +411,8 @@ impl LayerIo for GioIo {
         self.ring.unregister_pairs(PairListId::from_raw(handle)).map_err(gio)
     }
 
-    fn submit(
-        &mut self,
-        layer: u32,
-        pairs: &[Pair],
-        dir: Direction,
-        registered: Option<u64>,
-    ) -> Result<Option<u64>> {
+    fn submit(&mut self, req: LayerRequest<'_>) -> Result<Option<u64>> {
+        let LayerRequest { layer, pairs, dir, registered } = req;
         if !self.held.is_empty() {
             // Drives wait for recovery: let the layers in flight drain first.
             return Ok(None);
