@@ -27,7 +27,7 @@ use tutti_driver::transport::vfio::{ClientContainer, DoorbellBar};
 use tutti_driver::transport::{DmaSpace, Registers};
 use tutti_driver::DriverError;
 use tutti_emulator::RegisterFile;
-use tutti_objstore::io::{Direction, LayerOutcome, LayerRequest, Pair};
+use tutti_objstore::io::{LayerOutcome, LayerRequest, Pair};
 use tutti_objstore::{
     Backend, BlockHash, ControlStats, DataPathReport, DriveSpec, FileId, Geometry, IdentityId, KvStore,
     Lookup, ObjError, PoolControl, Reserved, Verdict,

@@ -134,6 +134,22 @@ impl CopySpec {
         Ok(Prepared { src_mem, dst_mem, src, offsets, pairs })
     }
 
+    /// An empty report of a run of this spec on `grid` blocks of `block` threads, against
+    /// `baseline`, timed by `clock`.
+    pub(crate) fn report(&self, grid: u32, block: u32, baseline: &str, clock: &str) -> CopyReport {
+        CopyReport {
+            chunk_bytes: self.chunk_bytes,
+            chunks: self.chunks,
+            direction: self.direction,
+            grid,
+            block,
+            baseline: baseline.into(),
+            clock: clock.into(),
+            runs: Vec::new(),
+            verified_bytes: 0,
+        }
+    }
+
     /// Checks that every chunk of `dst` holds its source's bytes (`offsets`), or, with
     /// `offsets` None, that `dst` is `src` as a whole.
     pub(crate) fn verify(

@@ -347,17 +347,7 @@ impl Executor for HostExecutor {
         let (grid, block) = (self.cfg.blocks, self.cfg.block_lanes);
         let zero = vec![0u8; total];
         let mut got = vec![0u8; total];
-        let mut report = CopyReport {
-            chunk_bytes: spec.chunk_bytes,
-            chunks: spec.chunks,
-            direction: spec.direction,
-            grid,
-            block,
-            baseline: "memcpy on the calling thread".into(),
-            clock: "wall clock".into(),
-            runs: Vec::new(),
-            verified_bytes: 0,
-        };
+        let mut report = spec.report(grid, block, "memcpy on the calling thread", "wall clock");
         let b = spec.chunk_bytes as usize;
         for rep in 0..spec.reps {
             dst_mem.write_bytes(0, &zero)?;

@@ -169,17 +169,8 @@ impl CudaExecutor {
             check("cuMemcpyAsync", rc)
         };
         let mut got = vec![0u8; total];
-        let mut report = CopyReport {
-            chunk_bytes: spec.chunk_bytes,
-            chunks: spec.chunks,
-            direction: spec.direction,
-            grid,
-            block,
-            baseline: "cuMemcpyAsync (the copy engine)".into(),
-            clock: "CUDA events on the I/O stream".into(),
-            runs: Vec::new(),
-            verified_bytes: 0,
-        };
+        let mut report =
+            spec.report(grid, block, "cuMemcpyAsync (the copy engine)", "CUDA events on the I/O stream");
         for rep in 0..spec.reps {
             zero(dst_mem)?;
             let kernel = events.time(|| {
