@@ -131,15 +131,15 @@ pub unsafe extern "C" fn tt_standin_stat(name: *const c_char, ctx: u64, out: *mu
     guard(-1, || {
         let ctx = ctx as usize;
         let v = {
-            let st = driver().state();
-            let s = &st.stats;
+            let ledger = crate::device::ledger();
+            let s = &ledger.stats;
             match text(name) {
                 Some("launches") => s.launches,
                 Some("blocks_run") => s.blocks_run,
                 Some("legacy_writes") => s.legacy_writes,
                 Some("late_landings") => s.late_landings,
                 Some("launches_before_landing") => s.launches_before_landing,
-                Some("pending_writes") => st.pending_writes.len() as u64,
+                Some("pending_writes") => ledger.pending_writes.len() as u64,
                 Some("peak_resident") => residency::peak(ctx),
                 Some("resident") => residency::resident(ctx),
                 _ => return -1,

@@ -1,6 +1,6 @@
 //! Exports: initialisation, the device, contexts and green contexts.
 
-use crate::context::{self, Context};
+use crate::current;
 use crate::driver::{call, driver, init, out};
 use crate::error::fail;
 use crate::residency::{BLOCKS_PER_SM, MAX_BLOCK_THREADS, THREADS_PER_SM};
@@ -135,7 +135,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
                 c.handle
             }
             None => {
-                let c = Context::new(&mut st, None, None);
+                let c = st.new_context(None, None);
                 let h = c.handle;
                 st.primary = Some((c, 1));
                 h
@@ -168,7 +168,7 @@ pub extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
     call(&["cuCtxSetCurrent"], || {
         let mut st = driver().state();
         st.need_init()?;
-        context::set_current(&mut st, ctx as usize)
+        current::set_current(&mut st, ctx as usize)
     })
 }
 
@@ -179,7 +179,7 @@ pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
     call(&["cuCtxGetCurrent"], || {
         driver().state().need_init()?;
         // SAFETY: forwarded contract.
-        unsafe { out(pctx, context::current().unwrap_or(0) as CUcontext, "pctx") }
+        unsafe { out(pctx, current::current().unwrap_or(0) as CUcontext, "pctx") }
     })
 }
 
@@ -191,7 +191,7 @@ pub extern "C" fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult {
         if ctx.is_null() {
             return Err(fail(CUresult::CUDA_ERROR_INVALID_CONTEXT, "pushing a NULL context"));
         }
-        context::push(&mut st, ctx as usize)
+        current::push(&mut st, ctx as usize)
     })
 }
 
@@ -202,7 +202,7 @@ pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult {
     call(&["cuCtxPopCurrent_v2"], || {
         let mut st = driver().state();
         st.need_init()?;
-        let popped = context::pop(&mut st)?;
+        let popped = current::pop(&mut st)?;
         if !pctx.is_null() {
             // SAFETY: non-null, valid per the contract.
             unsafe { pctx.write(popped as CUcontext) };
@@ -217,8 +217,8 @@ pub extern "C" fn cuCtxSynchronize() -> CUresult {
         let (streams, deadline) = {
             let st = driver().state();
             st.need_init()?;
-            let ctx = context::current_ctx(&st)?;
-            (ctx.streams(&st), st.knobs.sync_deadline)
+            let ctx = current::current_ctx(&st)?;
+            (st.streams_of(&ctx), st.knobs.sync_deadline)
         };
         sync_streams("cuCtxSynchronize", &streams, deadline)
     })
@@ -380,7 +380,7 @@ pub unsafe extern "C" fn cuGreenCtxCreate(
             return Err(fail(CUresult::CUDA_ERROR_INVALID_VALUE, "phCtx is NULL"));
         }
         let gh = st.handle();
-        let ctx = Context::new(&mut st, Some(gh), Some(sms));
+        let ctx = st.new_context(Some(gh), Some(sms));
         st.greens.insert(gh, ctx.handle);
         // SAFETY: non-null, valid per the contract.
         unsafe { green.write(gh as CUgreenCtx) };
@@ -413,7 +413,7 @@ pub extern "C" fn cuGreenCtxDestroy(green: CUgreenCtx) -> CUresult {
                 fail(CUresult::CUDA_ERROR_INVALID_HANDLE, format!("no green context {green:p}"))
             })?;
             let ctx = st.context(h)?;
-            (ctx.clone(), ctx.streams(&st), st.knobs.sync_deadline)
+            (ctx.clone(), st.streams_of(&ctx), st.knobs.sync_deadline)
         };
         sync_streams("cuGreenCtxDestroy", &streams, deadline)?;
         let mut st = driver().state();

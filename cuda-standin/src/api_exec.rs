@@ -1,6 +1,6 @@
 //! Exports: streams, events, modules and libraries, occupancy, launches.
 
-use crate::context;
+use crate::current;
 use crate::driver::{call, driver, out, State};
 use crate::error::{fail, Result};
 use crate::module::{self, Function, Image, LibKernel, Module};
@@ -21,7 +21,7 @@ pub unsafe extern "C" fn cuStreamCreate(stream: *mut CUstream, flags: c_uint) ->
     call(&["cuStreamCreate"], || {
         let mut st = driver().state();
         st.need_init()?;
-        let ctx = context::current_ctx(&st)?;
+        let ctx = current::current_ctx(&st)?;
         let kind = match flags {
             0 => StreamKind::Blocking,
             CU_STREAM_NON_BLOCKING => StreamKind::NonBlocking,
@@ -123,7 +123,7 @@ pub unsafe extern "C" fn cuEventCreate(ev: *mut CUevent, _flags: c_uint) -> CUre
     call(&["cuEventCreate"], || {
         let mut st = driver().state();
         st.need_init()?;
-        context::current_ctx(&st)?;
+        current::current_ctx(&st)?;
         let h = st.handle();
         // SAFETY: forwarded contract.
         unsafe { out(ev, h as CUevent, "phEvent") }?;
@@ -173,7 +173,7 @@ pub extern "C" fn cuEventSynchronize(ev: CUevent) -> CUresult {
         };
         let generation = e.recorded();
         let start = std::time::Instant::now();
-        if driver().progress.wait_until(start + deadline, || e.reached(generation)) {
+        if crate::device::progress().wait_until(start + deadline, || e.reached(generation)) {
             return Ok(());
         }
         let text =
@@ -268,7 +268,7 @@ pub unsafe extern "C" fn cuModuleLoadData(m: *mut CUmodule, image: *const c_void
         load_waits("cuModuleLoadData")?;
         let mut st = driver().state();
         st.need_init()?;
-        let ctx = context::current_ctx(&st)?;
+        let ctx = current::current_ctx(&st)?;
         // SAFETY: forwarded contract.
         let img = module::load(unsafe { module::image_bytes(image.cast()) }?)?;
         if m.is_null() {
@@ -390,7 +390,7 @@ pub unsafe extern "C" fn cuKernelGetFunction(f: *mut CUfunction, k: CUkernel) ->
     call(&["cuKernelGetFunction"], || {
         let mut st = driver().state();
         st.need_init()?;
-        let ctx = context::current_ctx(&st)?;
+        let ctx = current::current_ctx(&st)?;
         let lk = st
             .lib_kernels
             .get(&(k as usize))
@@ -572,7 +572,7 @@ pub unsafe extern "C" fn cuLaunchKernel(
         };
         let ticket = st.ticket();
         let deps = implicit_deps(&st, &s, &ctx);
-        st.stats.launches += 1;
+        crate::device::ledger().stats.launches += 1;
         let launch = Launch {
             ticket,
             kernel: entry.kernel,

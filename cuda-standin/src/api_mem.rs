@@ -7,11 +7,12 @@
 //! streams) but not for non-blocking ones. Writes to pinned host memory are
 //! synchronous.
 
-use crate::context;
-use crate::driver::{call, driver, out, PendingWrite, State};
+use crate::current;
+use crate::device::{ledger, PendingWrite};
+use crate::driver::{call, driver, out, State};
 use crate::error::{fail, Result};
 use crate::memory::{MemKind, DEVICE_BYTES};
-use crate::stream::{abandon, read_done, HostTarget, Work};
+use crate::stream::{abandon, read_done, HostTarget, Landing, Work};
 use crate::sync::{implicit_deps, resolve, sync_context};
 use cudarc::driver::sys::{CUdeviceptr, CUresult, CUstream};
 use std::ffi::{c_uint, c_void};
@@ -35,7 +36,7 @@ fn enqueue_write(
     h: CUstream,
     dst: usize,
     staged: bool,
-    make: impl FnOnce(Option<u64>) -> Work,
+    make: impl FnOnce(Option<Landing>) -> Work,
     what: &str,
 ) -> Result<()> {
     let (s, ctx) = resolve(st, h)?;
@@ -43,9 +44,10 @@ fn enqueue_write(
     let late = staged && s.kind == crate::stream::StreamKind::Legacy && device;
     let ticket = st.ticket();
     let landing = late.then(|| {
-        st.pending_writes.insert(ticket, PendingWrite { ticket, overtaken: false });
-        st.stats.legacy_writes += 1;
-        ticket
+        let mut l = ledger();
+        l.pending_writes.insert(ticket, PendingWrite { ticket, overtaken: false });
+        l.stats.legacy_writes += 1;
+        Landing { ticket, delay: st.knobs.landing_delay }
     });
     let deps = implicit_deps(st, &s, &ctx);
     s.enqueue(deps, make(landing), what.to_string());
@@ -62,7 +64,7 @@ fn legacy_and_wait(call: &str, work: Work, target: Option<Arc<HostTarget>>) -> R
         (s, st.knobs.sync_deadline, seq)
     };
     let start = Instant::now();
-    if driver().progress.wait_until(start + deadline, || s.completed() >= seq) {
+    if crate::device::progress().wait_until(start + deadline, || s.completed() >= seq) {
         return Ok(());
     }
     if let Some(t) = target {
@@ -91,7 +93,7 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> 
     call(&["cuMemAlloc_v2"], || {
         let mut st = driver().state();
         st.need_init()?;
-        let ctx = context::current_ctx(&st)?;
+        let ctx = current::current_ctx(&st)?;
         if dptr.is_null() {
             return Err(fail(CUresult::CUDA_ERROR_INVALID_VALUE, "dptr is NULL"));
         }
@@ -137,7 +139,7 @@ pub unsafe extern "C" fn cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, _fla
     call(&["cuMemHostAlloc"], || {
         let mut st = driver().state();
         st.need_init()?;
-        let ctx = context::current_ctx(&st)?;
+        let ctx = current::current_ctx(&st)?;
         if pp.is_null() {
             return Err(fail(CUresult::CUDA_ERROR_INVALID_VALUE, "pp is NULL"));
         }
@@ -163,7 +165,7 @@ pub extern "C" fn cuMemHostRegister_v2(p: *mut c_void, bytes: usize, flags: c_ui
     call(names, || {
         let mut st = driver().state();
         st.need_init()?;
-        let ctx = context::current_ctx(&st)?;
+        let ctx = current::current_ctx(&st)?;
         st.memory.register(p as usize, bytes, flags, ctx.handle)
     })
 }
@@ -186,7 +188,7 @@ pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
     call(&["cuMemHostGetDevicePointer_v2"], || {
         let st = driver().state();
         st.need_init()?;
-        context::current_ctx(&st)?;
+        current::current_ctx(&st)?;
         if flags != 0 {
             return Err(fail(CUresult::CUDA_ERROR_INVALID_VALUE, format!("flags {flags:#x} (must be 0)")));
         }
@@ -244,7 +246,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     call(&["cuMemGetInfo_v2"], || {
         let st = driver().state();
         st.need_init()?;
-        context::current_ctx(&st)?;
+        current::current_ctx(&st)?;
         let used = st.memory.device_in_use();
         // SAFETY: forwarded contract.
         unsafe {
@@ -266,7 +268,7 @@ pub extern "C" fn cuMemsetD8_v2(dst: CUdeviceptr, value: u8, n: usize) -> CUresu
     call(&["cuMemsetD8_v2"], || {
         let mut st = driver().state();
         st.need_init()?;
-        context::current_ctx(&st)?;
+        current::current_ctx(&st)?;
         st.memory.device_range(dst, n, "destination")?;
         if is_host(&st, dst as usize, n) {
             drop(st);
@@ -298,7 +300,7 @@ pub unsafe extern "C" fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n
     call(&["cuMemcpyHtoD_v2"], || {
         let mut st = driver().state();
         st.need_init()?;
-        context::current_ctx(&st)?;
+        current::current_ctx(&st)?;
         st.memory.device_range(dst, n, "destination")?;
         if src.is_null() && n > 0 {
             return Err(fail(CUresult::CUDA_ERROR_INVALID_VALUE, "srcHost is NULL"));
@@ -381,7 +383,7 @@ fn read(call_name: &str, dst: *mut c_void, src: CUdeviceptr, n: usize, h: CUstre
         (s, seq, st.knobs.sync_deadline)
     };
     let start = Instant::now();
-    if driver().progress.wait_until(start + deadline, || s.completed() >= seq) || !abandon(&target) {
+    if crate::device::progress().wait_until(start + deadline, || s.completed() >= seq) || !abandon(&target) {
         return Ok(());
     }
     let text = format!(

@@ -2,6 +2,7 @@
 //! violations and statistics, and the guard every exported call runs in.
 
 use crate::context::Context;
+use crate::device::Stats;
 use crate::error::{fail, Result, StandinError};
 use crate::memory::Memory;
 use crate::module::{Function, Image, LibKernel, Module};
@@ -10,9 +11,9 @@ use cudarc::driver::sys::CUresult;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::ThreadId;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Settings tests change (`tt_standin_set_knob`), also read from the
 /// environment at `cuInit` (`TUTTI_STANDIN_<NAME>` in upper case).
@@ -104,28 +105,6 @@ struct Failure {
     code: CUresult,
 }
 
-/// Counters tests read (`tt_standin_stat`).
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Stats {
-    pub launches: u64,
-    pub blocks_run: u64,
-    /// Writes on a legacy stream (memset, copy) to device memory.
-    pub legacy_writes: u64,
-    /// Legacy-stream writes that landed after a kernel not ordered after them
-    /// had started (the kernel could have read the old bytes).
-    pub late_landings: u64,
-    /// Kernels that started while a legacy-stream write issued before their
-    /// launch had not landed yet.
-    pub launches_before_landing: u64,
-}
-
-/// A legacy-stream write that has not landed yet.
-pub(crate) struct PendingWrite {
-    /// Issue order among all enqueued device work.
-    pub ticket: u64,
-    pub overtaken: bool,
-}
-
 pub(crate) struct State {
     pub initialized: bool,
     /// The knobs were read from the environment (at the first of cuInit, a knob
@@ -152,8 +131,6 @@ pub(crate) struct State {
     pub memory: Memory,
     failures: HashMap<String, Failure>,
     pub violations: Vec<String>,
-    pub stats: Stats,
-    pub pending_writes: HashMap<u64, PendingWrite>,
     /// Green contexts current on some thread: context handle -> that thread.
     pub green_owner: HashMap<usize, ThreadId>,
 }
@@ -221,8 +198,26 @@ impl State {
         self.knobs_read = true;
         self.failures.clear();
         self.violations = notes;
-        self.stats = Stats::default();
+        crate::device::ledger().stats = Stats::default();
         crate::residency::reset_peaks();
+    }
+
+    /// A new context (and its legacy stream), registered under a fresh handle.
+    pub fn new_context(&mut self, green: Option<usize>, sms: Option<Vec<u32>>) -> Arc<Context> {
+        let handle = self.handle();
+        let legacy_handle = self.handle();
+        let ctx = Context::new(handle, legacy_handle, green, sms);
+        self.contexts.insert(handle, ctx.clone());
+        ctx
+    }
+
+    /// Every stream of `ctx`, its legacy stream first, and destroyed ones whose
+    /// work still runs (destroying a stream does not end its work).
+    pub fn streams_of(&self, ctx: &Context) -> Vec<Arc<Stream>> {
+        let mut v = vec![ctx.legacy.clone()];
+        v.extend(self.streams.values().filter(|s| s.ctx == ctx.handle).cloned());
+        v.extend(self.retired.iter().filter(|s| s.ctx == ctx.handle && s.busy()).cloned());
+        v
     }
 
     pub fn context(&self, handle: usize) -> Result<Arc<Context>> {
@@ -235,50 +230,8 @@ impl State {
     }
 }
 
-/// Wakes waiters whenever device work makes progress (an operation
-/// completes, a block leaves an SM). Waiters also wake every few
-/// milliseconds, so a missed notification costs time, never a hang.
-pub(crate) struct Progress {
-    generation: Mutex<u64>,
-    cv: Condvar,
-}
-
-impl Progress {
-    pub fn notify(&self) {
-        if let Ok(mut g) = self.generation.lock() {
-            *g = g.wrapping_add(1);
-        }
-        self.cv.notify_all();
-    }
-
-    /// Sleeps until the next notification or `cap`, whichever is first.
-    pub fn nap(&self, cap: Duration) {
-        let Ok(g) = self.generation.lock() else {
-            std::thread::sleep(cap);
-            return;
-        };
-        let seen = *g;
-        let _ = self.cv.wait_timeout_while(g, cap, |g| *g == seen);
-    }
-
-    /// Waits until `done()` or `deadline`; true if done.
-    pub fn wait_until(&self, deadline: Instant, mut done: impl FnMut() -> bool) -> bool {
-        loop {
-            if done() {
-                return true;
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return false;
-            }
-            self.nap((deadline - now).min(Duration::from_millis(2)));
-        }
-    }
-}
-
 pub(crate) struct Driver {
     state: Mutex<State>,
-    pub progress: Progress,
 }
 
 pub(crate) fn driver() -> &'static Driver {
@@ -304,11 +257,8 @@ pub(crate) fn driver() -> &'static Driver {
             memory: Memory::default(),
             failures: HashMap::new(),
             violations: Vec::new(),
-            stats: Stats::default(),
-            pending_writes: HashMap::new(),
             green_owner: HashMap::new(),
         }),
-        progress: Progress { generation: Mutex::new(0), cv: Condvar::new() },
     })
 }
 

@@ -66,6 +66,8 @@ mod api_exec;
 mod api_mem;
 mod context;
 pub mod control;
+mod current;
+mod device;
 mod driver;
 mod error;
 mod memory;

@@ -9,7 +9,7 @@
 //! neither. Writes on the legacy stream land `landing_delay` after they were
 //! issued, so a kernel on a non-blocking stream can start before they land.
 
-use crate::driver::driver;
+use crate::device::{ledger, progress};
 use crate::residency::{self, Need};
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -111,19 +111,27 @@ pub(crate) struct Launch {
     pub args: HostArgs,
 }
 
+/// A legacy-stream write to device memory: it lands `delay` after it was issued
+/// (the `landing_delay` knob when it was enqueued); `ticket` is its issue order.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Landing {
+    pub ticket: u64,
+    pub delay: Duration,
+}
+
 pub(crate) enum Work {
     Launch(Launch),
     /// Bytes copied at the call (pageable source).
     Write {
         dst: usize,
         data: Vec<u8>,
-        landing: Option<u64>,
+        landing: Option<Landing>,
     },
     Fill {
         dst: usize,
         value: u8,
         len: usize,
-        landing: Option<u64>,
+        landing: Option<Landing>,
     },
     /// Device (or pinned) to device (or pinned), read when the operation runs.
     Copy {
@@ -253,7 +261,7 @@ impl Stream {
                         .unwrap_or_else(|p| p.into_inner().0);
                 }
             };
-            let progress = &driver().progress;
+            let progress = progress();
             while !op.deps.iter().all(Dep::met) {
                 progress.nap(Duration::from_millis(2));
             }
@@ -271,9 +279,8 @@ impl Stream {
     }
 }
 
-/// Sleeps until `issued + delay` (a legacy-stream write lands), then records the landing.
-fn land(issued: Instant) {
-    let delay = driver().state().knobs.landing_delay;
+/// Sleeps until `issued + delay` (a legacy-stream write lands).
+fn land(issued: Instant, delay: Duration) {
     let at = issued + delay;
     let now = Instant::now();
     if at > now {
@@ -281,11 +288,12 @@ fn land(issued: Instant) {
     }
 }
 
+/// Records the landing of the write issued as `id`.
 fn landed(id: u64) {
-    let mut st = driver().state();
-    if let Some(w) = st.pending_writes.remove(&id) {
+    let mut l = ledger();
+    if let Some(w) = l.pending_writes.remove(&id) {
         if w.overtaken {
-            st.stats.late_landings += 1;
+            l.stats.late_landings += 1;
         }
     }
 }
@@ -294,24 +302,24 @@ fn execute(work: Work, issued: Instant) -> Result<(), String> {
     match work {
         Work::Launch(l) => run_launch(&l),
         Work::Write { dst, data, landing } => {
-            if landing.is_some() {
-                land(issued);
+            if let Some(l) = landing {
+                land(issued, l.delay);
             }
             // SAFETY: `dst .. dst + len` was checked to lie inside an allocation at the call.
             unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst as *mut u8, data.len()) };
-            if let Some(id) = landing {
-                landed(id);
+            if let Some(l) = landing {
+                landed(l.ticket);
             }
             Ok(())
         }
         Work::Fill { dst, value, len, landing } => {
-            if landing.is_some() {
-                land(issued);
+            if let Some(l) = landing {
+                land(issued, l.delay);
             }
             // SAFETY: checked to lie inside an allocation at the call.
             unsafe { std::ptr::write_bytes(dst as *mut u8, value, len) };
-            if let Some(id) = landing {
-                landed(id);
+            if let Some(l) = landing {
+                landed(l.ticket);
             }
             Ok(())
         }
@@ -349,17 +357,17 @@ fn run_launch(l: &Launch) -> Result<(), String> {
     {
         // Legacy-stream writes issued before this launch and not landed yet: this kernel is not
         // ordered after them, so it may read what they overwrite.
-        let mut st = driver().state();
+        let mut ledger = ledger();
         let mut overtook = false;
-        for w in st.pending_writes.values_mut().filter(|w| w.ticket < l.ticket) {
+        for w in ledger.pending_writes.values_mut().filter(|w| w.ticket < l.ticket) {
             w.overtaken = true;
             overtook = true;
         }
         if overtook {
-            st.stats.launches_before_landing += 1;
+            ledger.stats.launches_before_landing += 1;
         }
     }
-    let progress = &driver().progress;
+    let progress = progress();
     let mut next = 0u32;
     let mut running: Vec<Resident> = Vec::new();
     let mut failed: Option<String> = None;
@@ -397,7 +405,7 @@ fn run_launch(l: &Launch) -> Result<(), String> {
         }
         progress.nap(Duration::from_millis(if left > 0 { 0 } else { 2 }));
     }
-    driver().state().stats.blocks_run += u64::from(next);
+    ledger().stats.blocks_run += u64::from(next);
     failed.map_or(Ok(()), Err)
 }
 

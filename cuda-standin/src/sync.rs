@@ -1,7 +1,8 @@
 //! Waiting for device work from the host, always against a deadline, and the
 //! implicit ordering of the legacy default stream.
 
-use crate::context::{self, Context};
+use crate::context::Context;
+use crate::current;
 use crate::driver::{driver, State};
 use crate::error::{fail, Result};
 use crate::stream::{Dep, Stream, StreamKind};
@@ -20,8 +21,8 @@ const STREAM_PER_THREAD: usize = 2;
 pub(crate) fn sync_streams(call: &str, streams: &[Arc<Stream>], deadline: Duration) -> Result<()> {
     let targets: Vec<(Arc<Stream>, u64)> = streams.iter().map(|s| (s.clone(), s.enqueued())).collect();
     let start = Instant::now();
-    let done =
-        driver().progress.wait_until(start + deadline, || targets.iter().all(|(s, t)| s.completed() >= *t));
+    let done = crate::device::progress()
+        .wait_until(start + deadline, || targets.iter().all(|(s, t)| s.completed() >= *t));
     if done {
         return Ok(());
     }
@@ -46,7 +47,7 @@ pub(crate) fn sync_context(call: &str, ctx: usize) -> Result<()> {
     let (streams, deadline) = {
         let st = driver().state();
         match st.contexts.get(&ctx) {
-            Some(c) => (c.streams(&st), st.knobs.sync_deadline),
+            Some(c) => (st.streams_of(c), st.knobs.sync_deadline),
             None => return Ok(()),
         }
     };
@@ -58,7 +59,7 @@ pub(crate) fn sync_context(call: &str, ctx: usize) -> Result<()> {
 pub(crate) fn resolve(st: &State, h: CUstream) -> Result<(Arc<Stream>, Arc<Context>)> {
     let raw = h as usize;
     if raw == 0 || raw == STREAM_LEGACY {
-        let ctx = context::current_ctx(st)?;
+        let ctx = current::current_ctx(st)?;
         return Ok((ctx.legacy.clone(), ctx));
     }
     if raw == STREAM_PER_THREAD {

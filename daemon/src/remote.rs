@@ -27,7 +27,7 @@ use tutti_driver::transport::vfio::{ClientContainer, DoorbellBar};
 use tutti_driver::transport::{DmaSpace, Registers};
 use tutti_driver::DriverError;
 use tutti_emulator::RegisterFile;
-use tutti_objstore::io::{Direction, LayerOutcome, Pair};
+use tutti_objstore::io::{LayerOutcome, LayerRequest, Pair};
 use tutti_objstore::{
     Backend, BlockHash, ControlStats, DataPathReport, DriveSpec, FileId, Geometry, IdentityId, KvStore,
     Lookup, ObjError, PoolControl, Reserved, Verdict,
@@ -371,13 +371,8 @@ impl tutti_objstore::io::proxy::LayerService for RemoteLayers {
     fn unregister_pairs(&self, handle: u64) -> tutti_objstore::Result<()> {
         self.client.call(Request::ProxyUnregisterPairs { handle }).map(|_| ()).map_err(obj_err)
     }
-    fn submit(
-        &self,
-        layer: u32,
-        pairs: &[Pair],
-        dir: Direction,
-        registered: Option<u64>,
-    ) -> tutti_objstore::Result<Option<u64>> {
+    fn submit(&self, req: LayerRequest<'_>) -> tutti_objstore::Result<Option<u64>> {
+        let LayerRequest { layer, pairs, dir, registered } = req;
         let req = Request::ProxySubmit { layer, pairs: pairs.to_vec(), dir, registered };
         match self.client.call(req).map_err(obj_err)? {
             Response::Handle(h) => Ok(h),

@@ -169,13 +169,11 @@ struct Warp {
     /* Double-buffered by barrier generation: a lane cannot reach exchange g + 2 before
      * every lane has read exchange g (it needs them all at g + 1 first). */
     uint64_t slots[2][32] = {};
-    /* What tt_host_warp_match and tt_host_warp_any derive from slots[buf]: computed once,
+    /* What tt_host_warp_match and tt_host_warp_ballot derive from slots[buf]: computed once,
      * by the first lane to read it after the exchange (*_gen[buf] is then the barrier
      * generation that exchange completed), not once per lane. */
     uint32_t match[2][32] = {};
     uint32_t match_gen[2] = {~0u, ~0u};
-    bool any[2] = {};
-    uint32_t any_gen[2] = {~0u, ~0u};
     uint32_t ballot[2] = {};
     uint32_t ballot_gen[2] = {~0u, ~0u};
     uint32_t vote[2][8] = {};
@@ -514,7 +512,7 @@ const uint64_t* tt_host_warp_exchange(uint64_t v) {
     return w.slots[buf];
 }
 
-/* Match and any: after the exchange into `buf`, the first lane to look computes the
+/* Match and ballot: after the exchange into `buf`, the first lane to look computes the
  * warp's result; until this lane's next exchange bar.gen stays the generation this
  * exchange completed, so *_gen[buf] == bar.gen means "already computed". */
 uint32_t tt_host_warp_match(uint32_t v) {
@@ -538,20 +536,6 @@ uint32_t tt_host_warp_match(uint32_t v) {
     return w.match[buf][b->cur & 31];
 }
 
-bool tt_host_warp_any(bool pred) {
-    BlockRun* b = t_block;
-    Warp& w = b->warps[b->cur / 32];
-    const uint32_t buf = w.bar.gen & 1u;
-    tt_host_warp_exchange(pred ? 1 : 0);
-    if (w.any_gen[buf] != w.bar.gen) {
-        uint64_t any = 0;
-        for (uint32_t i = 0; i < 32; i++) any |= w.slots[buf][i];
-        w.any[buf] = any != 0;
-        w.any_gen[buf] = w.bar.gen;
-    }
-    return w.any[buf];
-}
-
 uint32_t tt_host_warp_ballot(bool pred) {
     BlockRun* b = t_block;
     Warp& w = b->warps[b->cur / 32];
@@ -565,6 +549,9 @@ uint32_t tt_host_warp_ballot(bool pred) {
     }
     return w.ballot[buf];
 }
+
+/* Any lane's predicate set: the ballot, not empty. */
+bool tt_host_warp_any(bool pred) { return tt_host_warp_ballot(pred) != 0; }
 
 void tt_host_warp_vote(uint32_t flags, uint32_t* masks, uint32_t n) {
     BlockRun* b = t_block;

@@ -21,6 +21,7 @@ mod error;
 pub mod host;
 pub mod nvrtc;
 pub mod sass;
+mod wheel;
 
 pub use error::KernelError;
 

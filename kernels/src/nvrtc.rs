@@ -43,7 +43,7 @@ fn find_and_load() -> Result<String, String> {
         candidates.push(Path::new(&home).join("lib64").join(SONAME));
     }
     candidates.push(PathBuf::from("/usr/local/cuda/lib64").join(SONAME));
-    if let Some(dir) = pip_wheel_dir() {
+    if let Some(dir) = crate::wheel::package_dir("nvidia.cuda_nvrtc") {
         candidates.push(dir.join("lib").join(SONAME));
     }
     for path in candidates {
@@ -57,17 +57,6 @@ fn find_and_load() -> Result<String, String> {
          or point TUTTI_NVRTC_LIB at libnvrtc.so.12",
         tried.join(", ")
     ))
-}
-
-fn pip_wheel_dir() -> Option<PathBuf> {
-    let out = std::process::Command::new("python3")
-        .args(["-c", "import nvidia.cuda_nvrtc as m; print(list(m.__path__)[0])"])
-        .stderr(std::process::Stdio::null())
-        .output()
-        .ok()?;
-    let dir = String::from_utf8(out.stdout).ok()?;
-    let dir = dir.trim();
-    (out.status.success() && !dir.is_empty()).then(|| PathBuf::from(dir))
 }
 
 /// Loads a library for the rest of the process (never closed: cudarc keeps using it).

@@ -43,7 +43,7 @@ pub fn find_nvdisasm() -> Result<PathBuf, KernelError> {
         candidates.push(Path::new(&home).join("bin/nvdisasm"));
     }
     candidates.push(PathBuf::from("/usr/local/cuda/bin/nvdisasm"));
-    if let Some(dir) = wheel_dir() {
+    if let Some(dir) = crate::wheel::package_dir("nvidia.cu13") {
         candidates.push(dir.join("bin/nvdisasm"));
     }
     for c in candidates {
@@ -57,17 +57,6 @@ pub fn find_nvdisasm() -> Result<PathBuf, KernelError> {
          `scripts/nvrtc-check --install` installs the nvidia-cuda-nvdisasm wheel ({} places looked at)",
         tried.len()
     )))
-}
-
-fn wheel_dir() -> Option<PathBuf> {
-    let out = std::process::Command::new("python3")
-        .args(["-c", "import nvidia.cu13 as m; print(list(m.__path__)[0])"])
-        .stderr(std::process::Stdio::null())
-        .output()
-        .ok()?;
-    let dir = String::from_utf8(out.stdout).ok()?;
-    let dir = dir.trim();
-    (out.status.success() && !dir.is_empty()).then(|| PathBuf::from(dir))
 }
 
 /// Disassembles `cubin` (code sections only), waiting at most `timeout`.

@@ -16,7 +16,22 @@ use crate::geometry::Geometry;
 use crate::hash::{BlockHash, IdentityId};
 use crate::index::{FileId, IndexStats};
 use crate::journal::ReplayStats;
-use crate::store::Lookup;
+
+/// A pinned lookup result: the files of the longest stored prefix.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Lookup {
+    /// Pass to `KvStore::unpin` when the files have been loaded (0 if nothing was pinned).
+    pub pin: u64,
+    /// `files[i]` holds chunk `i` of the request.
+    pub files: Vec<FileId>,
+}
+
+impl Lookup {
+    /// Chunks (blocks) of the request found.
+    pub fn hits(&self) -> usize {
+        self.files.len()
+    }
+}
 
 /// A store's reservation of files, from [`PoolControl::reserve`].
 pub type ReservationId = u64;

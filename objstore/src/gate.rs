@@ -7,7 +7,7 @@
 //! as soon as a job is advanced (the behaviour before gates existed).
 
 use crate::io::Direction;
-use crate::store::JobId;
+use crate::store::job_state::JobId;
 
 /// One layer of one job, about to be handed to the drives.
 #[derive(Debug, Clone, Copy)]

@@ -32,7 +32,7 @@ pub use geometry::{Dtype, Geometry};
 pub use hash::{chain_hashes, BlockHash, CacheIdentity, IdentityId};
 pub use index::FileId;
 pub use io::gio::{GioConfig, GioExecutor};
-pub use io::{Direction, FailureKind, PairFailure};
+pub use io::{Direction, FailureKind, LayerRequest, PairFailure};
 pub use layout::{KvLayout, LayerBases, LayoutKind};
 pub use local::LocalPool;
 pub use memory::HostKvMemory;

@@ -5,14 +5,13 @@
 //! Lock order: index, then journal (taken alone where possible); pins and
 //! reservations are leaf locks.
 
-use crate::control::{ControlStats, PoolControl, PoolShape, ReservationId, Reserved, Verdict};
+use crate::control::{ControlStats, Lookup, PoolControl, PoolShape, ReservationId, Reserved, Verdict};
 use crate::drives::{Drive, DriveMeta, DriveSpec};
 use crate::error::{ObjError, Result};
 use crate::hash::{BlockHash, IdentityId};
 use crate::index::{FileId, Index, Key, Reserve};
 use crate::journal::{DriveJournal, Record, RecordKind, ReplayStats};
 use crate::pool::{Pool, PoolOptions};
-use crate::store::Lookup;
 use crate::stripe::StripeMap;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -19,6 +19,7 @@
 //! host threads' and say nothing of a GPU.
 
 use crate::error::{GioError, Result};
+use crate::mem::ExecMemory;
 use std::time::Duration;
 
 /// Which way the chunks go.
@@ -113,6 +114,42 @@ impl CopySpec {
             .collect()
     }
 
+    /// One run between `slots` and `kv` (each `total` bytes, `check`ed): the source, by
+    /// direction, gets the pattern.
+    pub(crate) fn prepare<'m, M: ExecMemory + ?Sized>(
+        &self,
+        total: usize,
+        slots: &'m M,
+        kv: &'m M,
+    ) -> Result<Prepared<'m, M>> {
+        let (src_mem, dst_mem) = match self.direction {
+            CopyDirection::SlotToKv => (slots, kv),
+            CopyDirection::KvToSlot => (kv, slots),
+        };
+        let src = self.pattern(total);
+        src_mem.write_bytes(0, &src)?;
+        let offsets = self.offsets(&self.permutation());
+        let pairs =
+            offsets.iter().flat_map(|&(s, d)| [src_mem.exec_addr() + s, dst_mem.exec_addr() + d]).collect();
+        Ok(Prepared { src_mem, dst_mem, src, offsets, pairs })
+    }
+
+    /// An empty report of a run of this spec on `grid` blocks of `block` threads, against
+    /// `baseline`, timed by `clock`.
+    pub(crate) fn report(&self, grid: u32, block: u32, baseline: &str, clock: &str) -> CopyReport {
+        CopyReport {
+            chunk_bytes: self.chunk_bytes,
+            chunks: self.chunks,
+            direction: self.direction,
+            grid,
+            block,
+            baseline: baseline.into(),
+            clock: clock.into(),
+            runs: Vec::new(),
+            verified_bytes: 0,
+        }
+    }
+
     /// Checks that every chunk of `dst` holds its source's bytes (`offsets`), or, with
     /// `offsets` None, that `dst` is `src` as a whole.
     pub(crate) fn verify(
@@ -137,6 +174,18 @@ impl CopySpec {
             ))),
         }
     }
+}
+
+/// A run set up by [`CopySpec::prepare`].
+pub(crate) struct Prepared<'m, M: ?Sized> {
+    pub src_mem: &'m M,
+    pub dst_mem: &'m M,
+    /// The pattern the source holds.
+    pub src: Vec<u8>,
+    /// (source offset, destination offset) of each chunk.
+    pub offsets: Vec<(u64, u64)>,
+    /// (source address, destination address) of each chunk, flat: `tt_gio_copy`'s table.
+    pub pairs: Vec<u64>,
 }
 
 fn splitmix(x: u64) -> u64 {

@@ -7,7 +7,7 @@
 //! cannot be mapped for the GPU: that fallback runs against emulated
 //! controllers in CI this way.
 
-use super::copy_bench::{CopyDirection, CopyReport, CopySpec, CopyTimes};
+use super::copy_bench::{CopyReport, CopySpec, CopyTimes, Prepared};
 use super::relay::{DoorbellMode, DoorbellRelay, Watch};
 use super::{ExecBinding, ExecMode, ExecShape, Executor};
 use crate::error::{GioError, Result};
@@ -343,29 +343,11 @@ impl Executor for HostExecutor {
     fn copy_bench(&self, spec: &CopySpec) -> Result<CopyReport> {
         let total = spec.check()? as usize;
         let (slots, kv) = (HostMemory::new(total)?, HostMemory::new(total)?);
-        let (src_mem, dst_mem) = match spec.direction {
-            CopyDirection::SlotToKv => (&slots, &kv),
-            CopyDirection::KvToSlot => (&kv, &slots),
-        };
-        let src = spec.pattern(total);
-        src_mem.write_bytes(0, &src)?;
-        let offsets = spec.offsets(&spec.permutation());
-        let pairs: Vec<u64> =
-            offsets.iter().flat_map(|&(s, d)| [src_mem.exec_addr() + s, dst_mem.exec_addr() + d]).collect();
+        let Prepared { src_mem, dst_mem, src, offsets, pairs } = spec.prepare(total, &slots, &kv)?;
         let (grid, block) = (self.cfg.blocks, self.cfg.block_lanes);
         let zero = vec![0u8; total];
         let mut got = vec![0u8; total];
-        let mut report = CopyReport {
-            chunk_bytes: spec.chunk_bytes,
-            chunks: spec.chunks,
-            direction: spec.direction,
-            grid,
-            block,
-            baseline: "memcpy on the calling thread".into(),
-            clock: "wall clock".into(),
-            runs: Vec::new(),
-            verified_bytes: 0,
-        };
+        let mut report = spec.report(grid, block, "memcpy on the calling thread", "wall clock");
         let b = spec.chunk_bytes as usize;
         for rep in 0..spec.reps {
             dst_mem.write_bytes(0, &zero)?;

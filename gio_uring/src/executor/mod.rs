@@ -7,7 +7,6 @@
 
 mod copy_bench;
 mod cuda;
-mod cuda_mem;
 mod host;
 mod relay;
 

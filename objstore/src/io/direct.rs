@@ -19,7 +19,7 @@
 
 use super::{
     layer_commands, note_failure, settle_by_recovery, sorted_failures, Cmd, Direction, FailureKind, LayerIo,
-    LayerOutcome, Pair, PairFailure,
+    LayerOutcome, LayerRequest, PairFailure,
 };
 use crate::error::{ObjError, Result};
 use crate::registration::{KvMemoryKind, Registration};
@@ -331,13 +331,8 @@ impl LayerIo for DirectIo {
         Ok(())
     }
 
-    fn submit(
-        &mut self,
-        layer: u32,
-        pairs: &[Pair],
-        dir: Direction,
-        _registered: Option<u64>,
-    ) -> Result<Option<u64>> {
+    fn submit(&mut self, req: LayerRequest<'_>) -> Result<Option<u64>> {
+        let LayerRequest { layer, pairs, dir, .. } = req;
         let (reg, map) = self.attached.clone().ok_or(ObjError::NotRegistered)?;
         let cmds = layer_commands(&map, &reg, layer, pairs);
         // Every pair the layer uses is held until its last command settled:

@@ -66,6 +66,17 @@ pub enum FailureKind {
     Unknown,
 }
 
+/// One layer to move: layer `layer` of every pair of `pairs`, in direction `dir`.
+/// `registered` is the handle [`LayerIo::register_pairs`] returned for these very
+/// pairs, if any.
+#[derive(Clone, Copy, Debug)]
+pub struct LayerRequest<'a> {
+    pub layer: u32,
+    pub pairs: &'a [Pair],
+    pub dir: Direction,
+    pub registered: Option<u64>,
+}
+
 /// Why one pair of a layer transfer failed.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PairFailure {
@@ -201,17 +212,10 @@ pub(crate) trait LayerIo: Send {
     fn unregister_pairs(&mut self, _handle: u64) -> Result<()> {
         Ok(())
     }
-    /// Starts layer `layer` for every pair; returns a token for
+    /// Starts the layer `req` names for every pair; returns a token for
     /// [`poll`](Self::poll), or `None` when the path is full for now (retry
-    /// after earlier transfers finish). `registered` is the handle
-    /// [`register_pairs`](Self::register_pairs) returned for these very pairs.
-    fn submit(
-        &mut self,
-        layer: u32,
-        pairs: &[Pair],
-        dir: Direction,
-        registered: Option<u64>,
-    ) -> Result<Option<u64>>;
+    /// after earlier transfers finish).
+    fn submit(&mut self, req: LayerRequest<'_>) -> Result<Option<u64>>;
     /// Collects whatever has finished, so capacity frees up.
     fn progress(&mut self) -> Result<()>;
     /// The outcome once the transfer has finished, `None` while it runs.

@@ -2,7 +2,7 @@
 //! pool's owner, such as an engine's scheduler process): every data call is
 //! refused, naming why, before anything is touched.
 
-use super::{Direction, LayerIo, LayerOutcome, Pair};
+use super::{LayerIo, LayerOutcome, LayerRequest};
 use crate::error::{ObjError, Result};
 use crate::registration::{KvMemoryKind, Registration};
 use crate::stripe::StripeMap;
@@ -33,13 +33,7 @@ impl LayerIo for NoIo {
     fn detach(&mut self) -> Result<()> {
         Ok(())
     }
-    fn submit(
-        &mut self,
-        _layer: u32,
-        _pairs: &[Pair],
-        _dir: Direction,
-        _registered: Option<u64>,
-    ) -> Result<Option<u64>> {
+    fn submit(&mut self, _req: LayerRequest<'_>) -> Result<Option<u64>> {
         Err(refused())
     }
     fn progress(&mut self) -> Result<()> {

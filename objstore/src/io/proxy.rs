@@ -10,7 +10,7 @@
 //! engine's memory made through DMA spaces that reach that engine.
 
 use super::direct::DirectIo;
-use super::{Direction, LayerIo, LayerOutcome, Pair};
+use super::{Direction, LayerIo, LayerOutcome, LayerRequest, Pair};
 use crate::error::{ObjError, Result};
 use crate::geometry::Geometry;
 use crate::hash::CacheIdentity;
@@ -55,13 +55,7 @@ pub trait LayerService: Send + Sync {
     fn register_pairs(&self, pairs: &[Pair]) -> Result<Option<u64>>;
     fn unregister_pairs(&self, handle: u64) -> Result<()>;
     /// Starts layer `layer` of `pairs`; `None` when full for now.
-    fn submit(
-        &self,
-        layer: u32,
-        pairs: &[Pair],
-        dir: Direction,
-        registered: Option<u64>,
-    ) -> Result<Option<u64>>;
+    fn submit(&self, req: LayerRequest<'_>) -> Result<Option<u64>>;
     fn poll(&self, token: u64) -> Result<Option<LayerOutcome>>;
 }
 
@@ -110,14 +104,8 @@ impl LayerIo for ProxyIo {
     fn unregister_pairs(&mut self, handle: u64) -> Result<()> {
         self.service.unregister_pairs(handle)
     }
-    fn submit(
-        &mut self,
-        layer: u32,
-        pairs: &[Pair],
-        dir: Direction,
-        registered: Option<u64>,
-    ) -> Result<Option<u64>> {
-        self.service.submit(layer, pairs, dir, registered)
+    fn submit(&mut self, req: LayerRequest<'_>) -> Result<Option<u64>> {
+        self.service.submit(req)
     }
     fn progress(&mut self) -> Result<()> {
         Ok(())
@@ -244,7 +232,7 @@ impl LayerHost {
             return Err(ObjError::invalid("registered", "not a pair list of this engine"));
         }
         self.check(pairs)?;
-        let token = self.io.submit(layer, pairs, dir, registered)?;
+        let token = self.io.submit(LayerRequest { layer, pairs, dir, registered })?;
         self.in_flight.extend(token);
         Ok(token)
     }

@@ -6,7 +6,7 @@ use super::{lock, KvStore};
 use crate::error::{ObjError, Result};
 use crate::gate::{Admit, GateUnit, IoGate, StoreAdmission};
 use crate::index::FileId;
-use crate::io::{Direction, FailureKind, LayerOutcome, Pair, PairFailure};
+use crate::io::{Direction, FailureKind, LayerOutcome, LayerRequest, Pair, PairFailure};
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -172,7 +172,12 @@ impl KvStore {
                     }
                 }
                 let cpu0 = thread_cpu_ns();
-                let submitted = io.submit(layer, &job.pairs, job.dir, job.pair_list);
+                let submitted = io.submit(LayerRequest {
+                    layer,
+                    pairs: &job.pairs,
+                    dir: job.dir,
+                    registered: job.pair_list,
+                });
                 let spent = thread_cpu_ns().saturating_sub(cpu0);
                 job.submit_ns[i] += spent;
                 self.counters.submit_ns.fetch_add(spent, Ordering::Relaxed);

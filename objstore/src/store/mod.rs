@@ -21,27 +21,29 @@
 //! Every call takes `&self`; the store is `Send + Sync`. Lock order: jobs,
 //! then I/O, then the control path's own locks.
 
-mod job_state;
+pub(crate) mod job_state;
 mod jobs;
+mod register;
+mod reports;
 mod session;
+mod session_state;
 
+pub use crate::control::Lookup;
 pub use job_state::{thread_cpu_ns, JobId, JobStatus, LAYERS_IN_FLIGHT};
-pub use session::{StoreId, StoreReport};
+pub use reports::{DriveReport, PoolInfo, StoreStats};
+pub use session_state::{StoreId, StoreReport};
 
 use crate::control::{PoolControl, PoolShape};
 use crate::drives::{DriveSpec, DriveView};
 use crate::error::{ObjError, Result};
 use crate::geometry::Geometry;
-use crate::hash::{BlockHash, CacheIdentity};
-use crate::index::{FileId, IndexStats};
+use crate::hash::BlockHash;
 use crate::io::direct::DirectIo;
 use crate::io::LayerIo;
 use crate::journal::ReplayStats;
-use crate::layout::KvLayout;
 use crate::local::LocalPool;
-use crate::memory::HostKvMemory;
 use crate::pool::PoolOptions;
-use crate::registration::{DataPath, KvMemoryKind, Registration, TableSizes};
+use crate::registration::{DataPath, Registration};
 use crate::stripe::{DriveShape, StripeMap};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -70,95 +72,6 @@ impl StoreOptions {
     pub fn new(pool: PoolOptions) -> Self {
         StoreOptions { pool, backend: Backend::Gio(Default::default()) }
     }
-}
-
-/// A pinned lookup result: the files of the longest stored prefix.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Lookup {
-    /// Pass to [`KvStore::unpin`] when the files have been loaded (0 if nothing was pinned).
-    pub pin: u64,
-    /// `files[i]` holds chunk `i` of the request.
-    pub files: Vec<FileId>,
-}
-
-impl Lookup {
-    /// Chunks (blocks) of the request found.
-    pub fn hits(&self) -> usize {
-        self.files.len()
-    }
-}
-
-/// One drive as the store reports it.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct DriveReport {
-    pub device: String,
-    pub serial: String,
-    pub nsid: u32,
-    pub lba_size: u32,
-    pub blocks: u64,
-    pub max_transfer: u64,
-    pub data_start_lba: u64,
-}
-
-/// What the pool is.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct PoolInfo {
-    pub pool: String,
-    pub formatted_now: bool,
-    pub geometry: Geometry,
-    pub drives: Vec<DriveReport>,
-    pub files: u32,
-    pub object_bytes: u64,
-    pub file_bytes: u64,
-    pub chunk_bytes: u64,
-    pub chunks: u32,
-    pub slots_per_file: u32,
-    pub backend: String,
-    /// How layers are moved (e.g. whether the executor expands them).
-    pub io_mode: String,
-    /// Direct or staged, and for staged what direct DMA lacks; `None`
-    /// until KV memory is registered.
-    pub data_path: Option<DataPath>,
-    pub replay: Vec<ReplayStats>,
-}
-
-/// Counters since open.
-#[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct StoreStats {
-    pub index: IndexStats,
-    pub lookups: u64,
-    pub lookup_hits: u64,
-    pub lookup_misses: u64,
-    pub jobs: u64,
-    pub layers: u64,
-    pub commands: u64,
-    pub host_calls: u64,
-    pub host_built: u64,
-    /// (file, block) pairs read or copied by per-layer submissions.
-    pub host_pairs: u64,
-    /// Jobs whose layers referenced registered pairs (their own list, or
-    /// their store session's).
-    pub pair_lists: u64,
-    /// Pair lists registered with the I/O path: one per load job, one per
-    /// store session (or per store job when the session found no free list).
-    pub pair_registrations: u64,
-    /// Host CPU of job setup (validation, pair registration), ns.
-    pub setup_ns: u64,
-    /// Host CPU inside per-layer submissions, ns.
-    pub submit_ns: u64,
-    pub bytes_loaded: u64,
-    pub bytes_stored: u64,
-    pub failed_blocks: u64,
-    pub files_committed: u64,
-    pub journal_appends: u64,
-    /// Files taken out of service since open because a write into them ended
-    /// without a known outcome (also `index.quarantined`).
-    pub quarantined_files: u64,
-    /// Drives recovered (gio_uring: queue pairs deleted and created again)
-    /// after commands of unknown outcome, which made those outcomes definite.
-    pub recoveries: u64,
-    /// Drive recoveries that failed or could not run (the outcomes stayed unknown).
-    pub recovery_failures: u64,
 }
 
 #[derive(Default)]
@@ -234,7 +147,7 @@ pub struct KvStore {
     io: Mutex<Box<dyn LayerIo>>,
     reg: RwLock<Option<Arc<Registration>>>,
     jobs: Mutex<job_state::Jobs>,
-    sessions: Mutex<HashMap<u64, session::Session>>,
+    sessions: Mutex<HashMap<u64, session_state::Session>>,
     /// Session pair lists whose release the I/O path refused (an IOCB still
     /// referenced them); retried whenever a session ends or registers.
     retired_lists: Mutex<Vec<u64>>,
@@ -493,171 +406,6 @@ impl KvStore {
 
     fn next_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// Registers host memory the store keeps alive (tests, machines without a GPU).
-    pub fn register_host(
-        &self,
-        memory: Arc<HostKvMemory>,
-        layout: KvLayout,
-        model: &str,
-        tenant_salt: &[u8],
-    ) -> Result<TableSizes> {
-        self.register_host_as(memory, layout, model, tenant_salt, KvMemoryKind::Host)
-    }
-
-    /// [`register_host`](Self::register_host) with the memory's kind:
-    /// [`KvMemoryKind::HostUnmapped`] keeps it out of every drive's DMA space
-    /// and moves it on the staged data path (tests of that path without a GPU).
-    pub fn register_host_as(
-        &self,
-        memory: Arc<HostKvMemory>,
-        layout: KvLayout,
-        model: &str,
-        tenant_salt: &[u8],
-        kind: KvMemoryKind,
-    ) -> Result<TableSizes> {
-        if kind == KvMemoryKind::Cuda {
-            return Err(ObjError::invalid("memory", "host memory registered as CUDA memory"));
-        }
-        for r in layout.regions() {
-            if !memory.contains(r.addr, r.len) {
-                return Err(ObjError::invalid(
-                    "layout",
-                    format!(
-                        "region {:#x}+{:#x} is outside the {:#x}-byte host memory",
-                        r.addr,
-                        r.len,
-                        memory.len()
-                    ),
-                ));
-            }
-        }
-        // SAFETY: every region lies inside `memory`, which the registration keeps alive.
-        unsafe { self.register_inner(layout, model, tenant_salt, Some(memory), kind) }
-    }
-
-    /// [`register`](Self::register) for memory of `kind`: `Host` is mapped for
-    /// the drives (direct DMA); `Cuda` (device memory of the executor's GPU)
-    /// and `HostUnmapped` go through staging slots, which needs the gio
-    /// backend (the direct backend refuses them, naming why).
-    ///
-    /// # Safety
-    /// As [`register`](Self::register); `Cuda` regions must be device memory
-    /// of the CUDA executor's context.
-    pub unsafe fn register_as(
-        &self,
-        layout: KvLayout,
-        model: &str,
-        tenant_salt: &[u8],
-        kind: KvMemoryKind,
-    ) -> Result<TableSizes> {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.register_inner(layout, model, tenant_salt, None, kind) }
-    }
-
-    /// Registers the engine's KV memory described by `layout` under a cache
-    /// identity (model name and tenant salt; geometry, dtype and layout kind
-    /// come from `layout`). Replaces an earlier registration when no job or
-    /// store is in flight. Returns the table sizes.
-    ///
-    /// # Safety
-    /// Every region of `layout` must stay allocated, and must not be memory the
-    /// drives must not touch, until the store is unregistered or dropped.
-    pub unsafe fn register(&self, layout: KvLayout, model: &str, tenant_salt: &[u8]) -> Result<TableSizes> {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.register_inner(layout, model, tenant_salt, None, KvMemoryKind::Host) }
-    }
-
-    unsafe fn register_inner(
-        &self,
-        layout: KvLayout,
-        model: &str,
-        tenant_salt: &[u8],
-        memory: Option<Arc<HostKvMemory>>,
-        kind: KvMemoryKind,
-    ) -> Result<TableSizes> {
-        if *layout.geometry() != self.geometry {
-            return Err(ObjError::invalid(
-                "layout",
-                format!("geometry {} differs from the pool's {}", layout.geometry(), self.geometry),
-            ));
-        }
-        if model.is_empty() {
-            return Err(ObjError::invalid("model", "the cache identity needs a model name"));
-        }
-        self.ensure_idle()?;
-        lock(&self.io, "io")?.accepts(kind)?;
-        let identity = CacheIdentity::new(model, self.geometry, layout.kind(), tenant_salt);
-        let spaces = self
-            .drives
-            .iter()
-            .map(|d| {
-                d.spec.as_ref().map(|s| s.ctrl.dma().clone()).ok_or_else(|| {
-                    ObjError::invalid(
-                        "memory",
-                        format!("drive {} is not reachable from this store", d.device),
-                    )
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        // Refused before anything is mapped or built: tables past the bound, and host memory
-        // this process does not have (the drives, or the executor's copies, would use every byte).
-        let views =
-            if kind.p2p_obstacle().is_some() { 1 } else { crate::registration::distinct_spaces(&spaces) };
-        crate::registration::check_table_bounds(&layout, self.map.chunks(), views)?;
-        if kind != KvMemoryKind::Cuda {
-            crate::mapped::check_host_mapped(layout.regions())?;
-        }
-        // SAFETY: forwarded from the caller.
-        let reg = Arc::new(unsafe { Registration::new(layout, identity, &spaces, &self.map, memory, kind)? });
-        // The old registration goes first, whether or not the new one is accepted.
-        let mut slot = self.reg.write().map_err(|_| ObjError::Poisoned("registration"))?;
-        let mut io = lock(&self.io, "io")?;
-        io.detach()?;
-        *slot = None;
-        io.attach(&reg, &self.map)?;
-        let sizes = reg.sizes;
-        *slot = Some(reg);
-        Ok(sizes)
-    }
-
-    /// Drops the registration (and its DMA mappings).
-    pub fn unregister(&self) -> Result<()> {
-        self.ensure_idle()?;
-        lock(&self.io, "io")?.detach()?;
-        *self.reg.write().map_err(|_| ObjError::Poisoned("registration"))? = None;
-        Ok(())
-    }
-
-    fn ensure_idle(&self) -> Result<()> {
-        let busy_jobs = lock(&self.jobs, "jobs")?.running();
-        let sessions = lock(&self.sessions, "sessions")?.len();
-        if busy_jobs > 0 || sessions > 0 {
-            return Err(ObjError::invalid(
-                "registration",
-                format!("{busy_jobs} jobs and {sessions} stores are in flight; finish them first"),
-            ));
-        }
-        Ok(())
-    }
-
-    fn registration(&self) -> Result<Arc<Registration>> {
-        self.reg
-            .read()
-            .map_err(|_| ObjError::Poisoned("registration"))?
-            .clone()
-            .ok_or(ObjError::NotRegistered)
-    }
-
-    /// The cache identity of the current registration.
-    pub fn identity(&self) -> Result<CacheIdentity> {
-        Ok(self.registration()?.identity.clone())
-    }
-
-    /// Table sizes of the current registration.
-    pub fn table_sizes(&self) -> Result<TableSizes> {
-        Ok(self.registration()?.sizes)
     }
 
     /// The longest prefix of `hashes` stored under the registered identity,

@@ -9,8 +9,9 @@
 //! not a GPU's speed. No GPU has run it yet; `scripts/gpu-check` runs it
 //! (`tutti bench staged --cuda`) when one is lent.
 
-use super::super::copy_bench::{CopyDirection, CopyReport, CopySpec, CopyTimes};
-use super::super::cuda_mem::{check, Device, Pinned};
+use super::super::copy_bench::{CopyReport, CopySpec, CopyTimes, Prepared};
+use super::context::check;
+use super::memory::{Device, Pinned};
 use super::CudaExecutor;
 use crate::error::Result;
 use crate::mem::ExecMemory;
@@ -124,15 +125,8 @@ impl CudaExecutor {
         }
         let slots = Pinned::new(&self.ctx, total)?;
         let kv = Device::new(&self.ctx, total)?;
-        let (src_mem, dst_mem): (&dyn ExecMemory, &dyn ExecMemory) = match spec.direction {
-            CopyDirection::SlotToKv => (&slots, &kv),
-            CopyDirection::KvToSlot => (&kv, &slots),
-        };
-        let src = spec.pattern(total);
-        src_mem.write_bytes(0, &src)?;
-        let offsets = spec.offsets(&spec.permutation());
-        let pairs: Vec<u64> =
-            offsets.iter().flat_map(|&(s, d)| [src_mem.exec_addr() + s, dst_mem.exec_addr() + d]).collect();
+        let Prepared { src_mem, dst_mem, src, offsets, pairs } =
+            spec.prepare::<dyn ExecMemory>(total, &slots, &kv)?;
         let pairs_mem = Device::new(&self.ctx, pairs.len() * 8)?;
         pairs_mem.write_bytes(0, zerocopy::IntoBytes::as_bytes(pairs.as_slice()))?;
         let events = Events::new(self)?;
@@ -175,17 +169,8 @@ impl CudaExecutor {
             check("cuMemcpyAsync", rc)
         };
         let mut got = vec![0u8; total];
-        let mut report = CopyReport {
-            chunk_bytes: spec.chunk_bytes,
-            chunks: spec.chunks,
-            direction: spec.direction,
-            grid,
-            block,
-            baseline: "cuMemcpyAsync (the copy engine)".into(),
-            clock: "CUDA events on the I/O stream".into(),
-            runs: Vec::new(),
-            verified_bytes: 0,
-        };
+        let mut report =
+            spec.report(grid, block, "cuMemcpyAsync (the copy engine)", "CUDA events on the I/O stream");
         for rep in 0..spec.reps {
             zero(dst_mem)?;
             let kernel = events.time(|| {

@@ -1,9 +1,13 @@
-//! CUDA contexts and the memory the CUDA executor hands to `GioUring`.
+//! The CUDA context everything of one executor lives in, and the rules its
+//! memory follows (the allocations themselves are `memory.rs` and
+//! `registry.rs`).
 //!
-//! Written against the CUDA driver API through `cudarc::driver::sys`. No GPU
-//! has run it; what runs it is the stand-in driver (`cuda-standin/`, the
-//! `executor_*` tests there), which models the CUDA semantics this file is
-//! built around:
+//! Written against the CUDA driver API through `cudarc::driver::sys`. In CI
+//! the stand-in driver runs it (`cuda-standin/`, the `executor_*` tests
+//! there), which models the CUDA semantics this file is built around; one
+//! H100 ran the gio_uring and objstore suites on it, once
+//! (`docs/gpu-verification.md` says when, at which commit, and what has
+//! changed since):
 //!
 //! - **One thread at a time, and the caller's context restored.** A green
 //!   context may be current to one thread at a time, and the executor is
@@ -30,9 +34,7 @@
 //!   streams, module and the context itself are leaked on purpose.
 
 use crate::error::{GioError, Result};
-use crate::mem::{check_range, ExecMemory, HostMapping, HostRange};
 use cudarc::driver::sys;
-use std::collections::HashMap;
 use std::ffi::CStr;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -61,7 +63,7 @@ pub(super) fn check(call: &'static str, rc: sys::CUresult) -> Result<()> {
 }
 
 /// Something whose release waits for the device.
-enum Deferred {
+pub(super) enum Deferred {
     Device(sys::CUdeviceptr),
     Host(*mut std::ffi::c_void),
     Unregister(*mut std::ffi::c_void),
@@ -194,7 +196,7 @@ impl CudaCtx {
     }
 
     /// Frees `what` now, later, or never (poisoned).
-    fn release(&self, what: Deferred) {
+    pub(super) fn release(&self, what: Deferred) {
         if self.is_poisoned() {
             return;
         }
@@ -208,6 +210,66 @@ impl CudaCtx {
         } else {
             cur.free(what);
         }
+    }
+}
+
+/// Where an executor's context comes from.
+impl CudaCtx {
+    /// The device's primary context (retained; released on drop).
+    pub fn primary(device: sys::CUdevice, copy_timeout: Duration) -> Result<Arc<Self>> {
+        let mut c: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out pointer and device; released in CudaCtx::drop.
+        check("cuDevicePrimaryCtxRetain", unsafe { sys::cuDevicePrimaryCtxRetain(&mut c, device) })?;
+        CudaCtx::new(c, device, None, copy_timeout)
+    }
+
+    /// A green context of `n` SMs: cuDeviceGetDevResource → cuDevSmResourceSplitByCount
+    /// → cuDevResourceGenerateDesc → cuGreenCtxCreate (§ CUDA driver API, Green Contexts).
+    pub fn green(device: sys::CUdevice, n: u32, copy_timeout: Duration) -> Result<(Arc<Self>, u32)> {
+        // SAFETY: plain C structs for which all-zero is a valid (empty) value.
+        let (mut all, mut part, mut rest): (sys::CUdevResource, sys::CUdevResource, sys::CUdevResource) =
+            unsafe { (std::mem::zeroed(), std::mem::zeroed(), std::mem::zeroed()) };
+        // SAFETY: valid out pointer and device.
+        check("cuDeviceGetDevResource", unsafe {
+            sys::cuDeviceGetDevResource(device, &mut all, sys::CUdevResourceType::CU_DEV_RESOURCE_TYPE_SM)
+        })?;
+        let mut groups = 1u32;
+        // SAFETY: one result slot for one group; input read-only.
+        check("cuDevSmResourceSplitByCount", unsafe {
+            sys::cuDevSmResourceSplitByCount(&mut part, &mut groups, &all, &mut rest, 0, n)
+        })?;
+        // SAFETY: reading the SM arm of the union of a resource of type SM.
+        let got = unsafe { part.__bindgen_anon_1.sm.smCount };
+        if groups != 1 || got == 0 {
+            return Err(GioError::Executor {
+                executor: "cuda".into(),
+                what: format!("cannot split off {n} SMs (got {groups} groups of {got})"),
+            });
+        }
+        let mut desc: sys::CUdevResourceDesc = std::ptr::null_mut();
+        // SAFETY: one valid resource.
+        check("cuDevResourceGenerateDesc", unsafe {
+            sys::cuDevResourceGenerateDesc(&mut desc, &mut part, 1)
+        })?;
+        let mut green: sys::CUgreenCtx = std::ptr::null_mut();
+        // SAFETY: a descriptor generated above; destroyed in CudaCtx::drop.
+        check("cuGreenCtxCreate", unsafe {
+            sys::cuGreenCtxCreate(
+                &mut green,
+                desc,
+                device,
+                sys::CUgreenCtxCreate_flags::CU_GREEN_CTX_DEFAULT_STREAM as u32,
+            )
+        })?;
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: `green` is live. The context it yields is owned by the green context.
+        let rc = unsafe { sys::cuCtxFromGreenCtx(&mut ctx, green) };
+        if let Err(e) = check("cuCtxFromGreenCtx", rc) {
+            // SAFETY: created above, used by nothing yet.
+            let _ = unsafe { sys::cuGreenCtxDestroy(green) };
+            return Err(e);
+        }
+        Ok((CudaCtx::new(ctx, device, Some(green), copy_timeout)?, got))
     }
 }
 
@@ -323,7 +385,7 @@ impl Current<'_> {
     }
 
     /// Deferred host unregistrations whose registration starts in `start..end`.
-    fn deferred_unregisters_in(&self, start: usize, end: usize) -> usize {
+    pub(super) fn deferred_unregisters_in(&self, start: usize, end: usize) -> usize {
         self.driver
             .deferred
             .iter()
@@ -334,7 +396,7 @@ impl Current<'_> {
     /// Performs now the deferred host unregistrations whose registration starts in
     /// `start..end` (the caller knows no kernel still uses them, and that the
     /// driver's wait for the device ends: launch mode).
-    fn release_unregisters_in(&mut self, start: usize, end: usize) {
+    pub(super) fn release_unregisters_in(&mut self, start: usize, end: usize) {
         let (now, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.driver.deferred)
             .into_iter()
             .partition(|d| matches!(d, Deferred::Unregister(p) if (start..end).contains(&(*p as usize))));
@@ -399,268 +461,5 @@ impl Drop for CudaCtx {
         if let Err(e) = check("releasing the context", rc) {
             tracing::warn!(error = %e, "CUDA context release failed");
         }
-    }
-}
-
-/// Mapped pinned host memory: the host uses `host`, the GPU `dev`. Not
-/// write-combined, so the host reads it (completion ring, IOCB results) at
-/// normal speed.
-pub(super) struct Pinned {
-    ctx: Arc<CudaCtx>,
-    host: NonNull<u8>,
-    dev: u64,
-    len: usize,
-}
-
-// SAFETY: plain pinned memory; concurrent use follows the ring protocol (atomics).
-unsafe impl Send for Pinned {}
-// SAFETY: as above.
-unsafe impl Sync for Pinned {}
-
-impl Pinned {
-    pub fn new(ctx: &Arc<CudaCtx>, len: usize) -> Result<Self> {
-        let cur = ctx.enter()?;
-        let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
-        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
-        // SAFETY: valid out pointer; the context is current.
-        check("cuMemHostAlloc", unsafe { sys::cuMemHostAlloc(&mut p, len.max(1), flags) })?;
-        let host = NonNull::new(p.cast::<u8>())
-            .ok_or_else(|| GioError::Cuda { call: "cuMemHostAlloc", code: "null".into() })?;
-        // SAFETY: `len` bytes were just allocated at `host`.
-        unsafe { std::ptr::write_bytes(host.as_ptr(), 0, len) };
-        let mut dev: sys::CUdeviceptr = 0;
-        // SAFETY: `p` is a DEVICEMAP allocation of this context.
-        let rc = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, p, 0) };
-        drop(cur);
-        // Constructed before the check so that `Drop` frees it on error.
-        let mem = Pinned { ctx: ctx.clone(), host, dev, len };
-        check("cuMemHostGetDevicePointer", rc)?;
-        Ok(mem)
-    }
-
-    pub fn host(&self) -> NonNull<u8> {
-        self.host
-    }
-}
-
-impl Drop for Pinned {
-    fn drop(&mut self) {
-        self.ctx.release(Deferred::Host(self.host.as_ptr().cast()));
-    }
-}
-
-impl ExecMemory for Pinned {
-    fn exec_addr(&self) -> u64 {
-        self.dev
-    }
-    fn host_ptr(&self) -> Option<NonNull<u8>> {
-        Some(self.host)
-    }
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn write_bytes(&self, offset: usize, bytes: &[u8]) -> Result<()> {
-        check_range(self.len, offset, bytes.len())?;
-        // SAFETY: in bounds (checked); separate source slice.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.host.as_ptr().add(offset), bytes.len()) };
-        Ok(())
-    }
-    fn read_bytes(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        check_range(self.len, offset, out.len())?;
-        // SAFETY: in bounds (checked); separate destination slice.
-        unsafe { std::ptr::copy_nonoverlapping(self.host.as_ptr().add(offset), out.as_mut_ptr(), out.len()) };
-        Ok(())
-    }
-}
-
-/// Device memory, reached by the host through copies on the copy stream.
-pub(super) struct Device {
-    ctx: Arc<CudaCtx>,
-    dev: u64,
-    len: usize,
-}
-
-impl Device {
-    pub fn new(ctx: &Arc<CudaCtx>, len: usize) -> Result<Self> {
-        let cur = ctx.enter()?;
-        let mut dev: sys::CUdeviceptr = 0;
-        // SAFETY: valid out pointer; the context is current.
-        check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut dev, len.max(1)) })?;
-        let zeroed = cur.zero(dev, len);
-        drop(cur);
-        // Constructed before the check so that `Drop` frees it on error.
-        let mem = Device { ctx: ctx.clone(), dev, len };
-        zeroed?;
-        Ok(mem)
-    }
-}
-
-impl Drop for Device {
-    fn drop(&mut self) {
-        self.ctx.release(Deferred::Device(self.dev));
-    }
-}
-
-impl ExecMemory for Device {
-    fn exec_addr(&self) -> u64 {
-        self.dev
-    }
-    fn host_ptr(&self) -> Option<NonNull<u8>> {
-        None
-    }
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn write_bytes(&self, offset: usize, bytes: &[u8]) -> Result<()> {
-        check_range(self.len, offset, bytes.len())?;
-        self.ctx.enter()?.write(self.dev + offset as u64, bytes)
-    }
-    fn read_bytes(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        check_range(self.len, offset, out.len())?;
-        self.ctx.enter()?.read(self.dev + offset as u64, out)
-    }
-}
-
-struct Registered {
-    len: usize,
-    dev: u64,
-    refs: usize,
-}
-
-/// Host ranges registered with the driver, by page-aligned start. Several
-/// mappings share one registration (both doorbells of a queue sit in one BAR
-/// page, and registering a page twice is an error).
-pub(super) struct Registry {
-    ctx: Arc<CudaCtx>,
-    map: Mutex<HashMap<usize, Registered>>,
-    unregister_now: bool,
-}
-
-/// Why [`Registry::map`] failed.
-pub(super) enum MapError {
-    /// The driver refused to register a BAR page (IOMEMORY): the caller may
-    /// fall back to the doorbell relay.
-    IoRefused(GioError),
-    Other(GioError),
-}
-
-impl From<MapError> for GioError {
-    fn from(e: MapError) -> Self {
-        match e {
-            MapError::IoRefused(e) | MapError::Other(e) => e,
-        }
-    }
-}
-
-impl Registry {
-    /// `unregister_now`: a deferred unregistration may be run when the same memory is
-    /// registered again (launch mode: the driver's wait for the device ends).
-    pub fn new(ctx: &Arc<CudaCtx>, unregister_now: bool) -> Arc<Self> {
-        Arc::new(Registry { ctx: ctx.clone(), map: Mutex::default(), unregister_now })
-    }
-
-    /// # Safety
-    /// `ptr..ptr+len` must stay mapped until the returned mapping is dropped.
-    pub unsafe fn map(
-        self: &Arc<Self>,
-        ptr: *mut u8,
-        len: usize,
-        range: HostRange,
-    ) -> Result<Box<dyn HostMapping>, MapError> {
-        const PAGE: usize = 4096;
-        let start = ptr as usize & !(PAGE - 1);
-        let end = (ptr as usize + len.max(1)).next_multiple_of(PAGE);
-        let mut map =
-            self.map.lock().map_err(|_| MapError::Other(GioError::invalid("registry lock poisoned")))?;
-        let hit = map.iter_mut().find(|(&base, r)| base <= start && end <= base + r.len);
-        let (base, dev) = match hit {
-            Some((&base, r)) => {
-                r.refs += 1;
-                (base, r.dev)
-            }
-            None => {
-                let mut cur = self.ctx.enter().map_err(MapError::Other)?;
-                // A registration of this memory whose mapping was dropped may still wait in the
-                // deferred list (frees wait while kernels may run): the driver would refuse the
-                // range as already registered. In launch mode its unregistration can run now
-                // (the mapping's users are gone and the driver's wait for running launches
-                // ends); under a persistent kernel it would block until the kernel stops.
-                // An old registration that starts below `start` is not looked for: the driver
-                // refuses the range then, and that error is returned.
-                if cur.deferred_unregisters_in(start, end) > 0 {
-                    if !self.unregister_now {
-                        return Err(MapError::Other(GioError::Executor {
-                            executor: "cuda".into(),
-                            what: format!(
-                                "host memory {start:#x}..{end:#x} was registered before and its release \
-                                 waits for the persistent I/O kernel to stop; it cannot be registered again \
-                                 until then (stop the executor, or use launch mode)"
-                            ),
-                        }));
-                    }
-                    cur.release_unregisters_in(start, end);
-                }
-                // IOMEMORY tells the driver the range is device registers (a BAR), which it
-                // maps uncached for the GPU's stores (DESIGN.md: doorbells written by the GPU).
-                let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP
-                    | if range == HostRange::Io { sys::CU_MEMHOSTREGISTER_IOMEMORY } else { 0 };
-                // SAFETY: the caller keeps the range mapped; page-aligned as the driver requires.
-                let rc = unsafe { sys::cuMemHostRegister_v2(start as *mut _, end - start, flags) };
-                if let Err(e) = check("cuMemHostRegister", rc) {
-                    return Err(match range {
-                        // Some drivers refuse remap_pfn_range mappings (open-gpu-kernel-modules #732).
-                        HostRange::Io => MapError::IoRefused(GioError::Executor {
-                            executor: "cuda".into(),
-                            what: format!(
-                                "cannot map the drive's doorbell page for the GPU ({e}); this driver may not \
-                                 support registering PCI BARs (IOMEMORY)"
-                            ),
-                        }),
-                        HostRange::Memory => MapError::Other(e),
-                    });
-                }
-                let mut dev: sys::CUdeviceptr = 0;
-                // SAFETY: `start` was just registered with DEVICEMAP.
-                let rc = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, start as *mut _, 0) };
-                if let Err(e) = check("cuMemHostGetDevicePointer", rc) {
-                    // SAFETY: registered just above, nothing uses it yet.
-                    let _ = unsafe { sys::cuMemHostUnregister(start as *mut _) };
-                    return Err(MapError::Other(e));
-                }
-                drop(cur);
-                map.insert(start, Registered { len: end - start, dev, refs: 1 });
-                (start, dev)
-            }
-        };
-        Ok(Box::new(Mapping { registry: self.clone(), base, exec: dev + (ptr as usize - base) as u64 }))
-    }
-
-    fn unmap(&self, base: usize) {
-        let Ok(mut map) = self.map.lock() else { return };
-        let Some(r) = map.get_mut(&base) else { return };
-        r.refs -= 1;
-        if r.refs == 0 {
-            map.remove(&base);
-            drop(map);
-            self.ctx.release(Deferred::Unregister(base as *mut _));
-        }
-    }
-}
-
-struct Mapping {
-    registry: Arc<Registry>,
-    base: usize,
-    exec: u64,
-}
-
-impl HostMapping for Mapping {
-    fn exec_addr(&self) -> u64 {
-        self.exec
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        self.registry.unmap(self.base);
     }
 }
