@@ -22,13 +22,13 @@ pub struct RawQueuePair {
 
 impl RawQueuePair {
     pub(crate) fn create(ctrl: &Arc<Controller>, depth: u32, purpose: &str) -> Result<Self> {
-        let qid = ctrl.claim_qid(purpose)?;
+        let qid = ctrl.claim_io_qid(purpose)?;
         match ctrl.create_queues(qid, depth) {
             Ok((sq, cq, sq_doorbell, cq_doorbell)) => {
                 Ok(RawQueuePair { ctrl: ctrl.clone(), qid, depth, sq, cq, sq_doorbell, cq_doorbell })
             }
             Err(e) => {
-                ctrl.release_qid(qid);
+                ctrl.release_io_qid(qid);
                 Err(e)
             }
         }
@@ -94,9 +94,9 @@ impl RawQueuePair {
 
 impl Drop for RawQueuePair {
     fn drop(&mut self) {
-        if let Err(e) = self.ctrl.delete_queues(self.qid) {
+        if let Err(e) = self.ctrl.delete_io_queues(self.qid) {
             tracing::warn!(device = %self.ctrl.name(), qid = self.qid, error = %e, "deleting raw queue pair failed");
         }
-        self.ctrl.release_qid(self.qid);
+        self.ctrl.release_io_qid(self.qid);
     }
 }
