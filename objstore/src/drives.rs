@@ -12,7 +12,8 @@ use crate::journal::MetaDev;
 use crate::stripe::DriveShape;
 use std::sync::{Arc, Mutex};
 use tutti_driver::command::DataMode;
-use tutti_driver::controller::{Controller, ControllerInfo, SharedQueuePair};
+use tutti_driver::controller::{Controller, ControllerInfo};
+use tutti_driver::queue::SharedQueuePair;
 use tutti_driver::queue::IoQueuePair;
 use tutti_driver::transport::DmaBuffer;
 

@@ -47,14 +47,14 @@ pub struct Controller {
     admin: Box<dyn AdminPath>,
     info: ControllerInfo,
     /// The pair handed out by [`shared_io_queue_pair`](Self::shared_io_queue_pair), while anyone holds it.
-    shared: Mutex<Weak<SharedQueuePair>>,
+    /// The controller keeps the slot and the queue module what goes in it
+    /// (a `queue::SharedQueuePair`): a queue pair depends on its controller, not the reverse.
+    shared: SharedSlot,
     shut_down: AtomicBool,
 }
 
-/// An I/O queue pair several users of one controller take turns on: each
-/// holds the lock for a whole operation (every command it submitted has
-/// completed, or was abandoned, when it lets go).
-pub type SharedQueuePair = Mutex<crate::queue::IoQueuePair>;
+/// Where a controller keeps its shared queue pair (see `queue::shared`).
+pub(crate) type SharedSlot = Mutex<Weak<dyn std::any::Any + Send + Sync>>;
 
 /// Queue management for a controller whose admin queue lives in another process (a daemon).
 ///
@@ -155,6 +155,11 @@ impl Controller {
         self.admin.shutdown()
     }
 
+    /// The slot of the shared queue pair.
+    pub(crate) fn shared_slot(&self) -> &SharedSlot {
+        &self.shared
+    }
+
     /// Whether [`shutdown`](Self::shutdown) has run.
     pub fn is_shut_down(&self) -> bool {
         self.shut_down.load(Ordering::Acquire)
@@ -178,7 +183,7 @@ impl Controller {
             opts,
             admin,
             info,
-            shared: Mutex::new(Weak::new()),
+            shared: Mutex::new(Weak::<()>::new()),
             shut_down: AtomicBool::new(false),
         })
     }
@@ -193,6 +198,6 @@ impl Drop for Controller {
 }
 
 /// The error for a lock some thread panicked while holding.
-fn poisoned(device: &str) -> DriverError {
+pub(crate) fn poisoned(device: &str) -> DriverError {
     DriverError::Emulated(format!("{device}: internal lock poisoned"))
 }

@@ -1,12 +1,11 @@
 //! I/O queue ids and queue pairs: claiming, creating, deleting and
-//! recreating them, and the shared pair. The calls are the same on an owned
+//! recreating them. The calls are the same on an owned
 //! and a leased controller; the controller's admin path carries them out.
 
-use super::{poisoned, Controller, SharedQueuePair};
+use super::Controller;
 use crate::error::{DriverError, Result};
 use crate::spec::registers::{cq_head_doorbell, sq_tail_doorbell};
 use crate::transport::{DmaBuffer, Doorbell};
-use std::sync::{Arc, Mutex};
 
 impl Controller {
     /// Claims a free I/O queue id for `purpose` (named in the error when none
@@ -20,23 +19,6 @@ impl Controller {
     /// controller: what its owner says this client may still claim).
     pub fn free_io_queue_pairs(&self) -> u16 {
         self.admin.free()
-    }
-
-    /// The controller's shared I/O queue pair: created with `depth` entries
-    /// (clamped to 2..=CAP.MQES+1) by the first caller, and the same pair for
-    /// every caller while any of them holds it. Users that need few commands
-    /// (metadata), or that cannot get a pair of their own on a controller
-    /// that grants few, take turns on it.
-    pub fn shared_io_queue_pair(self: &Arc<Self>, depth: u32) -> Result<Arc<SharedQueuePair>> {
-        let mut slot = self.shared.lock().map_err(|_| poisoned(&self.name))?;
-        if let Some(pair) = slot.upgrade() {
-            return Ok(pair);
-        }
-        let depth = depth.clamp(2, self.info.max_queue_entries.max(2));
-        let pair =
-            Arc::new(Mutex::new(crate::queue::IoQueuePair::create(self, depth, "the shared queue pair")?));
-        *slot = Arc::downgrade(&pair);
-        Ok(pair)
     }
 
     /// Gives back an I/O queue id from [`claim_io_qid`](Self::claim_io_qid)
