@@ -13,8 +13,8 @@ use crate::stripe::DriveShape;
 use std::sync::{Arc, Mutex};
 use tutti_driver::command::DataMode;
 use tutti_driver::controller::{Controller, ControllerInfo};
-use tutti_driver::queue::SharedQueuePair;
 use tutti_driver::queue::IoQueuePair;
+use tutti_driver::queue::SharedQueuePair;
 use tutti_driver::transport::DmaBuffer;
 
 /// Staging for metadata transfers; larger reads and writes go in windows.
