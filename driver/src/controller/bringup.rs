@@ -10,7 +10,7 @@ use super::DRIVER_MAX_TRANSFER;
 use super::{AdminPath, Controller, ControllerInfo, ControllerOptions, NamespaceFormat, NamespaceInfo};
 use crate::command::Command;
 use crate::error::{DriverError, Result};
-use crate::queue::QueueCore;
+use crate::queue::{QueueCore, QueueRings};
 use crate::spec::registers::{cq_head_doorbell, offset, sq_tail_doorbell};
 use crate::spec::{Aqa, Cap, Cc, CommandSet, IdentifyController, IdentifyNamespace, SglSupport, Version};
 use crate::transport::{DmaSpace, Doorbell, Registers};
@@ -77,15 +77,15 @@ impl Controller {
         wait_csts(&*regs, &name, ready_wait, "CSTS.RDY=1 after enabling", true, |c| c.ready())?;
 
         let dstrd = cap.dstrd();
-        let core = QueueCore::new(
-            &name,
-            0,
-            admin_entries,
-            asq,
-            acq,
-            Doorbell::new(&regs, sq_tail_doorbell(0, dstrd))?,
-            Doorbell::new(&regs, cq_head_doorbell(0, dstrd))?,
-        )?;
+        let rings = QueueRings {
+            qid: 0,
+            depth: admin_entries,
+            sq: asq,
+            cq: acq,
+            sq_doorbell: Doorbell::new(&regs, sq_tail_doorbell(0, dstrd))?,
+            cq_doorbell: Doorbell::new(&regs, cq_head_doorbell(0, dstrd))?,
+        };
+        let core = QueueCore::new(&name, rings)?;
         let page = dma.alloc(4096)?;
         let settings = AdminSettings {
             requested: opts.io_queue_pairs.max(1),

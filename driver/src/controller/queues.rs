@@ -4,6 +4,7 @@
 
 use super::Controller;
 use crate::error::{DriverError, Result};
+use crate::queue::QueueRings;
 use crate::spec::registers::{cq_head_doorbell, sq_tail_doorbell};
 use crate::transport::{DmaBuffer, Doorbell};
 
@@ -41,19 +42,15 @@ impl Controller {
 
     /// Creates the CQ and SQ of queue `qid` on the controller, with memory of
     /// `depth` entries. On failure nothing is left behind.
-    pub(crate) fn create_queues(
-        &self,
-        qid: u16,
-        depth: u32,
-    ) -> Result<(DmaBuffer, DmaBuffer, Doorbell, Doorbell)> {
+    pub(crate) fn create_queues(&self, qid: u16, depth: u32) -> Result<QueueRings> {
         self.check_depth(depth)?;
         let sq = self.dma.alloc(depth as usize * 64)?;
         let cq = self.dma.alloc(depth as usize * 16)?;
         self.admin.create_queues(qid, depth, sq.iova(), cq.iova())?;
         let dstrd = self.cap.dstrd();
-        let sq_db = Doorbell::new(&self.regs, sq_tail_doorbell(qid, dstrd))?;
-        let cq_db = Doorbell::new(&self.regs, cq_head_doorbell(qid, dstrd))?;
-        Ok((sq, cq, sq_db, cq_db))
+        let sq_doorbell = Doorbell::new(&self.regs, sq_tail_doorbell(qid, dstrd))?;
+        let cq_doorbell = Doorbell::new(&self.regs, cq_head_doorbell(qid, dstrd))?;
+        Ok(QueueRings { qid, depth, sq, cq, sq_doorbell, cq_doorbell })
     }
 
     /// Creates the CQ then the SQ of claimed queue `qid`, `depth` entries

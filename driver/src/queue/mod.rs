@@ -6,9 +6,11 @@
 mod core;
 mod pair;
 mod raw;
+mod rings;
 mod shared;
 
 pub use self::core::{backoff, Completion, QueueCore, Settled};
 pub use pair::{slice_segments, IoQueuePair, QueueRecovery};
 pub use raw::RawQueuePair;
+pub use rings::QueueRings;
 pub use shared::SharedQueuePair;

@@ -60,8 +60,8 @@ impl IoQueuePair {
         let scratch_per_cid = prp::list_pages(entries, page).max(1) * page as usize;
         let scratch = ctrl.dma().alloc(scratch_per_cid * depth as usize)?;
         let qid = ctrl.claim_io_qid(purpose)?;
-        let created = ctrl.create_queues(qid, depth).and_then(|(sq, cq, sq_db, cq_db)| {
-            QueueCore::new(ctrl.name(), qid, depth, sq, cq, sq_db, cq_db).inspect_err(|_| {
+        let created = ctrl.create_queues(qid, depth).and_then(|rings| {
+            QueueCore::new(ctrl.name(), rings).inspect_err(|_| {
                 let _ = ctrl.delete_io_queues(qid);
             })
         });
