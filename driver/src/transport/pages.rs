@@ -14,7 +14,9 @@ pub struct HostPages {
     layout: Layout,
 }
 
-// SAFETY: plain memory owned by this value alone; no method reads or writes through the pointer.
+// SAFETY: plain memory owned by this value alone; no method of it reads or writes through the
+// pointer. A type that accesses the memory through `ptr` (a `DmaBuffer`, objstore's
+// `HostKvMemory`) states why its own accesses are sound.
 unsafe impl Send for HostPages {}
 // SAFETY: as above.
 unsafe impl Sync for HostPages {}
