@@ -4,7 +4,7 @@
 //!   `tutti-emulator` locks with `flock`; tuttid's socket) gets an owner record
 //!   beside it, `<file>.owner` (pid, command line, start time), so that a refused
 //!   opener can name the holder ([`write_record`], [`read_record`],
-//!   [`describe_record`]). A record only names; the lock decides, so a record a
+//!   [`describe_record`], [`describe_holder`]). A record only names; the lock decides, so a record a
 //!   dead holder left behind blocks nothing.
 //! - A VFIO group node can be open in one process only (a second open fails with
 //!   EBUSY). [`holders_of`] finds the processes that have a node open by scanning
@@ -89,6 +89,39 @@ pub fn describe_record(path: &Path) -> Option<String> {
         if alive { "a process with that pid is running" } else { "no longer running" },
         path.display()
     ))
+}
+
+/// Names whoever holds the file `path` (an emulated drive's media file): the owner record when a live
+/// process it names (one with the file open, where a scan can tell) wrote it,
+/// else the processes a `/proc` scan finds with the file open.
+pub fn describe_holder(proc_root: &Path, path: &Path) -> String {
+    let sidecar = sidecar_path(path);
+    let record = read_record(&sidecar);
+    let found = holders_of(proc_root, path);
+    if let Some(r) = &record {
+        let alive = proc_root.join(r.pid.to_string()).exists();
+        if alive && (found.is_empty() || found.iter().any(|h| h.pid == r.pid)) {
+            let holder = Holder { pid: r.pid, command: r.command.clone() };
+            let since = r
+                .since
+                .and_then(|s| {
+                    let now = SystemTime::now().duration_since(UNIX_EPOCH).ok()?.as_secs();
+                    Some(format!(", owner since {}s ago", now.checked_sub(s)?))
+                })
+                .unwrap_or_default();
+            return format!("{holder}{since} (recorded in {})", sidecar.display());
+        }
+    }
+    if !found.is_empty() {
+        let list: Vec<String> = found.iter().map(Holder::to_string).collect();
+        return list.join(", ");
+    }
+    format!(
+        "another process that could not be identified ({} names no live owner, and no process \
+         visible in {} has the file open)",
+        sidecar.display(),
+        proc_root.display()
+    )
 }
 
 /// What an owner record says.
@@ -245,5 +278,27 @@ mod tests {
         let r = read_record(&p).unwrap();
         assert_eq!((r.pid, r.command.chars().count()), (5, COMMAND_MAX + 1));
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn holder_named_from_live_record_or_from_the_scan() {
+        let root = temp_dir("desc");
+        let media = root.join("emu0.img");
+        std::fs::write(&media, b"").unwrap();
+        let media = std::fs::canonicalize(&media).unwrap();
+        let proc_root = root.join("proc");
+        // A live recorded owner that has the file open is named from its record.
+        fake_proc(&proc_root, 77, b"engine\0", &[media.to_str().unwrap()]);
+        std::fs::write(sidecar_path(&media), "pid=77\ncommand=engine --tp 2\nsince=0\n").unwrap();
+        let d = describe_holder(&proc_root, &media);
+        assert!(d.starts_with("pid 77 (engine --tp 2)") && d.contains("emu0.img.owner"), "{d}");
+        // A stale record (dead pid) is not believed; the scan names the real holder.
+        std::fs::write(sidecar_path(&media), "pid=76\ncommand=dead\n").unwrap();
+        assert_eq!(describe_holder(&proc_root, &media), "pid 77 (engine)");
+        // Nothing found anywhere: said so.
+        std::fs::remove_dir_all(&proc_root).unwrap();
+        let d = describe_holder(&proc_root, &media);
+        assert!(d.contains("could not be identified") && d.contains("emu0.img.owner"), "{d}");
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }

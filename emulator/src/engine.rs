@@ -10,12 +10,13 @@
 mod admin;
 mod io;
 mod queues;
+mod service;
 
 use super::faults::FaultAction;
 use super::iommu::DmaView;
 use super::media::Media;
-use super::Shared;
-use queues::{Cq, Pending, QueueMem, Sq};
+use crate::shared::Shared;
+use queues::{Cq, Done, Pending, QueueMem, Sq};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -121,38 +122,6 @@ impl Backoff {
 /// store, not a locked read-modify-write per command.
 fn bump(counter: &std::sync::atomic::AtomicU64, n: u64) {
     counter.store(counter.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
-}
-
-/// What executing a command produced.
-struct Done {
-    status: Status,
-    dw0: u32,
-    /// Post no earlier than this.
-    due: Option<Instant>,
-    /// Not executed yet: run this I/O command when `due` comes, then post its
-    /// completion ([`FaultAction::DelayExecution`]).
-    deferred: Option<SubmissionEntry>,
-}
-
-impl Done {
-    fn ok(dw0: u32) -> Done {
-        Done { status: Status::SUCCESS, dw0, due: None, deferred: None }
-    }
-    fn err(status: Status) -> Done {
-        Done { status, dw0: 0, due: None, deferred: None }
-    }
-    fn deferred(due: Instant, sqe: SubmissionEntry) -> Done {
-        Done { status: Status::SUCCESS, dw0: 0, due: Some(due), deferred: Some(sqe) }
-    }
-}
-
-impl From<Result<u32, Status>> for Done {
-    fn from(r: Result<u32, Status>) -> Done {
-        match r {
-            Ok(dw0) => Done::ok(dw0),
-            Err(status) => Done::err(status),
-        }
-    }
 }
 
 /// Errors in what the host sent will fail again if retried, so they carry DNR

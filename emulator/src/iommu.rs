@@ -29,9 +29,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use tutti_driver::transport::pages::HostPages;
 use tutti_driver::transport::{DmaBuffer, DmaMapping, DmaSpace, IovaSegment};
 use tutti_driver::{DriverError, Result};
 
@@ -130,22 +130,14 @@ impl Table {
 struct Release {
     table: Arc<Table>,
     iova: u64,
-    owned: Option<(NonNull<u8>, std::alloc::Layout)>,
+    /// Freed as it drops, after `drop` removed the mapping.
+    _owned: Option<HostPages>,
 }
-
-// SAFETY: `owned` is memory this value alone frees; the table is thread-safe.
-unsafe impl Send for Release {}
-// SAFETY: as above; no method reads through the pointer.
-unsafe impl Sync for Release {}
 
 impl Drop for Release {
     fn drop(&mut self) {
-        // Unmap before freeing, so the device can never reach freed memory.
+        // Unmap before freeing (`_owned` drops after this), so the device can never reach freed memory.
         self.table.remove(self.iova);
-        if let Some((ptr, layout)) = self.owned {
-            // SAFETY: allocated in `alloc` with exactly this layout and freed only here.
-            unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
-        }
     }
 }
 
@@ -658,24 +650,11 @@ impl DmaSpace for EmuIommu {
     }
 
     fn alloc(&self, len: usize) -> Result<DmaBuffer> {
-        if len == 0 {
-            return Err(DriverError::dma(&*self.name, "zero-length allocation"));
-        }
-        let size = len.next_multiple_of(PAGE);
-        let layout = std::alloc::Layout::from_size_align(size, PAGE)
-            .map_err(|e| DriverError::dma(&*self.name, format!("bad allocation of {len} bytes: {e}")))?;
-        // SAFETY: non-zero size (checked above).
-        let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })
-            .ok_or_else(|| DriverError::dma(&*self.name, format!("out of memory allocating {size} bytes")))?;
-        let iova = match self.table.insert(ptr.as_ptr() as usize, size, 0, LOCAL_OWNER, None) {
-            Ok(iova) => iova,
-            Err(e) => {
-                // SAFETY: just allocated with this layout, not shared.
-                unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
-                return Err(e);
-            }
-        };
-        let release = Release { table: self.table.clone(), iova, owned: Some((ptr, layout)) };
+        let pages = HostPages::alloc(&self.name, len, PAGE)?;
+        let (ptr, size) = (pages.ptr(), pages.len());
+        // Not mapped on failure: `pages` is freed as it drops.
+        let iova = self.table.insert(ptr.as_ptr() as usize, size, 0, LOCAL_OWNER, None)?;
+        let release = Release { table: self.table.clone(), iova, _owned: Some(pages) };
         // SAFETY: zeroed, page-aligned, `size` bytes, mapped at `iova` until `release` drops.
         Ok(unsafe { DmaBuffer::from_raw(ptr, size, iova, Box::new(release)) })
     }
@@ -691,7 +670,7 @@ impl DmaSpace for EmuIommu {
             .next_multiple_of(PAGE);
         let base = self.table.insert(start, end - start, vaddr as usize - start, LOCAL_OWNER, None)?;
         let iova = base + (vaddr as usize - start) as u64;
-        let release = Release { table: self.table.clone(), iova: base, owned: None };
+        let release = Release { table: self.table.clone(), iova: base, _owned: None };
         let segments = vec![IovaSegment { iova, len: len as u64 }];
         // SAFETY: the segment is where `resolve` will find this range; `release` unmaps it.
         Ok(unsafe { DmaMapping::from_raw(vaddr, len, segments, Box::new(release)) })

@@ -12,8 +12,7 @@
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
-use tutti_driver::owner::{holders_of, read_record, remove_own_record, sidecar_path, write_record, Holder};
+use tutti_driver::owner::{describe_holder, remove_own_record, sidecar_path, write_record};
 use tutti_driver::{DriverError, Result};
 
 /// `flock` retries after EINTR.
@@ -81,84 +80,4 @@ fn try_lock(file: &File) -> std::io::Result<bool> {
         }
     }
     Err(std::io::Error::from_raw_os_error(libc::EINTR))
-}
-
-/// Names whoever holds the media file `path`: the owner record when a live
-/// process it names (one with the file open, where a scan can tell) wrote it,
-/// else the processes a `/proc` scan finds with the file open.
-fn describe_holder(proc_root: &Path, path: &Path) -> String {
-    let sidecar = sidecar_path(path);
-    let record = read_record(&sidecar);
-    let found = holders_of(proc_root, path);
-    if let Some(r) = &record {
-        let alive = proc_root.join(r.pid.to_string()).exists();
-        if alive && (found.is_empty() || found.iter().any(|h| h.pid == r.pid)) {
-            let holder = Holder { pid: r.pid, command: r.command.clone() };
-            let since = r
-                .since
-                .and_then(|s| {
-                    let now = SystemTime::now().duration_since(UNIX_EPOCH).ok()?.as_secs();
-                    Some(format!(", owner since {}s ago", now.checked_sub(s)?))
-                })
-                .unwrap_or_default();
-            return format!("{holder}{since} (recorded in {})", sidecar.display());
-        }
-    }
-    if !found.is_empty() {
-        let list: Vec<String> = found.iter().map(Holder::to_string).collect();
-        return list.join(", ");
-    }
-    format!(
-        "another process that could not be identified ({} names no live owner, and no process \
-         visible in {} has the file open)",
-        sidecar.display(),
-        proc_root.display()
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::unix::fs::symlink;
-
-    fn temp_dir(tag: &str) -> PathBuf {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let d = std::env::temp_dir().join(format!("tutti-owner-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    }
-
-    /// A fake `/proc`: each process gets a command line and fd links.
-    fn fake_proc(root: &Path, pid: u32, cmdline: &[u8], links: &[&str]) {
-        let fd = root.join(pid.to_string()).join("fd");
-        std::fs::create_dir_all(&fd).unwrap();
-        std::fs::write(root.join(pid.to_string()).join("cmdline"), cmdline).unwrap();
-        for (i, l) in links.iter().enumerate() {
-            symlink(l, fd.join((i + 3).to_string())).unwrap();
-        }
-    }
-
-    #[test]
-    fn holder_named_from_live_record_or_from_the_scan() {
-        let root = temp_dir("desc");
-        let media = root.join("emu0.img");
-        std::fs::write(&media, b"").unwrap();
-        let media = std::fs::canonicalize(&media).unwrap();
-        let proc_root = root.join("proc");
-        // A live recorded owner that has the file open is named from its record.
-        fake_proc(&proc_root, 77, b"engine\0", &[media.to_str().unwrap()]);
-        std::fs::write(sidecar_path(&media), "pid=77\ncommand=engine --tp 2\nsince=0\n").unwrap();
-        let d = describe_holder(&proc_root, &media);
-        assert!(d.starts_with("pid 77 (engine --tp 2)") && d.contains("emu0.img.owner"), "{d}");
-        // A stale record (dead pid) is not believed; the scan names the real holder.
-        std::fs::write(sidecar_path(&media), "pid=76\ncommand=dead\n").unwrap();
-        assert_eq!(describe_holder(&proc_root, &media), "pid 77 (engine)");
-        // Nothing found anywhere: said so.
-        std::fs::remove_dir_all(&proc_root).unwrap();
-        let d = describe_holder(&proc_root, &media);
-        assert!(d.contains("could not be identified") && d.contains("emu0.img.owner"), "{d}");
-        std::fs::remove_dir_all(&root).unwrap();
-    }
 }

@@ -8,12 +8,10 @@ use tutti_driver::command::DataPtr;
 use tutti_driver::spec::SglDescriptor;
 use tutti_kernels::abi::{self, IoCtx};
 
-/// Read or write.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Op {
-    Read = 0x02,
-    Write = 0x01,
-}
+/// The NVMe I/O opcode an IOCTX carries: the driver's [`IoOpcode`](tutti_driver::spec::IoOpcode), one
+/// enum for both. An IOCTX is a Read or a Write; the executors refuse any
+/// other opcode with [`Invalid::Opcode`](crate::status::Invalid::Opcode) (`tt_check_rw`).
+pub use tutti_driver::spec::IoOpcode as Op;
 
 /// Where an IOCTX's data is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -12,8 +12,9 @@ use crate::journal::MetaDev;
 use crate::stripe::DriveShape;
 use std::sync::{Arc, Mutex};
 use tutti_driver::command::DataMode;
-use tutti_driver::controller::{Controller, ControllerInfo, SharedQueuePair};
+use tutti_driver::controller::{Controller, ControllerInfo};
 use tutti_driver::queue::IoQueuePair;
+use tutti_driver::queue::SharedQueuePair;
 use tutti_driver::transport::DmaBuffer;
 
 /// Staging for metadata transfers; larger reads and writes go in windows.

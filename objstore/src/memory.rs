@@ -5,19 +5,14 @@
 //! them (callers wait for their jobs first).
 
 use crate::error::{ObjError, Result};
-use std::alloc::Layout;
-use std::ptr::NonNull;
+use tutti_driver::transport::pages::HostPages;
 
-/// Page-aligned, zeroed host memory for KV blocks.
+/// Page-aligned, zeroed host memory for KV blocks. Send and Sync come from
+/// `HostPages`: every access here is a bounds-checked copy, and shared access
+/// only copies bytes in or out.
 pub struct HostKvMemory {
-    ptr: NonNull<u8>,
-    layout: Layout,
+    pages: HostPages,
 }
-
-// SAFETY: plain owned memory; every access is a bounds-checked copy.
-unsafe impl Send for HostKvMemory {}
-// SAFETY: as above; shared access only copies bytes in or out.
-unsafe impl Sync for HostKvMemory {}
 
 impl HostKvMemory {
     pub const ALIGN: usize = 4096;
@@ -26,24 +21,20 @@ impl HostKvMemory {
         if len == 0 {
             return Err(ObjError::invalid("len", "KV memory of zero bytes"));
         }
-        let layout = Layout::from_size_align(len.next_multiple_of(Self::ALIGN), Self::ALIGN)
+        let pages = HostPages::alloc("KV memory", len, Self::ALIGN)
             .map_err(|e| ObjError::invalid("len", format!("{len} bytes: {e}")))?;
-        // SAFETY: non-zero size (checked above).
-        let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).ok_or_else(|| {
-            ObjError::invalid("len", format!("out of memory allocating {len} bytes of KV memory"))
-        })?;
-        Ok(HostKvMemory { ptr, layout })
+        Ok(HostKvMemory { pages })
     }
 
     /// The address engines and layouts use.
     pub fn addr(&self) -> u64 {
-        self.ptr.as_ptr() as u64
+        self.pages.addr()
     }
     pub fn as_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
+        self.pages.ptr().as_ptr()
     }
     pub fn len(&self) -> usize {
-        self.layout.size()
+        self.pages.len()
     }
     pub fn is_empty(&self) -> bool {
         false
@@ -62,21 +53,21 @@ impl HostKvMemory {
     pub fn copy_in(&self, offset: usize, src: &[u8]) -> Result<()> {
         self.check(offset, src.len())?;
         // SAFETY: in bounds (checked); `src` is a distinct Rust slice.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(offset), src.len()) };
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.as_ptr().add(offset), src.len()) };
         Ok(())
     }
 
     pub fn copy_out(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         self.check(offset, dst.len())?;
         // SAFETY: in bounds (checked); `dst` is a distinct Rust slice.
-        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), dst.as_mut_ptr(), dst.len()) };
+        unsafe { std::ptr::copy_nonoverlapping(self.as_ptr().add(offset), dst.as_mut_ptr(), dst.len()) };
         Ok(())
     }
 
     pub fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<()> {
         self.check(offset, len)?;
         // SAFETY: in bounds (checked).
-        unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(offset), byte, len) };
+        unsafe { std::ptr::write_bytes(self.as_ptr().add(offset), byte, len) };
         Ok(())
     }
 
@@ -86,15 +77,8 @@ impl HostKvMemory {
     }
 }
 
-impl Drop for HostKvMemory {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with exactly this layout, freed only here.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
-    }
-}
-
 impl std::fmt::Debug for HostKvMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "HostKvMemory({:p}, {:#x} bytes)", self.ptr, self.len())
+        write!(f, "HostKvMemory({:p}, {:#x} bytes)", self.pages.ptr(), self.len())
     }
 }

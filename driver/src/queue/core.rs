@@ -8,9 +8,10 @@
 //! its CID stays reserved so that a late completion cannot be mistaken for a
 //! new command's.
 
+use super::rings::QueueRings;
 use crate::error::{DriverError, Result};
 use crate::spec::{CompletionEntry, Status, SubmissionEntry, CQE_SIZE, SQE_SIZE};
-use crate::transport::{DmaBuffer, Doorbell};
+use crate::transport::DmaBuffer;
 use std::time::{Duration, Instant};
 
 /// A reaped completion.
@@ -56,12 +57,7 @@ struct Slot {
 /// An SQ/CQ pair with its doorbells and CID bookkeeping.
 pub struct QueueCore {
     device: String,
-    qid: u16,
-    depth: u32,
-    sq: DmaBuffer,
-    cq: DmaBuffer,
-    sq_doorbell: Doorbell,
-    cq_doorbell: Doorbell,
+    rings: QueueRings,
     sq_tail: u32,
     published_tail: u32,
     /// Last SQ head the controller reported (SQHD).
@@ -78,19 +74,12 @@ pub struct QueueCore {
 impl QueueCore {
     /// Wraps queue memory that has been (or is about to be) registered with
     /// the controller. `depth` entries; at most `depth - 1` commands in flight.
-    pub fn new(
-        device: &str,
-        qid: u16,
-        depth: u32,
-        sq: DmaBuffer,
-        cq: DmaBuffer,
-        sq_doorbell: Doorbell,
-        cq_doorbell: Doorbell,
-    ) -> Result<Self> {
+    pub fn new(device: &str, rings: QueueRings) -> Result<Self> {
+        let depth = rings.depth;
         if !(2..=65536).contains(&depth) {
             return Err(DriverError::invalid(format!("queue depth {depth} is not 2..=65536")));
         }
-        if sq.len() < depth as usize * SQE_SIZE || cq.len() < depth as usize * CQE_SIZE {
+        if rings.sq.len() < depth as usize * SQE_SIZE || rings.cq.len() < depth as usize * CQE_SIZE {
             return Err(DriverError::invalid(format!("queue memory too small for {depth} entries")));
         }
         let slots = vec![Slot { state: SlotState::Free, token: 0, opcode: 0, name: "" }; depth as usize - 1];
@@ -98,12 +87,7 @@ impl QueueCore {
         let free = (0..depth as u16 - 1).rev().collect();
         Ok(QueueCore {
             device: device.to_string(),
-            qid,
-            depth,
-            sq,
-            cq,
-            sq_doorbell,
-            cq_doorbell,
+            rings,
             sq_tail: 0,
             published_tail: 0,
             sq_head: 0,
@@ -117,10 +101,10 @@ impl QueueCore {
     }
 
     pub fn qid(&self) -> u16 {
-        self.qid
+        self.rings.qid
     }
     pub fn depth(&self) -> u32 {
-        self.depth
+        self.rings.depth
     }
     pub fn device(&self) -> &str {
         &self.device
@@ -140,8 +124,8 @@ impl QueueCore {
     pub fn reserve(&mut self) -> Result<u16> {
         self.free.pop().ok_or_else(|| DriverError::QueueFull {
             device: self.device.clone(),
-            qid: self.qid,
-            depth: self.depth,
+            qid: self.rings.qid,
+            depth: self.rings.depth,
             in_flight: self.in_flight,
         })
     }
@@ -171,8 +155,8 @@ impl QueueCore {
             .ok_or_else(|| DriverError::invalid(format!("cid {cid} was not reserved")))?;
         entry.set_cid(cid);
         *slot = Slot { state: SlotState::Busy, token, opcode: entry.opcode(), name };
-        self.sq.write_obj(self.sq_tail as usize * SQE_SIZE, &entry)?;
-        self.sq_tail = (self.sq_tail + 1) % self.depth;
+        self.rings.sq.write_obj(self.sq_tail as usize * SQE_SIZE, &entry)?;
+        self.sq_tail = (self.sq_tail + 1) % self.rings.depth;
         self.in_flight += 1;
         Ok(())
     }
@@ -190,7 +174,7 @@ impl QueueCore {
     /// Publishes every entry placed since the last ring with one doorbell write.
     pub fn ring(&mut self) {
         if self.sq_tail != self.published_tail {
-            self.sq_doorbell.ring(self.sq_tail);
+            self.rings.sq_doorbell.ring(self.sq_tail);
             self.published_tail = self.sq_tail;
         }
     }
@@ -203,20 +187,20 @@ impl QueueCore {
         loop {
             let off = self.cq_head as usize * CQE_SIZE;
             // Acquire load of DW3 first: the rest of the entry is valid once the phase flips.
-            let dw3 = self.cq.load_u32(off + 12)?;
+            let dw3 = self.rings.cq.load_u32(off + 12)?;
             if (dw3 & (1 << 16) != 0) != self.phase {
                 break;
             }
-            let cqe: CompletionEntry = self.cq.read_obj(off)?;
+            let cqe: CompletionEntry = self.rings.cq.read_obj(off)?;
             let cqe = CompletionEntry { dw3, ..cqe };
             self.cq_head += 1;
-            if self.cq_head == self.depth {
+            if self.cq_head == self.rings.depth {
                 self.cq_head = 0;
                 self.phase = !self.phase;
             }
             n += 1;
             let sqhd = cqe.sq_head() as u32;
-            if sqhd < self.depth {
+            if sqhd < self.rings.depth {
                 self.sq_head = sqhd;
             }
             let cid = cqe.cid();
@@ -234,7 +218,7 @@ impl QueueCore {
                     self.in_flight -= 1;
                 }
                 Some(slot) if slot.state == SlotState::Abandoned => {
-                    tracing::warn!(device = %self.device, qid = self.qid, cid, "late completion of a timed-out command discarded");
+                    tracing::warn!(device = %self.device, qid = self.rings.qid, cid, "late completion of a timed-out command discarded");
                     slot.state = SlotState::Free;
                     self.free.push(cid);
                     self.in_flight -= 1;
@@ -245,12 +229,12 @@ impl QueueCore {
             }
         }
         if n > 0 {
-            self.cq_doorbell.ring(self.cq_head);
+            self.rings.cq_doorbell.ring(self.cq_head);
         }
         if let Some(cid) = bad {
             return Err(DriverError::BadDeviceResponse {
                 device: self.device.clone(),
-                what: format!("qid {}: completion for cid {cid}, which is not in flight", self.qid),
+                what: format!("qid {}: completion for cid {cid}, which is not in flight", self.rings.qid),
             });
         }
         Ok(n)
@@ -269,7 +253,12 @@ impl QueueCore {
         }
         let name = match self.slots.get(cid as usize) {
             Some(s) if s.state == SlotState::Busy => s.name,
-            _ => return Err(DriverError::invalid(format!("qid {} cid {cid} is not in flight", self.qid))),
+            _ => {
+                return Err(DriverError::invalid(format!(
+                    "qid {} cid {cid} is not in flight",
+                    self.rings.qid
+                )))
+            }
         };
         let start = Instant::now();
         let mut spins = 0u32;
@@ -298,7 +287,7 @@ impl QueueCore {
                 self.abandon(cid);
                 return Err(DriverError::CommandTimeout {
                     device: self.device.clone(),
-                    qid: self.qid,
+                    qid: self.rings.qid,
                     cid,
                     command: name,
                     waited: timeout,
@@ -336,7 +325,7 @@ impl QueueCore {
         for slot in &mut self.slots {
             *slot = Slot { state: SlotState::Free, token: 0, opcode: 0, name: "" };
         }
-        self.free = (0..self.depth as u16 - 1).rev().collect();
+        self.free = (0..self.rings.depth as u16 - 1).rev().collect();
         self.in_flight = 0;
         self.parked.clear();
         self.sq_tail = 0;
@@ -358,10 +347,10 @@ impl QueueCore {
     }
 
     pub fn sq_memory(&self) -> &DmaBuffer {
-        &self.sq
+        &self.rings.sq
     }
     pub fn cq_memory(&self) -> &DmaBuffer {
-        &self.cq
+        &self.rings.cq
     }
 }
 

@@ -59,10 +59,10 @@ impl IoQueuePair {
         let entries = (info.max_transfer / page) as usize + 1;
         let scratch_per_cid = prp::list_pages(entries, page).max(1) * page as usize;
         let scratch = ctrl.dma().alloc(scratch_per_cid * depth as usize)?;
-        let qid = ctrl.claim_qid(purpose)?;
-        let created = ctrl.create_queues(qid, depth).and_then(|(sq, cq, sq_db, cq_db)| {
-            QueueCore::new(ctrl.name(), qid, depth, sq, cq, sq_db, cq_db).inspect_err(|_| {
-                let _ = ctrl.delete_queues(qid);
+        let qid = ctrl.claim_io_qid(purpose)?;
+        let created = ctrl.create_queues(qid, depth).and_then(|rings| {
+            QueueCore::new(ctrl.name(), rings).inspect_err(|_| {
+                let _ = ctrl.delete_io_queues(qid);
             })
         });
         match created {
@@ -70,7 +70,7 @@ impl IoQueuePair {
                 Ok(IoQueuePair { ctrl: ctrl.clone(), core, scratch, scratch_per_cid, page, unusable: None })
             }
             Err(e) => {
-                ctrl.release_qid(qid);
+                ctrl.release_io_qid(qid);
                 Err(e)
             }
         }
@@ -438,10 +438,10 @@ fn buffer_segment(buf: &DmaBuffer, offset: usize, len: usize) -> Result<IovaSegm
 
 impl Drop for IoQueuePair {
     fn drop(&mut self) {
-        if let Err(e) = self.ctrl.delete_queues(self.qid()) {
+        if let Err(e) = self.ctrl.delete_io_queues(self.qid()) {
             tracing::warn!(device = %self.ctrl.name(), qid = self.qid(), error = %e, "deleting I/O queue pair failed");
         }
-        self.ctrl.release_qid(self.qid());
+        self.ctrl.release_io_qid(self.qid());
     }
 }
 

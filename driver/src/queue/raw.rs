@@ -1,9 +1,10 @@
 //! A queue pair whose commands are built by someone else: host executor lanes
 //! or GPU threads that write submission entries and ring doorbells directly.
 
+use super::rings::QueueRings;
 use crate::controller::Controller;
 use crate::error::Result;
-use crate::transport::{DmaBuffer, Doorbell, DoorbellKind};
+use crate::transport::{Doorbell, DoorbellKind};
 use std::sync::Arc;
 
 /// An I/O SQ/CQ pair created on the controller, with its memory and doorbells
@@ -12,23 +13,16 @@ use std::sync::Arc;
 /// before its memory is released.
 pub struct RawQueuePair {
     ctrl: Arc<Controller>,
-    qid: u16,
-    depth: u32,
-    sq: DmaBuffer,
-    cq: DmaBuffer,
-    sq_doorbell: Doorbell,
-    cq_doorbell: Doorbell,
+    rings: QueueRings,
 }
 
 impl RawQueuePair {
     pub(crate) fn create(ctrl: &Arc<Controller>, depth: u32, purpose: &str) -> Result<Self> {
-        let qid = ctrl.claim_qid(purpose)?;
+        let qid = ctrl.claim_io_qid(purpose)?;
         match ctrl.create_queues(qid, depth) {
-            Ok((sq, cq, sq_doorbell, cq_doorbell)) => {
-                Ok(RawQueuePair { ctrl: ctrl.clone(), qid, depth, sq, cq, sq_doorbell, cq_doorbell })
-            }
+            Ok(rings) => Ok(RawQueuePair { ctrl: ctrl.clone(), rings }),
             Err(e) => {
-                ctrl.release_qid(qid);
+                ctrl.release_io_qid(qid);
                 Err(e)
             }
         }
@@ -38,41 +32,41 @@ impl RawQueuePair {
         &self.ctrl
     }
     pub fn qid(&self) -> u16 {
-        self.qid
+        self.rings.qid
     }
     /// Entries in each of the SQ and CQ.
     pub fn depth(&self) -> u32 {
-        self.depth
+        self.rings.depth
     }
     /// Submission queue memory: `depth` 64-byte entries.
     pub fn sq_ptr(&self) -> *mut u8 {
-        self.sq.as_ptr()
+        self.rings.sq.as_ptr()
     }
     /// Completion queue memory: `depth` 16-byte entries.
     pub fn cq_ptr(&self) -> *mut u8 {
-        self.cq.as_ptr()
+        self.rings.cq.as_ptr()
     }
     pub fn sq_iova(&self) -> u64 {
-        self.sq.iova()
+        self.rings.sq.iova()
     }
     pub fn cq_iova(&self) -> u64 {
-        self.cq.iova()
+        self.rings.cq.iova()
     }
     pub fn sq_doorbell_ptr(&self) -> *mut u32 {
-        self.sq_doorbell.as_ptr()
+        self.rings.sq_doorbell.as_ptr()
     }
     pub fn cq_doorbell_ptr(&self) -> *mut u32 {
-        self.cq_doorbell.as_ptr()
+        self.rings.cq_doorbell.as_ptr()
     }
     /// How doorbell stores must be made (MMIO or ordinary memory).
     pub fn doorbell_kind(&self) -> DoorbellKind {
-        self.sq_doorbell.kind()
+        self.rings.sq_doorbell.kind()
     }
     pub fn sq_doorbell(&self) -> &Doorbell {
-        &self.sq_doorbell
+        &self.rings.sq_doorbell
     }
     pub fn cq_doorbell(&self) -> &Doorbell {
-        &self.cq_doorbell
+        &self.rings.cq_doorbell
     }
 
     /// Deletes the SQ, then the CQ, on the controller and creates both again
@@ -88,15 +82,15 @@ impl RawQueuePair {
     /// Errors say which step failed; after a failed Delete the pair's state on
     /// the controller is unknown, and only a controller reset recovers it.
     pub fn recreate(&self) -> Result<()> {
-        self.ctrl.recreate_queues(self.qid, self.depth, &self.sq, &self.cq)
+        self.ctrl.recreate_queues(self.rings.qid, self.rings.depth, &self.rings.sq, &self.rings.cq)
     }
 }
 
 impl Drop for RawQueuePair {
     fn drop(&mut self) {
-        if let Err(e) = self.ctrl.delete_queues(self.qid) {
-            tracing::warn!(device = %self.ctrl.name(), qid = self.qid, error = %e, "deleting raw queue pair failed");
+        if let Err(e) = self.ctrl.delete_io_queues(self.rings.qid) {
+            tracing::warn!(device = %self.ctrl.name(), qid = self.rings.qid, error = %e, "deleting raw queue pair failed");
         }
-        self.ctrl.release_qid(self.qid);
+        self.ctrl.release_io_qid(self.rings.qid);
     }
 }

@@ -11,6 +11,7 @@
 //! controller that parks.
 
 pub mod dma;
+pub mod pages;
 pub mod remote;
 pub mod vfio;
 pub mod wake;

@@ -5,8 +5,8 @@
 //! [`Controller`](crate::controller::Controller) uses on top of it.
 
 use crate::error::{DriverError, Result};
+use crate::transport::pages::HostPages;
 use crate::transport::{DmaBuffer, DmaMapping, DmaSpace, IovaSegment};
-use std::ptr::NonNull;
 use std::sync::Arc;
 
 /// Maps client memory into a device's IOMMU through its owner (the daemon).
@@ -54,26 +54,20 @@ struct Release {
     broker: Arc<dyn DmaBroker>,
     space: String,
     iova: u64,
-    owned: Option<(NonNull<u8>, std::alloc::Layout)>,
+    owned: Option<HostPages>,
 }
-
-// SAFETY: `owned` is memory this value alone frees; the broker is Send + Sync.
-unsafe impl Send for Release {}
-// SAFETY: as above; no method reads through the pointer.
-unsafe impl Sync for Release {}
 
 impl Drop for Release {
     fn drop(&mut self) {
         match self.broker.unmap_checked(self.iova) {
-            Ok(()) => {
-                if let Some((ptr, layout)) = self.owned {
-                    // SAFETY: allocated in `alloc` with exactly this layout, unmapped, freed only here.
-                    unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
-                }
-            }
+            // Unmapped: `owned`, if any, is freed as it drops.
+            Ok(()) => {}
             Err(e) => {
                 tracing::warn!(space = %self.space, iova = format_args!("{:#x}", self.iova), error = %e,
                     "unmap not confirmed; the buffer's memory is leaked rather than freed under the device");
+                if let Some(pages) = self.owned.take() {
+                    pages.leak();
+                }
             }
         }
     }
@@ -88,18 +82,9 @@ impl DmaSpace for BrokeredDma {
     }
 
     fn alloc(&self, len: usize) -> Result<DmaBuffer> {
-        if len == 0 {
-            return Err(DriverError::dma(&self.name, "zero-length allocation"));
-        }
-        let size = len
-            .checked_next_multiple_of(self.page)
-            .ok_or_else(|| DriverError::dma(&self.name, format!("allocation of {len} bytes is too large")))?;
-        let layout = std::alloc::Layout::from_size_align(size, self.page)
-            .map_err(|e| DriverError::dma(&self.name, format!("bad allocation of {len} bytes: {e}")))?;
-        // SAFETY: non-zero size (checked above).
-        let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })
-            .ok_or_else(|| DriverError::dma(&self.name, format!("out of memory allocating {size} bytes")))?;
-        let iova = match self.broker.map(ptr.as_ptr() as u64, size) {
+        let pages = HostPages::alloc(&self.name, len, self.page)?;
+        let (ptr, size) = (pages.ptr(), pages.len());
+        let iova = match self.broker.map(pages.addr(), size) {
             Ok(iova) if iova.is_multiple_of(self.page as u64) => iova,
             Ok(iova) => {
                 // A broker that moved the page offset: unusable for queue memory.
@@ -107,7 +92,7 @@ impl DmaSpace for BrokeredDma {
                     broker: self.broker.clone(),
                     space: self.name.clone(),
                     iova,
-                    owned: Some((ptr, layout)),
+                    owned: Some(pages),
                 };
                 drop(r);
                 return Err(DriverError::dma(
@@ -115,18 +100,11 @@ impl DmaSpace for BrokeredDma {
                     format!("broker mapped a page-aligned buffer at IOVA {iova:#x}"),
                 ));
             }
-            Err(e) => {
-                // SAFETY: just allocated with this layout, never mapped.
-                unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
-                return Err(e);
-            }
+            // Never mapped: `pages` is freed as it drops.
+            Err(e) => return Err(e),
         };
-        let release = Release {
-            broker: self.broker.clone(),
-            space: self.name.clone(),
-            iova,
-            owned: Some((ptr, layout)),
-        };
+        let release =
+            Release { broker: self.broker.clone(), space: self.name.clone(), iova, owned: Some(pages) };
         // SAFETY: zeroed, page-aligned, `size` bytes, mapped at `iova` until `release` drops.
         Ok(unsafe { DmaBuffer::from_raw(ptr, size, iova, Box::new(release)) })
     }

@@ -1,6 +1,7 @@
 //! Collecting finished IOCBs from the completion ring.
 
-use super::{GioUring, Pool, SlotState};
+use super::state::{Pool, SlotState};
+use super::GioUring;
 use crate::error::{GioError, Result};
 use crate::handle::IocbId;
 use crate::iocb::{IocbResult, IoctxFailure};

@@ -5,16 +5,11 @@
 //! `tt_nvmeq` per queue pair, `tt_drive`s, layer table headers, pair list
 //! descriptors, and each queue's slot arrays.
 
-use super::{GioOptions, GioUring, Pool, Slot, SlotState};
-use crate::drive::{DriveInfo, DriveQueues};
+use super::options::GioOptions;
+use crate::drive::DriveQueues;
 use crate::error::{GioError, Result};
-use crate::executor::Executor;
-use crate::mem::{ExecMemory, HostRange, MemKind};
+use crate::mem::ExecMemory;
 use crate::shared_ring::RingView;
-use std::ptr::NonNull;
-use std::sync::atomic::AtomicU32;
-use std::sync::{Arc, Mutex};
-use tutti_driver::spec::SglSupport;
 use tutti_kernels::abi::{
     self, Control, DriveDesc, ExecCtx, Iocb, LayerTableDesc, NvmeQueue, PairListDesc, QueueGate,
 };
@@ -70,7 +65,7 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
-    fn new(opts: &GioOptions, drives: &[DriveQueues]) -> Layout {
+    pub(super) fn new(opts: &GioOptions, drives: &[DriveQueues]) -> Layout {
         let sq_cap = (opts.depth * MAX_PARTS).next_power_of_two();
         let cq_cap = opts.depth.next_power_of_two().max(2);
         let sq = 0;
@@ -126,7 +121,7 @@ impl Layout {
     }
 }
 
-fn check(opts: &GioOptions, drives: &[DriveQueues]) -> Result<()> {
+pub(super) fn check(opts: &GioOptions, drives: &[DriveQueues]) -> Result<()> {
     if opts.depth == 0 || opts.depth > MAX_DEPTH {
         return Err(GioError::invalid(format!("depth {} is not 1..={MAX_DEPTH}", opts.depth)));
     }
@@ -173,166 +168,4 @@ fn check(opts: &GioOptions, drives: &[DriveQueues]) -> Result<()> {
         return Err(GioError::invalid(format!("{queues} queue pairs given; at most 65535 are supported")));
     }
     Ok(())
-}
-
-fn ns(d: std::time::Duration) -> u64 {
-    d.as_nanos().min(u64::MAX as u128) as u64
-}
-
-pub(super) fn build(
-    opts: &GioOptions,
-    drives: Vec<DriveQueues>,
-    exec: Arc<dyn Executor>,
-) -> Result<GioUring> {
-    check(opts, &drives)?;
-    let layout = Layout::new(opts, &drives);
-    let shared = exec.alloc(MemKind::Shared, layout.shared_len)?;
-    let private = exec.alloc(MemKind::Private, layout.private_len)?;
-    let host = shared.host_ptr().ok_or_else(|| GioError::Executor {
-        executor: exec.name().into(),
-        what: "shared memory has no host address".into(),
-    })?;
-    let at = |off: usize| -> Result<NonNull<u8>> {
-        // SAFETY: every offset comes from `layout`, inside the `shared_len` bytes allocated.
-        NonNull::new(unsafe { host.as_ptr().add(off) }).ok_or_else(|| GioError::invalid("null shared memory"))
-    };
-    // SAFETY: fresh zeroed memory of the sizes the layout computed, owned by the GioUring.
-    let sq = unsafe { RingView::init(at(layout.sq)?, layout.sq_cap)? };
-    // SAFETY: as above.
-    let cq = unsafe { RingView::init(at(layout.cq)?, layout.cq_cap)? };
-    let control = at(layout.control)?.cast::<Control>();
-    let iocbs = at(layout.iocbs)?.cast::<Iocb>();
-    let gates = at(layout.gates)?.cast::<QueueGate>();
-    for i in 0..opts.depth {
-        // SAFETY: IOCB `i` lies inside the pool; no executor runs yet.
-        unsafe {
-            let hdr = &raw mut (*iocbs.as_ptr().add(i as usize)).hdr;
-            (*hdr).id = i;
-            (*hdr).first_error = abi::NO_ERROR;
-        }
-    }
-
-    let mut maps = Vec::new();
-    let mut drive_info = Vec::new();
-    let mut qi = 0usize;
-    for (di, d) in drives.iter().enumerate() {
-        let first = qi as u32;
-        for q in &d.queues {
-            let depth = q.depth();
-            let ql = &layout.queues[qi];
-            let kind = q.doorbell_kind();
-            let doorbell = |p: *mut u32| NonNull::new(p).ok_or_else(|| GioError::invalid("null doorbell"));
-            // SAFETY: the queue memory and doorbells belong to `q`, which the GioUring owns
-            // and drops after these mappings (field order).
-            let (sqm, cqm, sdb, cdb) = unsafe {
-                (
-                    exec.map_host(q.sq_ptr(), depth as usize * 64, HostRange::Memory)?,
-                    exec.map_host(q.cq_ptr(), depth as usize * 16, HostRange::Memory)?,
-                    exec.map_doorbell(doorbell(q.sq_doorbell_ptr())?, kind)?,
-                    exec.map_doorbell(doorbell(q.cq_doorbell_ptr())?, kind)?,
-                )
-            };
-            let wake = match q.sq_doorbell().wake_ptr() {
-                // SAFETY: the wake word lives in the same register file as the doorbells
-                // (mapped above), which `q` keeps mapped for as long.
-                Some(w) => unsafe { exec.map_wake(w)? }.unwrap_or(0),
-                None => 0,
-            };
-            let desc = NvmeQueue {
-                sq: sqm.exec_addr(),
-                cq: cqm.exec_addr(),
-                sq_db: sdb.exec_addr(),
-                cq_db: cdb.exec_addr(),
-                wake,
-                slot_owner: private.exec_at(ql.owner),
-                slot_time: private.exec_at(ql.time),
-                slot_ready: private.exec_at(ql.ready),
-                slot_turn: private.exec_at(ql.turn),
-                slot_late: private.exec_at(ql.late),
-                depth,
-                qid: q.qid() as u32,
-                drive: di as u32,
-                cid_shift: depth.next_power_of_two().trailing_zeros(),
-                gate: shared.exec_at(layout.gates + qi * size_of::<QueueGate>()),
-                hole: u64::MAX,
-                ..Default::default()
-            };
-            private.write_obj(ql.desc, &desc)?;
-            ql.reset_slots(&*private, depth as usize)?;
-            maps.extend([sqm, cqm, sdb, cdb]);
-            qi += 1;
-        }
-        let mut flags = 0;
-        match d.sgl {
-            SglSupport::None => {}
-            SglSupport::Supported => flags |= abi::DRIVE_SGL,
-            SglSupport::DwordAligned => flags |= abi::DRIVE_SGL | abi::DRIVE_SGL_DWORD,
-        }
-        let desc = DriveDesc {
-            first_queue: first,
-            nqueues: d.queues.len() as u32,
-            nsid: d.nsid,
-            lba_shift: d.lba_size.trailing_zeros(),
-            max_lbas: d.max_lbas(),
-            flags,
-            rsvd: 0,
-        };
-        private.write_obj(layout.drives + di * size_of::<DriveDesc>(), &desc)?;
-        drive_info.push(DriveInfo {
-            name: d.name.clone(),
-            nsid: d.nsid,
-            lba_size: d.lba_size,
-            blocks: d.blocks,
-            max_lbas: d.max_lbas(),
-            sgl: d.sgl,
-            queues: first..qi as u32,
-        });
-    }
-
-    let ctx = ExecCtx {
-        sq_ring: shared.exec_at(layout.sq),
-        cq_ring: shared.exec_at(layout.cq),
-        control: shared.exec_at(layout.control),
-        iocbs: shared.exec_at(layout.iocbs),
-        queues: private.exec_at(layout.queues.first().map_or(0, |q| q.desc)),
-        drives: private.exec_at(layout.drives),
-        tables: private.exec_at(layout.tables),
-        niocbs: opts.depth,
-        nqueues: layout.queues.len() as u32,
-        ndrives: drives.len() as u32,
-        ntables: opts.max_tables,
-        command_timeout_ns: ns(opts.command_timeout),
-        submit_timeout_ns: ns(opts.submit_timeout),
-        max_backoff_ns: ns(opts.max_backoff).clamp(32, u32::MAX as u64) as u32,
-        idle_sleep_ns: ns(opts.idle_sleep).clamp(256, u32::MAX as u64) as u32,
-        pair_lists: private.exec_at(layout.pair_lists),
-        npair_lists: opts.max_pair_lists,
-        rsvd0: 0,
-    };
-    private.write_obj(layout.ctx, &ctx)?;
-
-    let slots = (0..opts.depth)
-        .map(|_| Slot { gen: 0, state: SlotState::Free, count: 0, seq: 0, table: None, pair_list: None })
-        .collect();
-    let pool = Pool { slots, free: (0..opts.depth).rev().collect(), done: Vec::new() };
-    Ok(GioUring {
-        exec,
-        opts: opts.clone(),
-        layout,
-        sq,
-        cq,
-        control,
-        gates,
-        iocbs,
-        pool: Mutex::new(pool),
-        tables: Mutex::new((0..opts.max_tables).map(|_| None).collect()),
-        pair_lists: Mutex::new((0..opts.max_pair_lists).map(|_| Default::default()).collect()),
-        seq: AtomicU32::new(0),
-        drive_info,
-        recovery: Mutex::new(vec![super::recover::DriveHealth::Serving; drives.len()]),
-        _maps: maps,
-        _shared: shared,
-        private,
-        drives,
-    })
 }

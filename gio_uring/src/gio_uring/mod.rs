@@ -7,12 +7,21 @@
 //! pushes them to the submission ring (InFlight); the executor posts its index
 //! to the completion ring when every IOCTX has finished; [`GioUring::wait_cqe`]
 //! or [`GioUring::poll_cqe`] collect the result and return it to the pool.
+//!
+//! The `GioUring` struct and its construction are here; what it holds is in
+//! `options.rs`, `layout.rs` (where everything lives in memory) and `state.rs`
+//! (pool, registries, drive health); each sibling file adds the operations of
+//! one area (submit, complete, layer tables, pair lists, staging, recovery)
+//! on top of those. This file names none of the operation files (only
+//! re-exports from them), so no file here imports one that imports it back.
 
 mod complete;
 mod layout;
+mod options;
 mod pairs;
 mod recover;
 mod staging;
+mod state;
 mod submit;
 mod table_registry;
 
@@ -20,97 +29,20 @@ use crate::drive::{DriveInfo, DriveQueues};
 use crate::error::{GioError, Result};
 use crate::executor::{ExecBinding, Executor};
 use crate::handle::IocbId;
-use crate::iocb::IocbResult;
-use crate::mem::{ExecMemory, HostMapping};
+use crate::mem::{ExecMemory, HostMapping, HostRange, MemKind};
 use crate::shared_ring::RingView;
-use layout::Layout;
+use layout::{check, Layout};
+use state::{DriveHealth, PairListSlot, Pool, Slot, SlotState, TableSlot};
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
-use tutti_kernels::abi::{Control, Iocb, NvmeQueue, QueueGate};
+use tutti_driver::spec::SglSupport;
+use tutti_kernels::abi::{self, Control, DriveDesc, ExecCtx, Iocb, NvmeQueue, QueueGate};
 
+pub use options::GioOptions;
 pub use recover::RecoveryReport;
-pub use staging::StagingStats;
+pub use state::{StagingStats, TableInfo};
 pub use submit::pairs_per_iocb;
-pub use table_registry::TableInfo;
-
-/// Tunables of a [`GioUring`].
-#[derive(Clone, Debug)]
-pub struct GioOptions {
-    /// IOCBs in the pool (1..=4096).
-    pub depth: u32,
-    /// A submitted command with no completion after this long fails with
-    /// `IoStatus::CompletionTimeout` (and its slot is reused).
-    pub command_timeout: Duration,
-    /// A command that cannot get a submission slot for this long fails with
-    /// `IoStatus::SubmitTimeout` and the queue is declared dead. Must exceed
-    /// `command_timeout`: slots held by lost commands free up after that.
-    pub submit_timeout: Duration,
-    /// Longest sleep of an executor poll loop.
-    pub max_backoff: Duration,
-    /// Sleep of an idle persistent kernel.
-    pub idle_sleep: Duration,
-    /// Layer tables that can be registered at once (1..=255).
-    pub max_tables: u32,
-    /// Pair lists that can be registered at once (1..=65536); each costs
-    /// 16 bytes of executor memory while unused.
-    pub max_pair_lists: u32,
-}
-
-impl Default for GioOptions {
-    fn default() -> Self {
-        GioOptions {
-            depth: 64,
-            command_timeout: Duration::from_secs(10),
-            submit_timeout: Duration::from_secs(25),
-            max_backoff: Duration::from_micros(50),
-            idle_sleep: Duration::from_micros(200),
-            max_tables: 8,
-            max_pair_lists: 64,
-        }
-    }
-}
-
-#[derive(Debug)]
-pub(crate) enum SlotState {
-    Free,
-    Filling,
-    InFlight,
-    Done(Box<IocbResult>),
-}
-
-impl SlotState {
-    fn name(&self) -> &'static str {
-        match self {
-            SlotState::Free => "free",
-            SlotState::Filling => "being filled",
-            SlotState::InFlight => "in flight",
-            SlotState::Done(_) => "completed",
-        }
-    }
-}
-
-#[derive(Debug)]
-pub(crate) struct Slot {
-    gen: u32,
-    state: SlotState,
-    /// IOCTXs filled in (explicit IOCBs) or to be expanded (layer IOCBs).
-    count: u32,
-    /// Sequence number of the current issue.
-    seq: u32,
-    /// Layer table of a layer IOCB.
-    table: Option<u8>,
-    /// Registered pair list (slot index) a list layer IOCB expands.
-    pair_list: Option<u32>,
-}
-
-pub(crate) struct Pool {
-    slots: Vec<Slot>,
-    free: Vec<u32>,
-    /// Completed, not yet collected.
-    done: Vec<u32>,
-}
 
 /// Executor-side statistics of one NVMe queue pair.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -159,14 +91,14 @@ pub struct GioUring {
     gates: NonNull<QueueGate>,
     iocbs: NonNull<Iocb>,
     pool: Mutex<Pool>,
-    tables: Mutex<Vec<Option<table_registry::TableSlot>>>,
+    tables: Mutex<Vec<Option<TableSlot>>>,
     /// Lock order: `pair_lists`, then `pool`.
-    pair_lists: Mutex<Vec<pairs::PairListSlot>>,
+    pair_lists: Mutex<Vec<PairListSlot>>,
     seq: AtomicU32,
     drive_info: Vec<DriveInfo>,
     /// Per drive: serving, or failed to recover. Held for the whole of a recovery,
     /// so recoveries run one at a time.
-    recovery: Mutex<Vec<recover::DriveHealth>>,
+    recovery: Mutex<Vec<DriveHealth>>,
     // Dropped in this order, after `Drop::drop` stopped the executor: mappings
     // of queue memory, then the memory the executor worked in, then the queue
     // pairs (deleted on the controller) themselves. A stop that failed leaks
@@ -191,7 +123,7 @@ impl GioUring {
     }
 
     pub fn init_with(opts: GioOptions, drives: Vec<DriveQueues>, exec: Arc<dyn Executor>) -> Result<Self> {
-        let ring = layout::build(&opts, drives, exec)?;
+        let ring = build(&opts, drives, exec)?;
         let binding = ExecBinding { ctx: ring.private.exec_at(ring.layout.ctx), control: ring.control };
         ring.exec.start(binding)?;
         tracing::info!(
@@ -299,4 +231,165 @@ impl Drop for GioUring {
             }
         }
     }
+}
+
+/// Time in nanoseconds, saturated to u64.
+fn ns(d: std::time::Duration) -> u64 {
+    d.as_nanos().min(u64::MAX as u128) as u64
+}
+
+/// Allocates the memory `layout.rs` computes for `opts` and `drives`, writes its
+/// initial contents, and maps the queue memory for `exec`.
+fn build(opts: &GioOptions, drives: Vec<DriveQueues>, exec: Arc<dyn Executor>) -> Result<GioUring> {
+    check(opts, &drives)?;
+    let layout = Layout::new(opts, &drives);
+    let shared = exec.alloc(MemKind::Shared, layout.shared_len)?;
+    let private = exec.alloc(MemKind::Private, layout.private_len)?;
+    let host = shared.host_ptr().ok_or_else(|| GioError::Executor {
+        executor: exec.name().into(),
+        what: "shared memory has no host address".into(),
+    })?;
+    let at = |off: usize| -> Result<NonNull<u8>> {
+        // SAFETY: every offset comes from `layout`, inside the `shared_len` bytes allocated.
+        NonNull::new(unsafe { host.as_ptr().add(off) }).ok_or_else(|| GioError::invalid("null shared memory"))
+    };
+    // SAFETY: fresh zeroed memory of the sizes the layout computed, owned by the GioUring.
+    let sq = unsafe { RingView::init(at(layout.sq)?, layout.sq_cap)? };
+    // SAFETY: as above.
+    let cq = unsafe { RingView::init(at(layout.cq)?, layout.cq_cap)? };
+    let control = at(layout.control)?.cast::<Control>();
+    let iocbs = at(layout.iocbs)?.cast::<Iocb>();
+    let gates = at(layout.gates)?.cast::<QueueGate>();
+    for i in 0..opts.depth {
+        // SAFETY: IOCB `i` lies inside the pool; no executor runs yet.
+        unsafe {
+            let hdr = &raw mut (*iocbs.as_ptr().add(i as usize)).hdr;
+            (*hdr).id = i;
+            (*hdr).first_error = abi::NO_ERROR;
+        }
+    }
+
+    let mut maps = Vec::new();
+    let mut drive_info = Vec::new();
+    let mut qi = 0usize;
+    for (di, d) in drives.iter().enumerate() {
+        let first = qi as u32;
+        for q in &d.queues {
+            let depth = q.depth();
+            let ql = &layout.queues[qi];
+            let kind = q.doorbell_kind();
+            let doorbell = |p: *mut u32| NonNull::new(p).ok_or_else(|| GioError::invalid("null doorbell"));
+            // SAFETY: the queue memory and doorbells belong to `q`, which the GioUring owns
+            // and drops after these mappings (field order).
+            let (sqm, cqm, sdb, cdb) = unsafe {
+                (
+                    exec.map_host(q.sq_ptr(), depth as usize * 64, HostRange::Memory)?,
+                    exec.map_host(q.cq_ptr(), depth as usize * 16, HostRange::Memory)?,
+                    exec.map_doorbell(doorbell(q.sq_doorbell_ptr())?, kind)?,
+                    exec.map_doorbell(doorbell(q.cq_doorbell_ptr())?, kind)?,
+                )
+            };
+            let wake = match q.sq_doorbell().wake_ptr() {
+                // SAFETY: the wake word lives in the same register file as the doorbells
+                // (mapped above), which `q` keeps mapped for as long.
+                Some(w) => unsafe { exec.map_wake(w)? }.unwrap_or(0),
+                None => 0,
+            };
+            let desc = NvmeQueue {
+                sq: sqm.exec_addr(),
+                cq: cqm.exec_addr(),
+                sq_db: sdb.exec_addr(),
+                cq_db: cdb.exec_addr(),
+                wake,
+                slot_owner: private.exec_at(ql.owner),
+                slot_time: private.exec_at(ql.time),
+                slot_ready: private.exec_at(ql.ready),
+                slot_turn: private.exec_at(ql.turn),
+                slot_late: private.exec_at(ql.late),
+                depth,
+                qid: q.qid() as u32,
+                drive: di as u32,
+                cid_shift: depth.next_power_of_two().trailing_zeros(),
+                gate: shared.exec_at(layout.gates + qi * size_of::<QueueGate>()),
+                hole: u64::MAX,
+                ..Default::default()
+            };
+            private.write_obj(ql.desc, &desc)?;
+            ql.reset_slots(&*private, depth as usize)?;
+            maps.extend([sqm, cqm, sdb, cdb]);
+            qi += 1;
+        }
+        let mut flags = 0;
+        match d.sgl {
+            SglSupport::None => {}
+            SglSupport::Supported => flags |= abi::DRIVE_SGL,
+            SglSupport::DwordAligned => flags |= abi::DRIVE_SGL | abi::DRIVE_SGL_DWORD,
+        }
+        let desc = DriveDesc {
+            first_queue: first,
+            nqueues: d.queues.len() as u32,
+            nsid: d.nsid,
+            lba_shift: d.lba_size.trailing_zeros(),
+            max_lbas: d.max_lbas(),
+            flags,
+            rsvd: 0,
+        };
+        private.write_obj(layout.drives + di * size_of::<DriveDesc>(), &desc)?;
+        drive_info.push(DriveInfo {
+            name: d.name.clone(),
+            nsid: d.nsid,
+            lba_size: d.lba_size,
+            blocks: d.blocks,
+            max_lbas: d.max_lbas(),
+            sgl: d.sgl,
+            queues: first..qi as u32,
+        });
+    }
+
+    let ctx = ExecCtx {
+        sq_ring: shared.exec_at(layout.sq),
+        cq_ring: shared.exec_at(layout.cq),
+        control: shared.exec_at(layout.control),
+        iocbs: shared.exec_at(layout.iocbs),
+        queues: private.exec_at(layout.queues.first().map_or(0, |q| q.desc)),
+        drives: private.exec_at(layout.drives),
+        tables: private.exec_at(layout.tables),
+        niocbs: opts.depth,
+        nqueues: layout.queues.len() as u32,
+        ndrives: drives.len() as u32,
+        ntables: opts.max_tables,
+        command_timeout_ns: ns(opts.command_timeout),
+        submit_timeout_ns: ns(opts.submit_timeout),
+        max_backoff_ns: ns(opts.max_backoff).clamp(32, u32::MAX as u64) as u32,
+        idle_sleep_ns: ns(opts.idle_sleep).clamp(256, u32::MAX as u64) as u32,
+        pair_lists: private.exec_at(layout.pair_lists),
+        npair_lists: opts.max_pair_lists,
+        rsvd0: 0,
+    };
+    private.write_obj(layout.ctx, &ctx)?;
+
+    let slots = (0..opts.depth)
+        .map(|_| Slot { gen: 0, state: SlotState::Free, count: 0, seq: 0, table: None, pair_list: None })
+        .collect();
+    let pool = Pool { slots, free: (0..opts.depth).rev().collect(), done: Vec::new() };
+    Ok(GioUring {
+        exec,
+        opts: opts.clone(),
+        layout,
+        sq,
+        cq,
+        control,
+        gates,
+        iocbs,
+        pool: Mutex::new(pool),
+        tables: Mutex::new((0..opts.max_tables).map(|_| None).collect()),
+        pair_lists: Mutex::new((0..opts.max_pair_lists).map(|_| Default::default()).collect()),
+        seq: AtomicU32::new(0),
+        drive_info,
+        recovery: Mutex::new(vec![DriveHealth::Serving; drives.len()]),
+        _maps: maps,
+        _shared: shared,
+        private,
+        drives,
+    })
 }

@@ -12,27 +12,13 @@
 //! `Translation::PairList` / `Translation::PairRange`, never an
 //! out-of-bounds read.
 
-use super::{GioUring, SlotState};
+use super::state::{PairListSlot, Registered, SlotState};
+use super::GioUring;
 use crate::error::{GioError, Result};
 use crate::handle::PairListId;
-use crate::mem::{ExecMemory, MemKind};
+use crate::mem::MemKind;
 use tutti_kernels::abi::{LayerPair, PairListDesc};
 use zerocopy::IntoBytes;
-
-/// One slot of the pair list registry.
-#[derive(Default)]
-pub(crate) struct PairListSlot {
-    /// Bumped on every registration in this slot.
-    gen: u32,
-    list: Option<Registered>,
-}
-
-struct Registered {
-    len: u32,
-    /// The pairs, where the executor reads them. Freed only after the
-    /// descriptor was cleared and no IOCB references the slot.
-    _mem: Box<dyn ExecMemory>,
-}
 
 impl GioUring {
     /// Copies `pairs` (file, block) once into executor memory and returns a

@@ -12,20 +12,12 @@
 //! slots withheld for commands of the old pairs come back: `tt_stage_reclaim`),
 //! and opens the queues again.
 
+use super::state::DriveHealth;
 use super::GioUring;
 use crate::error::{GioError, Result};
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 use tutti_kernels::abi::NvmeQueue;
-
-/// Whether a drive's queues serve commands.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum DriveHealth {
-    Serving,
-    /// A queue pair could not be deleted or created again; the controller
-    /// needs a reset. Its queues stay closed.
-    Failed(String),
-}
 
 /// What [`GioUring::recover_drive`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -19,85 +19,21 @@
 //! ([`GioUring::recover_drive`]), or after the command's late completion
 //! arrived. Both are counted in [`StagingStats`].
 
+use super::state::{Staging, StagingStats, RING_AT};
 use super::GioUring;
 use crate::error::{GioError, Result};
 use crate::handle::TableId;
 use crate::layer_table::{LayerTable, TableKind};
-use crate::mem::{ExecMemory, HostMapping, HostMemory, HostRange, MemKind};
+use crate::mem::{HostMemory, HostRange, MemKind};
 use std::sync::Arc;
 use tutti_driver::command::{prp, DataPtr};
 use tutti_driver::spec::SglDescriptor;
-use tutti_driver::transport::{DmaBuffer, DmaMapping, DmaSpace};
+use tutti_driver::transport::{DmaBuffer, DmaSpace};
 use tutti_kernels::abi::{RingCell, RingHeader, StagingDesc};
 use zerocopy::IntoBytes;
 
 /// The memory page PRP entries are built for (§4.3; the controllers run with MPS = 4 KiB).
 const PAGE: usize = 4096;
-/// Offsets inside a staging descriptor allocation: the descriptor, the free ring, the data pointers.
-const RING_AT: usize = 128;
-
-/// What a staged table's staging is, for reports.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct StagingStats {
-    pub slots: u32,
-    pub slot_bytes: u32,
-    /// Bytes of pinned host memory the slots take.
-    pub bytes: u64,
-    /// Times a lane found no free slot and waited (backpressure).
-    pub waits: u64,
-    /// Times a slot was taken out of use because its command's outcome was
-    /// unknown (the drive might still move data through it).
-    pub withheld: u64,
-    /// Slots out of use for that reason now.
-    pub withheld_now: u64,
-    /// Slots a lane holds now: neither free nor withheld (read without stopping the
-    /// executor, so a snapshot that may be a slot or two behind while lanes run).
-    pub in_use_now: u64,
-    /// Withheld slots handed back after the queue pair their command was
-    /// submitted on was deleted and created again.
-    pub reclaimed_after_reset: u64,
-    /// Withheld slots handed back after their command completed late.
-    pub reclaimed_late: u64,
-    /// Bytes copied between slots and KV memory by the executor.
-    pub staged_bytes: u64,
-}
-
-/// The slots of one staged table. Fields drop in order: the executor's
-/// mapping, the drives' mappings and PRP lists, the descriptor, then the memory.
-pub(crate) struct Staging {
-    _exec: Box<dyn HostMapping>,
-    _dma: Vec<DmaMapping>,
-    _lists: Vec<DmaBuffer>,
-    desc: Box<dyn ExecMemory>,
-    _mem: HostMemory,
-    slots: u32,
-    slot_bytes: u32,
-}
-
-impl Staging {
-    /// Executor address of the `tt_staging` descriptor.
-    pub(crate) fn exec_addr(&self) -> u64 {
-        self.desc.exec_addr()
-    }
-
-    fn stats(&self) -> Result<StagingStats> {
-        let d: StagingDesc = self.desc.read_obj(0)?;
-        let ring: RingHeader = self.desc.read_obj(RING_AT)?;
-        let free = ring.tail.wrapping_sub(ring.head).min(self.slots as u64);
-        Ok(StagingStats {
-            in_use_now: (self.slots as u64).saturating_sub(free).saturating_sub(d.held_now),
-            slots: self.slots,
-            slot_bytes: self.slot_bytes,
-            bytes: self.slots as u64 * self.slot_bytes as u64,
-            waits: d.waits,
-            withheld: d.withheld,
-            withheld_now: d.held_now,
-            reclaimed_after_reset: d.reclaimed_reset,
-            reclaimed_late: d.reclaimed_late,
-            staged_bytes: d.staged_bytes,
-        })
-    }
-}
 
 impl GioUring {
     /// Registers a [`TableKind::Staged`] table with `slots` staging slots of

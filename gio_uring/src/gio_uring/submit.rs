@@ -1,7 +1,8 @@
 //! Handing out, filling and issuing IOCBs.
 
 use super::layout::MAX_PARTS;
-use super::{GioUring, Pool, SlotState};
+use super::state::{Pool, SlotState};
+use super::GioUring;
 use crate::error::{GioError, Result};
 use crate::handle::{IocbId, PairListId, TableId};
 use crate::iocb::Op;

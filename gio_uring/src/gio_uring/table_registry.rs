@@ -1,31 +1,14 @@
 //! Registering layer tables where the executor reads them.
 
-use super::{GioUring, SlotState};
+use super::state::{SlotState, TableInfo, TableSlot};
+use super::GioUring;
 use crate::error::{GioError, Result};
 use crate::handle::TableId;
 use crate::layer_table::{LayerTable, TableKind};
-use crate::mem::{ExecMemory, MemKind};
+use crate::mem::MemKind;
 use tutti_driver::spec::SglSupport;
 use tutti_kernels::abi::{LayerTableDesc, TABLE_UNUSED};
 use zerocopy::IntoBytes;
-
-pub(crate) struct TableSlot {
-    info: TableInfo,
-    _entries: Box<dyn ExecMemory>,
-    /// A staged table's slots; dropped after the entries.
-    pub(super) staging: Option<super::staging::Staging>,
-}
-
-/// What `submit_layer` needs to know about a registered table.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TableInfo {
-    pub layers: u32,
-    pub files: u32,
-    pub blocks: u32,
-    pub chunks: u32,
-    /// IOCTXs one (file, block) pair expands to: 2 x chunks.
-    pub ioctx_per_pair: u32,
-}
 
 impl GioUring {
     /// Uploads `table` to executor memory after checking it against the drives:
@@ -87,7 +70,7 @@ impl GioUring {
     pub(super) fn install_table(
         &self,
         table: &LayerTable,
-        staging: Option<super::staging::Staging>,
+        staging: Option<super::state::Staging>,
     ) -> Result<TableId> {
         let g = table.geometry();
         let drive_map: Vec<u32> = (0..self.drive_info.len() as u32).collect();

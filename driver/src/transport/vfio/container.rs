@@ -2,7 +2,7 @@
 //! type1 DMA map/unmap calls that decide what the device can reach.
 
 use super::ioctl::{self, InfoBuf, IommuType1Info};
-use super::IommuMode;
+use super::options::IommuMode;
 use crate::error::{DriverError, Result};
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};

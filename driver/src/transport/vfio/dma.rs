@@ -8,7 +8,8 @@
 
 use super::iova::IovaAllocator;
 use super::mem::{Memory, Pagemap, HUGE, PAGE};
-use super::{HugepagePolicy, IommuMode, Shared};
+use super::options::{HugepagePolicy, IommuMode};
+use super::shared::Shared;
 use crate::error::{DriverError, Result};
 use crate::transport::{DmaBuffer, DmaMapping, DmaSpace, IovaSegment};
 use std::sync::{Arc, Mutex};

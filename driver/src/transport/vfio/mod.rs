@@ -14,6 +14,7 @@
 //! - [`IommuMode::NoIommu`], only when asked for: no translation and no
 //!   protection; the device is given physical addresses of hugepages.
 
+mod bar0;
 mod client;
 mod container;
 mod device;
@@ -23,11 +24,15 @@ mod group;
 mod ioctl;
 mod iova;
 mod mem;
+mod options;
+mod shared;
 
+pub use bar0::Bar0;
 pub use client::{ClientContainer, DoorbellBar};
-pub use device::Bar0;
 pub use dma::VfioDma;
 pub use faultlog::{FaultLog, IommuFault};
+pub use options::{HugepagePolicy, IommuMode, VfioOptions};
+pub use shared::Shared;
 
 use crate::error::{DriverError, Result};
 use crate::pci::{Bdf, PciSystem};
@@ -36,61 +41,7 @@ use container::Container;
 use device::Device;
 use group::Group;
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
 use std::sync::Arc;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-pub enum IommuMode {
-    /// Type1 v2 IOMMU: DMA translated and confined to what we mapped.
-    Type1,
-    /// vfio's unsafe no-IOMMU mode: DMA untranslated, to physical addresses.
-    NoIommu,
-}
-
-impl IommuMode {
-    pub fn label(self) -> &'static str {
-        match self {
-            IommuMode::Type1 => "type1",
-            IommuMode::NoIommu => "noiommu",
-        }
-    }
-}
-
-/// Where DMA memory comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum HugepagePolicy {
-    /// Hugepages for allocations of 2 MiB or more when the pool has them,
-    /// locked 4 KiB pages otherwise (no-IOMMU mode always uses hugepages).
-    #[default]
-    Auto,
-    /// Every allocation from hugepages; fail when there are none.
-    Always,
-    /// Never hugepages (not allowed in no-IOMMU mode).
-    Never,
-}
-
-#[derive(Clone, Debug)]
-pub struct VfioOptions {
-    pub mode: IommuMode,
-    pub hugepages: HugepagePolicy,
-    /// Root of the `sys/` and `dev/` trees (`/` on a real machine).
-    pub root: PathBuf,
-}
-
-impl Default for VfioOptions {
-    fn default() -> Self {
-        VfioOptions { mode: IommuMode::Type1, hugepages: HugepagePolicy::Auto, root: PathBuf::from("/") }
-    }
-}
-
-/// The fds of one opened device. Fields drop in order: device, group, container.
-pub struct Shared {
-    device: Device,
-    group: Group,
-    container: Container,
-    name: String,
-    mode: IommuMode,
-}
 
 /// An NVMe controller opened through VFIO.
 pub struct VfioDevice {
