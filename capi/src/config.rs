@@ -48,8 +48,8 @@ pub const TUTTI_EXECUTOR_DIRECT: u32 = 2;
 pub const TUTTI_EXECUTOR_GIO_CUDA: u32 = 3;
 /// ABI 1.8, tuttid clients only (`tutti_runtime_connect`): a client that moves
 /// no bytes. It leases no queue pairs, maps no memory and runs no executor;
-/// its lookups, `tutti_contains_identity`, pins and stats go to the daemon.
-/// `tutti_register_kv` (and so every load and store) gets
+/// its lookups, `tutti_kv_contains_identity`, pins and stats go to the daemon.
+/// `tutti_kv_register` (and so every load and store) gets
 /// `TUTTI_E_UNSUPPORTED`. An engine's scheduler process uses it.
 pub const TUTTI_EXECUTOR_CONTROL: u32 = 4;
 

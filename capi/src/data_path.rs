@@ -55,8 +55,24 @@ unsafe impl SizePrefixed for tutti_data_path_t {
 /// `rt` is a runtime handle (checked); `out` is NULL or points to a
 /// `tutti_data_path_t` with `struct_size` set.
 #[no_mangle]
-pub unsafe extern "C" fn tutti_data_path(rt: *mut tutti_runtime_t, out: *mut tutti_data_path_t) -> i32 {
-    guard("tutti_data_path", || {
+pub unsafe extern "C" fn tutti_runtime_data_path(
+    rt: *mut tutti_runtime_t,
+    out: *mut tutti_data_path_t,
+) -> i32 {
+    // SAFETY: the caller keeps the contract above.
+    unsafe { runtime_data_path("tutti_runtime_data_path", rt, out) }
+}
+
+/// The body of `tutti_runtime_data_path` and of its old name `tutti_data_path` (`name`: the one called, for the last error).
+///
+/// # Safety
+/// As `tutti_runtime_data_path`.
+pub(crate) unsafe fn runtime_data_path(
+    name: &'static str,
+    rt: *mut tutti_runtime_t,
+    out: *mut tutti_data_path_t,
+) -> i32 {
+    guard(name, || {
         let rt = Runtime::get(rt)?;
         // SAFETY: forwarded from the caller.
         let out = unsafe { ptr::sized_out(out)? };

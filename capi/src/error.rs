@@ -5,6 +5,7 @@ use crate::status::*;
 use std::cell::RefCell;
 use std::ffi::CString;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Mutex, MutexGuard};
 use tutti_objstore::ObjError;
 use tutti_scheduler::SchedError;
 
@@ -162,6 +163,11 @@ pub(crate) fn guard(func: &'static str, body: impl FnOnce() -> Result<i32>) -> i
 /// Like [`guard`] for calls whose result is not a status (it gets `fallback` on failure).
 pub(crate) fn guard_value<T>(fallback: T, body: impl FnOnce() -> T) -> T {
     catch_unwind(AssertUnwindSafe(body)).unwrap_or(fallback)
+}
+
+/// Locks `m`; a poisoned lock (a panic while it was held) is `CapiError::Poisoned(what)`.
+pub(crate) fn lock<'a, T>(m: &'a Mutex<T>, what: &'static str) -> Result<MutexGuard<'a, T>> {
+    m.lock().map_err(|_| CapiError::Poisoned(what))
 }
 
 #[cfg(test)]

@@ -1,11 +1,11 @@
 //! Jobs: a load or store of many blocks over a range of layers, polled,
 //! waited for (whole or one layer), cancelled, and destroyed from C.
 
-use crate::error::{guard, CapiError, Result};
+use crate::error::{guard, lock, CapiError, Result};
 use crate::handles::Registry;
 use crate::kv::{hashes_in, tutti_hash_t};
 use crate::ptr::{self, SizePrefixed, TUTTI_MAX_BLOCKS_PER_CALL};
-use crate::runtime::{lock, tutti_runtime_t, Runtime};
+use crate::runtime::{tutti_runtime_t, Runtime};
 use crate::session::StoreSession;
 use crate::status::{TUTTI_IN_PROGRESS, TUTTI_OK};
 use std::ffi::c_char;
@@ -464,7 +464,7 @@ unsafe fn answer(job: &Job, v: &View, status: *mut tutti_job_status_t) -> Result
 /// `rt` is a runtime handle (checked); `hashes` and `block_ids` point to
 /// `count` readable elements; `out_job` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn tutti_submit_load(
+pub unsafe extern "C" fn tutti_load_submit(
     rt: *mut tutti_runtime_t,
     hashes: *const tutti_hash_t,
     block_ids: *const u32,
@@ -473,7 +473,29 @@ pub unsafe extern "C" fn tutti_submit_load(
     num_layers: u32,
     out_job: *mut *mut tutti_job_t,
 ) -> i32 {
-    guard("tutti_submit_load", || {
+    // SAFETY: the caller keeps the contract above.
+    unsafe {
+        load_submit("tutti_load_submit", rt, hashes, block_ids, count, first_layer, num_layers, out_job)
+    }
+}
+
+/// The body of `tutti_load_submit` and of its old name `tutti_submit_load` (`name`: the one called, for the last error).
+///
+/// # Safety
+/// As `tutti_load_submit`.
+// The C call's arguments and the name it was called by.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn load_submit(
+    name: &'static str,
+    rt: *mut tutti_runtime_t,
+    hashes: *const tutti_hash_t,
+    block_ids: *const u32,
+    count: usize,
+    first_layer: u32,
+    num_layers: u32,
+    out_job: *mut *mut tutti_job_t,
+) -> i32 {
+    guard(name, || {
         let rt = Runtime::get(rt)?;
         // SAFETY: forwarded from the caller.
         let out = unsafe { ptr::out(out_job, "out_job")? };

@@ -20,6 +20,7 @@
 #![allow(non_camel_case_types)]
 
 mod client;
+mod clock;
 mod config;
 mod data_path;
 mod error;
@@ -33,11 +34,16 @@ mod profiler;
 mod ptr;
 mod runtime;
 mod sched;
+mod sched_gate;
 mod session;
 mod stats;
 mod status;
 mod store;
 
+// Last: the old names follow the new ones in the header.
+mod aliases;
+
+pub use aliases::*;
 pub use client::{tutti_client_config_t, tutti_runtime_connect};
 pub use config::*;
 pub use data_path::*;
@@ -49,9 +55,10 @@ pub use kv::*;
 pub use profiler::*;
 pub use ptr::{TUTTI_MAX_BLOCKS_PER_CALL, TUTTI_MAX_TIMEOUT_MS, TUTTI_MAX_TOKENS_PER_CALL};
 pub use runtime::{
-    tutti_runtime_close, tutti_runtime_info, tutti_runtime_info_t, tutti_runtime_open, tutti_runtime_t,
+    tutti_runtime_destroy, tutti_runtime_info, tutti_runtime_info_t, tutti_runtime_open, tutti_runtime_t,
 };
 pub use sched::*;
+pub use sched_gate::*;
 pub use stats::*;
 pub use status::*;
 pub use store::*;
@@ -79,7 +86,7 @@ const EMPTY: &str = "\0";
 /// of tuttid (`tutti_runtime_connect`, `tutti_client_config_t`); minor 4
 /// added the staged data path (`TUTTI_MEMORY_CUDA` accepted with
 /// `TUTTI_EXECUTOR_GIO_CUDA`, `TUTTI_MEMORY_HOST_STAGED`, the CUDA and staging
-/// fields of `tutti_runtime_config_t`, `tutti_data_path`); minor 5 added the
+/// fields of `tutti_runtime_config_t`, `tutti_data_path`, now `tutti_runtime_data_path`); minor 5 added the
 /// emulated drives' bandwidth and latency model (the `emulated_*_bytes_per_sec`,
 /// `emulated_*latency_us` and `emulated_mixed_*` fields of `tutti_runtime_config_t`);
 /// minor 6 added the scheduler in the job path (`tutti_sched_configure`,
@@ -89,11 +96,14 @@ const EMPTY: &str = "\0";
 /// minor 8 added every executor to tuttid clients (`TUTTI_EXECUTOR_GIO_CUDA` and the CUDA
 /// and staging fields appended to `tutti_client_config_t`; `TUTTI_EXECUTOR_CONTROL` for a
 /// client that moves no bytes) and the executor mode (`TUTTI_EXEC_MODE_*`: the `exec_mode`
-/// fields appended to `tutti_runtime_config_t` and `tutti_client_config_t`).
+/// fields appended to `tutti_runtime_config_t` and `tutti_client_config_t`); minor 9 added the
+/// names that follow one rule (`tutti_<object>_<verb>`, handles released by `_destroy`:
+/// `tutti_load_submit`, `tutti_kv_register`, ..., `tutti_runtime_destroy`), the old names staying
+/// as aliases (`aliases`).
 pub const TUTTI_ABI_VERSION: u32 = 1;
 
 /// The minor version of ABI 1 this library implements (see `TUTTI_ABI_VERSION`).
-pub const TUTTI_ABI_MINOR: u32 = 8;
+pub const TUTTI_ABI_MINOR: u32 = 9;
 
 /// The ABI version of the loaded library (`TUTTI_ABI_VERSION` it was built with).
 ///

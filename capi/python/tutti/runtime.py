@@ -20,7 +20,8 @@ from typing import Sequence
 
 from . import _lib
 from ._lib import lib, sized
-from .jobs import DEFAULT_TIMEOUT_S, Job, JobStatus, Store, StoreReport, _Handle
+from ._handle import _Handle, layer_range
+from .jobs import DEFAULT_TIMEOUT_S, Job, JobStatus, Store, StoreReport
 
 __all__ = [
     "HOST_EXEC_MODE_DEFAULT", "default_exec_mode", "Geometry", "Runtime", "RuntimeInfo", "Stats", "TableSizes", "Lookup", "chain_hashes", "clock_ns",
@@ -120,7 +121,7 @@ def chain_hashes(tokens: Sequence[int], tokens_per_block: int, parent: bytes | N
     count = c_size_t(0)
     par = _hash_array([parent]) if parent is not None else None
     L.call(
-        "tutti_chain_hashes",
+        "tutti_hash_chain",
         toks if n else None,
         n,
         tokens_per_block,
@@ -259,7 +260,7 @@ def _exec_mode(executor: str, mode: str | None, host_lane_blocks: int) -> str | 
 class Runtime(_Handle):
     """An open pool on drives (emulated or VFIO) with one I/O executor."""
 
-    _destroy = "tutti_runtime_close"
+    _destroy = "tutti_runtime_destroy"
 
     def __init__(
         self,
@@ -440,7 +441,7 @@ class Runtime(_Handle):
     def data_path(self) -> DataPath:
         """Direct or staged, for the current registration (``mode="none"`` without one)."""
         out = sized(_lib.DataPath)
-        lib().call("tutti_data_path", self._p(), byref(out))
+        lib().call("tutti_runtime_data_path", self._p(), byref(out))
         memories = {v: k for k, v in _lib.MEMORY.items()}
         return DataPath(
             mode=_lib.DATA_PATH.get(out.mode, str(out.mode)),
@@ -455,7 +456,7 @@ class Runtime(_Handle):
 
     def stats(self) -> Stats:
         out = sized(_lib.Stats)
-        lib().call("tutti_get_stats", self._p(), byref(out))
+        lib().call("tutti_runtime_stats", self._p(), byref(out))
         return Stats(**_struct_dict(out))
 
     # --- KV memory ------------------------------------------------------------------------
@@ -504,12 +505,12 @@ class Runtime(_Handle):
             tenant_salt_len=len(tenant_salt),
         )
         sizes = sized(_lib.TableSizes)
-        lib().call("tutti_register_kv", self._p(), byref(layout), byref(sizes))
+        lib().call("tutti_kv_register", self._p(), byref(layout), byref(sizes))
         self._registered = keepalive
         return TableSizes(**_struct_dict(sizes))
 
     def unregister_kv(self) -> None:
-        lib().call("tutti_unregister_kv", self._p())
+        lib().call("tutti_kv_unregister", self._p())
         self._registered = None
 
     # --- index ----------------------------------------------------------------------------
@@ -520,7 +521,7 @@ class Runtime(_Handle):
         hits = c_size_t(0)
         pin_id = c_uint64(0)
         lib().call(
-            "tutti_lookup",
+            "tutti_kv_lookup",
             self._p(),
             arr if hashes else None,
             len(hashes),
@@ -531,7 +532,7 @@ class Runtime(_Handle):
         return Lookup(hits.value, pin_id.value, self)
 
     def unpin(self, pin: int) -> None:
-        lib().call("tutti_unpin", self._p(), pin)
+        lib().call("tutti_kv_unpin", self._p(), pin)
 
     def contains_identity(
         self, hashes: Sequence[bytes], *, model: str, kind: str, tenant_salt: bytes = b""
@@ -545,7 +546,7 @@ class Runtime(_Handle):
         salt = (c_uint8 * len(tenant_salt)).from_buffer_copy(tenant_salt) if tenant_salt else None
         hits = c_size_t(0)
         lib().call(
-            "tutti_contains_identity",
+            "tutti_kv_contains_identity",
             self._p(),
             model.encode(),
             salt,
@@ -560,11 +561,7 @@ class Runtime(_Handle):
     # --- I/O ------------------------------------------------------------------------------
 
     def _layers(self, layers: range | None) -> range:
-        if layers is None:
-            return range(0, self.geometry.layers)
-        if not isinstance(layers, range) or layers.step != 1:
-            raise ValueError(f"layers must be a contiguous range, got {layers!r}")
-        return layers
+        return layer_range(layers, self.geometry.layers)
 
     def load(self, hashes: Sequence[bytes], block_ids: Sequence[int], layers: range | None = None) -> Job:
         """Loads chunk ``hashes[i]`` into engine block ``block_ids[i]`` for ``layers`` (default all)."""
@@ -575,7 +572,7 @@ class Runtime(_Handle):
             raise ValueError(f"{len(hashes)} hashes but {len(block_ids)} block ids")
         out = c_void_p()
         lib().call(
-            "tutti_submit_load",
+            "tutti_load_submit",
             self._p(),
             arr if hashes else None,
             ids if block_ids else None,

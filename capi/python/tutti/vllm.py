@@ -35,7 +35,7 @@ Where the pool lives:
   directory. Each rank stores and loads its own shard under its own cache identity (the rank
   layout is part of it); the workers hand their identities to the scheduler through vLLM's
   connector handshake, and the scheduler reports the prefix every rank holds
-  (``tutti_contains_identity``, the minimum over ranks). A chunk evicted before a worker loads it
+  (``tutti_kv_contains_identity``, the minimum over ranks). A chunk evicted before a worker loads it
   is a load error (recomputed), never wrong bytes.
 
 The in-process mode refuses the multiprocess executor and TP×PP > 1 at start-up with a message
