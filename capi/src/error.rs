@@ -18,7 +18,7 @@ pub enum CapiError {
     #[error("{what}: {0} is not aligned for its type", what = .1)]
     Misaligned(&'static str, &'static str),
 
-    #[error("{what}.struct_size is {got}, this library (ABI {abi}) expects {expected}", abi = crate::TUTTI_ABI_VERSION)]
+    #[error("{what}.struct_size is {got}, this library (ABI {abi}) expects {expected}", abi = crate::version::TUTTI_ABI_VERSION)]
     StructSize { what: &'static str, got: u32, expected: String },
 
     #[error("invalid {field}: {what}")]
