@@ -4,11 +4,12 @@
 //! `tutti_<object>_<verb>`, handles released by `tutti_<object>_destroy`. New code uses the new
 //! names; these stay for callers built against an older header.
 
-use crate::data_path::{self, tutti_data_path_t};
-use crate::jobs::{self, tutti_job_t};
-use crate::kv::{self, tutti_hash_t, tutti_kv_layout_t, tutti_table_sizes_t};
-use crate::runtime::{self, tutti_runtime_t};
-use crate::stats::{self, tutti_stats_t};
+use crate::data_path::*;
+use crate::error::alias;
+use crate::jobs::*;
+use crate::kv::*;
+use crate::runtime::{tutti_runtime_destroy, tutti_runtime_t};
+use crate::stats::*;
 use std::ffi::c_char;
 
 /// Alias: the name of `tutti_load_submit` before ABI 1.9; runs the same code.
@@ -26,9 +27,9 @@ pub unsafe extern "C" fn tutti_submit_load(
     out_job: *mut *mut tutti_job_t,
 ) -> i32 {
     // SAFETY: forwarded from the caller.
-    unsafe {
-        jobs::load_submit("tutti_submit_load", rt, hashes, block_ids, count, first_layer, num_layers, out_job)
-    }
+    alias("tutti_submit_load", "tutti_load_submit", unsafe {
+        tutti_load_submit(rt, hashes, block_ids, count, first_layer, num_layers, out_job)
+    })
 }
 
 /// Alias: the name of `tutti_kv_register` before ABI 1.9; runs the same code.
@@ -42,7 +43,7 @@ pub unsafe extern "C" fn tutti_register_kv(
     sizes: *mut tutti_table_sizes_t,
 ) -> i32 {
     // SAFETY: forwarded from the caller.
-    unsafe { kv::kv_register("tutti_register_kv", rt, layout, sizes) }
+    alias("tutti_register_kv", "tutti_kv_register", unsafe { tutti_kv_register(rt, layout, sizes) })
 }
 
 /// Alias: the name of `tutti_kv_unregister` before ABI 1.9; runs the same code.
@@ -52,7 +53,7 @@ pub unsafe extern "C" fn tutti_register_kv(
 #[no_mangle]
 pub unsafe extern "C" fn tutti_unregister_kv(rt: *mut tutti_runtime_t) -> i32 {
     // SAFETY: forwarded from the caller.
-    unsafe { kv::kv_unregister("tutti_unregister_kv", rt) }
+    alias("tutti_unregister_kv", "tutti_kv_unregister", unsafe { tutti_kv_unregister(rt) })
 }
 
 /// Alias: the name of `tutti_kv_lookup` before ABI 1.9; runs the same code.
@@ -69,7 +70,9 @@ pub unsafe extern "C" fn tutti_lookup(
     out_pin: *mut u64,
 ) -> i32 {
     // SAFETY: forwarded from the caller.
-    unsafe { kv::kv_lookup("tutti_lookup", rt, hashes, count, flags, out_hits, out_pin) }
+    alias("tutti_lookup", "tutti_kv_lookup", unsafe {
+        tutti_kv_lookup(rt, hashes, count, flags, out_hits, out_pin)
+    })
 }
 
 /// Alias: the name of `tutti_kv_unpin` before ABI 1.9; runs the same code.
@@ -79,7 +82,7 @@ pub unsafe extern "C" fn tutti_lookup(
 #[no_mangle]
 pub unsafe extern "C" fn tutti_unpin(rt: *mut tutti_runtime_t, pin: u64) -> i32 {
     // SAFETY: forwarded from the caller.
-    unsafe { kv::kv_unpin("tutti_unpin", rt, pin) }
+    alias("tutti_unpin", "tutti_kv_unpin", unsafe { tutti_kv_unpin(rt, pin) })
 }
 
 /// Alias: the name of `tutti_kv_contains_identity` before ABI 1.9; runs the same code.
@@ -98,9 +101,8 @@ pub unsafe extern "C" fn tutti_contains_identity(
     out_hits: *mut usize,
 ) -> i32 {
     // SAFETY: forwarded from the caller.
-    unsafe {
-        kv::kv_contains_identity(
-            "tutti_contains_identity",
+    alias("tutti_contains_identity", "tutti_kv_contains_identity", unsafe {
+        tutti_kv_contains_identity(
             rt,
             model,
             tenant_salt,
@@ -110,7 +112,7 @@ pub unsafe extern "C" fn tutti_contains_identity(
             count,
             out_hits,
         )
-    }
+    })
 }
 
 /// Alias: the name of `tutti_hash_chain` before ABI 1.9; runs the same code.
@@ -128,18 +130,9 @@ pub unsafe extern "C" fn tutti_chain_hashes(
     out_count: *mut usize,
 ) -> i32 {
     // SAFETY: forwarded from the caller.
-    unsafe {
-        kv::hash_chain(
-            "tutti_chain_hashes",
-            tokens,
-            num_tokens,
-            tokens_per_block,
-            parent,
-            out,
-            out_capacity,
-            out_count,
-        )
-    }
+    alias("tutti_chain_hashes", "tutti_hash_chain", unsafe {
+        tutti_hash_chain(tokens, num_tokens, tokens_per_block, parent, out, out_capacity, out_count)
+    })
 }
 
 /// Alias: the name of `tutti_runtime_stats` before ABI 1.9; runs the same code.
@@ -149,7 +142,7 @@ pub unsafe extern "C" fn tutti_chain_hashes(
 #[no_mangle]
 pub unsafe extern "C" fn tutti_get_stats(rt: *mut tutti_runtime_t, out: *mut tutti_stats_t) -> i32 {
     // SAFETY: forwarded from the caller.
-    unsafe { stats::runtime_stats("tutti_get_stats", rt, out) }
+    alias("tutti_get_stats", "tutti_runtime_stats", unsafe { tutti_runtime_stats(rt, out) })
 }
 
 /// Alias: the name of `tutti_runtime_data_path` before ABI 1.9; runs the same code.
@@ -159,7 +152,7 @@ pub unsafe extern "C" fn tutti_get_stats(rt: *mut tutti_runtime_t, out: *mut tut
 #[no_mangle]
 pub unsafe extern "C" fn tutti_data_path(rt: *mut tutti_runtime_t, out: *mut tutti_data_path_t) -> i32 {
     // SAFETY: forwarded from the caller.
-    unsafe { data_path::runtime_data_path("tutti_data_path", rt, out) }
+    alias("tutti_data_path", "tutti_runtime_data_path", unsafe { tutti_runtime_data_path(rt, out) })
 }
 
 /// Alias: the name of `tutti_runtime_destroy` before ABI 1.9; runs the same code.
@@ -169,5 +162,5 @@ pub unsafe extern "C" fn tutti_data_path(rt: *mut tutti_runtime_t, out: *mut tut
 #[no_mangle]
 pub unsafe extern "C" fn tutti_runtime_close(rt: *mut tutti_runtime_t) -> i32 {
     // SAFETY: forwarded from the caller.
-    unsafe { runtime::runtime_destroy("tutti_runtime_close", rt) }
+    alias("tutti_runtime_close", "tutti_runtime_destroy", unsafe { tutti_runtime_destroy(rt) })
 }

@@ -59,20 +59,7 @@ pub unsafe extern "C" fn tutti_runtime_data_path(
     rt: *mut tutti_runtime_t,
     out: *mut tutti_data_path_t,
 ) -> i32 {
-    // SAFETY: the caller keeps the contract above.
-    unsafe { runtime_data_path("tutti_runtime_data_path", rt, out) }
-}
-
-/// The body of `tutti_runtime_data_path` and of its old name `tutti_data_path` (`name`: the one called, for the last error).
-///
-/// # Safety
-/// As `tutti_runtime_data_path`.
-pub(crate) unsafe fn runtime_data_path(
-    name: &'static str,
-    rt: *mut tutti_runtime_t,
-    out: *mut tutti_data_path_t,
-) -> i32 {
-    guard(name, || {
+    guard("tutti_runtime_data_path", || {
         let rt = Runtime::get(rt)?;
         // SAFETY: forwarded from the caller.
         let out = unsafe { ptr::sized_out(out)? };

@@ -132,6 +132,20 @@ pub(crate) fn last_error_bytes() -> Vec<u8> {
     LAST_ERROR.with(|e| e.borrow().as_bytes_with_nul().to_vec())
 }
 
+/// For an old name (`aliases`): `code`, the status its new name returned, with the last error
+/// naming `old`, the function the caller called, where the new name's call put `new`.
+pub(crate) fn alias(old: &'static str, new: &'static str, code: i32) -> i32 {
+    LAST_ERROR.with(|e| {
+        let mut e = e.borrow_mut();
+        if let Some(rest) = e.to_bytes().strip_prefix(new.as_bytes()) {
+            let mut renamed = old.as_bytes().to_vec();
+            renamed.extend_from_slice(rest);
+            *e = CString::new(renamed).unwrap_or_default();
+        }
+    });
+    code
+}
+
 /// Runs an entry point's body: a panic becomes [`TUTTI_E_PANIC`] (never
 /// unwinds into C), an error its code, and the last-error message is set
 /// (prefixed with the function's name) or cleared to match.

@@ -473,29 +473,7 @@ pub unsafe extern "C" fn tutti_load_submit(
     num_layers: u32,
     out_job: *mut *mut tutti_job_t,
 ) -> i32 {
-    // SAFETY: the caller keeps the contract above.
-    unsafe {
-        load_submit("tutti_load_submit", rt, hashes, block_ids, count, first_layer, num_layers, out_job)
-    }
-}
-
-/// The body of `tutti_load_submit` and of its old name `tutti_submit_load` (`name`: the one called, for the last error).
-///
-/// # Safety
-/// As `tutti_load_submit`.
-// The C call's arguments and the name it was called by.
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn load_submit(
-    name: &'static str,
-    rt: *mut tutti_runtime_t,
-    hashes: *const tutti_hash_t,
-    block_ids: *const u32,
-    count: usize,
-    first_layer: u32,
-    num_layers: u32,
-    out_job: *mut *mut tutti_job_t,
-) -> i32 {
-    guard(name, || {
+    guard("tutti_load_submit", || {
         let rt = Runtime::get(rt)?;
         // SAFETY: forwarded from the caller.
         let out = unsafe { ptr::out(out_job, "out_job")? };

@@ -205,21 +205,7 @@ pub unsafe extern "C" fn tutti_kv_register(
     layout: *const tutti_kv_layout_t,
     sizes: *mut tutti_table_sizes_t,
 ) -> i32 {
-    // SAFETY: the caller keeps the contract above.
-    unsafe { kv_register("tutti_kv_register", rt, layout, sizes) }
-}
-
-/// The body of `tutti_kv_register` and of its old name `tutti_register_kv` (`name`: the one called, for the last error).
-///
-/// # Safety
-/// As `tutti_kv_register`.
-pub(crate) unsafe fn kv_register(
-    name: &'static str,
-    rt: *mut tutti_runtime_t,
-    layout: *const tutti_kv_layout_t,
-    sizes: *mut tutti_table_sizes_t,
-) -> i32 {
-    guard(name, || {
+    guard("tutti_kv_register", || {
         let rt = Runtime::get(rt)?;
         // SAFETY: forwarded from the caller.
         let c = unsafe { ptr::sized_in(layout)? };
@@ -290,16 +276,7 @@ pub(crate) unsafe fn kv_register(
 /// `rt` is a runtime handle (checked).
 #[no_mangle]
 pub unsafe extern "C" fn tutti_kv_unregister(rt: *mut tutti_runtime_t) -> i32 {
-    // SAFETY: the caller keeps the contract above.
-    unsafe { kv_unregister("tutti_kv_unregister", rt) }
-}
-
-/// The body of `tutti_kv_unregister` and of its old name `tutti_unregister_kv` (`name`: the one called, for the last error).
-///
-/// # Safety
-/// As `tutti_kv_unregister`.
-pub(crate) unsafe fn kv_unregister(name: &'static str, rt: *mut tutti_runtime_t) -> i32 {
-    guard(name, || {
+    guard("tutti_kv_unregister", || {
         let rt = Runtime::get(rt)?;
         rt.store.unregister()?;
         *lock(&rt.registered, "registration")? = None;
@@ -349,38 +326,7 @@ pub unsafe extern "C" fn tutti_hash_chain(
     out_capacity: usize,
     out_count: *mut usize,
 ) -> i32 {
-    // SAFETY: the caller keeps the contract above.
-    unsafe {
-        hash_chain(
-            "tutti_hash_chain",
-            tokens,
-            num_tokens,
-            tokens_per_block,
-            parent,
-            out,
-            out_capacity,
-            out_count,
-        )
-    }
-}
-
-/// The body of `tutti_hash_chain` and of its old name `tutti_chain_hashes` (`name`: the one called, for the last error).
-///
-/// # Safety
-/// As `tutti_hash_chain`.
-// The C call's arguments and the name it was called by.
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn hash_chain(
-    name: &'static str,
-    tokens: *const u32,
-    num_tokens: usize,
-    tokens_per_block: u32,
-    parent: *const tutti_hash_t,
-    out: *mut tutti_hash_t,
-    out_capacity: usize,
-    out_count: *mut usize,
-) -> i32 {
-    guard(name, || {
+    guard("tutti_hash_chain", || {
         // SAFETY: forwarded from the caller.
         let count = unsafe { ptr::out(out_count, "out_count")? };
         if tokens_per_block == 0 {
@@ -438,24 +384,7 @@ pub unsafe extern "C" fn tutti_kv_lookup(
     out_hits: *mut usize,
     out_pin: *mut u64,
 ) -> i32 {
-    // SAFETY: the caller keeps the contract above.
-    unsafe { kv_lookup("tutti_kv_lookup", rt, hashes, count, flags, out_hits, out_pin) }
-}
-
-/// The body of `tutti_kv_lookup` and of its old name `tutti_lookup` (`name`: the one called, for the last error).
-///
-/// # Safety
-/// As `tutti_kv_lookup`.
-pub(crate) unsafe fn kv_lookup(
-    name: &'static str,
-    rt: *mut tutti_runtime_t,
-    hashes: *const tutti_hash_t,
-    count: usize,
-    flags: u32,
-    out_hits: *mut usize,
-    out_pin: *mut u64,
-) -> i32 {
-    guard(name, || {
+    guard("tutti_kv_lookup", || {
         let rt = Runtime::get(rt)?;
         // SAFETY: forwarded from the caller.
         let hits = unsafe { ptr::out(out_hits, "out_hits")? };
@@ -513,40 +442,7 @@ pub unsafe extern "C" fn tutti_kv_contains_identity(
     count: usize,
     out_hits: *mut usize,
 ) -> i32 {
-    // SAFETY: the caller keeps the contract above.
-    unsafe {
-        kv_contains_identity(
-            "tutti_kv_contains_identity",
-            rt,
-            model,
-            tenant_salt,
-            tenant_salt_len,
-            layout_kind,
-            hashes,
-            count,
-            out_hits,
-        )
-    }
-}
-
-/// The body of `tutti_kv_contains_identity` and of its old name `tutti_contains_identity` (`name`: the one called, for the last error).
-///
-/// # Safety
-/// As `tutti_kv_contains_identity`.
-// The C call's arguments and the name it was called by.
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn kv_contains_identity(
-    name: &'static str,
-    rt: *mut tutti_runtime_t,
-    model: *const c_char,
-    tenant_salt: *const u8,
-    tenant_salt_len: usize,
-    layout_kind: u32,
-    hashes: *const tutti_hash_t,
-    count: usize,
-    out_hits: *mut usize,
-) -> i32 {
-    guard(name, || {
+    guard("tutti_kv_contains_identity", || {
         let rt = Runtime::get(rt)?;
         // SAFETY: forwarded from the caller.
         let hits = unsafe { ptr::out(out_hits, "out_hits")? };
@@ -583,16 +479,7 @@ pub(crate) unsafe fn kv_contains_identity(
 /// `rt` is a runtime handle (checked).
 #[no_mangle]
 pub unsafe extern "C" fn tutti_kv_unpin(rt: *mut tutti_runtime_t, pin: u64) -> i32 {
-    // SAFETY: the caller keeps the contract above.
-    unsafe { kv_unpin("tutti_kv_unpin", rt, pin) }
-}
-
-/// The body of `tutti_kv_unpin` and of its old name `tutti_unpin` (`name`: the one called, for the last error).
-///
-/// # Safety
-/// As `tutti_kv_unpin`.
-pub(crate) unsafe fn kv_unpin(name: &'static str, rt: *mut tutti_runtime_t, pin: u64) -> i32 {
-    guard(name, || {
+    guard("tutti_kv_unpin", || {
         let rt = Runtime::get(rt)?;
         rt.store.unpin(pin)?;
         Ok(TUTTI_OK)

@@ -154,16 +154,7 @@ pub unsafe extern "C" fn tutti_runtime_open(
 /// `rt` is NULL or a value returned by `tutti_runtime_open` (a stale one is detected).
 #[no_mangle]
 pub unsafe extern "C" fn tutti_runtime_destroy(rt: *mut tutti_runtime_t) -> i32 {
-    // SAFETY: the caller keeps the contract above.
-    unsafe { runtime_destroy("tutti_runtime_destroy", rt) }
-}
-
-/// The body of `tutti_runtime_destroy` and of its old name `tutti_runtime_close` (`name`: the one called, for the last error).
-///
-/// # Safety
-/// As `tutti_runtime_destroy`.
-pub(crate) unsafe fn runtime_destroy(name: &'static str, rt: *mut tutti_runtime_t) -> i32 {
-    guard(name, || {
+    guard("tutti_runtime_destroy", || {
         drop(RUNTIMES.remove(rt)?);
         Ok(TUTTI_OK)
     })

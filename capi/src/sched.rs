@@ -218,25 +218,15 @@ fn fill(out: &mut tutti_sched_stats_t, a: &Arbiter, board: Option<&Arc<SharedArb
         Some(PolicyOff::NoTimings) => TUTTI_SCHED_POLICY_OFF_NO_TIMINGS,
         Some(PolicyOff::Idle) => TUTTI_SCHED_POLICY_OFF_IDLE,
     };
-    out.reads_issued = s.reads_issued;
-    out.writes_issued = s.writes_issued;
-    out.read_bytes = s.read_bytes;
-    out.write_bytes = s.write_bytes;
-    out.read_waits = s.read_waits;
-    out.write_waits_for_reads = s.write_waits_for_reads;
-    out.write_waits_for_slack = s.write_waits_for_slack;
-    out.writes_in_decode = s.writes_in_decode;
-    out.writes_urgent_or_idle = s.writes_urgent_or_idle;
-    out.mixed_issues = s.mixed_issues;
-    out.backlog_bytes = s.backlog_bytes;
-    out.backlog_peak_bytes = s.backlog_peak_bytes;
+    // The counters both structs name alike.
+    macro_rules! copy {
+        ($($f:ident),+) => { $(out.$f = s.$f;)+ };
+    }
+    copy!(reads_issued, writes_issued, read_bytes, write_bytes, read_waits, write_waits_for_reads);
+    copy!(write_waits_for_slack, writes_in_decode, writes_urgent_or_idle, mixed_issues, backlog_bytes);
+    copy!(backlog_peak_bytes, stores_refused, stores_dropped, bytes_dropped, prefill_windows, decode_windows);
+    copy!(xproc_waits);
     out.backlog_capacity = a.config().backlog_bytes;
-    out.stores_refused = s.stores_refused;
-    out.stores_dropped = s.stores_dropped;
-    out.bytes_dropped = s.bytes_dropped;
-    out.prefill_windows = s.prefill_windows;
-    out.decode_windows = s.decode_windows;
-    out.xproc_waits = s.xproc_waits;
     if let Some(b) = board {
         let bs = b.stats();
         out.xproc_active = u64::from(!b.is_lost());

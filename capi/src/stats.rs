@@ -131,20 +131,7 @@ fn collect(rt: &Runtime, struct_size: u32) -> Result<tutti_stats_t> {
 /// `tutti_stats_t` of any ABI-1 minor version with `struct_size` set.
 #[no_mangle]
 pub unsafe extern "C" fn tutti_runtime_stats(rt: *mut tutti_runtime_t, out: *mut tutti_stats_t) -> i32 {
-    // SAFETY: the caller keeps the contract above.
-    unsafe { runtime_stats("tutti_runtime_stats", rt, out) }
-}
-
-/// The body of `tutti_runtime_stats` and of its old name `tutti_get_stats` (`name`: the one called, for the last error).
-///
-/// # Safety
-/// As `tutti_runtime_stats`.
-pub(crate) unsafe fn runtime_stats(
-    name: &'static str,
-    rt: *mut tutti_runtime_t,
-    out: *mut tutti_stats_t,
-) -> i32 {
-    guard(name, || {
+    guard("tutti_runtime_stats", || {
         let rt = Runtime::get(rt)?;
         // SAFETY: forwarded from the caller.
         let mut out = unsafe { ptr::sized_out_prefix(out)? };

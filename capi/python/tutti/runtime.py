@@ -107,6 +107,16 @@ def _u32_array(values: Sequence[int], what: str):
     return arr
 
 
+def _blocks(hashes: Sequence[bytes], block_ids: Sequence[int]):
+    """The C arrays of a load or store of chunk ``hashes[i]`` in engine block ``block_ids[i]``
+    (NULL when empty)."""
+    arr = _hash_array(hashes)
+    ids = _u32_array(block_ids, "block_ids")
+    if len(hashes) != len(block_ids):
+        raise ValueError(f"{len(hashes)} hashes but {len(block_ids)} block ids")
+    return (arr if hashes else None), (ids if block_ids else None)
+
+
 def chain_hashes(tokens: Sequence[int], tokens_per_block: int, parent: bytes | None = None) -> list[bytes]:
     """Chained 128-bit hashes of every *full* chunk of ``tokens`` (libtutti's scheme, see tutti.h).
 
@@ -566,52 +576,33 @@ class Runtime(_Handle):
     def load(self, hashes: Sequence[bytes], block_ids: Sequence[int], layers: range | None = None) -> Job:
         """Loads chunk ``hashes[i]`` into engine block ``block_ids[i]`` for ``layers`` (default all)."""
         layers = self._layers(layers)
-        arr = _hash_array(hashes)
-        ids = _u32_array(block_ids, "block_ids")
-        if len(hashes) != len(block_ids):
-            raise ValueError(f"{len(hashes)} hashes but {len(block_ids)} block ids")
+        arr, ids = _blocks(hashes, block_ids)
         out = c_void_p()
-        lib().call(
-            "tutti_load_submit",
-            self._p(),
-            arr if hashes else None,
-            ids if block_ids else None,
-            len(hashes),
-            layers.start,
-            len(layers),
-            byref(out),
-        )
+        lib().call("tutti_load_submit", self._p(), arr, ids, len(hashes), layers.start, len(layers), byref(out))
         return Job(out, "load", len(hashes), layers, self)
 
     def begin_store(self, hashes: Sequence[bytes], block_ids: Sequence[int]) -> Store:
         """Opens a store session for chunk ``hashes[i]`` held in engine block ``block_ids[i]``."""
-        arr = _hash_array(hashes)
-        ids = _u32_array(block_ids, "block_ids")
-        if len(hashes) != len(block_ids):
-            raise ValueError(f"{len(hashes)} hashes but {len(block_ids)} block ids")
+        arr, ids = _blocks(hashes, block_ids)
         out = c_void_p()
-        lib().call(
-            "tutti_store_begin",
-            self._p(),
-            arr if hashes else None,
-            ids if block_ids else None,
-            len(hashes),
-            byref(out),
-        )
+        lib().call("tutti_store_begin", self._p(), arr, ids, len(hashes), byref(out))
         return Store(out, self, len(hashes))
 
     # --- fault injection (emulated drives only) -------------------------------------------
 
-    def emulated_fail_next(self, drive: int, direction: str, count: int = 1) -> None:
-        """Makes the next ``count`` reads or writes on emulated drive ``drive`` fail (tests)."""
+    def _emulated_fault(self, call: str, drive: int, direction: str, value: int) -> None:
         L = lib()
-        if not L.has("tutti_emulated_fail_next"):
+        if not L.has(call):
             raise NotImplementedError(
-                f"{L.path} has no tutti_emulated_fail_next: fault injection is built only with the fault-injection "
+                f"{L.path} has no {call}: fault injection is built only with the fault-injection "
                 "cargo feature (cargo build -p tutti-capi --features fault-injection)"
             )
         d = _lib.DIR_LOAD if direction == "load" else _lib.DIR_STORE
-        L.call("tutti_emulated_fail_next", self._p(), drive, d, count)
+        L.call(call, self._p(), drive, d, value)
+
+    def emulated_fail_next(self, drive: int, direction: str, count: int = 1) -> None:
+        """Makes the next ``count`` reads or writes on emulated drive ``drive`` fail (tests)."""
+        self._emulated_fault("tutti_emulated_fail_next", drive, direction, count)
 
     def emulated_delay_next(self, drive: int, direction: str, delay_ms: int) -> None:
         """Makes the next read or write on emulated drive ``drive`` execute ``delay_ms`` later (tests).
@@ -619,14 +610,7 @@ class Runtime(_Handle):
         Past the runtime's ``io_timeout_ms`` the host gives up first: the block fails with an
         unknown outcome (``JobStatus.unknown_blocks``), and the drive moves the data anyway.
         """
-        L = lib()
-        if not L.has("tutti_emulated_delay_next"):
-            raise NotImplementedError(
-                f"{L.path} has no tutti_emulated_delay_next: fault injection is built only with the fault-injection "
-                "cargo feature (cargo build -p tutti-capi --features fault-injection)"
-            )
-        d = _lib.DIR_LOAD if direction == "load" else _lib.DIR_STORE
-        L.call("tutti_emulated_delay_next", self._p(), drive, d, delay_ms)
+        self._emulated_fault("tutti_emulated_delay_next", drive, direction, delay_ms)
 
     # --- the scheduler in the job path (ABI 1.6) -------------------------------------------
 

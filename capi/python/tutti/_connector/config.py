@@ -370,6 +370,24 @@ def is_multiprocess(vllm_config: Any) -> bool:
     return executor_name(vllm_config) not in (None, "uni", "external_launcher")
 
 
+def drive_source_problem(where: str, daemon: str, emulated: Any, vfio: Any) -> str | None:
+    """What is wrong with where the drives come from (None when nothing is): tuttid (``daemon``
+    "connect"), or else exactly one of emulated drives and VFIO ones. ``where`` names the
+    engine's config; each engine raises its own ``ConfigError`` with the message."""
+    if daemon == "connect":
+        if emulated or vfio:
+            return (
+                f"{where}: with 'daemon_socket' the daemon owns the drives; drop "
+                "'emulated_drives'/'vfio_drives', or add \"daemon\": \"auto\" to start tuttid for an emulated pool"
+            )
+    elif bool(emulated) == bool(vfio):
+        return (
+            f"{where} needs exactly one of 'emulated_drives' (a count), 'vfio_drives' (PCI addresses "
+            "of NVMe drives bound to vfio-pci) or 'daemon_socket' (a running tuttid)"
+        )
+    return None
+
+
 def from_vllm(vllm_config: Any) -> ConnectorConfig:
     """Reads the connector's configuration from vLLM's ``VllmConfig``."""
     ktc = vllm_config.kv_transfer_config
@@ -407,18 +425,9 @@ def from_vllm(vllm_config: Any) -> ConnectorConfig:
             )
     else:
         raise ConfigError(f"kv_connector_extra_config['daemon'] = {daemon!r}: use 'auto' or 'off'")
-    if daemon == "connect":
-        if emulated or vfio:
-            raise ConfigError(
-                "kv_connector_extra_config: with 'daemon_socket' the daemon owns the drives; drop "
-                "'emulated_drives'/'vfio_drives', or add \"daemon\": \"auto\" to start tuttid for an emulated pool"
-            )
-    elif bool(emulated) == bool(vfio):
-        raise ConfigError(
-            "kv_connector_extra_config needs exactly one of 'emulated_drives' (a count) and "
-            "'vfio_drives' (PCI addresses of NVMe drives bound to vfio-pci), or 'daemon_socket' "
-            "(a running tuttid)"
-        )
+    problem = drive_source_problem("kv_connector_extra_config", daemon, emulated, vfio)
+    if problem:
+        raise ConfigError(problem)
     if daemon == "auto":
         if vfio or not extra.get("emulated_dir"):
             raise ConfigError(

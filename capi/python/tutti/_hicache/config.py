@@ -59,7 +59,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from .._connector.config import DAEMON_SOCKET_NAME, MAX_HOST_THREADS, ConnectorConfig
+from .._connector.config import DAEMON_SOCKET_NAME, MAX_HOST_THREADS, ConnectorConfig, drive_source_problem
 from ..runtime import Geometry
 
 WHERE = "hicache_storage_backend_extra_config"
@@ -193,17 +193,9 @@ def parse(extra: dict | None, *, tp_size: int = 1, pp_size: int = 1) -> BackendC
         raise ConfigError(f"tutti.sglang: {WHERE}['daemon'] = {daemon!r}: use 'auto' or 'off'")
     if daemon == "auto" and socket is None:
         socket = os.path.join(str(emulated_dir), DAEMON_SOCKET_NAME)
-    if daemon == "connect":
-        if emulated or vfio:
-            raise ConfigError(
-                "tutti.sglang: with 'daemon_socket' the daemon owns the drives; drop 'emulated_drives'/"
-                "'vfio_drives', or add \"daemon\": \"auto\" to start tuttid for an emulated pool"
-            )
-    elif bool(emulated) == bool(vfio):
-        raise ConfigError(
-            f"tutti.sglang: {WHERE} needs exactly one of 'emulated_drives' (a count), 'vfio_drives' (PCI "
-            "addresses of NVMe drives bound to vfio-pci) or 'daemon_socket' (a running tuttid)"
-        )
+    problem = drive_source_problem(f"tutti.sglang: {WHERE}", daemon, emulated, vfio)
+    if problem:
+        raise ConfigError(problem)
     if daemon == "off" and ranks > 1:
         raise ConfigError(
             f"tutti.sglang: SGLang runs TP×PP = {ranks} ranks, each its own process, and they can share a pool "
