@@ -91,9 +91,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..runtime import Geometry, default_exec_mode
+
+if TYPE_CHECKING:  # vLLM's types, for type checkers only: no import of vLLM at run time
+    from vllm.config import VllmConfig
 
 _TORCH_DTYPES = {
     "torch.float32": "f32",
@@ -329,7 +332,7 @@ def _dtype(name: Any) -> str:
     return _TORCH_DTYPES[key]
 
 
-def geometry_from_vllm(vllm_config: Any, extra: dict) -> Geometry:
+def geometry_from_vllm(vllm_config: VllmConfig, extra: dict) -> Geometry:
     """Layers, KV heads, head size and dtype of this rank's KV cache, from vLLM's configs."""
     model = vllm_config.model_config
     parallel = vllm_config.parallel_config
@@ -357,14 +360,14 @@ SINGLE_PROCESS_HINT = (
 )
 
 
-def executor_name(vllm_config: Any) -> str | None:
+def executor_name(vllm_config: VllmConfig) -> str | None:
     backend = getattr(getattr(vllm_config, "parallel_config", None), "distributed_executor_backend", None)
     if backend is None or isinstance(backend, str):
         return backend
     return getattr(backend, "__name__", repr(backend))
 
 
-def is_multiprocess(vllm_config: Any) -> bool:
+def is_multiprocess(vllm_config: VllmConfig) -> bool:
     """vLLM's executor puts the scheduler and the workers in different processes (``"mp"``,
     ``"ray"``, an executor class); ``"uni"`` and ``"external_launcher"`` keep them together."""
     return executor_name(vllm_config) not in (None, "uni", "external_launcher")
@@ -388,7 +391,7 @@ def drive_source_problem(where: str, daemon: str, emulated: Any, vfio: Any) -> s
     return None
 
 
-def from_vllm(vllm_config: Any) -> ConnectorConfig:
+def from_vllm(vllm_config: VllmConfig) -> ConnectorConfig:
     """Reads the connector's configuration from vLLM's ``VllmConfig``."""
     ktc = vllm_config.kv_transfer_config
     extra = dict(getattr(ktc, "kv_connector_extra_config", None) or {})
