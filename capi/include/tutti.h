@@ -114,6 +114,33 @@
 // NVMe drives bound to vfio-pci.
 #define TUTTI_DRIVES_VFIO 2
 
+// Format the drives as a new, empty pool.
+#define TUTTI_OPEN_CREATE 1
+
+// Open the pool the drives hold; anything else is an error.
+#define TUTTI_OPEN_EXISTING 2
+
+// Open the pool the drives hold, or format them if every one is blank.
+#define TUTTI_OPEN_OR_CREATE 3
+
+// No KV memory is registered.
+#define TUTTI_DATA_PATH_NONE 0
+
+// The drives DMA straight into the registered KV memory.
+#define TUTTI_DATA_PATH_DIRECT 1
+
+// The drives DMA into pinned host staging slots; the executor copies each
+// chunk between a slot and the KV memory.
+#define TUTTI_DATA_PATH_STAGED 2
+
+// Bytes of `tutti_data_path_t::p2p_missing`, NUL included.
+#define TUTTI_DATA_PATH_REASON_BYTES 256
+
+#if defined(TUTTI_FAULT_INJECTION)
+// Longest deferral `tutti_emulated_delay_next` accepts, in ms.
+#define TUTTI_MAX_EMULATED_DELAY_MS 60000
+#endif
+
 // gio_uring with its host executor (the main path on machines without a GPU).
 #define TUTTI_EXECUTOR_GIO_HOST 1
 
@@ -153,33 +180,6 @@
 // the threads calling tutti (submits issue, waits reap), with no executor
 // thread, like io_uring without SQPOLL. Needs `host_lane_blocks` <= 1.
 #define TUTTI_EXEC_MODE_INLINE 3
-
-// Format the drives as a new, empty pool.
-#define TUTTI_OPEN_CREATE 1
-
-// Open the pool the drives hold; anything else is an error.
-#define TUTTI_OPEN_EXISTING 2
-
-// Open the pool the drives hold, or format them if every one is blank.
-#define TUTTI_OPEN_OR_CREATE 3
-
-// No KV memory is registered.
-#define TUTTI_DATA_PATH_NONE 0
-
-// The drives DMA straight into the registered KV memory.
-#define TUTTI_DATA_PATH_DIRECT 1
-
-// The drives DMA into pinned host staging slots; the executor copies each
-// chunk between a slot and the KV memory.
-#define TUTTI_DATA_PATH_STAGED 2
-
-// Bytes of `tutti_data_path_t::p2p_missing`, NUL included.
-#define TUTTI_DATA_PATH_REASON_BYTES 256
-
-#if defined(TUTTI_FAULT_INJECTION)
-// Longest deferral `tutti_emulated_delay_next` accepts, in ms.
-#define TUTTI_MAX_EMULATED_DELAY_MS 60000
-#endif
 
 // A load: drive → engine memory.
 #define TUTTI_DIR_LOAD 1
@@ -412,11 +412,6 @@ typedef struct tutti_data_path_t {
     char p2p_missing[TUTTI_DATA_PATH_REASON_BYTES];
 } tutti_data_path_t;
 
-// A 128-bit chunk key, little endian (see `tutti_hash_chain`).
-typedef struct tutti_hash_t {
-    uint8_t bytes[16];
-} tutti_hash_t;
-
 // A job's progress. Set `struct_size = sizeof(tutti_job_status_t)` (64 for
 // a caller built against ABI 1.0, which gets the fields up to `bytes`; 120
 // for ABI 1.1, up to `layer_submit_ns`; 136 since ABI 1.2), and
@@ -542,6 +537,11 @@ typedef struct tutti_table_sizes_t {
     uint64_t prp_page_bytes;
     uint64_t prp_lists;
 } tutti_table_sizes_t;
+
+// A 128-bit chunk key, little endian (see `tutti_hash_chain`).
+typedef struct tutti_hash_t {
+    uint8_t bytes[16];
+} tutti_hash_t;
 
 // How to open a runtime. Set `struct_size = sizeof(tutti_runtime_config_t)`.
 typedef struct tutti_runtime_config_t {
@@ -913,23 +913,6 @@ int32_t tutti_emulated_delay_next(struct tutti_runtime_t *rt,
                                   uint32_t delay_ms);
 #endif
 
-// Loads chunk `hashes[i]` into engine block `block_ids[i]` for layers
-// `first_layer .. first_layer + num_layers`. The hashes are looked up (and
-// pinned for the job's life); from the first one not stored on, blocks are
-// not loaded and are reported failed in the job's bitmap, so the engine
-// recomputes exactly those. Block ids must be distinct and registered.
-//
-// # Safety
-// `rt` is a runtime handle (checked); `hashes` and `block_ids` point to
-// `count` readable elements; `out_job` is writable.
-int32_t tutti_load_submit(struct tutti_runtime_t *rt,
-                          const struct tutti_hash_t *hashes,
-                          const uint32_t *block_ids,
-                          size_t count,
-                          uint32_t first_layer,
-                          uint32_t num_layers,
-                          struct tutti_job_t **out_job);
-
 // Progress without blocking: `TUTTI_OK` when every layer has finished,
 // `TUTTI_IN_PROGRESS` otherwise. Failed blocks are not an error of the call:
 // `status->failed` and the bitmap report them (`tutti_job_error` says why).
@@ -1098,6 +1081,23 @@ int32_t tutti_kv_contains_identity(struct tutti_runtime_t *rt,
 // # Safety
 // `rt` is a runtime handle (checked).
 int32_t tutti_kv_unpin(struct tutti_runtime_t *rt, uint64_t pin);
+
+// Loads chunk `hashes[i]` into engine block `block_ids[i]` for layers
+// `first_layer .. first_layer + num_layers`. The hashes are looked up (and
+// pinned for the job's life); from the first one not stored on, blocks are
+// not loaded and are reported failed in the job's bitmap, so the engine
+// recomputes exactly those. Block ids must be distinct and registered.
+//
+// # Safety
+// `rt` is a runtime handle (checked); `hashes` and `block_ids` point to
+// `count` readable elements; `out_job` is writable.
+int32_t tutti_load_submit(struct tutti_runtime_t *rt,
+                          const struct tutti_hash_t *hashes,
+                          const uint32_t *block_ids,
+                          size_t count,
+                          uint32_t first_layer,
+                          uint32_t num_layers,
+                          struct tutti_job_t **out_job);
 
 // Nanoseconds on the monotonic clock the `tutti_profile_layer_start/end`
 // hooks use (its zero is the first use in the process).

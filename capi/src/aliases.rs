@@ -8,6 +8,7 @@ use crate::data_path::*;
 use crate::error::alias;
 use crate::jobs::*;
 use crate::kv::*;
+use crate::load::*;
 use crate::runtime::{tutti_runtime_destroy, tutti_runtime_t};
 use crate::stats::*;
 use std::ffi::c_char;

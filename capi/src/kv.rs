@@ -1,10 +1,10 @@
 //! Registering the engine's KV memory, and the chunk index: chained hashes,
 //! lookup (with pins) and unpin.
 
-use crate::config::{
+use crate::error::{guard, lock, CapiError, Result};
+use crate::io_config::{
     TUTTI_EXECUTOR_CONTROL, TUTTI_EXECUTOR_DIRECT, TUTTI_EXECUTOR_GIO_CUDA, TUTTI_EXECUTOR_GIO_HOST,
 };
-use crate::error::{guard, lock, CapiError, Result};
 use crate::ptr::{self, SizePrefixed, TUTTI_MAX_BLOCKS_PER_CALL, TUTTI_MAX_TOKENS_PER_CALL};
 use crate::runtime::{tutti_runtime_t, Registered, Runtime};
 use crate::status::TUTTI_OK;

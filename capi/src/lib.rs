@@ -32,8 +32,10 @@ mod error;
 #[cfg(feature = "fault-injection")]
 mod faults;
 mod handles;
+mod io_config;
 mod jobs;
 mod kv;
+mod load;
 mod profile_state;
 mod profiler;
 mod ptr;
@@ -55,9 +57,11 @@ pub use data_path::*;
 pub use error::CapiError;
 #[cfg(feature = "fault-injection")]
 pub use faults::*;
+pub use io_config::*;
 pub use jobs::*;
 pub use kv::*;
 pub use last_error::*;
+pub use load::*;
 pub use profiler::*;
 pub use ptr::{TUTTI_MAX_BLOCKS_PER_CALL, TUTTI_MAX_TIMEOUT_MS, TUTTI_MAX_TOKENS_PER_CALL};
 pub use runtime::{
