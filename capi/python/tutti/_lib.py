@@ -1,6 +1,6 @@
 """Loading libtutti.so and declaring its C ABI for ctypes.
 
-The declarations mirror ``capi/include/tutti.h`` (ABI version 1.8); the test
+The declarations mirror ``capi/include/tutti.h`` (ABI version 1.9); the test
 suite compiles a C program against that header and checks every struct's
 size and field offsets against the ones here, so the two cannot drift apart
 unnoticed.
