@@ -59,35 +59,22 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from .._connector.config import DAEMON_SOCKET_NAME, MAX_HOST_THREADS, ConnectorConfig, drive_source_problem
+from .._connector.config import (
+    DAEMON_SOCKET_NAME,
+    MAX_HOST_THREADS,
+    POOL_KEYS,
+    ConnectorConfig,
+    drive_source_problem,
+)
 from ..runtime import Geometry
 
 WHERE = "hicache_storage_backend_extra_config"
 
 SGLANG_KEYS = {"backend_name", "module_path", "class_name", "interface_v1"}
-KNOWN_KEYS = SGLANG_KEYS | {
-    "emulated_drives",
-    "emulated_capacity_bytes",
-    "emulated_dir",
-    "vfio_drives",
-    "vfio_noiommu",
-    "executor",
-    "host_threads",
-    "host_mode",
-    "load_policy",
+KNOWN_KEYS = SGLANG_KEYS | POOL_KEYS | {
     "prefill_s_per_token",
-    "slack_table",
-    "open_mode",
-    "io_timeout_ms",
     "timeout_ms",
     "pin_ttl_ms",
-    "model",
-    "tenant_salt",
-    "daemon_socket",
-    "daemon",
-    "daemon_idle_exit_s",
-    "daemon_start_timeout_s",
-    "lib",
 }
 
 
