@@ -169,39 +169,39 @@ int main(int argc, char **argv) {
     uint32_t tokens[REQUEST_BLOCKS * TOKENS_PER_BLOCK + 5]; /* a partial last chunk gets no hash */
     for (size_t i = 0; i < sizeof tokens / sizeof tokens[0]; i++) tokens[i] = (uint32_t)(1000 + 7 * i);
     size_t n_hashes = 0;
-    EXPECT_ERR(tutti_chain_hashes(tokens, sizeof tokens / 4, TOKENS_PER_BLOCK, NULL, NULL, 0, &n_hashes),
+    EXPECT_ERR(tutti_hash_chain(tokens, sizeof tokens / 4, TOKENS_PER_BLOCK, NULL, NULL, 0, &n_hashes),
                TUTTI_E_BUFFER_TOO_SMALL, "needed");
     CHECK(n_hashes == REQUEST_BLOCKS, "%zu hashes needed", n_hashes);
-    OK(tutti_chain_hashes(tokens, sizeof tokens / 4, TOKENS_PER_BLOCK, NULL, hashes, REQUEST_BLOCKS, &n_hashes));
+    OK(tutti_hash_chain(tokens, sizeof tokens / 4, TOKENS_PER_BLOCK, NULL, hashes, REQUEST_BLOCKS, &n_hashes));
     /* Chaining from hash 1 reproduces hashes 2 and 3. */
     tutti_hash_t tail[2];
-    OK(tutti_chain_hashes(tokens + 2 * TOKENS_PER_BLOCK, 2 * TOKENS_PER_BLOCK, TOKENS_PER_BLOCK, &hashes[1], tail, 2,
+    OK(tutti_hash_chain(tokens + 2 * TOKENS_PER_BLOCK, 2 * TOKENS_PER_BLOCK, TOKENS_PER_BLOCK, &hashes[1], tail, 2,
                           &n_hashes));
     CHECK(memcmp(tail, &hashes[2], sizeof tail) == 0, "a chain continues from its parent");
 
     size_t hits = 99;
     uint64_t pin = 99;
-    EXPECT_ERR(tutti_lookup(rt, hashes, REQUEST_BLOCKS, 0, &hits, NULL), TUTTI_E_NOT_REGISTERED, "registered");
+    EXPECT_ERR(tutti_kv_lookup(rt, hashes, REQUEST_BLOCKS, 0, &hits, NULL), TUTTI_E_NOT_REGISTERED, "registered");
 
     kv.struct_size = sizeof kv + 4;
-    EXPECT_ERR(tutti_register_kv(rt, &kv, NULL), TUTTI_E_STRUCT_SIZE, "tutti_kv_layout_t.struct_size");
+    EXPECT_ERR(tutti_kv_register(rt, &kv, NULL), TUTTI_E_STRUCT_SIZE, "tutti_kv_layout_t.struct_size");
     kv.struct_size = sizeof kv;
     kv.kind = 9;
-    EXPECT_ERR(tutti_register_kv(rt, &kv, NULL), TUTTI_E_INVALID_ARG, "kind");
+    EXPECT_ERR(tutti_kv_register(rt, &kv, NULL), TUTTI_E_INVALID_ARG, "kind");
     kv.kind = TUTTI_LAYOUT_VLLM_PER_LAYER;
     kv.memory = TUTTI_MEMORY_CUDA;
-    EXPECT_ERR(tutti_register_kv(rt, &kv, NULL), TUTTI_E_UNSUPPORTED, "CUDA");
+    EXPECT_ERR(tutti_kv_register(rt, &kv, NULL), TUTTI_E_UNSUPPORTED, "CUDA");
     kv.memory = TUTTI_MEMORY_HOST;
     kv.num_layers = LAYERS - 1;
-    EXPECT_ERR(tutti_register_kv(rt, &kv, NULL), TUTTI_E_INVALID_ARG, "num_layers");
+    EXPECT_ERR(tutti_kv_register(rt, &kv, NULL), TUTTI_E_INVALID_ARG, "num_layers");
     kv.num_layers = LAYERS;
     tutti_table_sizes_t sizes;
     memset(&sizes, 0, sizeof sizes);
     sizes.struct_size = sizeof sizes;
-    OK(tutti_register_kv(rt, &kv, &sizes));
+    OK(tutti_kv_register(rt, &kv, &sizes));
     CHECK(sizes.descriptors > 0 && sizes.sgl_bytes > 0, "descriptors %" PRIu64, sizes.descriptors);
 
-    OK(tutti_lookup(rt, hashes, REQUEST_BLOCKS, TUTTI_LOOKUP_PIN, &hits, &pin));
+    OK(tutti_kv_lookup(rt, hashes, REQUEST_BLOCKS, TUTTI_LOOKUP_PIN, &hits, &pin));
     CHECK(hits == 0 && pin == 0, "nothing stored yet: %zu hits", hits);
 
     /* The request's KV in blocks 0..3. */
@@ -244,19 +244,19 @@ int main(int argc, char **argv) {
     OK(tutti_store_destroy(st));
 
     /* Lookup pins the stored prefix; a changed chunk 3 hits 3. */
-    OK(tutti_lookup(rt, hashes, REQUEST_BLOCKS, TUTTI_LOOKUP_PIN, &hits, &pin));
+    OK(tutti_kv_lookup(rt, hashes, REQUEST_BLOCKS, TUTTI_LOOKUP_PIN, &hits, &pin));
     CHECK(hits == REQUEST_BLOCKS && pin != 0, "%zu hits, pin %" PRIu64, hits, pin);
     tutti_hash_t changed[REQUEST_BLOCKS];
     memcpy(changed, hashes, sizeof changed);
     changed[3].bytes[0] ^= 1;
     size_t hits2 = 0;
-    OK(tutti_lookup(rt, changed, REQUEST_BLOCKS, 0, &hits2, NULL));
+    OK(tutti_kv_lookup(rt, changed, REQUEST_BLOCKS, 0, &hits2, NULL));
     CHECK(hits2 == 3, "%zu hits for a changed last chunk", hits2);
 
     /* Load into blocks 4..7, waiting layer by layer (as wait_for_layer_load would). */
     uint32_t dst_blocks[REQUEST_BLOCKS] = {7, 5, 4, 6};
     tutti_job_t *r = NULL;
-    OK(tutti_submit_load(rt, hashes, dst_blocks, REQUEST_BLOCKS, 0, LAYERS, &r));
+    OK(tutti_load_submit(rt, hashes, dst_blocks, REQUEST_BLOCKS, 0, LAYERS, &r));
     for (uint32_t l = 0; l < LAYERS; l++) {
         OK(tutti_job_wait_layer(r, l, WAIT_MS, NULL));
         CHECK(tutti_job_layer_done(r, l) == TUTTI_OK, "layer %u done", l);
@@ -269,8 +269,8 @@ int main(int argc, char **argv) {
     OK(tutti_job_destroy(r));
     EXPECT_ERR(tutti_job_destroy(r), TUTTI_E_BAD_HANDLE, "not a live tutti_job_t handle");
     OK(tutti_job_destroy(NULL));
-    OK(tutti_unpin(rt, pin));
-    EXPECT_ERR(tutti_unpin(rt, pin), TUTTI_E_NOT_FOUND, "pin");
+    OK(tutti_kv_unpin(rt, pin));
+    EXPECT_ERR(tutti_kv_unpin(rt, pin), TUTTI_E_NOT_FOUND, "pin");
 
     size_t bad = 0;
     for (uint32_t i = 0; i < REQUEST_BLOCKS; i++)
@@ -287,7 +287,7 @@ int main(int argc, char **argv) {
      * (needs a libtutti built with the fault-injection feature). */
     memset(layers[0], 0, LAYER_BYTES);
     OK(tutti_emulated_fail_next(rt, 1, TUTTI_DIR_LOAD, 1));
-    OK(tutti_submit_load(rt, hashes, dst_blocks, REQUEST_BLOCKS, 0, LAYERS, &r));
+    OK(tutti_load_submit(rt, hashes, dst_blocks, REQUEST_BLOCKS, 0, LAYERS, &r));
     bitmap[0] = 0;
     OK(tutti_job_wait(r, WAIT_MS, &js));
     CHECK(js.failed == 1 && bitmap[0] != 0 && (bitmap[0] & (bitmap[0] - 1)) == 0, "failed %u bitmap %" PRIx64,
@@ -309,7 +309,7 @@ int main(int argc, char **argv) {
     /* Unknown hash: the job finishes with that block failed, and says why. */
     tutti_hash_t unknown[2] = {hashes[0], changed[3]};
     uint32_t two[2] = {4, 5};
-    OK(tutti_submit_load(rt, unknown, two, 2, 0, LAYERS, &r));
+    OK(tutti_load_submit(rt, unknown, two, 2, 0, LAYERS, &r));
     OK(tutti_job_wait(r, WAIT_MS, &js));
     CHECK(js.failed == 1 && bitmap[0] == 2, "failed %u bitmap %" PRIx64, js.failed, bitmap[0]);
     char why[256];
@@ -323,29 +323,29 @@ int main(int argc, char **argv) {
     uint32_t unknown_block[1] = {NUM_BLOCKS};
     uint32_t twice[2] = {1, 1};
     tutti_job_t *none = (tutti_job_t *)0x1;
-    EXPECT_ERR(tutti_submit_load(rt, hashes, unknown_block, 1, 0, LAYERS, &none), TUTTI_E_INVALID_ARG,
+    EXPECT_ERR(tutti_load_submit(rt, hashes, unknown_block, 1, 0, LAYERS, &none), TUTTI_E_INVALID_ARG,
                "outside the 8 registered blocks");
     CHECK(none == NULL, "no job on failure");
-    EXPECT_ERR(tutti_submit_load(rt, hashes, twice, 2, 0, LAYERS, &none), TUTTI_E_INVALID_ARG, "twice");
-    EXPECT_ERR(tutti_submit_load(rt, hashes, dst_blocks, 1, 3, 2, &none), TUTTI_E_INVALID_ARG, "layers");
-    EXPECT_ERR(tutti_submit_load(rt, hashes, dst_blocks, 1, 0, 0, &none), TUTTI_E_INVALID_ARG, "layers");
-    EXPECT_ERR(tutti_submit_load(rt, NULL, dst_blocks, 1, 0, 1, &none), TUTTI_E_NULL_POINTER, "hashes");
-    EXPECT_ERR(tutti_submit_load(rt, hashes, dst_blocks, 0, 0, 1, &none), TUTTI_E_INVALID_ARG, "count");
-    EXPECT_ERR(tutti_submit_load(rt, hashes, dst_blocks, (size_t)TUTTI_MAX_BLOCKS_PER_CALL + 1, 0, 1, &none),
+    EXPECT_ERR(tutti_load_submit(rt, hashes, twice, 2, 0, LAYERS, &none), TUTTI_E_INVALID_ARG, "twice");
+    EXPECT_ERR(tutti_load_submit(rt, hashes, dst_blocks, 1, 3, 2, &none), TUTTI_E_INVALID_ARG, "layers");
+    EXPECT_ERR(tutti_load_submit(rt, hashes, dst_blocks, 1, 0, 0, &none), TUTTI_E_INVALID_ARG, "layers");
+    EXPECT_ERR(tutti_load_submit(rt, NULL, dst_blocks, 1, 0, 1, &none), TUTTI_E_NULL_POINTER, "hashes");
+    EXPECT_ERR(tutti_load_submit(rt, hashes, dst_blocks, 0, 0, 1, &none), TUTTI_E_INVALID_ARG, "count");
+    EXPECT_ERR(tutti_load_submit(rt, hashes, dst_blocks, (size_t)TUTTI_MAX_BLOCKS_PER_CALL + 1, 0, 1, &none),
                TUTTI_E_INVALID_ARG, "one call accepts");
-    EXPECT_ERR(tutti_lookup(rt, hashes, 1, 0x80, &hits, NULL), TUTTI_E_INVALID_ARG, "flags");
-    EXPECT_ERR(tutti_lookup(rt, hashes, 1, TUTTI_LOOKUP_PIN, &hits, NULL), TUTTI_E_NULL_POINTER, "out_pin");
+    EXPECT_ERR(tutti_kv_lookup(rt, hashes, 1, 0x80, &hits, NULL), TUTTI_E_INVALID_ARG, "flags");
+    EXPECT_ERR(tutti_kv_lookup(rt, hashes, 1, TUTTI_LOOKUP_PIN, &hits, NULL), TUTTI_E_NULL_POINTER, "out_pin");
     EXPECT_ERR(tutti_job_wait(r, TUTTI_MAX_TIMEOUT_MS + 1, NULL), TUTTI_E_INVALID_ARG, "timeout_ms");
     EXPECT_ERR(tutti_job_poll(NULL, NULL), TUTTI_E_NULL_POINTER, "tutti_job_t is NULL");
     EXPECT_ERR(tutti_job_poll((tutti_job_t *)rt, NULL), TUTTI_E_BAD_HANDLE, "not a live tutti_job_t");
-    EXPECT_ERR(tutti_lookup((tutti_runtime_t *)r, hashes, 1, 0, &hits, NULL), TUTTI_E_BAD_HANDLE,
+    EXPECT_ERR(tutti_kv_lookup((tutti_runtime_t *)r, hashes, 1, 0, &hits, NULL), TUTTI_E_BAD_HANDLE,
                "not a live tutti_runtime_t");
-    EXPECT_ERR(tutti_chain_hashes(tokens, 16, 0, NULL, hashes, 1, &n_hashes), TUTTI_E_INVALID_ARG,
+    EXPECT_ERR(tutti_hash_chain(tokens, 16, 0, NULL, hashes, 1, &n_hashes), TUTTI_E_INVALID_ARG,
                "tokens_per_block");
     OK(tutti_job_destroy(r));
     /* An open store session keeps the registration in use; destroying it gives the session up. */
     OK(tutti_store_begin(rt, changed + 3, two, 1, &st));
-    EXPECT_ERR(tutti_register_kv(rt, &kv, NULL), TUTTI_E_BUSY, "in flight");
+    EXPECT_ERR(tutti_kv_register(rt, &kv, NULL), TUTTI_E_BUSY, "in flight");
     OK(tutti_store_destroy(st));
     EXPECT_ERR(tutti_store_submit(st, 0, 1, &w0), TUTTI_E_BAD_HANDLE, "not a live tutti_store_t");
 
@@ -353,7 +353,7 @@ int main(int argc, char **argv) {
     tutti_stats_t s;
     memset(&s, 0, sizeof s);
     s.struct_size = sizeof s;
-    OK(tutti_get_stats(rt, &s));
+    OK(tutti_runtime_stats(rt, &s));
     CHECK(s.bytes_stored == (uint64_t)REQUEST_BLOCKS * LAYERS * 2 * OBJ_BYTES, "stored %" PRIu64, s.bytes_stored);
     /* The request twice (the second time one block short), and one more block. */
     CHECK(s.bytes_loaded == (uint64_t)(2 * REQUEST_BLOCKS + 1) * LAYERS * 2 * OBJ_BYTES - 2 * OBJ_BYTES,
@@ -374,14 +374,14 @@ int main(int argc, char **argv) {
         const size_t old_size = offsetof(tutti_stats_t, host_calls);
         memset(&old, 0xA5, sizeof old);
         old.struct_size = (uint32_t)old_size;
-        OK(tutti_get_stats(rt, &old));
+        OK(tutti_runtime_stats(rt, &old));
         CHECK(old.files_valid == s.files_valid && old.bytes_stored == s.bytes_stored, "1.0 stats");
         const unsigned char *tail = (const unsigned char *)&old + old_size;
         for (size_t i = 0; i < sizeof old - old_size; i++)
             CHECK(tail[i] == 0xA5, "byte %zu past a 1.0 tutti_stats_t was written", old_size + i);
     }
     s.struct_size = 8;
-    EXPECT_ERR(tutti_get_stats(rt, &s), TUTTI_E_STRUCT_SIZE, "tutti_stats_t.struct_size is 8");
+    EXPECT_ERR(tutti_runtime_stats(rt, &s), TUTTI_E_STRUCT_SIZE, "tutti_stats_t.struct_size is 8");
 
     /* Profile hooks. */
     OK(tutti_profile_request_begin(rt, 1, 512, 0));
@@ -391,10 +391,10 @@ int main(int argc, char **argv) {
     EXPECT_ERR(tutti_profile_layer(rt, 1, LAYERS, 0, 10), TUTTI_E_PROFILE, "layer");
     EXPECT_ERR(tutti_profile_layer(rt, 2, 0, 0, 10), TUTTI_E_PROFILE, "never began");
 
-    OK(tutti_unregister_kv(rt));
-    OK(tutti_runtime_close(rt));
-    EXPECT_ERR(tutti_runtime_close(rt), TUTTI_E_BAD_HANDLE, "not a live tutti_runtime_t");
-    OK(tutti_runtime_close(NULL));
+    OK(tutti_kv_unregister(rt));
+    OK(tutti_runtime_destroy(rt));
+    EXPECT_ERR(tutti_runtime_destroy(rt), TUTTI_E_BAD_HANDLE, "not a live tutti_runtime_t");
+    OK(tutti_runtime_destroy(NULL));
     for (int l = 0; l < LAYERS; l++) free(layers[l]);
 
     if (failures) {

@@ -9,6 +9,25 @@
  * destroying NULL is a no-op and a stale handle is refused with TUTTI_E_BAD_HANDLE. All calls are
  * thread-safe. Link with -ltutti.
  *
+ * Names (ABI 1.9): tutti_<object>_<verb>, the object first: the handle or part the call acts on
+ * (runtime, kv, load, store, job, sched, profile, emulated, hash), then what it does; every handle
+ * is released by tutti_<object>_destroy. Calls on the library itself are named for what they give
+ * (tutti_abi_version, tutti_status_name, tutti_last_error, tutti_clock_ns). Older names are kept
+ * as aliases: each is an exported function that runs the same code as its new name (and names
+ * itself in the last error); they are declared last, below. Use the new names in new code; a
+ * library older than 1.9 has only the old ones.
+ *   new name                      old name (alias)
+ *   tutti_load_submit             tutti_submit_load
+ *   tutti_kv_register             tutti_register_kv
+ *   tutti_kv_unregister           tutti_unregister_kv
+ *   tutti_kv_lookup               tutti_lookup
+ *   tutti_kv_unpin                tutti_unpin
+ *   tutti_kv_contains_identity    tutti_contains_identity
+ *   tutti_hash_chain              tutti_chain_hashes
+ *   tutti_runtime_stats           tutti_get_stats
+ *   tutti_runtime_data_path       tutti_data_path
+ *   tutti_runtime_destroy         tutti_runtime_close
+ *
  * Fault injection: tutti_emulated_* (failures and delays on emulated drives, for tests) exist only in a
  * library built with the fault-injection cargo feature (cargo build -p tutti-capi --features
  * fault-injection); they are declared below only when TUTTI_FAULT_INJECTION is defined. A default
@@ -16,16 +35,16 @@
  *
  * Typical use (capi/examples/kv_roundtrip.c is a complete, tested program):
  *   tutti_runtime_open(&config, &rt);                       drives + pool + I/O path
- *   tutti_register_kv(rt, &layout, NULL);                   the engine's KV memory, once
- *   tutti_chain_hashes(tokens, n, block_tokens, NULL, hashes, cap, &count);
- *   tutti_lookup(rt, hashes, count, TUTTI_LOOKUP_PIN, &hits, &pin);   scheduler: cached prefix
- *   tutti_submit_load(rt, hashes, block_ids, hits, 0, layers, &job);  worker: start loading
+ *   tutti_kv_register(rt, &layout, NULL);                   the engine's KV memory, once
+ *   tutti_hash_chain(tokens, n, block_tokens, NULL, hashes, cap, &count);
+ *   tutti_kv_lookup(rt, hashes, count, TUTTI_LOOKUP_PIN, &hits, &pin);   scheduler: cached prefix
+ *   tutti_load_submit(rt, hashes, block_ids, hits, 0, layers, &job);  worker: start loading
  *   tutti_job_wait_layer(job, l, timeout_ms, &status);     before layer l's attention
- *   tutti_job_destroy(job); tutti_unpin(rt, pin);
+ *   tutti_job_destroy(job); tutti_kv_unpin(rt, pin);
  *   tutti_store_begin(rt, hashes, block_ids, n, &store);    new blocks
  *   tutti_store_submit(store, l, 1, &job);                  as layer l is computed
  *   tutti_job_wait(job, timeout_ms, &status); tutti_store_commit(store, &report);
- *   tutti_job_destroy(job); tutti_store_destroy(store); tutti_runtime_close(rt); */
+ *   tutti_job_destroy(job); tutti_store_destroy(store); tutti_runtime_destroy(rt); */
 
 #ifndef TUTTI_H
 #define TUTTI_H
@@ -52,7 +71,7 @@
 // of tuttid (`tutti_runtime_connect`, `tutti_client_config_t`); minor 4
 // added the staged data path (`TUTTI_MEMORY_CUDA` accepted with
 // `TUTTI_EXECUTOR_GIO_CUDA`, `TUTTI_MEMORY_HOST_STAGED`, the CUDA and staging
-// fields of `tutti_runtime_config_t`, `tutti_data_path`); minor 5 added the
+// fields of `tutti_runtime_config_t`, `tutti_data_path`, now `tutti_runtime_data_path`); minor 5 added the
 // emulated drives' bandwidth and latency model (the `emulated_*_bytes_per_sec`,
 // `emulated_*latency_us` and `emulated_mixed_*` fields of `tutti_runtime_config_t`);
 // minor 6 added the scheduler in the job path (`tutti_sched_configure`,
@@ -62,11 +81,14 @@
 // minor 8 added every executor to tuttid clients (`TUTTI_EXECUTOR_GIO_CUDA` and the CUDA
 // and staging fields appended to `tutti_client_config_t`; `TUTTI_EXECUTOR_CONTROL` for a
 // client that moves no bytes) and the executor mode (`TUTTI_EXEC_MODE_*`: the `exec_mode`
-// fields appended to `tutti_runtime_config_t` and `tutti_client_config_t`).
+// fields appended to `tutti_runtime_config_t` and `tutti_client_config_t`); minor 9 added the
+// names that follow one rule (`tutti_<object>_<verb>`, handles released by `_destroy`:
+// `tutti_load_submit`, `tutti_kv_register`, ..., `tutti_runtime_destroy`), the old names staying
+// as aliases (`aliases`).
 #define TUTTI_ABI_VERSION 1
 
 // The minor version of ABI 1 this library implements (see `TUTTI_ABI_VERSION`).
-#define TUTTI_ABI_MINOR 8
+#define TUTTI_ABI_MINOR 9
 
 // 32-bit float KV.
 #define TUTTI_DTYPE_F32 1
@@ -91,46 +113,6 @@
 
 // NVMe drives bound to vfio-pci.
 #define TUTTI_DRIVES_VFIO 2
-
-// gio_uring with its host executor (the main path on machines without a GPU).
-#define TUTTI_EXECUTOR_GIO_HOST 1
-
-// The CPU-driven baseline: the host submits every NVMe command. It does not
-// recover queues after a timeout, so timed-out commands keep an unknown outcome
-// (quarantined files, `unknown_bitmap`); the gio executor recovers the drive and
-// settles them.
-#define TUTTI_EXECUTOR_DIRECT 2
-
-// ABI 1.4: gio_uring with its CUDA executor (`cuda_device`, `cuda_sm_count`).
-// CUDA KV memory (`TUTTI_MEMORY_CUDA`) moves on the staged data path. On a
-// machine without a CUDA driver or GPU, `tutti_runtime_open` fails with
-// `TUTTI_E_UNSUPPORTED`, naming what is missing.
-#define TUTTI_EXECUTOR_GIO_CUDA 3
-
-// ABI 1.8, tuttid clients only (`tutti_runtime_connect`): a client that moves
-// no bytes. It leases no queue pairs, maps no memory and runs no executor;
-// its lookups, `tutti_contains_identity`, pins and stats go to the daemon.
-// `tutti_register_kv` (and so every load and store) gets
-// `TUTTI_E_UNSUPPORTED`. An engine's scheduler process uses it.
-#define TUTTI_EXECUTOR_CONTROL 4
-
-// ABI 1.8: the executor's default mode (launch, for both gio executors).
-#define TUTTI_EXEC_MODE_DEFAULT 0
-
-// ABI 1.8: a kernel (host: a block of lanes on OS threads) is launched when
-// work is issued, drains the submission ring and returns.
-#define TUTTI_EXEC_MODE_LAUNCH 1
-
-// ABI 1.8: one kernel polls the submission ring from open to close (SQPOLL).
-// On the CUDA executor it needs `cuda_sm_count` (a green context), since it
-// holds its SMs for good; a persistent kernel also blocks module loads on
-// the device while it runs.
-#define TUTTI_EXEC_MODE_PERSISTENT 2
-
-// ABI 1.8, `TUTTI_EXECUTOR_GIO_HOST` only: one block of lanes that runs on
-// the threads calling tutti (submits issue, waits reap), with no executor
-// thread, like io_uring without SQPOLL. Needs `host_lane_blocks` <= 1.
-#define TUTTI_EXEC_MODE_INLINE 3
 
 // Format the drives as a new, empty pool.
 #define TUTTI_OPEN_CREATE 1
@@ -158,6 +140,46 @@
 // Longest deferral `tutti_emulated_delay_next` accepts, in ms.
 #define TUTTI_MAX_EMULATED_DELAY_MS 60000
 #endif
+
+// gio_uring with its host executor (the main path on machines without a GPU).
+#define TUTTI_EXECUTOR_GIO_HOST 1
+
+// The CPU-driven baseline: the host submits every NVMe command. It does not
+// recover queues after a timeout, so timed-out commands keep an unknown outcome
+// (quarantined files, `unknown_bitmap`); the gio executor recovers the drive and
+// settles them.
+#define TUTTI_EXECUTOR_DIRECT 2
+
+// ABI 1.4: gio_uring with its CUDA executor (`cuda_device`, `cuda_sm_count`).
+// CUDA KV memory (`TUTTI_MEMORY_CUDA`) moves on the staged data path. On a
+// machine without a CUDA driver or GPU, `tutti_runtime_open` fails with
+// `TUTTI_E_UNSUPPORTED`, naming what is missing.
+#define TUTTI_EXECUTOR_GIO_CUDA 3
+
+// ABI 1.8, tuttid clients only (`tutti_runtime_connect`): a client that moves
+// no bytes. It leases no queue pairs, maps no memory and runs no executor;
+// its lookups, `tutti_kv_contains_identity`, pins and stats go to the daemon.
+// `tutti_kv_register` (and so every load and store) gets
+// `TUTTI_E_UNSUPPORTED`. An engine's scheduler process uses it.
+#define TUTTI_EXECUTOR_CONTROL 4
+
+// ABI 1.8: the executor's default mode (launch, for both gio executors).
+#define TUTTI_EXEC_MODE_DEFAULT 0
+
+// ABI 1.8: a kernel (host: a block of lanes on OS threads) is launched when
+// work is issued, drains the submission ring and returns.
+#define TUTTI_EXEC_MODE_LAUNCH 1
+
+// ABI 1.8: one kernel polls the submission ring from open to close (SQPOLL).
+// On the CUDA executor it needs `cuda_sm_count` (a green context), since it
+// holds its SMs for good; a persistent kernel also blocks module loads on
+// the device while it runs.
+#define TUTTI_EXEC_MODE_PERSISTENT 2
+
+// ABI 1.8, `TUTTI_EXECUTOR_GIO_HOST` only: one block of lanes that runs on
+// the threads calling tutti (submits issue, waits reap), with no executor
+// thread, like io_uring without SQPOLL. Needs `host_lane_blocks` <= 1.
+#define TUTTI_EXEC_MODE_INLINE 3
 
 // A load: drive → engine memory.
 #define TUTTI_DIR_LOAD 1
@@ -192,7 +214,7 @@
 
 // Most SGL descriptors one registration's table may hold:
 // `num_blocks × layers × 2 × chunks` (`tutti_runtime_info_t::chunks`) must
-// not exceed it, or `tutti_register_kv` refuses `num_blocks`.
+// not exceed it, or `tutti_kv_register` refuses `num_blocks`.
 #define TUTTI_MAX_TABLE_DESCRIPTORS (1 << 27)
 
 // Most bytes of SGL tables one registration may build, every device view of the memory
@@ -201,7 +223,7 @@
 // with `TUTTI_E_INVALID_ARG` naming this bound, before anything is mapped or built.
 #define TUTTI_MAX_TABLE_BYTES (1 << 30)
 
-// `tutti_lookup` flag: pin the hit prefix against eviction until `tutti_unpin`.
+// `tutti_kv_lookup` flag: pin the hit prefix against eviction until `tutti_kv_unpin`.
 #define TUTTI_LOOKUP_PIN 1
 
 // The profiler keeps every sample until the table is built; a profiling
@@ -215,11 +237,23 @@
 // Largest number of blocks (hashes, block ids) one call accepts.
 #define TUTTI_MAX_BLOCKS_PER_CALL (1 << 20)
 
-// Largest number of tokens `tutti_chain_hashes` accepts in one call.
+// Largest number of tokens `tutti_hash_chain` accepts in one call.
 #define TUTTI_MAX_TOKENS_PER_CALL (1 << 28)
 
 // Longest timeout a wait accepts (one day), in milliseconds.
 #define TUTTI_MAX_TIMEOUT_MS 86400000
+
+// `tutti_sched_stats_t::policy_off`: the slack policy is on.
+#define TUTTI_SCHED_POLICY_ON 0
+
+// Off: the mode does not hold writes for slack.
+#define TUTTI_SCHED_POLICY_OFF_MODE 1
+
+// Off: the engine gave no layer or decode timings (`tutti_sched_layer_start`, ...).
+#define TUTTI_SCHED_POLICY_OFF_NO_TIMINGS 2
+
+// Off: the engine gave no timings for `idle_ms` (it is idle).
+#define TUTTI_SCHED_POLICY_OFF_IDLE 3
 
 // Layers go as they are asked for: reads and writes may share a drive (a baseline).
 #define TUTTI_SCHED_PASS 1
@@ -239,18 +273,6 @@
 // A store that does not fit is dropped: its job reports every block failed ("dropped"), the
 // blocks are not committed and are later misses; counted in `tutti_sched_stats_t`.
 #define TUTTI_BACKLOG_DROP 2
-
-// `tutti_sched_stats_t::policy_off`: the slack policy is on.
-#define TUTTI_SCHED_POLICY_ON 0
-
-// Off: the mode does not hold writes for slack.
-#define TUTTI_SCHED_POLICY_OFF_MODE 1
-
-// Off: the engine gave no layer or decode timings (`tutti_sched_layer_start`, ...).
-#define TUTTI_SCHED_POLICY_OFF_NO_TIMINGS 2
-
-// Off: the engine gave no timings for `idle_ms` (it is idle).
-#define TUTTI_SCHED_POLICY_OFF_IDLE 3
 
 // Success; for jobs and layers: finished.
 #define TUTTI_OK 0
@@ -390,11 +412,6 @@ typedef struct tutti_data_path_t {
     char p2p_missing[TUTTI_DATA_PATH_REASON_BYTES];
 } tutti_data_path_t;
 
-// A 128-bit chunk key, little endian (see `tutti_chain_hashes`).
-typedef struct tutti_hash_t {
-    uint8_t bytes[16];
-} tutti_hash_t;
-
 // A job's progress. Set `struct_size = sizeof(tutti_job_status_t)` (64 for
 // a caller built against ABI 1.0, which gets the fields up to `bytes`; 120
 // for ABI 1.1, up to `layer_submit_ns`; 136 since ABI 1.2), and
@@ -520,6 +537,11 @@ typedef struct tutti_table_sizes_t {
     uint64_t prp_page_bytes;
     uint64_t prp_lists;
 } tutti_table_sizes_t;
+
+// A 128-bit chunk key, little endian (see `tutti_hash_chain`).
+typedef struct tutti_hash_t {
+    uint8_t bytes[16];
+} tutti_hash_t;
 
 // How to open a runtime. Set `struct_size = sizeof(tutti_runtime_config_t)`.
 typedef struct tutti_runtime_config_t {
@@ -848,7 +870,7 @@ int32_t tutti_runtime_connect(const struct tutti_client_config_t *config, struct
 // # Safety
 // `rt` is a runtime handle (checked); `out` is NULL or points to a
 // `tutti_data_path_t` with `struct_size` set.
-int32_t tutti_data_path(struct tutti_runtime_t *rt, struct tutti_data_path_t *out);
+int32_t tutti_runtime_data_path(struct tutti_runtime_t *rt, struct tutti_data_path_t *out);
 
 #if defined(TUTTI_FAULT_INJECTION)
 // Makes the next `count` NVMe Read (`TUTTI_DIR_LOAD`) or Write
@@ -890,23 +912,6 @@ int32_t tutti_emulated_delay_next(struct tutti_runtime_t *rt,
                                   uint32_t direction,
                                   uint32_t delay_ms);
 #endif
-
-// Loads chunk `hashes[i]` into engine block `block_ids[i]` for layers
-// `first_layer .. first_layer + num_layers`. The hashes are looked up (and
-// pinned for the job's life); from the first one not stored on, blocks are
-// not loaded and are reported failed in the job's bitmap, so the engine
-// recomputes exactly those. Block ids must be distinct and registered.
-//
-// # Safety
-// `rt` is a runtime handle (checked); `hashes` and `block_ids` point to
-// `count` readable elements; `out_job` is writable.
-int32_t tutti_submit_load(struct tutti_runtime_t *rt,
-                          const struct tutti_hash_t *hashes,
-                          const uint32_t *block_ids,
-                          size_t count,
-                          uint32_t first_layer,
-                          uint32_t num_layers,
-                          struct tutti_job_t **out_job);
 
 // Progress without blocking: `TUTTI_OK` when every layer has finished,
 // `TUTTI_IN_PROGRESS` otherwise. Failed blocks are not an error of the call:
@@ -982,8 +987,8 @@ int32_t tutti_job_destroy(struct tutti_job_t *job);
 // `tutti_kv_layout_t` whose pointers follow their docs; every byte the
 // layout describes is memory of this process that stays allocated, and is
 // not used for anything the drives must not overwrite, until
-// `tutti_unregister_kv`, a new registration, or the runtime is released.
-int32_t tutti_register_kv(struct tutti_runtime_t *rt,
+// `tutti_kv_unregister`, a new registration, or the runtime is released.
+int32_t tutti_kv_register(struct tutti_runtime_t *rt,
                           const struct tutti_kv_layout_t *layout,
                           struct tutti_table_sizes_t *sizes);
 
@@ -991,7 +996,7 @@ int32_t tutti_register_kv(struct tutti_runtime_t *rt,
 //
 // # Safety
 // `rt` is a runtime handle (checked).
-int32_t tutti_unregister_kv(struct tutti_runtime_t *rt);
+int32_t tutti_kv_unregister(struct tutti_runtime_t *rt);
 
 // Chained hashes of the full chunks of `tokens` (a partial last chunk gets
 // none): `*out_count` = `num_tokens / tokens_per_block`. If `out_capacity`
@@ -1025,34 +1030,34 @@ int32_t tutti_unregister_kv(struct tutti_runtime_t *rt);
 // `tokens` points to `num_tokens` readable u32 (NULL if 0); `parent` is NULL
 // or readable; `out` points to `out_capacity` writable hashes (NULL if 0);
 // `out_count` is writable.
-int32_t tutti_chain_hashes(const uint32_t *tokens,
-                           size_t num_tokens,
-                           uint32_t tokens_per_block,
-                           const struct tutti_hash_t *parent,
-                           struct tutti_hash_t *out,
-                           size_t out_capacity,
-                           size_t *out_count);
+int32_t tutti_hash_chain(const uint32_t *tokens,
+                         size_t num_tokens,
+                         uint32_t tokens_per_block,
+                         const struct tutti_hash_t *parent,
+                         struct tutti_hash_t *out,
+                         size_t out_capacity,
+                         size_t *out_count);
 
 // How many leading chunks of `hashes` are stored under the registered
 // identity (`*out_hits`). With `TUTTI_LOOKUP_PIN` in `flags`, those chunks
 // are pinned against eviction and `*out_pin` gets the pin to pass to
-// `tutti_unpin` (0 when nothing was pinned); without it nothing is pinned,
+// `tutti_kv_unpin` (0 when nothing was pinned); without it nothing is pinned,
 // the LRU order is untouched and `out_pin` (nullable) gets 0.
 //
 // # Safety
 // `rt` is a runtime handle (checked); `hashes` points to `count` readable
 // hashes; `out_hits` is writable; `out_pin` is writable (or NULL without the pin flag).
-int32_t tutti_lookup(struct tutti_runtime_t *rt,
-                     const struct tutti_hash_t *hashes,
-                     size_t count,
-                     uint32_t flags,
-                     size_t *out_hits,
-                     uint64_t *out_pin);
+int32_t tutti_kv_lookup(struct tutti_runtime_t *rt,
+                        const struct tutti_hash_t *hashes,
+                        size_t count,
+                        uint32_t flags,
+                        size_t *out_hits,
+                        uint64_t *out_pin);
 
 // How many leading chunks of `hashes` are stored under the cache identity
 // given here (`*out_hits`) instead of under the runtime's registration: the
 // model name, tenant salt and layout kind (`TUTTI_LAYOUT_*`) with the
-// runtime's geometry, exactly as `tutti_register_kv` would form it. For a
+// runtime's geometry, exactly as `tutti_kv_register` would form it. For a
 // process that holds no KV memory of its own (an engine's scheduler asking
 // for its workers' identities). A query only: nothing is pinned, the LRU
 // order is untouched, and no registration is needed. Added in ABI 1.3.
@@ -1061,21 +1066,38 @@ int32_t tutti_lookup(struct tutti_runtime_t *rt,
 // `rt` is a runtime handle (checked); `model` is a NUL-terminated string;
 // `tenant_salt` points to `tenant_salt_len` readable bytes (NULL if 0);
 // `hashes` points to `count` readable hashes; `out_hits` is writable.
-int32_t tutti_contains_identity(struct tutti_runtime_t *rt,
-                                const char *model,
-                                const uint8_t *tenant_salt,
-                                size_t tenant_salt_len,
-                                uint32_t layout_kind,
-                                const struct tutti_hash_t *hashes,
-                                size_t count,
-                                size_t *out_hits);
+int32_t tutti_kv_contains_identity(struct tutti_runtime_t *rt,
+                                   const char *model,
+                                   const uint8_t *tenant_salt,
+                                   size_t tenant_salt_len,
+                                   uint32_t layout_kind,
+                                   const struct tutti_hash_t *hashes,
+                                   size_t count,
+                                   size_t *out_hits);
 
-// Releases the pins of a `tutti_lookup` (0 is a no-op; an unknown or
+// Releases the pins of a `tutti_kv_lookup` (0 is a no-op; an unknown or
 // already released pin is `TUTTI_E_NOT_FOUND`).
 //
 // # Safety
 // `rt` is a runtime handle (checked).
-int32_t tutti_unpin(struct tutti_runtime_t *rt, uint64_t pin);
+int32_t tutti_kv_unpin(struct tutti_runtime_t *rt, uint64_t pin);
+
+// Loads chunk `hashes[i]` into engine block `block_ids[i]` for layers
+// `first_layer .. first_layer + num_layers`. The hashes are looked up (and
+// pinned for the job's life); from the first one not stored on, blocks are
+// not loaded and are reported failed in the job's bitmap, so the engine
+// recomputes exactly those. Block ids must be distinct and registered.
+//
+// # Safety
+// `rt` is a runtime handle (checked); `hashes` and `block_ids` point to
+// `count` readable elements; `out_job` is writable.
+int32_t tutti_load_submit(struct tutti_runtime_t *rt,
+                          const struct tutti_hash_t *hashes,
+                          const uint32_t *block_ids,
+                          size_t count,
+                          uint32_t first_layer,
+                          uint32_t num_layers,
+                          struct tutti_job_t **out_job);
 
 // Nanoseconds on the monotonic clock the `tutti_profile_layer_start/end`
 // hooks use (its zero is the first use in the process).
@@ -1147,7 +1169,7 @@ int32_t tutti_profile_save_slack_table(struct tutti_runtime_t *rt,
 
 // Opens a runtime: starts or opens the drives, opens (or formats) the pool on
 // them per `open_mode`, and starts the I/O path. On success `*out` is a new
-// handle; close it with `tutti_runtime_close`. Drives or media that another
+// handle; close it with `tutti_runtime_destroy`. Drives or media that another
 // runtime (in this process or another) owns give `TUTTI_E_BUSY`, naming the
 // holder, before anything is written.
 //
@@ -1162,7 +1184,7 @@ int32_t tutti_runtime_open(const struct tutti_runtime_config_t *config, struct t
 //
 // # Safety
 // `rt` is NULL or a value returned by `tutti_runtime_open` (a stale one is detected).
-int32_t tutti_runtime_close(struct tutti_runtime_t *rt);
+int32_t tutti_runtime_destroy(struct tutti_runtime_t *rt);
 
 // Describes the runtime's pool.
 //
@@ -1221,7 +1243,7 @@ int32_t tutti_sched_stats(struct tutti_runtime_t *rt, struct tutti_sched_stats_t
 // # Safety
 // `rt` is a runtime handle (checked); `out` is NULL or points to a
 // `tutti_stats_t` of any ABI-1 minor version with `struct_size` set.
-int32_t tutti_get_stats(struct tutti_runtime_t *rt, struct tutti_stats_t *out);
+int32_t tutti_runtime_stats(struct tutti_runtime_t *rt, struct tutti_stats_t *out);
 
 // Starts storing chunk `hashes[i]` from engine block `block_ids[i]`:
 // reserves a pool file for each chunk not yet stored (evicting
@@ -1264,6 +1286,92 @@ int32_t tutti_store_commit(struct tutti_store_t *store, struct tutti_store_repor
 // # Safety
 // `store` is NULL or a store handle (a stale one is detected).
 int32_t tutti_store_destroy(struct tutti_store_t *store);
+
+// Alias: the name of `tutti_load_submit` before ABI 1.9; runs the same code.
+//
+// # Safety
+// As `tutti_load_submit`.
+int32_t tutti_submit_load(struct tutti_runtime_t *rt,
+                          const struct tutti_hash_t *hashes,
+                          const uint32_t *block_ids,
+                          size_t count,
+                          uint32_t first_layer,
+                          uint32_t num_layers,
+                          struct tutti_job_t **out_job);
+
+// Alias: the name of `tutti_kv_register` before ABI 1.9; runs the same code.
+//
+// # Safety
+// As `tutti_kv_register`.
+int32_t tutti_register_kv(struct tutti_runtime_t *rt,
+                          const struct tutti_kv_layout_t *layout,
+                          struct tutti_table_sizes_t *sizes);
+
+// Alias: the name of `tutti_kv_unregister` before ABI 1.9; runs the same code.
+//
+// # Safety
+// As `tutti_kv_unregister`.
+int32_t tutti_unregister_kv(struct tutti_runtime_t *rt);
+
+// Alias: the name of `tutti_kv_lookup` before ABI 1.9; runs the same code.
+//
+// # Safety
+// As `tutti_kv_lookup`.
+int32_t tutti_lookup(struct tutti_runtime_t *rt,
+                     const struct tutti_hash_t *hashes,
+                     size_t count,
+                     uint32_t flags,
+                     size_t *out_hits,
+                     uint64_t *out_pin);
+
+// Alias: the name of `tutti_kv_unpin` before ABI 1.9; runs the same code.
+//
+// # Safety
+// As `tutti_kv_unpin`.
+int32_t tutti_unpin(struct tutti_runtime_t *rt, uint64_t pin);
+
+// Alias: the name of `tutti_kv_contains_identity` before ABI 1.9; runs the same code.
+//
+// # Safety
+// As `tutti_kv_contains_identity`.
+int32_t tutti_contains_identity(struct tutti_runtime_t *rt,
+                                const char *model,
+                                const uint8_t *tenant_salt,
+                                size_t tenant_salt_len,
+                                uint32_t layout_kind,
+                                const struct tutti_hash_t *hashes,
+                                size_t count,
+                                size_t *out_hits);
+
+// Alias: the name of `tutti_hash_chain` before ABI 1.9; runs the same code.
+//
+// # Safety
+// As `tutti_hash_chain`.
+int32_t tutti_chain_hashes(const uint32_t *tokens,
+                           size_t num_tokens,
+                           uint32_t tokens_per_block,
+                           const struct tutti_hash_t *parent,
+                           struct tutti_hash_t *out,
+                           size_t out_capacity,
+                           size_t *out_count);
+
+// Alias: the name of `tutti_runtime_stats` before ABI 1.9; runs the same code.
+//
+// # Safety
+// As `tutti_runtime_stats`.
+int32_t tutti_get_stats(struct tutti_runtime_t *rt, struct tutti_stats_t *out);
+
+// Alias: the name of `tutti_runtime_data_path` before ABI 1.9; runs the same code.
+//
+// # Safety
+// As `tutti_runtime_data_path`.
+int32_t tutti_data_path(struct tutti_runtime_t *rt, struct tutti_data_path_t *out);
+
+// Alias: the name of `tutti_runtime_destroy` before ABI 1.9; runs the same code.
+//
+// # Safety
+// As `tutti_runtime_destroy`.
+int32_t tutti_runtime_close(struct tutti_runtime_t *rt);
 
 #ifdef __cplusplus
 } // extern "C"

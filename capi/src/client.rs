@@ -3,8 +3,9 @@
 //! arbitrates each drive with the daemon's other clients through the daemon's arbitration
 //! board (`tutti_daemon::arbitration`).
 
-use crate::config::{io_fields, tutti_geometry_t, Rig, TUTTI_EXECUTOR_CONTROL};
+use crate::config::{tutti_geometry_t, Rig};
 use crate::error::{guard, CapiError};
+use crate::io_config::{io_fields, TUTTI_EXECUTOR_CONTROL};
 use crate::ptr::{self, SizePrefixed};
 use crate::runtime::{tutti_runtime_t, Runtime, RUNTIMES};
 use crate::status::TUTTI_OK;

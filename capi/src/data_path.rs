@@ -55,8 +55,11 @@ unsafe impl SizePrefixed for tutti_data_path_t {
 /// `rt` is a runtime handle (checked); `out` is NULL or points to a
 /// `tutti_data_path_t` with `struct_size` set.
 #[no_mangle]
-pub unsafe extern "C" fn tutti_data_path(rt: *mut tutti_runtime_t, out: *mut tutti_data_path_t) -> i32 {
-    guard("tutti_data_path", || {
+pub unsafe extern "C" fn tutti_runtime_data_path(
+    rt: *mut tutti_runtime_t,
+    out: *mut tutti_data_path_t,
+) -> i32 {
+    guard("tutti_runtime_data_path", || {
         let rt = Runtime::get(rt)?;
         // SAFETY: forwarded from the caller.
         let out = unsafe { ptr::sized_out(out)? };

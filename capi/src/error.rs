@@ -5,6 +5,7 @@ use crate::status::*;
 use std::cell::RefCell;
 use std::ffi::CString;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Mutex, MutexGuard};
 use tutti_objstore::ObjError;
 use tutti_scheduler::SchedError;
 
@@ -17,7 +18,7 @@ pub enum CapiError {
     #[error("{what}: {0} is not aligned for its type", what = .1)]
     Misaligned(&'static str, &'static str),
 
-    #[error("{what}.struct_size is {got}, this library (ABI {abi}) expects {expected}", abi = crate::TUTTI_ABI_VERSION)]
+    #[error("{what}.struct_size is {got}, this library (ABI {abi}) expects {expected}", abi = crate::version::TUTTI_ABI_VERSION)]
     StructSize { what: &'static str, got: u32, expected: String },
 
     #[error("invalid {field}: {what}")]
@@ -131,6 +132,20 @@ pub(crate) fn last_error_bytes() -> Vec<u8> {
     LAST_ERROR.with(|e| e.borrow().as_bytes_with_nul().to_vec())
 }
 
+/// For an old name (`aliases`): `code`, the status its new name returned, with the last error
+/// naming `old`, the function the caller called, where the new name's call put `new`.
+pub(crate) fn alias(old: &'static str, new: &'static str, code: i32) -> i32 {
+    LAST_ERROR.with(|e| {
+        let mut e = e.borrow_mut();
+        if let Some(rest) = e.to_bytes().strip_prefix(new.as_bytes()) {
+            let mut renamed = old.as_bytes().to_vec();
+            renamed.extend_from_slice(rest);
+            *e = CString::new(renamed).unwrap_or_default();
+        }
+    });
+    code
+}
+
 /// Runs an entry point's body: a panic becomes [`TUTTI_E_PANIC`] (never
 /// unwinds into C), an error its code, and the last-error message is set
 /// (prefixed with the function's name) or cleared to match.
@@ -162,6 +177,11 @@ pub(crate) fn guard(func: &'static str, body: impl FnOnce() -> Result<i32>) -> i
 /// Like [`guard`] for calls whose result is not a status (it gets `fallback` on failure).
 pub(crate) fn guard_value<T>(fallback: T, body: impl FnOnce() -> T) -> T {
     catch_unwind(AssertUnwindSafe(body)).unwrap_or(fallback)
+}
+
+/// Locks `m`; a poisoned lock (a panic while it was held) is `CapiError::Poisoned(what)`.
+pub(crate) fn lock<'a, T>(m: &'a Mutex<T>, what: &'static str) -> Result<MutexGuard<'a, T>> {
+    m.lock().map_err(|_| CapiError::Poisoned(what))
 }
 
 #[cfg(test)]

@@ -1,12 +1,12 @@
 //! Registering the engine's KV memory, and the chunk index: chained hashes,
 //! lookup (with pins) and unpin.
 
-use crate::config::{
+use crate::error::{guard, lock, CapiError, Result};
+use crate::io_config::{
     TUTTI_EXECUTOR_CONTROL, TUTTI_EXECUTOR_DIRECT, TUTTI_EXECUTOR_GIO_CUDA, TUTTI_EXECUTOR_GIO_HOST,
 };
-use crate::error::{guard, CapiError, Result};
 use crate::ptr::{self, SizePrefixed, TUTTI_MAX_BLOCKS_PER_CALL, TUTTI_MAX_TOKENS_PER_CALL};
-use crate::runtime::{lock, tutti_runtime_t, Registered, Runtime};
+use crate::runtime::{tutti_runtime_t, Registered, Runtime};
 use crate::status::TUTTI_OK;
 use std::ffi::c_char;
 use tutti_objstore::layout::LayoutKind;
@@ -45,7 +45,7 @@ pub const TUTTI_MEMORY_HOST_STAGED: u32 = 3;
 
 /// Most SGL descriptors one registration's table may hold:
 /// `num_blocks × layers × 2 × chunks` (`tutti_runtime_info_t::chunks`) must
-/// not exceed it, or `tutti_register_kv` refuses `num_blocks`.
+/// not exceed it, or `tutti_kv_register` refuses `num_blocks`.
 pub const TUTTI_MAX_TABLE_DESCRIPTORS: u64 = 1 << 27;
 const _: () = assert!(TUTTI_MAX_TABLE_DESCRIPTORS == tutti_objstore::registration::MAX_TABLE_DESCRIPTORS);
 
@@ -56,12 +56,12 @@ const _: () = assert!(TUTTI_MAX_TABLE_DESCRIPTORS == tutti_objstore::registratio
 pub const TUTTI_MAX_TABLE_BYTES: u64 = 1 << 30;
 const _: () = assert!(TUTTI_MAX_TABLE_BYTES == tutti_objstore::registration::MAX_TABLE_BYTES);
 
-/// `tutti_lookup` flag: pin the hit prefix against eviction until `tutti_unpin`.
+/// `tutti_kv_lookup` flag: pin the hit prefix against eviction until `tutti_kv_unpin`.
 pub const TUTTI_LOOKUP_PIN: u32 = 1;
 
 const MAX_SALT: usize = 4096;
 
-/// A 128-bit chunk key, little endian (see `tutti_chain_hashes`).
+/// A 128-bit chunk key, little endian (see `tutti_hash_chain`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct tutti_hash_t {
@@ -198,14 +198,14 @@ unsafe fn layout_of(rt: &Runtime, c: &tutti_kv_layout_t) -> Result<KvLayout> {
 /// `tutti_kv_layout_t` whose pointers follow their docs; every byte the
 /// layout describes is memory of this process that stays allocated, and is
 /// not used for anything the drives must not overwrite, until
-/// `tutti_unregister_kv`, a new registration, or the runtime is released.
+/// `tutti_kv_unregister`, a new registration, or the runtime is released.
 #[no_mangle]
-pub unsafe extern "C" fn tutti_register_kv(
+pub unsafe extern "C" fn tutti_kv_register(
     rt: *mut tutti_runtime_t,
     layout: *const tutti_kv_layout_t,
     sizes: *mut tutti_table_sizes_t,
 ) -> i32 {
-    guard("tutti_register_kv", || {
+    guard("tutti_kv_register", || {
         let rt = Runtime::get(rt)?;
         // SAFETY: forwarded from the caller.
         let c = unsafe { ptr::sized_in(layout)? };
@@ -275,8 +275,8 @@ pub unsafe extern "C" fn tutti_register_kv(
 /// # Safety
 /// `rt` is a runtime handle (checked).
 #[no_mangle]
-pub unsafe extern "C" fn tutti_unregister_kv(rt: *mut tutti_runtime_t) -> i32 {
-    guard("tutti_unregister_kv", || {
+pub unsafe extern "C" fn tutti_kv_unregister(rt: *mut tutti_runtime_t) -> i32 {
+    guard("tutti_kv_unregister", || {
         let rt = Runtime::get(rt)?;
         rt.store.unregister()?;
         *lock(&rt.registered, "registration")? = None;
@@ -317,7 +317,7 @@ pub unsafe extern "C" fn tutti_unregister_kv(rt: *mut tutti_runtime_t) -> i32 {
 /// or readable; `out` points to `out_capacity` writable hashes (NULL if 0);
 /// `out_count` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn tutti_chain_hashes(
+pub unsafe extern "C" fn tutti_hash_chain(
     tokens: *const u32,
     num_tokens: usize,
     tokens_per_block: u32,
@@ -326,7 +326,7 @@ pub unsafe extern "C" fn tutti_chain_hashes(
     out_capacity: usize,
     out_count: *mut usize,
 ) -> i32 {
-    guard("tutti_chain_hashes", || {
+    guard("tutti_hash_chain", || {
         // SAFETY: forwarded from the caller.
         let count = unsafe { ptr::out(out_count, "out_count")? };
         if tokens_per_block == 0 {
@@ -369,14 +369,14 @@ pub(crate) unsafe fn hashes_in(hashes: *const tutti_hash_t, count: usize) -> Res
 /// How many leading chunks of `hashes` are stored under the registered
 /// identity (`*out_hits`). With `TUTTI_LOOKUP_PIN` in `flags`, those chunks
 /// are pinned against eviction and `*out_pin` gets the pin to pass to
-/// `tutti_unpin` (0 when nothing was pinned); without it nothing is pinned,
+/// `tutti_kv_unpin` (0 when nothing was pinned); without it nothing is pinned,
 /// the LRU order is untouched and `out_pin` (nullable) gets 0.
 ///
 /// # Safety
 /// `rt` is a runtime handle (checked); `hashes` points to `count` readable
 /// hashes; `out_hits` is writable; `out_pin` is writable (or NULL without the pin flag).
 #[no_mangle]
-pub unsafe extern "C" fn tutti_lookup(
+pub unsafe extern "C" fn tutti_kv_lookup(
     rt: *mut tutti_runtime_t,
     hashes: *const tutti_hash_t,
     count: usize,
@@ -384,7 +384,7 @@ pub unsafe extern "C" fn tutti_lookup(
     out_hits: *mut usize,
     out_pin: *mut u64,
 ) -> i32 {
-    guard("tutti_lookup", || {
+    guard("tutti_kv_lookup", || {
         let rt = Runtime::get(rt)?;
         // SAFETY: forwarded from the caller.
         let hits = unsafe { ptr::out(out_hits, "out_hits")? };
@@ -422,7 +422,7 @@ pub unsafe extern "C" fn tutti_lookup(
 /// How many leading chunks of `hashes` are stored under the cache identity
 /// given here (`*out_hits`) instead of under the runtime's registration: the
 /// model name, tenant salt and layout kind (`TUTTI_LAYOUT_*`) with the
-/// runtime's geometry, exactly as `tutti_register_kv` would form it. For a
+/// runtime's geometry, exactly as `tutti_kv_register` would form it. For a
 /// process that holds no KV memory of its own (an engine's scheduler asking
 /// for its workers' identities). A query only: nothing is pinned, the LRU
 /// order is untouched, and no registration is needed. Added in ABI 1.3.
@@ -432,7 +432,7 @@ pub unsafe extern "C" fn tutti_lookup(
 /// `tenant_salt` points to `tenant_salt_len` readable bytes (NULL if 0);
 /// `hashes` points to `count` readable hashes; `out_hits` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn tutti_contains_identity(
+pub unsafe extern "C" fn tutti_kv_contains_identity(
     rt: *mut tutti_runtime_t,
     model: *const c_char,
     tenant_salt: *const u8,
@@ -442,7 +442,7 @@ pub unsafe extern "C" fn tutti_contains_identity(
     count: usize,
     out_hits: *mut usize,
 ) -> i32 {
-    guard("tutti_contains_identity", || {
+    guard("tutti_kv_contains_identity", || {
         let rt = Runtime::get(rt)?;
         // SAFETY: forwarded from the caller.
         let hits = unsafe { ptr::out(out_hits, "out_hits")? };
@@ -472,14 +472,14 @@ pub unsafe extern "C" fn tutti_contains_identity(
     })
 }
 
-/// Releases the pins of a `tutti_lookup` (0 is a no-op; an unknown or
+/// Releases the pins of a `tutti_kv_lookup` (0 is a no-op; an unknown or
 /// already released pin is `TUTTI_E_NOT_FOUND`).
 ///
 /// # Safety
 /// `rt` is a runtime handle (checked).
 #[no_mangle]
-pub unsafe extern "C" fn tutti_unpin(rt: *mut tutti_runtime_t, pin: u64) -> i32 {
-    guard("tutti_unpin", || {
+pub unsafe extern "C" fn tutti_kv_unpin(rt: *mut tutti_runtime_t, pin: u64) -> i32 {
+    guard("tutti_kv_unpin", || {
         let rt = Runtime::get(rt)?;
         rt.store.unpin(pin)?;
         Ok(TUTTI_OK)

@@ -3,15 +3,14 @@
 //! `profile_state`) fits them into a slack table (tutti-scheduler
 //! `Profiler`), which can be saved for `tutti`.
 
-use crate::error::{guard, CapiError, Result};
+use crate::clock::now_ns;
+use crate::error::{guard, lock, CapiError, Result};
 use crate::profile_state::ProfileState;
 use crate::ptr;
-use crate::runtime::{lock, tutti_runtime_t, Runtime};
+use crate::runtime::{tutti_runtime_t, Runtime};
 use crate::status::TUTTI_OK;
 use std::ffi::c_char;
 use std::path::Path;
-use std::sync::OnceLock;
-use std::time::Instant;
 use tutti_scheduler::{Identity, IoPartition, RequestShape, TableGrid};
 
 /// Layer starts waiting for their end; bounded so a forgotten end cannot grow it forever.
@@ -27,12 +26,6 @@ fn full(what: &str, max: u64) -> CapiError {
     CapiError::Sched(tutti_scheduler::SchedError::Profile(format!(
         "the profiler holds {max} {what} already; save the slack table (it has enough samples)"
     )))
-}
-
-/// Monotonic nanoseconds since the first call in this process.
-pub(crate) fn now_ns() -> u64 {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
 /// Nanoseconds on the monotonic clock the `tutti_profile_layer_start/end`

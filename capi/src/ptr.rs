@@ -6,7 +6,7 @@ use std::ffi::{c_char, CStr};
 
 /// Largest number of blocks (hashes, block ids) one call accepts.
 pub const TUTTI_MAX_BLOCKS_PER_CALL: u32 = 1 << 20;
-/// Largest number of tokens `tutti_chain_hashes` accepts in one call.
+/// Largest number of tokens `tutti_hash_chain` accepts in one call.
 pub const TUTTI_MAX_TOKENS_PER_CALL: u64 = 1 << 28;
 /// Longest timeout a wait accepts (one day), in milliseconds.
 pub const TUTTI_MAX_TIMEOUT_MS: u64 = 86_400_000;

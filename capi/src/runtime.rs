@@ -2,15 +2,15 @@
 //! one opaque handle.
 
 use crate::config::{tutti_geometry_t, tutti_runtime_config_t, Rig, RuntimeConfig};
-use crate::error::{guard, CapiError, Result};
+use crate::error::{guard, Result};
 use crate::handles::Registry;
 use crate::profile_state::ProfileState;
 use crate::ptr::{self, SizePrefixed};
-use crate::sched::SchedGate;
+use crate::sched_gate::{self, SchedGate};
 use crate::status::TUTTI_OK;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use tutti_objstore::{Geometry, KvStore};
 
 /// An open runtime (opaque).
@@ -48,10 +48,6 @@ pub(crate) struct Registered {
 
 pub(crate) static RUNTIMES: Registry<Runtime> = Registry::new("tutti_runtime_t", 1);
 
-pub(crate) fn lock<'a, T>(m: &'a Mutex<T>, what: &'static str) -> Result<MutexGuard<'a, T>> {
-    m.lock().map_err(|_| CapiError::Poisoned(what))
-}
-
 impl Runtime {
     pub(crate) fn get(rt: *const tutti_runtime_t) -> Result<Arc<Runtime>> {
         RUNTIMES.get(rt)
@@ -61,7 +57,7 @@ impl Runtime {
         let map = store.stripe_map();
         let sched =
             Arc::new(SchedGate::new(map.drive_count() as usize, geometry.layers, map.object_bytes())?);
-        crate::sched::install(&store, &sched)?;
+        sched_gate::install(&store, &sched)?;
         Ok(Runtime {
             store,
             rig,
@@ -123,7 +119,7 @@ unsafe impl SizePrefixed for tutti_runtime_info_t {
 
 /// Opens a runtime: starts or opens the drives, opens (or formats) the pool on
 /// them per `open_mode`, and starts the I/O path. On success `*out` is a new
-/// handle; close it with `tutti_runtime_close`. Drives or media that another
+/// handle; close it with `tutti_runtime_destroy`. Drives or media that another
 /// runtime (in this process or another) owns give `TUTTI_E_BUSY`, naming the
 /// holder, before anything is written.
 ///
@@ -157,8 +153,8 @@ pub unsafe extern "C" fn tutti_runtime_open(
 /// # Safety
 /// `rt` is NULL or a value returned by `tutti_runtime_open` (a stale one is detected).
 #[no_mangle]
-pub unsafe extern "C" fn tutti_runtime_close(rt: *mut tutti_runtime_t) -> i32 {
-    guard("tutti_runtime_close", || {
+pub unsafe extern "C" fn tutti_runtime_destroy(rt: *mut tutti_runtime_t) -> i32 {
+    guard("tutti_runtime_destroy", || {
         drop(RUNTIMES.remove(rt)?);
         Ok(TUTTI_OK)
     })

@@ -2,9 +2,9 @@
 //! depths, the host's work on the control path (ABI 1.1), and quarantined
 //! files (ABI 1.2).
 
-use crate::error::{guard, Result};
+use crate::error::{guard, lock, Result};
 use crate::ptr::{self, SizePrefixed};
-use crate::runtime::{lock, tutti_runtime_t, Runtime};
+use crate::runtime::{tutti_runtime_t, Runtime};
 use crate::status::TUTTI_OK;
 use std::sync::atomic::Ordering;
 
@@ -130,8 +130,8 @@ fn collect(rt: &Runtime, struct_size: u32) -> Result<tutti_stats_t> {
 /// `rt` is a runtime handle (checked); `out` is NULL or points to a
 /// `tutti_stats_t` of any ABI-1 minor version with `struct_size` set.
 #[no_mangle]
-pub unsafe extern "C" fn tutti_get_stats(rt: *mut tutti_runtime_t, out: *mut tutti_stats_t) -> i32 {
-    guard("tutti_get_stats", || {
+pub unsafe extern "C" fn tutti_runtime_stats(rt: *mut tutti_runtime_t, out: *mut tutti_stats_t) -> i32 {
+    guard("tutti_runtime_stats", || {
         let rt = Runtime::get(rt)?;
         // SAFETY: forwarded from the caller.
         let mut out = unsafe { ptr::sized_out_prefix(out)? };

@@ -2,12 +2,12 @@
 //! layer range (jobs), then commit: flushed data first, index entry after,
 //! so a crash leaves a chunk either missing or whole.
 
-use crate::error::{guard, CapiError};
+use crate::error::{guard, lock, CapiError};
 use crate::handles::Registry;
 use crate::jobs::{layer_range, tutti_job_t, Job, Submitted, JOBS};
 use crate::kv::{hashes_in, tutti_hash_t};
 use crate::ptr::{self, SizePrefixed, TUTTI_MAX_BLOCKS_PER_CALL};
-use crate::runtime::{lock, tutti_runtime_t, Runtime};
+use crate::runtime::{tutti_runtime_t, Runtime};
 use crate::session::{State, StoreSession};
 use crate::status::TUTTI_OK;
 use std::sync::atomic::Ordering;

@@ -38,7 +38,7 @@ def test_exception_carries_status_name_and_message(runtime):
         runtime.unpin(424242)
     e = info.value
     assert e.status == -5 and e.status_name == "TUTTI_E_NOT_FOUND"
-    assert e.call == "tutti_unpin"
+    assert e.call == "tutti_kv_unpin"
     assert "424242" in e.message
     assert "TUTTI_E_NOT_FOUND" in str(e) and "424242" in str(e)
     assert isinstance(e, LookupError)

@@ -1,6 +1,6 @@
 """Loading libtutti.so and declaring its C ABI for ctypes.
 
-The declarations mirror ``capi/include/tutti.h`` (ABI version 1.8); the test
+The declarations mirror ``capi/include/tutti.h`` (ABI version 1.9); the test
 suite compiles a C program against that header and checks every struct's
 size and field offsets against the ones here, so the two cannot drift apart
 unnoticed.
@@ -38,13 +38,13 @@ from pathlib import Path
 from .errors import OK, IN_PROGRESS, AbiMismatch, LibraryNotFound, exception_class
 
 ABI_VERSION = 1
-# The structs here are those of ABI 1.8 (1.1: the host-work counters; 1.2:
+# The structs here are those of ABI 1.9 (1.1: the host-work counters; 1.2:
 # quarantined files and unknown-outcome blocks; 1.3: clients of tuttid; 1.4:
 # the staged data path, the CUDA executor; 1.5: the emulated cost model; 1.6:
 # the scheduler in the job path; 1.7: arbitration across tuttid's clients;
 # 1.8: every executor for tuttid clients, control-only clients, the executor
-# mode); a library of an older minor would refuse their sizes or lack the calls.
-ABI_MINOR = 8
+# mode; 1.9: the names of one rule, the old ones kept as aliases); a library of an older minor would refuse their sizes or lack the calls.
+ABI_MINOR = 9
 LIB_NAME = "libtutti.so"
 
 # Constants of tutti.h.
@@ -373,26 +373,26 @@ _PROTOTYPES = {
     "tutti_clock_ns": (c_uint64, []),
     "tutti_runtime_open": (_i32, [POINTER(RuntimeConfig), POINTER(_rt)]),
     "tutti_runtime_connect": (_i32, [POINTER(ClientConfig), POINTER(_rt)]),
-    "tutti_runtime_close": (_i32, [_rt]),
+    "tutti_runtime_destroy": (_i32, [_rt]),
     "tutti_runtime_info": (_i32, [_rt, POINTER(RuntimeInfo)]),
-    "tutti_data_path": (_i32, [_rt, POINTER(DataPath)]),
-    "tutti_get_stats": (_i32, [_rt, POINTER(Stats)]),
-    "tutti_register_kv": (_i32, [_rt, POINTER(KvLayout), POINTER(TableSizes)]),
-    "tutti_unregister_kv": (_i32, [_rt]),
-    "tutti_chain_hashes": (
+    "tutti_runtime_data_path": (_i32, [_rt, POINTER(DataPath)]),
+    "tutti_runtime_stats": (_i32, [_rt, POINTER(Stats)]),
+    "tutti_kv_register": (_i32, [_rt, POINTER(KvLayout), POINTER(TableSizes)]),
+    "tutti_kv_unregister": (_i32, [_rt]),
+    "tutti_hash_chain": (
         _i32,
         [POINTER(c_uint32), c_size_t, c_uint32, POINTER(Hash), POINTER(Hash), c_size_t, POINTER(c_size_t)],
     ),
-    "tutti_lookup": (
+    "tutti_kv_lookup": (
         _i32,
         [_rt, POINTER(Hash), c_size_t, c_uint32, POINTER(c_size_t), POINTER(c_uint64)],
     ),
-    "tutti_unpin": (_i32, [_rt, c_uint64]),
-    "tutti_contains_identity": (
+    "tutti_kv_unpin": (_i32, [_rt, c_uint64]),
+    "tutti_kv_contains_identity": (
         _i32,
         [_rt, c_char_p, POINTER(c_uint8), c_size_t, c_uint32, POINTER(Hash), c_size_t, POINTER(c_size_t)],
     ),
-    "tutti_submit_load": (
+    "tutti_load_submit": (
         _i32,
         [_rt, POINTER(Hash), POINTER(c_uint32), c_size_t, c_uint32, c_uint32, POINTER(_job)],
     ),
@@ -423,6 +423,23 @@ _PROTOTYPES = {
         [_rt, c_char_p, c_char_p, c_char_p, c_uint32, c_double],
     ),
 }
+
+# The old names of ABI 1.0 to 1.8 (exported aliases of the new ones, same code): declared too,
+# for callers of ``lib()`` that still use them; this package calls the new names.
+ALIASES = {
+    "tutti_submit_load": "tutti_load_submit",
+    "tutti_register_kv": "tutti_kv_register",
+    "tutti_unregister_kv": "tutti_kv_unregister",
+    "tutti_lookup": "tutti_kv_lookup",
+    "tutti_unpin": "tutti_kv_unpin",
+    "tutti_contains_identity": "tutti_kv_contains_identity",
+    "tutti_chain_hashes": "tutti_hash_chain",
+    "tutti_get_stats": "tutti_runtime_stats",
+    "tutti_data_path": "tutti_runtime_data_path",
+    "tutti_runtime_close": "tutti_runtime_destroy",
+}
+for _old, _new in ALIASES.items():
+    _PROTOTYPES[_old] = _PROTOTYPES[_new]
 
 # Calls this package can live without (newer additions); the rest must be present.
 # Libraries of ABI 1.0 lack tutti_abi_minor: they are refused by the minor check, naming it.

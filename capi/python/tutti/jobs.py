@@ -8,17 +8,13 @@ for new chunks, is written by jobs, and makes its blocks visible on commit.
 
 from __future__ import annotations
 
-import threading
 from ctypes import byref, c_char, c_size_t, c_uint64, c_void_p
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from . import _lib
+from ._handle import _Handle, layer_range
 from ._lib import lib, sized
-from .errors import OK, BadHandle, Timeout
-
-if TYPE_CHECKING:
-    from .runtime import Runtime
+from .errors import OK, Timeout
 
 DEFAULT_TIMEOUT_S = 30.0
 MAX_TIMEOUT_S = 86_400.0
@@ -91,54 +87,12 @@ class StoreReport:
 
 
 
-class _Handle:
-    """An opaque libtutti handle released exactly once."""
-
-    _destroy = ""
-
-    def __init__(self, ptr: c_void_p):
-        self._ptr = ptr
-        self._lock = threading.Lock()
-
-    @property
-    def closed(self) -> bool:
-        return not self._ptr
-
-    def _p(self) -> c_void_p:
-        # A closed handle never reaches libtutti again: its address may by
-        # now belong to a new handle of the same type.
-        if not self._ptr:
-            raise BadHandle(BadHandle.status, "TUTTI_E_BAD_HANDLE", f"this {type(self).__name__} is closed")
-        return self._ptr
-
-    def close(self) -> None:
-        """Releases the handle; closing again does nothing."""
-        with self._lock:
-            if not self._ptr:
-                return
-            ptr, self._ptr = self._ptr, None
-        lib().call(self._destroy, ptr)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            if getattr(self, "_ptr", None):
-                self.close()
-        except Exception:
-            pass
-
-
 class Job(_Handle):
     """One load or store job over a range of layers."""
 
     _destroy = "tutti_job_destroy"
 
-    def __init__(self, ptr: c_void_p, direction: str, blocks: int, layers: range, runtime: "Runtime"):
+    def __init__(self, ptr: c_void_p, direction: str, blocks: int, layers: range, runtime: _Handle):
         super().__init__(ptr)
         self.direction = direction
         self.blocks = blocks
@@ -241,14 +195,14 @@ class Store(_Handle):
 
     _destroy = "tutti_store_destroy"
 
-    def __init__(self, ptr: c_void_p, runtime: "Runtime", blocks: int):
+    def __init__(self, ptr: c_void_p, runtime: _Handle, blocks: int):
         super().__init__(ptr)
         self.runtime = runtime
         self.blocks = blocks
 
     def submit(self, layers: range | None = None) -> Job:
         """Writes ``layers`` (default all) of the session's new blocks from engine memory."""
-        layers = self.runtime._layers(layers)
+        layers = layer_range(layers, self.runtime.geometry.layers)
         out = c_void_p()
         lib().call("tutti_store_submit", self._p(), layers.start, len(layers), byref(out))
         return Job(out, "store", self.blocks, layers, self.runtime)

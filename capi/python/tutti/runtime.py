@@ -14,204 +14,32 @@ from __future__ import annotations
 
 import ctypes
 import os
-from ctypes import byref, c_char_p, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p
+from ctypes import byref, c_char_p, c_size_t, c_uint8, c_uint64, c_void_p
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from . import _lib
 from ._lib import lib, sized
-from .jobs import DEFAULT_TIMEOUT_S, Job, JobStatus, Store, StoreReport, _Handle
+from ._handle import _Handle, layer_range
+from ._values import (  # re-exported: tutti.runtime.Geometry and the rest stay where they were
+    DataPath,
+    Geometry,
+    RuntimeInfo,
+    Stats,
+    TableSizes,
+    _blocks,
+    _hash_array,
+    _struct_dict,
+    chain_hashes,
+    packed_hashes,
+    packed_u32,
+)
+from .jobs import DEFAULT_TIMEOUT_S, Job, JobStatus, Store, StoreReport
 
 __all__ = [
     "HOST_EXEC_MODE_DEFAULT", "default_exec_mode", "Geometry", "Runtime", "RuntimeInfo", "Stats", "TableSizes", "Lookup", "chain_hashes", "clock_ns",
     "abi_version", "Job", "JobStatus", "Store", "StoreReport", "DEFAULT_TIMEOUT_S", "packed_hashes", "packed_u32",
 ]
-
-HASH_BYTES = 16
-
-
-@dataclass(frozen=True)
-class Geometry:
-    """The KV-cache shape of one model (per tensor-parallel rank)."""
-
-    layers: int
-    kv_heads: int
-    head_dim: int
-    tokens_per_block: int
-    dtype: str = "bf16"
-
-    def __post_init__(self):
-        if self.dtype not in _lib.DTYPE:
-            raise ValueError(f"dtype {self.dtype!r} is not one of {', '.join(_lib.DTYPE)}")
-
-    @property
-    def element_size(self) -> int:
-        return _lib.DTYPE_BYTES[self.dtype]
-
-    @property
-    def object_bytes(self) -> int:
-        """One K or V slice of one block in one layer."""
-        return self.tokens_per_block * self.kv_heads * self.head_dim * self.element_size
-
-    def to_c(self) -> _lib.Geometry:
-        return _lib.Geometry(
-            self.layers, self.kv_heads, self.head_dim, self.tokens_per_block, _lib.DTYPE[self.dtype]
-        )
-
-    @staticmethod
-    def from_c(g: _lib.Geometry) -> "Geometry":
-        names = {v: k for k, v in _lib.DTYPE.items()}
-        return Geometry(g.layers, g.kv_heads, g.head_dim, g.tokens_per_block, names.get(g.dtype, "bf16"))
-
-
-def packed_hashes(data: bytes) -> "ctypes.Array":
-    """``len(data) // 16`` chunk hashes laid end to end, as the array every call taking
-    ``hashes`` accepts as is: one copy, no per-hash Python work (engines with many keys
-    per call pack them once, e.g. :mod:`tutti.sglang`)."""
-    if len(data) % HASH_BYTES:
-        raise ValueError(f"{len(data)} bytes of packed hashes is not a multiple of {HASH_BYTES}")
-    return (_lib.Hash * (len(data) // HASH_BYTES)).from_buffer_copy(data)
-
-
-def packed_u32(values) -> "ctypes.Array":
-    """A buffer of native-endian uint32 values (``array('I')``, a numpy or torch ``uint32``/``int32``
-    buffer's bytes) as the array ``block_ids`` accepts as is."""
-    data = memoryview(values).cast("B")
-    if len(data) % 4:
-        raise ValueError(f"{len(data)} bytes of packed uint32 values is not a multiple of 4")
-    return (c_uint32 * (len(data) // 4)).from_buffer_copy(data)
-
-
-def _hash_array(hashes: Sequence[bytes]):
-    if isinstance(hashes, ctypes.Array) and hashes._type_ is _lib.Hash:
-        return hashes  # packed_hashes()
-    arr = (_lib.Hash * max(len(hashes), 1))()
-    for i, h in enumerate(hashes):
-        b = bytes(h)
-        if len(b) != HASH_BYTES:
-            raise ValueError(f"hash {i} is {len(b)} bytes; chunk hashes are {HASH_BYTES} bytes")
-        ctypes.memmove(arr[i].bytes, b, HASH_BYTES)
-    return arr
-
-
-def _u32_array(values: Sequence[int], what: str):
-    if isinstance(values, ctypes.Array) and values._type_ is c_uint32:
-        return values  # packed_u32()
-    arr = (c_uint32 * max(len(values), 1))()
-    for i, v in enumerate(values):
-        v = int(v)
-        if not 0 <= v < 1 << 32:
-            raise ValueError(f"{what}[{i}] = {v} does not fit in 32 bits")
-        arr[i] = v
-    return arr
-
-
-def chain_hashes(tokens: Sequence[int], tokens_per_block: int, parent: bytes | None = None) -> list[bytes]:
-    """Chained 128-bit hashes of every *full* chunk of ``tokens`` (libtutti's scheme, see tutti.h).
-
-    Chunk ``i``'s hash folds in chunk ``i-1``'s, so a hit on chunk ``i`` means
-    the whole prefix matched. ``parent`` continues a chain (default: the root).
-    """
-    L = lib()
-    n = len(tokens)
-    toks = _u32_array(tokens, "tokens")
-    cap = n // tokens_per_block if tokens_per_block > 0 else 0
-    out = (_lib.Hash * max(cap, 1))()
-    count = c_size_t(0)
-    par = _hash_array([parent]) if parent is not None else None
-    L.call(
-        "tutti_chain_hashes",
-        toks if n else None,
-        n,
-        tokens_per_block,
-        par,
-        out if cap else None,
-        cap,
-        byref(count),
-    )
-    return [bytes(out[i].bytes) for i in range(count.value)]
-
-
-@dataclass
-class TableSizes:
-    tables: int
-    descriptors: int
-    sgl_bytes: int
-    prp_entry_bytes: int
-    prp_page_bytes: int
-    prp_lists: int
-
-
-@dataclass
-class RuntimeInfo:
-    drives: int
-    files: int
-    chunks: int
-    object_bytes: int
-    file_bytes: int
-    geometry: Geometry
-    formatted_now: bool
-    executor: str
-    pool_id: bytes
-
-
-def _struct_dict(s) -> dict:
-    return {name: getattr(s, name) for name, _ in s._fields_ if name != "struct_size"}
-
-
-@dataclass
-class Stats:
-    """Counters since the runtime opened, and current queue depths."""
-
-    files: int = 0
-    files_valid: int = 0
-    files_free: int = 0
-    files_pinned: int = 0
-    files_busy: int = 0
-    bytes_loaded: int = 0
-    bytes_stored: int = 0
-    lookups: int = 0
-    lookup_hits: int = 0
-    lookup_misses: int = 0
-    evictions: int = 0
-    jobs: int = 0
-    layers: int = 0
-    commands: int = 0
-    failed_blocks: int = 0
-    files_committed: int = 0
-    jobs_in_flight: int = 0
-    layers_in_flight: int = 0
-    stores_open: int = 0
-    # ABI 1.1: the host's work on the control path.
-    host_calls: int = 0
-    host_built: int = 0
-    host_pairs: int = 0
-    pairs_registered: int = 0
-    setup_ns: int = 0
-    submit_ns: int = 0
-    # ABI 1.2: files out of service because a write into them has an unknown
-    # outcome (the drive may still execute it); back only after the pool is reopened.
-    quarantined_files: int = 0
-
-
-@dataclass
-class DataPath:
-    """How the registered KV memory moves (``Runtime.data_path``).
-
-    ``mode`` is ``"none"`` (nothing registered), ``"direct"`` (the drives DMA into the KV
-    memory) or ``"staged"`` (through pinned host staging slots the executor copies);
-    ``p2p_missing`` says, when staged, what direct DMA lacks.
-    """
-
-    mode: str
-    memory: str | None
-    p2p_missing: str
-    staging_slots: int = 0
-    staging_slot_bytes: int = 0
-    staging_waits: int = 0
-    staging_withheld: int = 0
-    staged_bytes: int = 0
-
 
 @dataclass
 class Lookup:
@@ -259,7 +87,7 @@ def _exec_mode(executor: str, mode: str | None, host_lane_blocks: int) -> str | 
 class Runtime(_Handle):
     """An open pool on drives (emulated or VFIO) with one I/O executor."""
 
-    _destroy = "tutti_runtime_close"
+    _destroy = "tutti_runtime_destroy"
 
     def __init__(
         self,
@@ -440,7 +268,7 @@ class Runtime(_Handle):
     def data_path(self) -> DataPath:
         """Direct or staged, for the current registration (``mode="none"`` without one)."""
         out = sized(_lib.DataPath)
-        lib().call("tutti_data_path", self._p(), byref(out))
+        lib().call("tutti_runtime_data_path", self._p(), byref(out))
         memories = {v: k for k, v in _lib.MEMORY.items()}
         return DataPath(
             mode=_lib.DATA_PATH.get(out.mode, str(out.mode)),
@@ -455,7 +283,7 @@ class Runtime(_Handle):
 
     def stats(self) -> Stats:
         out = sized(_lib.Stats)
-        lib().call("tutti_get_stats", self._p(), byref(out))
+        lib().call("tutti_runtime_stats", self._p(), byref(out))
         return Stats(**_struct_dict(out))
 
     # --- KV memory ------------------------------------------------------------------------
@@ -504,12 +332,12 @@ class Runtime(_Handle):
             tenant_salt_len=len(tenant_salt),
         )
         sizes = sized(_lib.TableSizes)
-        lib().call("tutti_register_kv", self._p(), byref(layout), byref(sizes))
+        lib().call("tutti_kv_register", self._p(), byref(layout), byref(sizes))
         self._registered = keepalive
         return TableSizes(**_struct_dict(sizes))
 
     def unregister_kv(self) -> None:
-        lib().call("tutti_unregister_kv", self._p())
+        lib().call("tutti_kv_unregister", self._p())
         self._registered = None
 
     # --- index ----------------------------------------------------------------------------
@@ -520,7 +348,7 @@ class Runtime(_Handle):
         hits = c_size_t(0)
         pin_id = c_uint64(0)
         lib().call(
-            "tutti_lookup",
+            "tutti_kv_lookup",
             self._p(),
             arr if hashes else None,
             len(hashes),
@@ -531,7 +359,7 @@ class Runtime(_Handle):
         return Lookup(hits.value, pin_id.value, self)
 
     def unpin(self, pin: int) -> None:
-        lib().call("tutti_unpin", self._p(), pin)
+        lib().call("tutti_kv_unpin", self._p(), pin)
 
     def contains_identity(
         self, hashes: Sequence[bytes], *, model: str, kind: str, tenant_salt: bytes = b""
@@ -545,7 +373,7 @@ class Runtime(_Handle):
         salt = (c_uint8 * len(tenant_salt)).from_buffer_copy(tenant_salt) if tenant_salt else None
         hits = c_size_t(0)
         lib().call(
-            "tutti_contains_identity",
+            "tutti_kv_contains_identity",
             self._p(),
             model.encode(),
             salt,
@@ -560,61 +388,38 @@ class Runtime(_Handle):
     # --- I/O ------------------------------------------------------------------------------
 
     def _layers(self, layers: range | None) -> range:
-        if layers is None:
-            return range(0, self.geometry.layers)
-        if not isinstance(layers, range) or layers.step != 1:
-            raise ValueError(f"layers must be a contiguous range, got {layers!r}")
-        return layers
+        return layer_range(layers, self.geometry.layers)
 
     def load(self, hashes: Sequence[bytes], block_ids: Sequence[int], layers: range | None = None) -> Job:
         """Loads chunk ``hashes[i]`` into engine block ``block_ids[i]`` for ``layers`` (default all)."""
         layers = self._layers(layers)
-        arr = _hash_array(hashes)
-        ids = _u32_array(block_ids, "block_ids")
-        if len(hashes) != len(block_ids):
-            raise ValueError(f"{len(hashes)} hashes but {len(block_ids)} block ids")
+        arr, ids = _blocks(hashes, block_ids)
         out = c_void_p()
-        lib().call(
-            "tutti_submit_load",
-            self._p(),
-            arr if hashes else None,
-            ids if block_ids else None,
-            len(hashes),
-            layers.start,
-            len(layers),
-            byref(out),
-        )
+        lib().call("tutti_load_submit", self._p(), arr, ids, len(hashes), layers.start, len(layers), byref(out))
         return Job(out, "load", len(hashes), layers, self)
 
     def begin_store(self, hashes: Sequence[bytes], block_ids: Sequence[int]) -> Store:
         """Opens a store session for chunk ``hashes[i]`` held in engine block ``block_ids[i]``."""
-        arr = _hash_array(hashes)
-        ids = _u32_array(block_ids, "block_ids")
-        if len(hashes) != len(block_ids):
-            raise ValueError(f"{len(hashes)} hashes but {len(block_ids)} block ids")
+        arr, ids = _blocks(hashes, block_ids)
         out = c_void_p()
-        lib().call(
-            "tutti_store_begin",
-            self._p(),
-            arr if hashes else None,
-            ids if block_ids else None,
-            len(hashes),
-            byref(out),
-        )
+        lib().call("tutti_store_begin", self._p(), arr, ids, len(hashes), byref(out))
         return Store(out, self, len(hashes))
 
     # --- fault injection (emulated drives only) -------------------------------------------
 
-    def emulated_fail_next(self, drive: int, direction: str, count: int = 1) -> None:
-        """Makes the next ``count`` reads or writes on emulated drive ``drive`` fail (tests)."""
+    def _emulated_fault(self, call: str, drive: int, direction: str, value: int) -> None:
         L = lib()
-        if not L.has("tutti_emulated_fail_next"):
+        if not L.has(call):
             raise NotImplementedError(
-                f"{L.path} has no tutti_emulated_fail_next: fault injection is built only with the fault-injection "
+                f"{L.path} has no {call}: fault injection is built only with the fault-injection "
                 "cargo feature (cargo build -p tutti-capi --features fault-injection)"
             )
         d = _lib.DIR_LOAD if direction == "load" else _lib.DIR_STORE
-        L.call("tutti_emulated_fail_next", self._p(), drive, d, count)
+        L.call(call, self._p(), drive, d, value)
+
+    def emulated_fail_next(self, drive: int, direction: str, count: int = 1) -> None:
+        """Makes the next ``count`` reads or writes on emulated drive ``drive`` fail (tests)."""
+        self._emulated_fault("tutti_emulated_fail_next", drive, direction, count)
 
     def emulated_delay_next(self, drive: int, direction: str, delay_ms: int) -> None:
         """Makes the next read or write on emulated drive ``drive`` execute ``delay_ms`` later (tests).
@@ -622,14 +427,7 @@ class Runtime(_Handle):
         Past the runtime's ``io_timeout_ms`` the host gives up first: the block fails with an
         unknown outcome (``JobStatus.unknown_blocks``), and the drive moves the data anyway.
         """
-        L = lib()
-        if not L.has("tutti_emulated_delay_next"):
-            raise NotImplementedError(
-                f"{L.path} has no tutti_emulated_delay_next: fault injection is built only with the fault-injection "
-                "cargo feature (cargo build -p tutti-capi --features fault-injection)"
-            )
-        d = _lib.DIR_LOAD if direction == "load" else _lib.DIR_STORE
-        L.call("tutti_emulated_delay_next", self._p(), drive, d, delay_ms)
+        self._emulated_fault("tutti_emulated_delay_next", drive, direction, delay_ms)
 
     # --- the scheduler in the job path (ABI 1.6) -------------------------------------------
 

@@ -35,7 +35,7 @@ Where the pool lives:
   directory. Each rank stores and loads its own shard under its own cache identity (the rank
   layout is part of it); the workers hand their identities to the scheduler through vLLM's
   connector handshake, and the scheduler reports the prefix every rank holds
-  (``tutti_contains_identity``, the minimum over ranks). A chunk evicted before a worker loads it
+  (``tutti_kv_contains_identity``, the minimum over ranks). A chunk evicted before a worker loads it
   is a load error (recomputed), never wrong bytes.
 
 The in-process mode refuses the multiprocess executor and TP×PP > 1 at start-up with a message
@@ -50,7 +50,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import cluster
 from ._connector import shared
@@ -71,6 +71,19 @@ from ._connector.scheduler import SchedulerSide
 from ._connector.worker import WorkerSide
 
 log = logging.getLogger("vllm.tutti")
+
+if TYPE_CHECKING:  # vLLM's types, for readers and type checkers only: no import of vLLM at run time
+    import torch
+    from vllm.config import KVTransferConfig, VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorHandshakeMetadata
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
 
 try:  # pragma: no cover - exercised only where vLLM is installed
     from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -95,7 +108,7 @@ except ImportError:
     class KVConnectorBase_V1:  # type: ignore[no-redef]
         """Stand-in for vLLM's base: the constructor and the metadata binding the model runner uses."""
 
-        def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None):
+        def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None):
             if vllm_config.kv_transfer_config is None:
                 raise ValueError("kv_transfer_config must be set for KVConnectorBase_V1")
             self._vllm_config = vllm_config
@@ -194,11 +207,11 @@ SINGLE_PROCESS_HINT = (
 )
 
 
-def _is_real_vllm_config(vllm_config: Any) -> bool:
+def _is_real_vllm_config(vllm_config: VllmConfig) -> bool:
     return VLLM_AVAILABLE and type(vllm_config).__module__.startswith("vllm.")
 
 
-def check_single_process(vllm_config: Any, config: ConnectorConfig | None = None) -> None:
+def check_single_process(vllm_config: VllmConfig, config: ConnectorConfig | None = None) -> None:
     """Refuses, at start-up, executors that put the scheduler and the worker in different processes
     when the pool lives in this process (no daemon).
 
@@ -291,7 +304,9 @@ def _base_init(self, vllm_config, role, kv_cache_config) -> None:
         KVConnectorBase_V1.__init__(self, vllm_config, role)
 
 
-def _vllm_layout_facts(vllm_config: Any, kv_caches: dict[str, Any]) -> tuple[dict[str, str], str | None]:
+def _vllm_layout_facts(
+    vllm_config: VllmConfig, kv_caches: dict[str, torch.Tensor]
+) -> tuple[dict[str, str], str | None]:
     """(layer name -> attention backend name, vLLM's resolved KV cache layout name), where vLLM has them."""
     backends: dict[str, str] = {}
     ctx = getattr(getattr(vllm_config, "compilation_config", None), "static_forward_context", None) or {}
@@ -307,14 +322,14 @@ def _vllm_layout_facts(vllm_config: Any, kv_caches: dict[str, Any]) -> tuple[dic
     return backends, (str(layout) if layout else None)
 
 
-def _is_scheduler(role: Any) -> bool:
+def _is_scheduler(role: KVConnectorRole) -> bool:
     return getattr(role, "name", str(role)) == "SCHEDULER"
 
 
 class TuttiConnector(KVConnectorBase_V1):
     """vLLM KV connector storing KV blocks on NVMe through tutti (see the module docs)."""
 
-    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None):
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None):
         _base_init(self, vllm_config, role, kv_cache_config)
         self.config: ConnectorConfig = from_vllm(vllm_config)
         check_single_process(vllm_config, self.config)
@@ -402,7 +417,7 @@ class TuttiConnector(KVConnectorBase_V1):
     # Worker side
     # ==============================
 
-    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Registers vLLM's per-layer KV tensors (their memory is what the drives read and write).
 
         The layout is recognised from the tensors' shapes and strides, cross-checked with the
@@ -431,7 +446,9 @@ class TuttiConnector(KVConnectorBase_V1):
         model, salt, kind = self._worker.identity
         return TuttiHandshake(self.tp_rank, self.pp_rank, model, salt, kind)
 
-    def set_xfer_handshake_metadata_pp_aware(self, metadata: dict[tuple[int, int], Any]) -> None:
+    def set_xfer_handshake_metadata_pp_aware(
+        self, metadata: dict[tuple[int, int], KVConnectorHandshakeMetadata]
+    ) -> None:
         """Every rank's identity, keyed by (pp_rank, tp_rank) (vLLM calls this on the scheduler side)."""
         for (pp, tp), m in (metadata or {}).items():
             if isinstance(m, TuttiHandshake):
@@ -439,16 +456,16 @@ class TuttiConnector(KVConnectorBase_V1):
             else:
                 log.warning("tutti: handshake metadata of rank tp%s/pp%s is not tutti's: %r", tp, pp, m)
 
-    def set_xfer_handshake_metadata(self, metadata: dict[int, Any]) -> None:
+    def set_xfer_handshake_metadata(self, metadata: dict[int, KVConnectorHandshakeMetadata]) -> None:
         self.set_xfer_handshake_metadata_pp_aware({(0, tp): m for tp, m in (metadata or {}).items()})
 
     @classmethod
-    def supports_sleep_mode(cls, kv_transfer_config: Any = None) -> bool:
+    def supports_sleep_mode(cls, kv_transfer_config: KVTransferConfig | None = None) -> bool:
         """False: tutti's tables hold the raw addresses of the registered KV memory, which sleep
         mode frees and remaps (vLLM >= 0.33 asks this before sleeping)."""
         return False
 
-    def handle_preemptions(self, kv_connector_metadata: Any) -> None:
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         """vLLM calls this at the start of every step, before it zeroes or rewrites blocks it
         reallocated (a preempted request's, among others): deferred saves still reading such
         blocks are completed here, so they store the KV the blocks held, never zeroes."""
@@ -458,7 +475,7 @@ class TuttiConnector(KVConnectorBase_V1):
         self._worker.drain()
         self._stats.data["save_s"] += time.monotonic() - t0
 
-    def bind_connector_metadata(self, connector_metadata: Any) -> None:
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         """vLLM hands the worker each step's plan here, before the forward pass: the step begins
         (deferred saves of the last step complete, the timing hooks start). vLLM >= 0.32 calls
         ``start_load_kv`` after the forward pass when the step has no loads, so the step cannot
@@ -477,7 +494,7 @@ class TuttiConnector(KVConnectorBase_V1):
             self._stats.data["save_s"] += dt
             self._clock.in_hook(dt)
 
-    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         """Submits this step's loads for every layer; attention layers then wait for their own."""
         plan = self._plan()
         if plan is None:
@@ -507,7 +524,9 @@ class TuttiConnector(KVConnectorBase_V1):
         if self._sched is not None and layer is not None:
             self._sched.layer_begins(layer)
 
-    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: Any
+    ) -> None:
         """Submits the writes of this layer of this step's new blocks (its KV was just computed)."""
         plan = self._plan()
         if plan is None:
@@ -604,8 +623,8 @@ class TuttiConnector(KVConnectorBase_V1):
         return TuttiConnectorStats(data=dict(data or {}))
 
     @classmethod
-    def build_prom_metrics(cls, vllm_config: Any, metric_types: dict, labelnames: list[str],
-                           per_engine_labelvalues: dict[int, list[object]]) -> Any:
+    def build_prom_metrics(cls, vllm_config: VllmConfig, metric_types: dict, labelnames: list[str],
+                           per_engine_labelvalues: dict[int, list[object]]) -> KVConnectorPromMetrics:
         """tutti's counters on vLLM's Prometheus metrics (``vllm:tutti_*``; see
         :mod:`tutti._connector.prom`)."""
         from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics
@@ -620,18 +639,18 @@ class TuttiConnector(KVConnectorBase_V1):
     # Scheduler side
     # ==============================
 
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
         """Tokens beyond ``num_computed_tokens`` tutti can load (whole blocks, never the last token)
         and, under the break-even rule, expects to load faster than vLLM computes them."""
         return self._s().matched(request, num_computed_tokens)
 
-    def update_connector_output(self, connector_output: Any) -> None:
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         """The workers' output of a step: their timings feed the break-even rule."""
         meta = getattr(connector_output, "kv_connector_worker_meta", None)
         if isinstance(meta, TuttiWorkerMeta) and self._scheduler is not None:
             self._scheduler.observe(meta.obs)
 
-    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         """vLLM found blocks for the request: plan loading the hit chunks into them."""
         self._s().allocated(request, blocks, num_external_tokens)
         if num_external_tokens > 0:
@@ -640,7 +659,7 @@ class TuttiConnector(KVConnectorBase_V1):
                      getattr(request, "request_id", "?"), num_external_tokens,
                      num_external_tokens // self.config.geometry.tokens_per_block)
 
-    def build_connector_meta(self, scheduler_output: Any) -> TuttiConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> TuttiConnectorMetadata:
         """This step's loads and the prompt blocks it completes (to be stored)."""
         p = self._s().plan(scheduler_output)
         return TuttiConnectorMetadata(
@@ -648,7 +667,7 @@ class TuttiConnector(KVConnectorBase_V1):
             decode_context_tokens=p.decode_context_tokens, scheduled_tokens=p.scheduled_tokens, step=p.step,
         )
 
-    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict | None]:
         """Releases the request's pins. True (hold the blocks) only with deferred saves, when the
         request's last step stored blocks; the worker reports it from ``get_finished`` a step later."""
         return self._s().finished(request)

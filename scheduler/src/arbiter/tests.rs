@@ -1,5 +1,7 @@
 use super::*;
 use crate::buckets::Axis;
+use crate::online::OnlineConfig;
+use crate::policy::IoRates;
 use crate::table::{Identity, TableGrid};
 
 const LAYERS: u32 = 4;

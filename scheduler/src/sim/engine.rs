@@ -135,6 +135,23 @@ impl Engine<'_> {
     }
 }
 
+/// Run one policy at one hit rate. `table` is the profile (c) and (d) use, as given.
+pub fn simulate(
+    cfg: &SimConfig,
+    policy: PolicyKind,
+    hit_rate: f64,
+    table: &SlackTable,
+) -> Result<RunMetrics, SchedError> {
+    cfg.validate()?;
+    if !(0.0..=1.0).contains(&hit_rate) {
+        return Err(SchedError::Sim(format!("hit rate must be in [0, 1], got {hit_rate}")));
+    }
+    if let Some(mismatch) = table.identity().mismatch(&cfg.model.identity()) {
+        return Err(SchedError::Sim(format!("slack table made for another setup: {mismatch}")));
+    }
+    run(cfg, policy, hit_rate, table)
+}
+
 pub(crate) fn run(
     cfg: &SimConfig,
     kind: PolicyKind,

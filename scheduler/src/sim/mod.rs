@@ -20,12 +20,12 @@ mod policies;
 pub mod ssd;
 mod sweep;
 
+pub use engine::simulate;
 pub use ssd::SsdConfig;
 pub use sweep::{default_hit_rates, sweep, Crossover, SweepReport};
 
 use crate::online::OnlineConfig;
 use crate::policy::{IoRates, SchedulerConfig};
-use crate::table::SlackTable;
 use crate::{ComputeModel, SchedError};
 
 /// The four policies compared.
@@ -190,21 +190,4 @@ pub struct RunMetrics {
     pub drain_ms: f64,
     pub read_mib: f64,
     pub written_mib: f64,
-}
-
-/// Run one policy at one hit rate. `table` is the profile (c) and (d) use, as given.
-pub fn simulate(
-    cfg: &SimConfig,
-    policy: PolicyKind,
-    hit_rate: f64,
-    table: &SlackTable,
-) -> Result<RunMetrics, SchedError> {
-    cfg.validate()?;
-    if !(0.0..=1.0).contains(&hit_rate) {
-        return Err(SchedError::Sim(format!("hit rate must be in [0, 1], got {hit_rate}")));
-    }
-    if let Some(mismatch) = table.identity().mismatch(&cfg.model.identity()) {
-        return Err(SchedError::Sim(format!("slack table made for another setup: {mismatch}")));
-    }
-    engine::run(cfg, policy, hit_rate, table)
 }

@@ -91,9 +91,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..runtime import Geometry, default_exec_mode
+
+if TYPE_CHECKING:  # vLLM's types, for type checkers only: no import of vLLM at run time
+    from vllm.config import VllmConfig
 
 _TORCH_DTYPES = {
     "torch.float32": "f32",
@@ -111,7 +114,9 @@ _TORCH_DTYPES = {
     "int8": "i8",
 }
 
-KNOWN_KEYS = {
+# The keys every engine's config takes: where the pool and its drives come from, the daemon,
+# the executor, the model identity, the load policy. Each engine adds its own.
+POOL_KEYS = frozenset({
     "emulated_drives",
     "emulated_capacity_bytes",
     "emulated_dir",
@@ -119,32 +124,39 @@ KNOWN_KEYS = {
     "vfio_noiommu",
     "executor",
     "host_threads",
+    "host_mode",
+    "load_policy",
+    "open_mode",
+    "io_timeout_ms",
+    "model",
+    "tenant_salt",
+    "lib",
+    "slack_table",
+    "daemon_socket",
+    "daemon",
+    "daemon_idle_exit_s",
+    "daemon_start_timeout_s",
+})
+
+KNOWN_KEYS = POOL_KEYS | {
     "cuda_device",
     "cuda_sm_count",
     "cuda_driver",
     "cuda_block_threads",
     "cuda_mode",
-    "host_mode",
     "staging_slots",
     "emulated_read_bytes_per_sec",
     "emulated_write_bytes_per_sec",
     "emulated_latency_us",
     "emulated_read_latency_us",
     "emulated_write_latency_us",
-    "load_policy",
-    "open_mode",
-    "io_timeout_ms",
     "layer_timeout_ms",
-    "model",
-    "tenant_salt",
     "layers",
     "kv_heads",
     "head_dim",
     "dtype",
-    "lib",
     "deferred_saves",
     "profile",
-    "slack_table",
     "profile_gpu",
     "profile_io_sms",
     "profile_iocbs_per_sm_per_us",
@@ -153,10 +165,6 @@ KNOWN_KEYS = {
     "sched_backlog_bytes",
     "sched_backlog_full",
     "sched_idle_ms",
-    "daemon_socket",
-    "daemon",
-    "daemon_idle_exit_s",
-    "daemon_start_timeout_s",
     "mooncake",
 }
 
@@ -329,7 +337,7 @@ def _dtype(name: Any) -> str:
     return _TORCH_DTYPES[key]
 
 
-def geometry_from_vllm(vllm_config: Any, extra: dict) -> Geometry:
+def geometry_from_vllm(vllm_config: VllmConfig, extra: dict) -> Geometry:
     """Layers, KV heads, head size and dtype of this rank's KV cache, from vLLM's configs."""
     model = vllm_config.model_config
     parallel = vllm_config.parallel_config
@@ -357,20 +365,38 @@ SINGLE_PROCESS_HINT = (
 )
 
 
-def executor_name(vllm_config: Any) -> str | None:
+def executor_name(vllm_config: VllmConfig) -> str | None:
     backend = getattr(getattr(vllm_config, "parallel_config", None), "distributed_executor_backend", None)
     if backend is None or isinstance(backend, str):
         return backend
     return getattr(backend, "__name__", repr(backend))
 
 
-def is_multiprocess(vllm_config: Any) -> bool:
+def is_multiprocess(vllm_config: VllmConfig) -> bool:
     """vLLM's executor puts the scheduler and the workers in different processes (``"mp"``,
     ``"ray"``, an executor class); ``"uni"`` and ``"external_launcher"`` keep them together."""
     return executor_name(vllm_config) not in (None, "uni", "external_launcher")
 
 
-def from_vllm(vllm_config: Any) -> ConnectorConfig:
+def drive_source_problem(where: str, daemon: str, emulated: Any, vfio: Any) -> str | None:
+    """What is wrong with where the drives come from (None when nothing is): tuttid (``daemon``
+    "connect"), or else exactly one of emulated drives and VFIO ones. ``where`` names the
+    engine's config; each engine raises its own ``ConfigError`` with the message."""
+    if daemon == "connect":
+        if emulated or vfio:
+            return (
+                f"{where}: with 'daemon_socket' the daemon owns the drives; drop "
+                "'emulated_drives'/'vfio_drives', or add \"daemon\": \"auto\" to start tuttid for an emulated pool"
+            )
+    elif bool(emulated) == bool(vfio):
+        return (
+            f"{where} needs exactly one of 'emulated_drives' (a count), 'vfio_drives' (PCI addresses "
+            "of NVMe drives bound to vfio-pci) or 'daemon_socket' (a running tuttid)"
+        )
+    return None
+
+
+def from_vllm(vllm_config: VllmConfig) -> ConnectorConfig:
     """Reads the connector's configuration from vLLM's ``VllmConfig``."""
     ktc = vllm_config.kv_transfer_config
     extra = dict(getattr(ktc, "kv_connector_extra_config", None) or {})
@@ -407,18 +433,9 @@ def from_vllm(vllm_config: Any) -> ConnectorConfig:
             )
     else:
         raise ConfigError(f"kv_connector_extra_config['daemon'] = {daemon!r}: use 'auto' or 'off'")
-    if daemon == "connect":
-        if emulated or vfio:
-            raise ConfigError(
-                "kv_connector_extra_config: with 'daemon_socket' the daemon owns the drives; drop "
-                "'emulated_drives'/'vfio_drives', or add \"daemon\": \"auto\" to start tuttid for an emulated pool"
-            )
-    elif bool(emulated) == bool(vfio):
-        raise ConfigError(
-            "kv_connector_extra_config needs exactly one of 'emulated_drives' (a count) and "
-            "'vfio_drives' (PCI addresses of NVMe drives bound to vfio-pci), or 'daemon_socket' "
-            "(a running tuttid)"
-        )
+    problem = drive_source_problem("kv_connector_extra_config", daemon, emulated, vfio)
+    if problem:
+        raise ConfigError(problem)
     if daemon == "auto":
         if vfio or not extra.get("emulated_dir"):
             raise ConfigError(

@@ -17,13 +17,10 @@ Profiling never breaks serving: a profiler error is logged and the step goes on.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
-from ..errors import TuttiError
 from ..runtime import Runtime, clock_ns
-
-log = logging.getLogger("vllm.tutti")
+from .hooks import StoppingHooks
 
 
 class _HostClock:
@@ -54,7 +51,9 @@ class _CudaClock:
         return self.base_ns + int(self.base.elapsed_time(ev) * 1e6)
 
 
-class StepProfiler:
+class StepProfiler(StoppingHooks):
+    what = "profiling"
+
     def __init__(self, runtime: Runtime):
         self.rt = runtime
         self.step = 0
@@ -68,15 +67,6 @@ class StepProfiler:
 
     def use_cuda(self, torch: Any) -> None:
         self.clock = _CudaClock(torch)
-
-    def _call(self, fn, *args) -> None:
-        if self.failed:
-            return
-        try:
-            fn(*args)
-        except TuttiError as e:
-            log.warning("tutti: profiling stopped: %s", e)
-            self.failed = True
 
     def begin_step(self, prefill_tokens: int, prefix_tokens: int, context_tokens: int) -> None:
         self.step += 1

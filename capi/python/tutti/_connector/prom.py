@@ -14,7 +14,10 @@ the pool. For the pool as a whole (every engine that shares it through tuttid) s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # vLLM's types, for type checkers only: no import of vLLM at run time
+    from vllm.config import VllmConfig
 
 # What each key counts (the rest are described in TuttiConnectorStats).
 HELP = {
@@ -35,7 +38,7 @@ def metric_name(key: str) -> str:
     return f"vllm:tutti_{base}"
 
 
-def build(base: type, vllm_config: Any, metric_types: dict, labelnames: list[str],
+def build(base: type, vllm_config: VllmConfig, metric_types: dict, labelnames: list[str],
           per_engine_labelvalues: dict[int, list[object]], counters: tuple[str, ...],
           gauges: frozenset[str]) -> Any:
     """A ``base`` (vLLM's ``KVConnectorPromMetrics``) whose ``observe`` records the stats keys

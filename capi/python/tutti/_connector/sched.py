@@ -22,15 +22,13 @@ steady offset. The scheduler never breaks serving: a hook error is logged and th
 
 from __future__ import annotations
 
-import logging
-
-from ..errors import TuttiError
 from ..runtime import Runtime
+from .hooks import StoppingHooks
 
-log = logging.getLogger("vllm.tutti")
 
+class SchedHooks(StoppingHooks):
+    what = "scheduler timing hooks"
 
-class SchedHooks:
     def __init__(self, runtime: Runtime):
         self.rt = runtime
         self.prefill = (0, 0)  # (input tokens, prefix tokens) of the current step, if it prefills
@@ -51,15 +49,6 @@ class SchedHooks:
                 idle_ms=config.sched_idle_ms,
             )
         return cls(runtime)
-
-    def _call(self, fn, *args) -> None:
-        if self.failed:
-            return
-        try:
-            fn(*args)
-        except TuttiError as e:
-            log.warning("tutti: scheduler timing hooks stopped: %s", e)
-            self.failed = True
 
     def begin_step(self, prefill_tokens: int, prefix_tokens: int, context_tokens: int) -> None:
         self.prefill = (prefill_tokens, prefix_tokens) if prefill_tokens > 0 else (0, 0)

@@ -27,12 +27,17 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import NotRegistered, TuttiError
 from ..runtime import Runtime, chain_hashes
 from .breakeven import BreakEven, Observations
 from .metadata import LoadSpec, SaveSpec, StepPlan
+
+if TYPE_CHECKING:  # vLLM's types, for type checkers only: no import of vLLM at run time
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.request import Request
 
 log = logging.getLogger("vllm.tutti")
 
@@ -52,7 +57,7 @@ class RequestState:
     decided: tuple[int, int] | None = None  # (blocks vLLM's cache held, blocks reported) of the decision
 
 
-def _token_ids(request: Any) -> list[int]:
+def _token_ids(request: Request) -> list[int]:
     toks = getattr(request, "all_token_ids", None)
     if toks is None:
         toks = request.prompt_token_ids
@@ -107,7 +112,7 @@ class SchedulerSide:
 
     # --- get_num_new_matched_tokens ------------------------------------------------------
 
-    def matched(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+    def matched(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
         req_id = request.request_id
         st = self.requests.get(req_id)
         tokens = _token_ids(request)
@@ -177,7 +182,7 @@ class SchedulerSide:
 
     # --- update_state_after_alloc --------------------------------------------------------
 
-    def allocated(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+    def allocated(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         st = self.requests.get(request.request_id)
         if st is None:
             return
@@ -209,7 +214,7 @@ class SchedulerSide:
 
     # --- build_connector_meta ------------------------------------------------------------
 
-    def plan(self, scheduler_output: Any) -> StepPlan:
+    def plan(self, scheduler_output: SchedulerOutput) -> StepPlan:
         self.step += 1
         plan = StepPlan(step=self.step)
         # At most two plans in flight (vLLM's async scheduling runs one step ahead).
@@ -246,7 +251,7 @@ class SchedulerSide:
 
     # --- request_finished ----------------------------------------------------------------
 
-    def finished(self, request: Any) -> tuple[bool, dict | None]:
+    def finished(self, request: Request) -> tuple[bool, dict | None]:
         st = self.requests.pop(request.request_id, None)
         if st is not None:
             self._unpin(st)
@@ -258,7 +263,7 @@ class SchedulerSide:
         self.requests.clear()
 
 
-def _scheduled(out: Any):
+def _scheduled(out: SchedulerOutput):
     """(req_id, new block ids, computed tokens before this step, resumed) for every scheduled request.
 
     New requests carry their whole block table; running ones only the blocks

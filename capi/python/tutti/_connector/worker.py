@@ -25,13 +25,16 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import Timeout, TuttiError, Unsupported
 from ..jobs import JobStatus
 from ..runtime import Geometry, Job, Runtime, Store
 from ..tensors import mark_written, view
 from .metadata import LoadSpec, SaveSpec, StepPlan
+
+if TYPE_CHECKING:  # vLLM's types, for type checkers only: no import of vLLM at run time
+    import torch
 
 log = logging.getLogger("vllm.tutti")
 
@@ -88,7 +91,7 @@ def _where(name: str, shape, strides, backend: str | None) -> str:
     return f"layer {name!r} (shape {tuple(shape)}, strides {tuple(strides)}, backend {backend or 'unknown'})"
 
 
-def describe_vllm_layer(name: str, t: Any, g: Geometry, backend: str | None = None,
+def describe_vllm_layer(name: str, t: torch.Tensor, g: Geometry, backend: str | None = None,
                         vllm_layout: str | None = None) -> LayerLayout:
     """How tutti addresses one layer's KV tensor, recognised from the shapes vLLM builds; never guessed.
 
@@ -180,7 +183,7 @@ def describe_vllm_layer(name: str, t: Any, g: Geometry, backend: str | None = No
     )
 
 
-def _span(t: Any) -> tuple[int, int]:
+def _span(t: torch.Tensor) -> tuple[int, int]:
     """(address, bytes) of the memory a tensor's elements cover."""
     v = view(t)
     last = sum((d - 1) * s for d, s in zip(v.shape, v.strides) if d > 0)
@@ -252,13 +255,13 @@ class WorkerSide:
         # Engine blocks a drive may still write (loads of unknown outcome), until the pool is reopened.
         self.unknown_load_blocks: set[int] = set()
         self.layout_tag = ""
-        self.kv_caches: dict[str, Any] = {}
+        self.kv_caches: dict[str, torch.Tensor] = {}
         # (model, tenant salt, layout kind) of the registration: the chunks' cache identity.
         self.identity: tuple[str, bytes, str] | None = None
 
     # --- register_kv_caches --------------------------------------------------------------
 
-    def register(self, kv_caches: dict[str, Any], backends: dict[str, str] | None = None,
+    def register(self, kv_caches: dict[str, torch.Tensor], backends: dict[str, str] | None = None,
                  vllm_layout: str | None = None) -> None:
         names = list(kv_caches)
         if len(names) != self.g.layers:
@@ -502,7 +505,7 @@ class WorkerSide:
             log.warning("tutti: storing layers %s of request %s failed: %s", layers, sv.spec.req_id, e)
             sv.layers.update(layers)  # not retried; the commit leaves these blocks out
 
-    def save_layer(self, plan: StepPlan, layer_name: str, kv_layer: Any) -> None:
+    def save_layer(self, plan: StepPlan, layer_name: str, kv_layer: torch.Tensor) -> None:
         """Layer ``layer_name`` has been computed: its writes go out once its kernels are done.
 
         A GPU layer is not waited for here (that would stall the stream every

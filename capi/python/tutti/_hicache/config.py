@@ -59,35 +59,22 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from .._connector.config import DAEMON_SOCKET_NAME, MAX_HOST_THREADS, ConnectorConfig
+from .._connector.config import (
+    DAEMON_SOCKET_NAME,
+    MAX_HOST_THREADS,
+    POOL_KEYS,
+    ConnectorConfig,
+    drive_source_problem,
+)
 from ..runtime import Geometry
 
 WHERE = "hicache_storage_backend_extra_config"
 
 SGLANG_KEYS = {"backend_name", "module_path", "class_name", "interface_v1"}
-KNOWN_KEYS = SGLANG_KEYS | {
-    "emulated_drives",
-    "emulated_capacity_bytes",
-    "emulated_dir",
-    "vfio_drives",
-    "vfio_noiommu",
-    "executor",
-    "host_threads",
-    "host_mode",
-    "load_policy",
+KNOWN_KEYS = SGLANG_KEYS | POOL_KEYS | {
     "prefill_s_per_token",
-    "slack_table",
-    "open_mode",
-    "io_timeout_ms",
     "timeout_ms",
     "pin_ttl_ms",
-    "model",
-    "tenant_salt",
-    "daemon_socket",
-    "daemon",
-    "daemon_idle_exit_s",
-    "daemon_start_timeout_s",
-    "lib",
 }
 
 
@@ -193,17 +180,9 @@ def parse(extra: dict | None, *, tp_size: int = 1, pp_size: int = 1) -> BackendC
         raise ConfigError(f"tutti.sglang: {WHERE}['daemon'] = {daemon!r}: use 'auto' or 'off'")
     if daemon == "auto" and socket is None:
         socket = os.path.join(str(emulated_dir), DAEMON_SOCKET_NAME)
-    if daemon == "connect":
-        if emulated or vfio:
-            raise ConfigError(
-                "tutti.sglang: with 'daemon_socket' the daemon owns the drives; drop 'emulated_drives'/"
-                "'vfio_drives', or add \"daemon\": \"auto\" to start tuttid for an emulated pool"
-            )
-    elif bool(emulated) == bool(vfio):
-        raise ConfigError(
-            f"tutti.sglang: {WHERE} needs exactly one of 'emulated_drives' (a count), 'vfio_drives' (PCI "
-            "addresses of NVMe drives bound to vfio-pci) or 'daemon_socket' (a running tuttid)"
-        )
+    problem = drive_source_problem(f"tutti.sglang: {WHERE}", daemon, emulated, vfio)
+    if problem:
+        raise ConfigError(problem)
     if daemon == "off" and ranks > 1:
         raise ConfigError(
             f"tutti.sglang: SGLang runs TP×PP = {ranks} ranks, each its own process, and they can share a pool "
