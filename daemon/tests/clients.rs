@@ -16,7 +16,7 @@ mod reap;
 #[path = "../../objstore/tests/common/mod.rs"]
 mod common;
 
-use common::{geometry, tokens, Kv};
+use common::{geometry, store_seeded, tokens, Kv};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::mpsc;
@@ -24,9 +24,7 @@ use std::time::{Duration, Instant};
 use tutti_daemon::remote::{connect, Client};
 use tutti_daemon::{Daemon, DaemonConfig, DriveSource, SocketMode};
 use tutti_emulator::{EmulatedConfig, MediaConfig, NamespaceConfig};
-use tutti_objstore::{
-    chain_hashes, Backend, Geometry, GioConfig, KvStore, LayoutKind, OpenMode, PoolOptions,
-};
+use tutti_objstore::{chain_hashes, Geometry, KvStore, LayoutKind, OpenMode, PoolOptions};
 
 const WAIT: Duration = Duration::from_secs(30);
 const CHUNKS: u32 = 6;
@@ -38,14 +36,7 @@ fn geo() -> Geometry {
     geometry(4, 64)
 }
 
-fn backend() -> Backend {
-    let mut gio = GioConfig::default();
-    gio.ring.command_timeout = Duration::from_secs(2);
-    gio.ring.submit_timeout = Duration::from_secs(5);
-    gio.host.blocks = 1;
-    gio.sm_budget = 1;
-    Backend::Gio(gio)
-}
+use common::client_backend as backend;
 
 struct TempDir(PathBuf);
 impl TempDir {
@@ -97,13 +88,7 @@ fn client_store(socket: &Path, name: &str) -> KvStore {
 /// Stores `CHUNKS` chunks seeded by `seed` from blocks 0.., loads them back
 /// into other blocks and checks every byte. Returns the hashes.
 fn store_and_verify(store: &KvStore, kv: &Kv, seed: u64) -> Vec<tutti_objstore::BlockHash> {
-    let g = *store.geometry();
-    let hashes = chain_hashes(&tokens(seed, CHUNKS as usize, g.tokens_per_block), g.tokens_per_block);
-    let src: Vec<u32> = (0..CHUNKS).collect();
-    for &b in &src {
-        kv.fill(b, seed + b as u64);
-    }
-    let rep = store.store_request(&hashes, &src, WAIT).expect("store");
+    let (hashes, rep) = store_seeded(store, kv, CHUNKS, seed);
     assert_eq!(rep.stored + rep.present, CHUNKS, "{rep:?}");
     assert!(rep.failed.is_empty(), "{rep:?}");
     verify(store, kv, &hashes, seed);

@@ -16,12 +16,8 @@ use tutti_objstore::{chain_hashes, Backend, BlockHash, Geometry, KvStore, Layout
 /// `chunks..2·chunks` in reverse order, and checks every byte.
 fn round_trip(store: &KvStore, kv: &Kv, chunks: u32, seed: u64) {
     let g = *store.geometry();
-    let hashes = chain_hashes(&tokens(seed, chunks as usize, g.tokens_per_block), g.tokens_per_block);
+    let (hashes, rep) = store_seeded(store, kv, chunks, seed);
     let src: Vec<u32> = (0..chunks).collect();
-    for &b in &src {
-        kv.fill(b, seed + b as u64);
-    }
-    let rep = store.store_request(&hashes, &src, WAIT).expect("store");
     assert_eq!((rep.stored, rep.present, rep.failed.len()), (chunks, 0, 0), "{rep:?}");
     kv.clear();
     let hit = store.lookup(&hashes).expect("lookup");

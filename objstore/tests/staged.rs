@@ -34,13 +34,7 @@ fn register_staged(store: &KvStore, kv: &Kv) {
 /// Stores blocks 0..n, clears the memory, loads them into blocks n..2n in
 /// reverse order and checks every byte of every object.
 fn round_trip(store: &KvStore, kv: &Kv, n: u32, seed: u64) {
-    let g = *store.geometry();
-    let hashes = chain_hashes(&tokens(seed, n as usize, g.tokens_per_block), g.tokens_per_block);
-    let src: Vec<u32> = (0..n).collect();
-    for &b in &src {
-        kv.fill(b, seed + b as u64);
-    }
-    let rep = store.store_request(&hashes, &src, WAIT).expect("store");
+    let (hashes, rep) = store_seeded(store, kv, n, seed);
     assert_eq!((rep.stored, rep.failed.len()), (n, 0), "{rep:?}");
     kv.clear();
     let hit = store.lookup(&hashes).expect("lookup");
@@ -50,7 +44,7 @@ fn round_trip(store: &KvStore, kv: &Kv, n: u32, seed: u64) {
     for (i, &b) in dst.iter().enumerate() {
         assert!(kv.holds(b, seed + i as u64), "chunk {i} in block {b}: every byte");
     }
-    for &b in &src {
+    for b in 0..n {
         assert!(!kv.holds(b, seed + b as u64), "the load wrote only its destination blocks");
     }
     store.unpin(hit.pin).expect("unpin");

@@ -11,8 +11,8 @@ use tutti_driver::controller::{Controller, ControllerOptions};
 use tutti_driver::spec::SglSupport;
 use tutti_emulator::{CostModel, EmulatedConfig, EmulatedController, MediaConfig, NamespaceConfig};
 use tutti_objstore::{
-    Backend, DriveSpec, Dtype, Geometry, GioConfig, GioExecutor, HostKvMemory, KvLayout, KvStore, LayoutKind,
-    OpenMode, PoolOptions, StoreOptions,
+    chain_hashes, Backend, BlockHash, DriveSpec, Dtype, Geometry, GioConfig, GioExecutor, HostKvMemory,
+    KvLayout, KvStore, LayoutKind, OpenMode, PoolOptions, StoreOptions, StoreReport,
 };
 
 pub const WAIT: Duration = Duration::from_secs(30);
@@ -232,4 +232,27 @@ pub fn tokens(seed: u64, chunks: usize, per_chunk: u32) -> Vec<u32> {
     (0..chunks as u64 * per_chunk as u64)
         .map(|t| (seed.wrapping_mul(31).wrapping_add(t) % 50_000) as u32)
         .collect()
+}
+
+/// Fills blocks `0..n` (block `b` with the chunk seeded by `seed + b`), stores them as one
+/// request of `n` chained chunks, and returns the chunks' hashes with the store's report.
+pub fn store_seeded(store: &KvStore, kv: &Kv, n: u32, seed: u64) -> (Vec<BlockHash>, StoreReport) {
+    let g = *store.geometry();
+    let hashes = chain_hashes(&tokens(seed, n as usize, g.tokens_per_block), g.tokens_per_block);
+    let src: Vec<u32> = (0..n).collect();
+    for &b in &src {
+        kv.fill(b, seed + b as u64);
+    }
+    let rep = store.store_request(&hashes, &src, WAIT).expect("store");
+    (hashes, rep)
+}
+
+/// A tuttid client's data path in tests: the host executor with one block and short deadlines.
+pub fn client_backend() -> Backend {
+    let mut gio = GioConfig::default();
+    gio.ring.command_timeout = Duration::from_secs(2);
+    gio.ring.submit_timeout = Duration::from_secs(5);
+    gio.host.blocks = 1;
+    gio.sm_budget = 1;
+    Backend::Gio(gio)
 }

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use tutti_objstore::{chain_hashes, Backend, BlockHash, GioConfig, KvStore, LayoutKind};
+use tutti_objstore::{chain_hashes, BlockHash, KvStore, LayoutKind};
 
 pub const WAIT: Duration = Duration::from_secs(30);
 pub const MODEL: &str = "serve-test-model";
@@ -112,15 +112,7 @@ pub fn wait_exit(child: &mut Child, within: Duration) -> ExitStatus {
     }
 }
 
-/// A client's data path: the host executor, short deadlines.
-pub fn backend() -> Backend {
-    let mut gio = GioConfig::default();
-    gio.ring.command_timeout = Duration::from_secs(2);
-    gio.ring.submit_timeout = Duration::from_secs(5);
-    gio.host.blocks = 1;
-    gio.sm_budget = 1;
-    Backend::Gio(gio)
-}
+pub use common::client_backend as backend;
 
 /// An engine client of the daemon at `socket` with KV memory of `2 × CHUNKS` blocks registered.
 pub struct Engine {
