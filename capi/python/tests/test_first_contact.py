@@ -126,9 +126,10 @@ def test_a_pool_of_another_geometry_is_the_headline_and_tuttid_is_not_restarted(
     # The daemon's error, quoted whole: both geometries, to the end of the line.
     err = [l for l in _quoted(msg) if "formatted for" in l]
     assert len(err) == 1, msg
-    assert err[0].startswith("tutti: error: pool ") and err[0].endswith(
+    assert err[0].startswith("tutti: error: pool ") and (
         "formatted for 4 layers × 2 KV heads × head dim 64 × 4 tokens/block, f16, "
-        "opened for 4 layers × 1 KV heads × head dim 64 × 4 tokens/block, f16"), err
+        "opened for 4 layers × 1 KV heads × head dim 64 × 4 tokens/block, f16") in err[0], err
+    assert err[0].endswith("losing its contents)"), err  # to the end of the daemon's line
     # The fix: another directory, or formatting this one; TP changes the KV heads per rank.
     for part in ("'emulated_dir' another directory", '"open_mode": "create"', "tensor_parallel_size=2",
                  "each rank holds 1 KV heads", "TP changes the KV heads per rank"):
@@ -157,8 +158,12 @@ def test_a_running_tuttid_of_another_geometry_refuses_the_engine_at_once(tutti_b
     msg = str(e.value)
     assert msg.startswith(f"TuttiConnector: the tuttid serving {d / 'tuttid.sock'} refused this engine, and would "
                           "refuse it on every try"), msg
-    assert any(l.endswith("the daemon's pool is formatted for 4 layers × 2 KV heads × head dim 64 × 4 tokens/block, "
-                          "f16, this process has 4 layers × 1 KV heads × head dim 64 × 4 tokens/block, f16")
+    # The daemon's refusal, quoted whole: both geometries and the `tutti serve` flags that match.
+    assert any("the daemon's pool is formatted for 4 layers × 2 KV heads × head dim 64 × 4 tokens/block, f16 "
+               "(`tutti serve --layers 4 --kv-heads 2 --head-dim 64 --block-tokens 4 --dtype f16`), this process "
+               "has 4 layers × 1 KV heads × head dim 64 × 4 tokens/block, f16" in l
+               and "`tutti serve --layers 4 --kv-heads 1 --head-dim 64 --block-tokens 4 --dtype f16`" in l
+               and l.endswith("(under tensor parallelism the KV heads are per rank)")
                for l in _quoted(msg)), msg
     assert '"open_mode": "create"' in msg and "tensor_parallel_size=2" in msg
     assert not any("starting tuttid" in m for m in tutti_log.messages), "no daemon is started beside a running one"
