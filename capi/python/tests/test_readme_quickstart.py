@@ -10,7 +10,7 @@ package as ``pip install .`` makes it: the wheel of this checkout installed with
 prompt's 96 shared tokens come back from tutti) and exits non-zero otherwise. Without the venv
 the two runs skip, saying why; under ``CI=true`` they fail.
 
-Every relative link in README.md and docs/*.md must name a file that exists and, for a
+Every relative link in README.md, capi/python/README.md and docs/**.md must name a file that exists and, for a
 ``#fragment`` into a Markdown file, a heading of that file (GitHub's anchor rules).
 """
 
@@ -158,8 +158,9 @@ def broken_links(doc: Path) -> list[str]:
     return bad
 
 
-def test_every_relative_link_of_the_readme_and_docs_resolves():
-    docs = [README, *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "docs" / "perf").glob("*.md"))]
+def test_every_relative_link_of_the_readmes_and_docs_resolves():
+    docs = [README, REPO / "capi" / "python" / "README.md", *sorted((REPO / "docs").glob("*.md")),
+            *sorted((REPO / "docs" / "perf").glob("*.md"))]
     bad = [b for d in docs for b in broken_links(d)]
     assert not bad, "\n".join(bad)
 
