@@ -9,8 +9,8 @@
 mod common;
 
 use common::*;
-use tutti_emulator::FaultMatch;
 use tutti_driver::spec::Status;
+use tutti_emulator::FaultMatch;
 use tutti_objstore::{chain_hashes, LayoutKind, OpenMode};
 
 const READ: u8 = 0x02;
