@@ -18,8 +18,22 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[3]
 
 
+_INSTALLED: Path | None = None
+
+
 def install(dest: Path) -> Path:
-    """Builds and installs the package under ``dest``; returns the directory to put on PYTHONPATH."""
+    """Builds and installs the package under ``dest``; returns the directory to put on PYTHONPATH.
+
+    Once per pytest process: a later call returns the first call's directory (the checkout does not
+    change during a run), so the real-vLLM tests and the README's quick-start share one wheel."""
+    global _INSTALLED
+    if _INSTALLED is not None and _INSTALLED.is_dir():
+        return _INSTALLED
+    _INSTALLED = _install(dest)
+    return _INSTALLED
+
+
+def _install(dest: Path) -> Path:
     wheels, site = dest / "wheel", dest / "site"
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
     built = subprocess.run(pip + ["wheel", "--no-deps", "-q", "-w", str(wheels), str(REPO)], capture_output=True,
