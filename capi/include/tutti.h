@@ -797,7 +797,8 @@ typedef struct tutti_store_report_t {
     uint32_t struct_size;
     // New blocks made durable and visible to lookups.
     uint32_t stored;
-    // Blocks whose chunk was already stored.
+    // Blocks written by no one in this session: their chunk was already stored, or another
+    // session was storing it (that one's commit decides; if it gives up, a later lookup misses).
     uint32_t present;
     // Blocks not stored (pool full, a layer failed or was never written, I/O error).
     uint32_t failed;

@@ -27,7 +27,8 @@ pub struct tutti_store_report_t {
     pub struct_size: u32,
     /// New blocks made durable and visible to lookups.
     pub stored: u32,
-    /// Blocks whose chunk was already stored.
+    /// Blocks written by no one in this session: their chunk was already stored, or another
+    /// session was storing it (that one's commit decides; if it gives up, a later lookup misses).
     pub present: u32,
     /// Blocks not stored (pool full, a layer failed or was never written, I/O error).
     pub failed: u32,

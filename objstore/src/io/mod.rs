@@ -2,7 +2,7 @@
 //!
 //! [`LayerIo`] is what the store needs from an I/O path: start one layer's
 //! transfer for a list of (file, engine block) pairs, and later learn which
-//! pairs failed. Two implementations:
+//! pairs failed. Four implementations:
 //!
 //! - [`gio::GioIo`]: gio_uring. The host submits one IOCB per layer (split
 //!   when it exceeds an IOCB) and the executor expands it into NVMe commands
@@ -11,8 +11,11 @@
 //!   each layer costs the host O(IOCBs), not O(blocks).
 //! - [`direct::DirectIo`]: the host builds and submits every command itself
 //!   on ordinary queue pairs — the CPU-driven baseline benchmarks compare with.
+//! - [`proxy::ProxyIo`]: a tuttid client on a controller with no queue pair left
+//!   to lease; the daemon moves the layer on its own pair into the client's memory.
+//! - `NoIo` (crate-private): a control-only client, which moves no data; it refuses every call.
 //!
-//! Both address data through the same P2P SGL tables and place objects by
+//! The two that move bytes themselves address data through the same P2P SGL tables and place objects by
 //! the same stripe arithmetic, so they move identical bytes.
 
 pub mod direct;

@@ -4,8 +4,9 @@ Each forward pass that prefills tokens is reported as one profiled "request"
 (input tokens = the step's prefill tokens, prefix tokens = those it got from
 caches) whose layer ``l`` runs from ``wait_for_layer_load(l)`` to
 ``save_kv_layer(l)`` — the two hooks vLLM calls around every attention
-layer. Steps without prefill are decode steps, timed from ``start_load_kv``
-to ``wait_for_save``.
+layer. Steps without prefill are decode steps, timed from
+``bind_connector_metadata`` (before the forward pass; vLLM >= 0.32 calls
+``start_load_kv`` after it when a step has no loads) to ``wait_for_save``.
 
 On a GPU those hooks run when the layer's kernels are *launched*, not when
 they execute, so times are taken with CUDA events on the current stream and

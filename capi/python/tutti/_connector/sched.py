@@ -7,8 +7,10 @@ announces. The announcements come from the hooks vLLM already calls:
 
 - a prefill layer's compute runs from ``wait_for_layer_load(l)`` (its KV is in) to
   ``save_kv_layer(l)`` (its new KV is out): ``tutti_sched_layer_start`` / ``_end``;
-- a step without prefill tokens is a decode step, from ``start_load_kv`` to ``wait_for_save``:
-  ``tutti_sched_decode_start`` / ``_end``. Deferred writes drain into it.
+- a step without prefill tokens is a decode step, from ``bind_connector_metadata`` (vLLM hands
+  the worker the step's plan before the forward pass; vLLM >= 0.32 calls ``start_load_kv`` after
+  it when a step has no loads) to ``wait_for_save``: ``tutti_sched_decode_start`` / ``_end``.
+  Deferred writes drain into it.
 
 With ``deferred_saves`` a step's stores are finished at the start of the next step, so the
 writes the slack of one step cannot take are left to the following (decode) steps; without it
