@@ -96,3 +96,24 @@ def engine(library, geometry):
     e = MiniEngine(geometry, dict(EXTRA))
     yield e
     e.close()
+
+
+def tutti_bin_path() -> Path:
+    """The `tutti` binary the tests run: TUTTI_BIN, else beside TUTTI_LIB, else target/debug."""
+    explicit = os.environ.get("TUTTI_BIN")
+    if explicit:
+        return Path(explicit)
+    lib = os.environ.get("TUTTI_LIB")
+    return (Path(lib).parent if lib else Path(__file__).resolve().parents[3] / "target" / "debug") / "tutti"
+
+
+def require_tutti_bin() -> Path:
+    """tutti_bin_path(), or the test skips saying why (fails under CI=true) when it is not built."""
+    exe = tutti_bin_path()
+    if not exe.exists():
+        why = f"the tutti binary is not at {exe} (cargo build -p tutti-tools, or set TUTTI_BIN)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        print(f"SKIP: {why}", file=sys.stderr)
+        pytest.skip(why)
+    return exe

@@ -14,27 +14,16 @@ from pathlib import Path
 import pytest
 
 import tutti
-from conftest import NUM_BLOCKS, block_bytes, fill_block, vllm_layers
+from conftest import NUM_BLOCKS, block_bytes, fill_block, require_tutti_bin, tutti_bin_path, vllm_layers
 from test_binding import store
 
 
-def _tutti_bin() -> Path:
-    explicit = os.environ.get("TUTTI_BIN")
-    if explicit:
-        return Path(explicit)
-    lib = os.environ.get("TUTTI_LIB")
-    return (Path(lib).parent if lib else Path(__file__).resolve().parents[3] / "target" / "debug") / "tutti"
+_tutti_bin = tutti_bin_path  # imported by the other daemon tests
 
 
 @pytest.fixture
 def daemon(library, geometry, tmp_path):
-    exe = _tutti_bin()
-    if not exe.exists():
-        why = f"the tutti binary is not at {exe} (cargo build -p tutti-tools, or set TUTTI_BIN)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(why)
-        print(f"SKIP: {why}", file=sys.stderr)
-        pytest.skip(why)
+    exe = require_tutti_bin()
     g = geometry
     sock = tmp_path / "tuttid.sock"
     args = [str(exe), "serve", "--json", "--socket", str(sock), "--dir", str(tmp_path / "pool")]

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 import tutti
+from conftest import require_tutti_bin
 from test_daemon_client import _tutti_bin, daemon  # noqa: F401 - the fixture
 from tutti._connector import shared
 from tutti._connector.config import ConfigError
@@ -60,13 +61,7 @@ def tutti_log():
 
 @pytest.fixture
 def tutti_bin(library, monkeypatch):
-    exe = _tutti_bin()
-    if not exe.exists():
-        why = f"the tutti binary is not at {exe} (cargo build -p tutti-tools, or set TUTTI_BIN)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(why)
-        print(f"SKIP: {why}", file=sys.stderr)
-        pytest.skip(why)
+    exe = require_tutti_bin()
     monkeypatch.setenv("TUTTI_BIN", str(exe))
     return exe
 

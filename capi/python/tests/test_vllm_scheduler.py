@@ -16,25 +16,14 @@ from pathlib import Path
 import pytest
 
 from tutti._connector.config import ConfigError, from_vllm
+from conftest import require_tutti_bin
 from vllm_standins import EXTRA, MiniEngine, Request, prompt, vllm_config
 
 
-def _tutti_bin() -> Path:
-    explicit = os.environ.get("TUTTI_BIN")
-    if explicit:
-        return Path(explicit)
-    lib = os.environ.get("TUTTI_LIB")
-    return (Path(lib).parent if lib else Path(__file__).resolve().parents[3] / "target" / "debug") / "tutti"
 
 
 def _slack_table(tmp_path: Path, layers: int) -> str:
-    exe = _tutti_bin()
-    if not exe.exists():
-        why = f"the tutti binary is not at {exe} (cargo build -p tutti-tools, or set TUTTI_BIN)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(why)
-        print(f"SKIP: {why}", file=sys.stderr)
-        pytest.skip(why)
+    exe = require_tutti_bin()
     out = tmp_path / "slack.json"
     subprocess.run([str(exe), "profile", "--layers", str(layers), "--out", str(out)], check=True,
                    stdout=subprocess.DEVNULL)
