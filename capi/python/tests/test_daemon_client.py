@@ -4,12 +4,9 @@ what one stores the other loads, byte for byte; a daemon that is not there is a 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 

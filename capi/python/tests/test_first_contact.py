@@ -17,9 +17,7 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest

@@ -8,9 +8,7 @@ together, and in the slack mode stores held outside the windows the table allows
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
