@@ -117,3 +117,15 @@ def require_tutti_bin() -> Path:
         print(f"SKIP: {why}", file=sys.stderr)
         pytest.skip(why)
     return exe
+
+
+def stop_tuttid(proc) -> None:
+    """SIGTERMs a `tutti serve` process and asserts it exits 0 within 30 s; killed if it does not."""
+    import signal
+
+    proc.send_signal(signal.SIGTERM)
+    try:
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -4,14 +4,13 @@ what one stores the other loads, byte for byte; a daemon that is not there is a 
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import time
 
 import pytest
 
 import tutti
-from conftest import NUM_BLOCKS, block_bytes, fill_block, require_tutti_bin, tutti_bin_path, vllm_layers
+from conftest import NUM_BLOCKS, block_bytes, fill_block, require_tutti_bin, stop_tuttid, tutti_bin_path, vllm_layers
 from test_binding import store
 
 
@@ -32,12 +31,7 @@ def daemon(library, geometry, tmp_path):
         assert hello["pid"] == proc.pid
         yield str(sock)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            assert proc.wait(timeout=30) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+        stop_tuttid(proc)
 
 
 def test_two_clients_share_the_daemons_pool(daemon, geometry):

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import subprocess
 import threading
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import tutti
-from conftest import require_tutti_bin
+from conftest import require_tutti_bin, stop_tuttid
 from test_daemon_client import _tutti_bin, daemon  # noqa: F401 - the fixture
 from tutti._connector import shared
 from tutti._connector.config import ConfigError
@@ -85,13 +84,7 @@ def _serve(exe: Path, d: Path, g: tutti.Geometry) -> subprocess.Popen:
     return proc
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+_stop = stop_tuttid
 
 
 def _tp2_scheduler(d: Path, g: tutti.Geometry, **kw) -> TuttiConnector:
