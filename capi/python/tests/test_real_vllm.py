@@ -402,6 +402,71 @@ def test_a_preemption_right_after_a_deferred_save_completes_it_before_vllm_zeroe
     assert preempt_run["eager"]["preempted_with_pending_saves"] == 0  # nothing deferred there
 
 
+# ---- preempted in the middle of a prefill -----------------------------------------------------------------
+
+# 10 usable 32-token blocks again. PA (90 tokens, 3 blocks) is prefilled in steps 1-2 and decodes 8
+# tokens; PB (288 tokens, 9 blocks: it fits alone) is prefilled beside it in chunks until it needs
+# more blocks than PA leaves: vLLM preempts PB (the latest request, so itself) with about five of
+# its nine blocks computed and stored, resumes it with a new block table once PA finished, loads
+# what it stored and computes the rest, whose blocks it stores after the resume. A later request
+# extending PB loads all nine: the blocks stored after the resume must be PB's own KV.
+PMA = [13] + [(11 * k + 5) % 480 + 20 for k in range(89)]
+PMB = [14] + [(13 * k + 7) % 480 + 20 for k in range(287)]
+PMB_LATER = PMB + [5, 6, 7]
+
+
+@pytest.fixture(scope="module")
+def preempt_mid_run(vllm_python, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("real-vllm-preempt-mid")
+    small = {"num_gpu_blocks_override": 11, "max_num_seqs": 2, "enable_chunked_prefill": True,
+             "max_num_batched_tokens": 64}
+    kw = dict(max_tokens=8, ignore_eos=True, max_model_len=320, prefix_cache=False, llm=small)
+    engines = [
+        engine("base", [[PMA, PMB], [PMB_LATER]], **kw),
+        engine("tutti", [[PMA, PMB], [PMB_LATER]], pool(tmp / "p", load_policy="always"), **kw),
+    ]
+    res = run(vllm_python, tmp, "preempt-mid", engines)
+    return {e["name"]: e for e in res["engines"]}
+
+
+def test_a_request_preempted_mid_prefill_stores_only_its_own_kv(preempt_mid_run):
+    base, t = preempt_mid_run["base"], preempt_mid_run["tutti"]
+    assert t["preempted_mid_prefill"] >= 1, (t["preemptions"], t["preempted_mid_prefill"])
+    for batch in range(2):
+        for a, b in zip(results(base, batch), results(t, batch), strict=True):
+            assert same_output(a, b), (batch, a["tokens"], b["tokens"])
+    assert results(t, 1)[0]["cached"] == len(PMB)  # all nine blocks from tutti, byte for byte
+    assert t["tutti"]["failed_blocks"] == 0
+
+
+# ---- per-request cache salts -----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def salt_run(vllm_python, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("real-vllm-salt")
+    x, y = {"tokens": W, "cache_salt": "tenant-x"}, {"tokens": W, "cache_salt": "tenant-y"}
+    batches = [[x], [y], [x], [W], [W]]
+    kw = dict(prefix_cache=False)
+    engines = [
+        engine("base", batches, **kw),
+        engine("tutti", batches, pool(tmp / "p", load_policy="always"), **kw),
+    ]
+    res = run(vllm_python, tmp, "salt", engines)
+    return {e["name"]: e for e in res["engines"]}
+
+
+def test_a_cache_salt_is_served_only_its_own_kv(salt_run):
+    """One prompt under two salts and none (vLLM's prefix cache off: hits come from tutti only):
+    a request is served the KV stored under its own salt, never another's."""
+    base, t = salt_run["base"], salt_run["tutti"]
+    cached = [results(t, i)[0]["cached"] for i in range(5)]
+    full = (len(W) // BLOCK) * BLOCK
+    # x stores; y misses; x hits; unsalted misses (stores), then hits its own.
+    assert cached == [0, 0, full, 0, full], cached
+    for i in range(5):
+        assert same_output(results(base, i)[0], results(t, i)[0]), i
+
+
 # ---- the multiprocess executor is refused --------------------------------------------------------------
 
 def test_the_multiprocess_executor_without_a_daemon_is_refused_at_start_up(vllm_python, tmp_path):

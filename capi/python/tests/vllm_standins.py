@@ -1,11 +1,18 @@
 """Small stand-ins for the vLLM objects the connector sees, and a miniature engine step loop.
 
-Shapes follow vLLM 0.10/0.11 (v1 engine): ``Request`` (request_id,
-prompt_token_ids, all_token_ids, num_tokens, num_computed_tokens),
-``KVCacheBlocks.get_block_ids()`` → one list per KV-cache group,
-``SchedulerOutput`` with ``scheduled_new_reqs`` (``NewRequestData``),
-column-wise ``scheduled_cached_reqs`` (``CachedRequestData``),
-``num_scheduled_tokens`` and ``finished_req_ids``.
+What vLLM's own objects show is tested with them: test_vllm_real_scheduler.py drives the
+connector with vLLM's real ``Scheduler``, ``KVCacheManager``, ``Request`` and ``SchedulerOutput``.
+The stand-ins stay for what those cannot show: the tests that run where vLLM is not importable
+(the binding's first pytest run, with the system Python), that hand the worker a plan vLLM's
+scheduler would never build (a chunk that is missing, a metadata override, a block table chosen
+by the test), that put KV in stand-in CUDA memory, or that time steps by hand for the break-even
+rule. Their shapes are vLLM 0.32's, and test_vllm_real_scheduler.py checks that every field
+here exists, with the same name, in vLLM's own classes: ``Request`` (request_id,
+prompt_token_ids, all_token_ids, num_tokens, num_computed_tokens, and the identity the keys mix:
+cache_salt, lora_request, mm_features, prompt_embeds), ``KVCacheBlocks.get_block_ids()`` → one
+list per KV-cache group, ``SchedulerOutput`` with ``scheduled_new_reqs`` (``NewRequestData``),
+column-wise ``scheduled_cached_reqs`` (``CachedRequestData``, whose ``resumed_req_ids`` names
+the requests whose table is given anew), ``num_scheduled_tokens`` and ``finished_req_ids``.
 
 ``MiniEngine`` drives the two connector instances the way vLLM's scheduler
 and GPU model runner do, and plays the model: "computing" a layer writes KV
@@ -58,6 +65,10 @@ class Request:
     prompt_token_ids: list[int]
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
+    cache_salt: str | None = None
+    lora_request: object = None
+    mm_features: list = field(default_factory=list)
+    prompt_embeds: object = None
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -87,7 +98,7 @@ class NewRequestData:
 @dataclass
 class CachedRequestData:
     req_ids: list[str] = field(default_factory=list)
-    resumed_from_preemption: list[bool] = field(default_factory=list)
+    resumed_req_ids: set[str] = field(default_factory=set)
     new_token_ids: list[list[int]] = field(default_factory=list)
     new_block_ids: list = field(default_factory=list)
     num_computed_tokens: list[int] = field(default_factory=list)
@@ -220,7 +231,6 @@ class MiniEngine:
             self.blocks[req_id] += added
             c = out.scheduled_cached_reqs
             c.req_ids.append(req_id)
-            c.resumed_from_preemption.append(False)
             c.new_token_ids.append([])
             c.new_block_ids.append((added,) if added else None)
             c.num_computed_tokens.append(req.num_computed_tokens)

@@ -63,7 +63,7 @@ from ._connector.config import (
     from_vllm,
     is_multiprocess,
 )
-from ._connector import breakeven
+from ._connector import breakeven, keys
 from ._connector.metadata import LoadSpec, SaveSpec, StepPlan
 from ._connector.profile import StepProfiler
 from ._connector.sched import SchedHooks
@@ -322,6 +322,20 @@ def _vllm_layout_facts(
     return backends, (str(layout) if layout else None)
 
 
+def _check_vllm_fields() -> None:
+    """Refuses, at start-up, an installed vLLM whose scheduler objects lack a field the connector
+    reads (:data:`._connector.keys.READS`), naming it: read as absent, a renamed field would
+    silently key or place KV wrongly."""
+    missing = keys.missing_vllm_fields()
+    if missing:
+        import vllm
+
+        raise ConfigError(
+            f"TuttiConnector: the installed vLLM ({getattr(vllm, '__version__', '?')}) lacks what the connector "
+            f"reads from its scheduler objects: {', '.join(missing)}; this tutti was written against vLLM 0.32"
+        )
+
+
 def _is_scheduler(role: KVConnectorRole) -> bool:
     return getattr(role, "name", str(role)) == "SCHEDULER"
 
@@ -331,6 +345,8 @@ class TuttiConnector(KVConnectorBase_V1):
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None):
         _base_init(self, vllm_config, role, kv_cache_config)
+        if VLLM_AVAILABLE:
+            _check_vllm_fields()
         self.config: ConnectorConfig = from_vllm(vllm_config)
         check_single_process(vllm_config, self.config)
         scheduler = _is_scheduler(role)

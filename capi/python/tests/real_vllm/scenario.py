@@ -6,7 +6,8 @@ the Python of the venv scripts/setup-vllm made. One process may run several engi
 
 SPEC: {"engines": [ENGINE, ...]}; ENGINE: {"name", "model", "connector": {extra config} | null,
 "prefix_cache": bool, "policy": "fail"|"recompute", "batches": [[prompt, ...], ...],
-"max_tokens", "llm": {more LLM(...) kwargs}, "fail_loads": n (fail the next n emulated reads
+"max_tokens", "llm": {more LLM(...) kwargs}; a prompt is a list of token ids or {"tokens": [...],
+"cache_salt": str}, "fail_loads": n (fail the next n emulated reads
 before batch 1), "tamper": bool (perturb every loaded block after it lands), "executor": str,
 "max_model_len", "kv_bytes", "ignore_eos": bool, "status_socket": path (report `tutti status --json`
 of that tuttid while the engine is up, as "daemon_status"), "force_zeroing": bool (vLLM zeroes every
@@ -14,7 +15,8 @@ newly allocated block, as for Mamba or mixed-precision models), "by_name": bool 
 kv_connector_module_path: vLLM finds TuttiConnector in its connector registry, where the installed
 package's vllm.general_plugins entry point put it)}.
 The result also says which tutti package, library and binary the process used ("tutti_package").
-Per engine it reports "preemptions" (vLLM's scheduler preempted a request) and
+Per engine it reports "preemptions" (vLLM's scheduler preempted a request), "preempted_mid_prefill"
+(the victim had computed part of its prompt) and
 "preempted_with_pending_saves" (the victim still had deferred saves in flight), and with
 force_zeroing "zeroed_blocks" and "zeroed_under_pending_save" (blocks vLLM zeroed while a
 deferred save was still reading them).
@@ -46,14 +48,17 @@ ZEROING = {"on": False}  # the engine running now has vLLM zero newly allocated 
 
 
 def _patch_counters(counters: dict) -> None:
-    """Counts vLLM's preemptions as its scheduler makes them, and those whose victim still had
-    deferred saves in flight (its blocks are freed while tutti may still be reading them)."""
+    """Counts vLLM's preemptions as its scheduler makes them, those in the middle of the victim's
+    prefill, and those whose victim still had deferred saves in flight (its blocks are freed while
+    tutti may still be reading them)."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
     orig = Scheduler._preempt_request
 
     def counting(self, request, *a, **kw):
         counters["preemptions"] += 1
+        if 0 < request.num_computed_tokens < request.num_prompt_tokens:
+            counters["preempted_mid_prefill"] += 1
         conn = _connector()
         worker = getattr(conn, "_worker", None) if conn is not None else None
         if worker is not None and any(sv.spec.req_id == request.request_id for sv in worker._pending):
@@ -118,9 +123,17 @@ def _connector():
     return get_kv_transfer_group() if has_kv_transfer_group() else None
 
 
+def _prompt(p):
+    """A prompt of the spec: a list of token ids, or {"tokens": [...], "cache_salt": str}."""
+    from vllm.inputs import TokensPrompt
+
+    if isinstance(p, dict):
+        return TokensPrompt(prompt_token_ids=p["tokens"], cache_salt=p["cache_salt"])
+    return TokensPrompt(prompt_token_ids=p)
+
+
 def run_engine(spec: dict) -> dict:
     from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
 
     kw = dict(
         model=spec["model"], skip_tokenizer_init=True, block_size=BLOCK, dtype="float32", enforce_eager=True,
@@ -147,7 +160,7 @@ def run_engine(spec: dict) -> dict:
             conn.runtime.emulated_fail_next(1, "load", spec["fail_loads"])
         results = []
         try:
-            outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch], sp, use_tqdm=False)
+            outs = llm.generate([_prompt(p) for p in batch], sp, use_tqdm=False)
         except Exception as e:  # noqa: BLE001 - reported to the test
             out["batches"].append({"error": f"{type(e).__name__}: {e}"})
             continue
@@ -191,8 +204,8 @@ def run_engine(spec: dict) -> dict:
 
 def main() -> None:
     spec = json.load(open(sys.argv[1]))
-    counters = {"preemptions": 0, "preempted_with_pending_saves": 0, "zeroed_blocks": 0,
-                "zeroed_under_pending_save": 0}
+    counters = {"preemptions": 0, "preempted_mid_prefill": 0, "preempted_with_pending_saves": 0,
+                "zeroed_blocks": 0, "zeroed_under_pending_save": 0}
     _patch_counters(counters)
     if any(e.get("force_zeroing") for e in spec["engines"]):
         _patch_zeroing()

@@ -2,10 +2,12 @@
 
 Per request, from the first time vLLM asks about it until it finishes:
 
-* ``matched`` — the chained hashes of the prompt's full blocks are looked up
-  once (and pinned, so the chunks survive until they are loaded); repeated
-  questions while the request waits for memory return the same answer
-  without pinning again. The answer never covers the last prompt token
+* ``matched`` — the keys of the request's full blocks (its tokens chained under
+  its identity: cache salt, LoRA adapter, multimodal items, prompt embeddings;
+  :mod:`.keys`) are looked up once (and pinned, so the chunks survive until
+  they are loaded); repeated questions while the request waits for memory
+  return the same answer without pinning again, and a request asked about
+  after it was scheduled (preempted, to be resumed) is looked up afresh. The answer never covers the last prompt token
   (vLLM must compute at least one token to get logits), and is counted in
   whole blocks. The break-even rule (``breakeven.py``) then keeps only the
   longest part of the hit that is expected to load faster than it computes.
@@ -30,8 +32,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import NotRegistered, TuttiError
-from ..runtime import Runtime, chain_hashes
+from ..runtime import Runtime
 from .breakeven import BreakEven, Observations
+from .keys import Unkeyable, request_hashes
 from .metadata import LoadSpec, SaveSpec, StepPlan
 
 if TYPE_CHECKING:  # vLLM's types, for type checkers only: no import of vLLM at run time
@@ -55,6 +58,7 @@ class RequestState:
     pending_load: LoadSpec | None = None
     remote_from: int | None = None  # blocks from this index on come from the cluster tier
     decided: tuple[int, int] | None = None  # (blocks vLLM's cache held, blocks reported) of the decision
+    scheduled: bool = False  # vLLM has scheduled it: asked again, it was preempted and waits to resume
 
 
 def _token_ids(request: Request) -> list[int]:
@@ -116,10 +120,15 @@ class SchedulerSide:
         req_id = request.request_id
         st = self.requests.get(req_id)
         tokens = _token_ids(request)
-        if st is None or st.tokens != len(tokens):
+        if st is None or st.tokens != len(tokens) or st.scheduled:
+            table: list[int] = []
             if st is not None:
-                self._unpin(st)  # resumed with more tokens: look up afresh
-            st = RequestState(req_id, chain_hashes(tokens, self.B), len(tokens))
+                # Preempted (vLLM freed its blocks) and asked about again, perhaps with more tokens:
+                # look up afresh; what it stored before it was preempted may now be hits. The block
+                # table follows the scheduler output alone, where a resumed request's is given anew.
+                self._unpin(st)
+                table = st.block_ids
+            st = RequestState(req_id, self._keys(request, tokens), len(tokens), block_ids=table)
             self.requests[req_id] = st
             # Never all tokens: the last one must be computed for its logits.
             usable = (len(tokens) - 1) // self.B
@@ -149,6 +158,16 @@ class SchedulerSide:
                 reported = self.rule.decide(first, st.hits, st.tokens, self._backlog_bytes())
             st.decided = (first, reported)
         return max(0, st.decided[1] * self.B - num_computed_tokens), False
+
+    def _keys(self, request: Request, tokens: list[int]) -> list[bytes]:
+        """The request's block keys under its identity (:mod:`.keys`); none (no lookup, no store)
+        when a fact of its identity cannot be encoded."""
+        try:
+            return request_hashes(request, tokens, self.B)
+        except Unkeyable as e:
+            log.warning("tutti: request %s is not cached by tutti (no lookup, no store): its identity holds "
+                        "a %s, which tutti cannot key deterministically", request.request_id, e)
+            return []
 
     def _backlog_bytes(self) -> int:
         """Reads the drives owe before a load granted now: loads granted in this pass, and those of
@@ -224,13 +243,14 @@ class SchedulerSide:
             if st.pending_load is not None:
                 plan.loads.append(st.pending_load)
                 st.pending_load = None
-        num_scheduled = getattr(scheduler_output, "num_scheduled_tokens", {}) or {}
+        num_scheduled = scheduler_output.num_scheduled_tokens or {}
         plan.scheduled_tokens = sum(num_scheduled.values())
         for req_id, block_ids, computed, resumed in _scheduled(scheduler_output):
             st = self.requests.get(req_id)
             if st is None:
                 continue
-            if resumed:
+            st.scheduled = True
+            if resumed:  # a new request's table, or one given anew after a preemption
                 st.block_ids = _first_group(block_ids)
             else:
                 st.block_ids += _first_group(block_ids)
@@ -264,24 +284,17 @@ class SchedulerSide:
 
 
 def _scheduled(out: SchedulerOutput):
-    """(req_id, new block ids, computed tokens before this step, resumed) for every scheduled request.
+    """(req_id, new block ids, computed tokens before this step, table given anew) for every
+    scheduled request.
 
-    New requests carry their whole block table; running ones only the blocks
-    added this step — except a request resumed from preemption, whose table
-    is given anew. vLLM 0.10+ packs the running requests column-wise in one
-    ``CachedRequestData``; earlier releases used a list of per-request objects.
+    New requests carry their whole block table; running ones only the blocks added this step,
+    except those in ``resumed_req_ids`` (resumed after a preemption), whose table is given anew
+    (vLLM 0.32's ``CachedRequestData``; the connector checks at start-up that the installed vLLM
+    has the field, :data:`.keys.READS`).
     """
-    for r in getattr(out, "scheduled_new_reqs", None) or ():
+    for r in out.scheduled_new_reqs:
         yield r.req_id, r.block_ids, r.num_computed_tokens, True
-    cached = getattr(out, "scheduled_cached_reqs", None)
-    if cached is None:
-        return
-    if hasattr(cached, "req_ids"):
-        resumed = getattr(cached, "resumed_from_preemption", None) or [False] * len(cached.req_ids)
-        for i, req_id in enumerate(cached.req_ids):
-            yield req_id, cached.new_block_ids[i], cached.num_computed_tokens[i], bool(resumed[i])
-    else:
-        for r in cached:
-            yield r.req_id, r.new_block_ids, r.num_computed_tokens, bool(
-                getattr(r, "resumed_from_preemption", False)
-            )
+    cached = out.scheduled_cached_reqs
+    resumed = cached.resumed_req_ids
+    for i, req_id in enumerate(cached.req_ids):
+        yield req_id, cached.new_block_ids[i], cached.num_computed_tokens[i], req_id in resumed
