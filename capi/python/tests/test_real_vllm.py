@@ -418,8 +418,10 @@ PMB_LATER = PMB + [5, 6, 7]
 @pytest.fixture(scope="module")
 def preempt_mid_run(vllm_python, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("real-vllm-preempt-mid")
+    # scheduler_reserve_full_isl off: vLLM admits PB beside PA without reserving its whole prompt
+    # (on, it waits for PA to finish and is never preempted).
     small = {"num_gpu_blocks_override": 11, "max_num_seqs": 2, "enable_chunked_prefill": True,
-             "max_num_batched_tokens": 64}
+             "max_num_batched_tokens": 64, "scheduler_reserve_full_isl": False}
     kw = dict(max_tokens=8, ignore_eos=True, max_model_len=320, prefix_cache=False, llm=small)
     engines = [
         engine("base", [[PMA, PMB], [PMB_LATER]], **kw),
