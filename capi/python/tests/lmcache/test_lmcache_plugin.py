@@ -6,7 +6,9 @@ LMCache's real code throughout: its config (``storage_plugins`` and ``extra_conf
 scenarios follow LMCache 0.5.6's own plugin test (``tests/v1/storage_backend/test_storage_plugin.py``
 of its sdist: the plugin is loaded, contains/get/remove/batched_contains reach it through the
 storage manager, no plugin without ``storage_plugins``), written for tutti: there a mock
-plugin keeps objects in a dict, here the bytes go to tutti's pool and back, checked.
+plugin keeps objects in a dict, here the bytes go to tutti's pool and back, checked. The cache
+engine test replaces only LMCache's GPU connector (there is no GPU) with a stand-in that
+copies to and from a CPU tensor.
 """
 
 from __future__ import annotations
@@ -176,3 +178,67 @@ def test_bad_key_names_the_key(plugin_params):
     cfg = engine_config({**plugin_params, "nonsense": 1})
     with pytest.raises(ConfigError, match=r"storage_plugin\.tutti\.\*.*nonsense"):
         TuttiStoragePlugin(config=cfg, metadata=metadata(), local_cpu_backend=None)
+
+
+# --- LMCache's cache engine with the plugin --------------------------------------------------------
+
+
+class CpuKvConnector:
+    """A stand-in for LMCache's GPU connector (no GPU here): the "GPU" KV cache is one CPU tensor
+    ``[layers, 2, tokens, heads, head_dim]`` passed as ``kvcaches``, and chunks are copied
+    between its token range and LMCache's memory objects. LMCache's engine, token database,
+    storage manager and CPU backend are real."""
+
+    def __new__(cls, kv_shape):
+        from lmcache.v1.gpu_connector.mock_gpu_connector import MockGPUConnector
+
+        class _Conn(MockGPUConnector):
+            def from_gpu(self, memory_obj, start, end, **kw):
+                memory_obj.tensor.copy_(kw["kvcaches"][:, :, start:end].reshape(memory_obj.tensor.shape))
+
+            def to_gpu(self, memory_obj, start, end, **kw):
+                dst = kw["kvcaches"][:, :, start:end]
+                dst.copy_(memory_obj.tensor.reshape(dst.shape))
+
+            def batched_from_gpu(self, memory_objs, starts, ends, **kw):
+                for m, s, e in zip(memory_objs, starts, ends):
+                    self.from_gpu(m, s, e, **kw)
+
+            def batched_to_gpu(self, memory_objs, starts, ends, **kw):
+                for m, s, e in zip(memory_objs, starts, ends):
+                    self.to_gpu(m, s, e, **kw)
+
+        return _Conn(kv_shape)
+
+
+def test_cache_engine_store_then_retrieve_from_tutti(plugin_params):
+    """LMCacheEngine.store → the plugin stores every chunk; LMCache's CPU copies dropped;
+    LMCacheEngine.retrieve → every token's KV comes back from tutti, equal."""
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+    tokens_n = KV_SHAPE[2] * 3 + 20  # three full chunks and a partial one
+    shape = (KV_SHAPE[0], 2, tokens_n, KV_SHAPE[3], KV_SHAPE[4])
+    cfg = engine_config(plugin_params)
+    cfg.save_unfull_chunk = True
+    engine = LMCacheEngineBuilder.get_or_create("tutti-engine-test", cfg, metadata(), CpuKvConnector(KV_SHAPE),
+                                                lambda t, r: None, lambda o, r: o)
+    try:
+        engine.post_init()  # vLLM's connector calls this once its KV caches exist
+        tokens = torch.randint(0, 30000, (tokens_n,))
+        src = torch.randn(shape, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+        engine.store(tokens=tokens, kvcaches=src)
+        plugin = engine.storage_manager.storage_backends[NAME]
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and len(plugin._meta) < 4:
+            time.sleep(0.02)
+        assert len(plugin._meta) == 4, f"the plugin holds {len(plugin._meta)} of 4 chunks"
+        cpu = engine.storage_manager.storage_backends["LocalCPUBackend"]
+        cpu.clear()
+        before = plugin.chunks.stats().bytes_loaded
+        dst = torch.zeros(shape, dtype=torch.bfloat16)
+        mask = engine.retrieve(tokens, kvcaches=dst)
+        assert int(mask.sum()) == tokens_n
+        assert torch.equal(dst, src)
+        assert plugin.chunks.stats().bytes_loaded - before >= src.numel() * 2, "the bytes did not come from tutti"
+    finally:
+        LMCacheEngineBuilder.destroy("tutti-engine-test")
