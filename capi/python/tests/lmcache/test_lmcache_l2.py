@@ -350,3 +350,32 @@ def test_cache_server_starts_with_tutti_l2(tmp_path, pool_params):
         bad.wait(timeout=10)
         raise AssertionError("the server with a bad adapter_params key kept running")
     assert bad.returncode != 0 and "nonsense" in badp.read_text(errors="replace")
+
+
+def test_two_clients_share_one_tuttid(tmp_path, pool_params):
+    """With ``"daemon": "auto"`` each client is a client of one ``tutti serve`` started for the
+    emulated pool: what one stores, the other (another cache server, say) loads, byte for byte."""
+    from pathlib import Path
+
+    exe = os.environ.get("TUTTI_BIN") or str(Path(os.environ.get("TUTTI_LIB", "")).parent / "tutti")
+    if not os.path.exists(exe):
+        why = f"the tutti binary is not at {exe} (cargo build -p tutti-tools, or set TUTTI_BIN)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    os.environ.setdefault("TUTTI_BIN", exe)
+    params = {**pool_params, "emulated_dir": str(tmp_path / "pool"), "daemon": "auto", "daemon_idle_exit_s": 5}
+    a = create_l2_adapter_from_registry(native_config(params))
+    b = create_l2_adapter_from_registry(native_config(params))
+    try:
+        assert a._client._store.rt is not b._client._store.rt
+        keys = [okey(i) for i in range(3)]
+        src = [tensor_obj(30_000, i) for i in range(3)]
+        assert store(a, keys, src)
+        assert lookup(b, keys) == [True] * 3
+        dst = [tensor_obj(30_000, None) for _ in keys]
+        assert load(b, keys, dst) == [True] * 3
+        assert all(torch.equal(s.tensor, d.tensor) for s, d in zip(src, dst))
+    finally:
+        a.close()
+        b.close()

@@ -19,18 +19,18 @@ from one thread at a time (the routes serialise their calls).
 from __future__ import annotations
 
 import ctypes
-from array import array
 import hashlib
 import logging
 import threading
+from array import array
 from dataclasses import dataclass
 from typing import Sequence
 
 from .._connector import shared
 from .._hicache.config import ConfigError
+from .._values import packed_hashes, packed_u32
 from ..errors import Timeout, TuttiError
 from ..runtime import Geometry, Runtime
-from .._values import packed_hashes, packed_u32
 from .config import LmcacheConfig
 
 log = logging.getLogger("tutti.lmcache")
