@@ -55,6 +55,7 @@ Unknown keys are refused, naming the key.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -82,24 +83,24 @@ class ConfigError(ValueError):
     """The backend's configuration is wrong; the message names the key."""
 
 
-def _int(extra: dict, key: str, default: int, lo: int = 0, hi: int | None = None) -> int:
+def _int(extra: dict, key: str, default: int, lo: int = 0, hi: int | None = None, *, where: str = WHERE) -> int:
     v = extra.get(key, default)
     if isinstance(v, bool) or not isinstance(v, (int, float, str)):
-        raise ConfigError(f"{WHERE}[{key!r}] = {v!r} is not an integer")
+        raise ConfigError(f"{where}[{key!r}] = {v!r} is not an integer")
     try:
         iv = int(v)
     except ValueError:
-        raise ConfigError(f"{WHERE}[{key!r}] = {v!r} is not an integer") from None
+        raise ConfigError(f"{where}[{key!r}] = {v!r} is not an integer") from None
     if iv < lo or (isinstance(v, float) and v != iv) or (hi is not None and iv > hi):
         bound = f">= {lo}" if hi is None else f"in {lo}..{hi}"
-        raise ConfigError(f"{WHERE}[{key!r}] = {v!r} must be an integer {bound}")
+        raise ConfigError(f"{where}[{key!r}] = {v!r} must be an integer {bound}")
     return iv
 
 
-def _choice(extra: dict, key: str, default: str, allowed: tuple[str, ...]) -> str:
+def _choice(extra: dict, key: str, default: str, allowed: tuple[str, ...], *, where: str = WHERE) -> str:
     v = str(extra.get(key, default))
     if v not in allowed:
-        raise ConfigError(f"{WHERE}[{key!r}] = {v!r}: use {' or '.join(repr(a) for a in allowed)}")
+        raise ConfigError(f"{where}[{key!r}] = {v!r}: use {' or '.join(repr(a) for a in allowed)}")
     return v
 
 
@@ -145,15 +146,28 @@ class BackendConfig:
         )
 
 
-def parse(extra: dict | None, *, tp_size: int = 1, pp_size: int = 1) -> BackendConfig:
-    """Validates SGLang's extra config before anything is opened."""
+def parse(
+    extra: dict | None,
+    *,
+    tp_size: int = 1,
+    pp_size: int = 1,
+    who: str = "tutti.sglang",
+    where: str = WHERE,
+    known: "set[str] | frozenset[str]" = KNOWN_KEYS,
+) -> BackendConfig:
+    """Validates an engine's extra config before anything is opened: SGLang's by default.
+    ``who`` (the integration), ``where`` (its config's name) and ``known`` (its keys) let another
+    integration (:mod:`tutti.lmcache`) share these pool settings and their checks, with messages
+    that name its own config."""
     extra = dict(extra or {})
-    unknown = set(extra) - KNOWN_KEYS
+    _i = functools.partial(_int, where=where)
+    _c = functools.partial(_choice, where=where)
+    unknown = set(extra) - known
     if unknown:
-        raise ConfigError(f"tutti.sglang: unknown {WHERE} keys {sorted(unknown)}; known: {sorted(KNOWN_KEYS)}")
+        raise ConfigError(f"{who}: unknown {where} keys {sorted(unknown)}; known: {sorted(known)}")
     if extra.get("lib"):
         os.environ.setdefault("TUTTI_LIB", str(extra["lib"]))
-    emulated = _int(extra, "emulated_drives", 0, 0, 64)
+    emulated = _i(extra, "emulated_drives", 0, 0, 64)
     vfio = extra.get("vfio_drives") or ()
     if isinstance(vfio, str):
         vfio = [v for v in vfio.split(",") if v]
@@ -169,68 +183,68 @@ def parse(extra: dict | None, *, tp_size: int = 1, pp_size: int = 1) -> BackendC
     elif daemon == "auto":
         if vfio or not emulated or not emulated_dir:
             raise ConfigError(
-                f"tutti.sglang: {WHERE}['daemon'] = 'auto' starts tuttid for an emulated pool kept in "
+                f"{who}: {where}['daemon'] = 'auto' starts tuttid for an emulated pool kept in "
                 "'emulated_dir' (set 'emulated_drives' and 'emulated_dir'), or run `tutti serve` yourself and "
                 "pass its socket as 'daemon_socket'"
             )
     elif daemon == "off":
         if socket is not None:
-            raise ConfigError(f"tutti.sglang: {WHERE} has 'daemon_socket' but 'daemon' is 'off'; drop one")
+            raise ConfigError(f"{who}: {where} has 'daemon_socket' but 'daemon' is 'off'; drop one")
     else:
-        raise ConfigError(f"tutti.sglang: {WHERE}['daemon'] = {daemon!r}: use 'auto' or 'off'")
+        raise ConfigError(f"{who}: {where}['daemon'] = {daemon!r}: use 'auto' or 'off'")
     if daemon == "auto" and socket is None:
         socket = os.path.join(str(emulated_dir), DAEMON_SOCKET_NAME)
-    problem = drive_source_problem(f"tutti.sglang: {WHERE}", daemon, emulated, vfio)
+    problem = drive_source_problem(f"{who}: {where}", daemon, emulated, vfio)
     if problem:
         raise ConfigError(problem)
     if daemon == "off" and ranks > 1:
         raise ConfigError(
-            f"tutti.sglang: SGLang runs TP×PP = {ranks} ranks, each its own process, and they can share a pool "
+            f"{who}: SGLang runs TP×PP = {ranks} ranks, each its own process, and they can share a pool "
             "only through tuttid: set 'daemon_socket' (a running `tutti serve`), or 'emulated_dir' with "
             "'emulated_drives' (tuttid started on demand)"
         )
-    capacity = _int(extra, "emulated_capacity_bytes", 256 << 20, 1)
+    capacity = _i(extra, "emulated_capacity_bytes", 256 << 20, 1)
     if daemon == "auto" and capacity % (1 << 20):
-        raise ConfigError(f"tutti.sglang: {WHERE}['emulated_capacity_bytes'] must be whole MiB with a daemon")
-    executor = _choice(extra, "executor", "gio", ("gio", "direct"))
+        raise ConfigError(f"{who}: {where}['emulated_capacity_bytes'] must be whole MiB with a daemon")
+    executor = _c(extra, "executor", "gio", ("gio", "direct"))
     if executor == "direct":
         raise ConfigError(
-            f"tutti.sglang: {WHERE}['executor'] = 'direct' is refused: its timed-out reads keep an unknown outcome "
-            "(the drive may still write the page), and SGLang reuses a failed page's host memory at once; "
+            f"{who}: {where}['executor'] = 'direct' is refused: its timed-out reads keep an unknown outcome "
+            "(the drive may still write the page), and the engine reuses a failed page's host memory at once; "
             "use 'gio', which recovers the drive first"
         )
-    host_threads = _int(extra, "host_threads", 0, 0, MAX_HOST_THREADS)
+    host_threads = _i(extra, "host_threads", 0, 0, MAX_HOST_THREADS)
     host_mode = extra.get("host_mode")
     if host_mode is not None:
-        host_mode = _choice(extra, "host_mode", "inline", ("inline", "persistent", "launch"))
+        host_mode = _c(extra, "host_mode", "inline", ("inline", "persistent", "launch"))
         if host_mode == "inline" and host_threads > 1:
             raise ConfigError(
-                f"tutti.sglang: {WHERE}['host_mode'] = 'inline' runs the lanes on the calling threads; "
+                f"{who}: {where}['host_mode'] = 'inline' runs the lanes on the calling threads; "
                 f"'host_threads' = {host_threads} needs 'persistent' or 'launch'"
             )
-    load_policy = _choice(extra, "load_policy", "breakeven", ("breakeven", "always"))
+    load_policy = _c(extra, "load_policy", "breakeven", ("breakeven", "always"))
     rate = extra.get("prefill_s_per_token", 0.0)
     try:
         prefill_s_per_token = float(rate)
     except (TypeError, ValueError):
         prefill_s_per_token = -1.0
     if isinstance(rate, bool) or not (0.0 <= prefill_s_per_token < 1.0):
-        raise ConfigError(f"tutti.sglang: {WHERE}['prefill_s_per_token'] = {rate!r} must be seconds in [0, 1)")
+        raise ConfigError(f"{who}: {where}['prefill_s_per_token'] = {rate!r} must be seconds in [0, 1)")
     table = extra.get("slack_table")
     if table is not None and (not isinstance(table, str) or not os.path.isfile(table)):
-        raise ConfigError(f"tutti.sglang: {WHERE}['slack_table'] = {table!r} is not a file")
+        raise ConfigError(f"{who}: {where}['slack_table'] = {table!r} is not a file")
     salt = extra.get("tenant_salt", "")
     if not isinstance(salt, (str, bytes)):
-        raise ConfigError(f"tutti.sglang: {WHERE}['tenant_salt'] must be a string")
+        raise ConfigError(f"{who}: {where}['tenant_salt'] must be a string")
     model = extra.get("model")
     if model is not None and (not isinstance(model, str) or not model):
-        raise ConfigError(f"tutti.sglang: {WHERE}['model'] must be a non-empty string")
+        raise ConfigError(f"{who}: {where}['model'] must be a non-empty string")
     return BackendConfig(
         interface_v1=bool(extra.get("interface_v1", 0)),
         model=model,
         tenant_salt=salt.encode() if isinstance(salt, str) else bytes(salt),
-        timeout_s=_int(extra, "timeout_ms", 30_000, 1, 3_600_000) / 1000.0,
-        pin_ttl_s=_int(extra, "pin_ttl_ms", 30_000, 1, 3_600_000) / 1000.0,
+        timeout_s=_i(extra, "timeout_ms", 30_000, 1, 3_600_000) / 1000.0,
+        pin_ttl_s=_i(extra, "pin_ttl_ms", 30_000, 1, 3_600_000) / 1000.0,
         emulated_drives=emulated,
         emulated_capacity_bytes=capacity,
         emulated_dir=emulated_dir,
@@ -241,12 +255,12 @@ def parse(extra: dict | None, *, tp_size: int = 1, pp_size: int = 1) -> BackendC
         load_policy=load_policy,
         prefill_s_per_token=prefill_s_per_token,
         slack_table=table,
-        open_mode=_choice(extra, "open_mode", "open_or_create", ("open_or_create", "open", "create")),
-        io_timeout_ms=_int(extra, "io_timeout_ms", 0),
+        open_mode=_c(extra, "open_mode", "open_or_create", ("open_or_create", "open", "create")),
+        io_timeout_ms=_i(extra, "io_timeout_ms", 0),
         daemon=daemon,
         daemon_socket=socket,
-        daemon_idle_exit_s=_int(extra, "daemon_idle_exit_s", 30, 1),
-        daemon_start_timeout_s=float(_int(extra, "daemon_start_timeout_s", 60, 1)),
+        daemon_idle_exit_s=_i(extra, "daemon_idle_exit_s", 30, 1),
+        daemon_start_timeout_s=float(_i(extra, "daemon_start_timeout_s", 60, 1)),
         tp_size=tp_size,
         pp_size=pp_size,
     )

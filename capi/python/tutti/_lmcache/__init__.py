@@ -1,0 +1,1 @@
+"""LMCache integration internals (see tutti.lmcache)."""
