@@ -197,16 +197,27 @@ class TuttiTierManager(SecondaryTierManager):
             raise RuntimeError("tutti tier: used after shutdown")
         return self.rt
 
-    def present(self, keys: list[OffloadKey]) -> list[bool]:
+    def present(self, keys: list[OffloadKey], touch: bool = True) -> list[bool]:
         """Per key, whether the pool holds its chunk (one index query per run of hits or misses,
-        at most :data:`LOOKUP_WINDOW` keys each)."""
+        at most :data:`LOOKUP_WINDOW` keys each). With ``touch`` a hit counts as a use (a pinning
+        lookup moves it to the recent end of tutti's LRU; the pin is released at once); without,
+        the query leaves the LRU as it is (``tutti_kv_contains_identity``)."""
         rt = self._ready()
         hashes = [chunk_hash(k) for k in keys]
         out: list[bool] = []
         i = 0
         while i < len(hashes):
             window = hashes[i:i + LOOKUP_WINDOW]
-            hits = rt.lookup(packed_hashes(b"".join(window)), pin=False).hits
+            packed = packed_hashes(b"".join(window))
+            if touch:
+                # Only a pinning lookup counts as a use in tutti (an unpinned one is a query):
+                # pin, then release at once.
+                found = rt.lookup(packed, pin=True)
+                hits = found.hits
+                found.unpin()
+            else:
+                hits = rt.contains_identity(packed, model=self.cfg.pool.model, kind="strided",
+                                            tenant_salt=self.cfg.salt)
             out += [True] * hits
             i += hits
             if hits < len(window):
@@ -412,7 +423,7 @@ class TuttiTierManager(SecondaryTierManager):
                 batches, self._touches = self._touches, []
             for keys in batches:
                 try:
-                    self.present(keys)  # an index lookup moves a hit to the recent end of the LRU
+                    self.present(keys)  # a pinning lookup moves a hit to the recent end of the LRU
                 except (TuttiError, RuntimeError) as e:
                     log.warning("tutti tier: touching %d chunks failed: %s", len(keys), e)
                 if self.events is not None:
@@ -437,7 +448,7 @@ class TuttiTierManager(SecondaryTierManager):
             budget = max(EVICTION_PROBE_MIN, 4 * new)
             probe = [k for k, _ in zip(self._stored, range(budget))]
         try:
-            found = self.present(probe)
+            found = self.present(probe, touch=False)  # probing must not reorder the LRU it probes
         except TuttiError:
             return
         gone = [k for k, f in zip(probe, found) if not f]

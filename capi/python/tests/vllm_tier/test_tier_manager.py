@@ -97,7 +97,7 @@ def test_primary_stores_cascade_to_tutti_and_come_back_after_primary_eviction(li
 
 
 def test_vllms_backpressure_detector_sees_tuttis_store_latency(library):
-    bp = {"backpressure_cls": "EMABackpressureDetector"}
+    bp = {"backpressure_cls": "EMABackpressureDetector", "warmup_completions": 1}
     s = build([entry(backpressure=bp)], num_chunks=4)
     m = s.manager
     try:
@@ -116,9 +116,12 @@ def test_vllms_backpressure_detector_sees_tuttis_store_latency(library):
         s.close()
 
 
+EVICT_CHUNK = 256 << 10  # chunks of 256 KiB: a pool of two 4 MiB drives holds a few dozen
+
+
 def _capacity_chunks(tmp_path) -> int:
-    """How many chunks a 2-drive pool of 1 MiB drives holds (its file count)."""
-    s = build([entry(emulated_capacity_bytes=1 << 20)])
+    """How many chunks a 2-drive pool of 4 MiB drives holds (its file count)."""
+    s = build([entry(emulated_capacity_bytes=4 << 20)], chunk_bytes=EVICT_CHUNK)
     try:
         return s.tier.rt.stats().files
     finally:
@@ -128,7 +131,8 @@ def _capacity_chunks(tmp_path) -> int:
 def test_eviction_drops_the_least_recently_used_and_reports_it(library, tmp_path):
     files = _capacity_chunks(tmp_path)
     assert 4 <= files < 200, files
-    s = build([entry(emulated_capacity_bytes=1 << 20, enable_kv_events=True)], events=True, num_chunks=8)
+    s = build([entry(emulated_capacity_bytes=4 << 20, enable_kv_events=True)], events=True, num_chunks=8,
+              chunk_bytes=EVICT_CHUNK)
     try:
         tier = s.tier
         data = fill(s.chunks, [0], seed=30)
