@@ -25,8 +25,9 @@ tiers (``vllm/v1/kv_offload/tiering``). This module is one of them, registered w
   (vLLM then only releases the primary chunks), and only stored chunks are reported stored.
 - ``lookup``: vLLM's own ``AsyncLookupManager`` (the ``fs`` tier's): RETRY the first time, the
   pool's index answers on a background thread, HIT or MISS from the next scheduler step on.
-- ``touch``: the chunks are looked up in the pool's index on a background thread, which moves
-  them to the recent end of tutti's LRU.
+- ``touch``: on a background thread the chunks are looked up in the pool's index with a pin
+  released at once (tutti counts only a pinning lookup as a use), which moves them to the
+  recent end of tutti's LRU.
 - ``take_events``: stored chunks when their store commits; evicted ones when the pool's eviction
   count rises, found by probing the chunks this tier stored, least recently used first.
 - backpressure: vLLM's ``BackpressureDetector`` (``"backpressure"`` in the tier's entry) times
