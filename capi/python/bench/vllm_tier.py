@@ -25,6 +25,7 @@ unmeasured warm-up pass each. Every chunk loaded is compared byte for byte with 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -105,7 +106,8 @@ def one_pass(stack, n: int, batch: int, tag: str, next_id) -> dict:
     from tier_support import job, key
 
     tier, chunks = stack.tier, stack.chunks
-    keys = [key(int.from_bytes(f"{tag}{i}".encode()[:8].ljust(8, b"\0"), "big") ^ i) for i in range(n)]
+    keys = [key(int.from_bytes(hashlib.blake2b(f"{tag}/{i}".encode(), digest_size=8).digest(), "big"))
+            for i in range(n)]
     src = list(range(n))
     dst = list(range(n, 2 * n))
     stores = [job(next_id(), keys[i:i + batch], src[i:i + batch]) for i in range(0, n, batch)]
