@@ -159,6 +159,6 @@ def test_a_geometry_mismatch_keeps_the_hint_with_the_serve_flags(library, tmp_pa
              "emulated_dir": str(tmp_path)}
     first = E.make_backend(E.host_pool(E.device_pool(), "page_first"), extra)
     first.close()
-    other = E.host_pool(E.device_pool(heads=1), "page_first")
-    with pytest.raises(ConfigError, match=r"formatted for another geometry.*tutti serve .*--kv-heads 3"):
+    other = E.host_pool(E.device_pool(heads=4), "page_first")
+    with pytest.raises(ConfigError, match=r"formatted for another geometry.*tutti serve .*--kv-heads 12"):
         E.make_backend(other, extra)

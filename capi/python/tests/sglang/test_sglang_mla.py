@@ -28,8 +28,8 @@ def _pages(host, idx, n, ps=PAGE):
 def mla_backend(library, pool_extra):
     made = []
 
-    def make(layout="page_first", dtype=torch.bfloat16, extra=None, pool=None, **kw):
-        dev = E.mla_device_pool(dtype=dtype)
+    def make(layout="page_first", dtype=torch.bfloat16, extra=None, pool=None, page=PAGE, **kw):
+        dev = E.mla_device_pool(dtype=dtype, page=page, tokens=8 * page)
         host = E.mla_host_pool(dev, layout)
         b = E.make_backend(host, dict(pool if pool is not None else pool_extra, **(extra or {})), mla=True, **kw)
         made.append(b)
@@ -97,18 +97,19 @@ def test_mla_page_tensors_round_trip(mla_backend):
 
 def test_fp8_e4m3_mla_pages_round_trip(mla_backend):
     """kv_cache_dtype fp8 (e4m3): SGLang's device pool stores it as uint8, and so does its host pool."""
-    b, host = mla_backend("page_first", torch.float8_e4m3fn)
+    ps = 16  # one byte per element: half a page of 8 tokens × 3 layers × 288 is not whole 512-byte blocks
+    b, host = mla_backend("page_first", torch.float8_e4m3fn, page=ps)
     assert host.kv_buffer.dtype == torch.uint8 and b.layout.geometry.dtype == "i8"
     E.fill_random(host, 13)
     n = 3
-    src = host.alloc(n * PAGE)
-    keys = E.hashes_for(E.tokens_for(n, PAGE, start=9), PAGE)
-    want = _pages(host, src, n)
+    src = host.alloc(n * ps)
+    keys = E.hashes_for(E.tokens_for(n, ps, start=9), ps)
+    want = _pages(host, src, n, ps)
     assert b.batch_set_v1(keys, src) == [True] * n
-    dst = host.alloc(n * PAGE)
+    dst = host.alloc(n * ps)
     host.kv_buffer.view(-1).fill_(0)
     assert b.batch_get_v1(keys, dst) == [True] * n
-    assert _pages(host, dst, n) == want
+    assert _pages(host, dst, n, ps) == want
 
 
 def test_an_mha_pool_never_sees_mla_pages(library, tmp_path):
