@@ -24,7 +24,8 @@ that comes back at all comes from tutti.
   same pool loads what TP=2 stored (the identity of an MLA latent leaves the TP rank out).
 - ``tests/real_vllm/mla_layouts.py``: the worker on vLLM's own MLA tensors, no forward pass:
   the connector's geometry from vLLM's real ``use_mla`` config, every ``KVCacheLayout`` view
-  vLLM builds for an ``MLAAttentionSpec`` and the 3-D ``get_kv_cache_shape``, in f32, bf16 and
+  vLLM builds for an ``MLAAttentionSpec`` and the 3-D ``[num_blocks, block_size, 576]`` MLA
+  backends allocated before vLLM 0.32, in f32, bf16 and
   fp8 e4m3, each block round-tripped byte for byte.
 - fp8 KV (``kv_cache_dtype="fp8"``, e4m3) on the tiny Llama (vLLM's CPU attention backend runs
   it with AVX-512; its CPU MLA backend accepts only ``"auto"``): identical tokens and logprobs
@@ -120,9 +121,10 @@ def mla_tp_runs(vllm_python, mla_model, mla_run):
 def test_mla_tp2_through_tuttid_every_rank_loads_and_tp1_reads_what_tp2_stored(mla_run, mla_tp_runs):
     _, r = mla_run
     tp2, tp1 = mla_tp_runs
-    # The first request as without tutti (the second runs vLLM's CPU MLA context path: see the module docs).
-    assert results(r["base"], 0)[0]["tokens"] == results(tp2, 0)[0]["tokens"]
-    assert results(tp2, 1)[0]["cached"] == HIT
+    # Tokens are not compared with the TP=1 baseline: at TP=2 vLLM's MLA splits the heads and sums
+    # in another order, and on this random model the first request (no load involved) already
+    # differed from TP=1 at its second token.
+    assert results(tp2, 0)[0]["cached"] == 0 and results(tp2, 1)[0]["cached"] == HIT
     workers = [c for c in tp2["daemon_status"]["clients"] if c["name"].startswith("vllm-worker")]
     assert sorted(c["name"].split("-pid")[0] for c in workers) == ["vllm-worker-tp0-pp0", "vllm-worker-tp1-pp0"]
     # A TP=1 engine on the pool TP=2 wrote: B's whole blocks are there, under the same identity.
@@ -167,8 +169,9 @@ def test_fp8_kv_cache_round_trips_in_real_vllm(vllm_python, tmp_path):
         pytest.skip(why)
     for batch in range(2):
         assert same_output(results(r["base"], batch)[0], results(r["tutti"], batch)[0]), batch
-    assert results(r["tutti"], 1)[0]["cached"] == (len(B) - 1) // LLAMA_BLOCK * LLAMA_BLOCK
+    hit = 100 // LLAMA_BLOCK * LLAMA_BLOCK  # B shares W's first 100 tokens: 3 whole 32-token blocks
+    assert results(r["tutti"], 1)[0]["cached"] == hit
     t = r["tutti"]["tutti"]
     # One byte per element: 2 KV heads × head 32 × 32 tokens per K (or V) object.
     assert t["object_bytes"] == 2 * 32 * LLAMA_BLOCK
-    assert t["bytes_loaded"] == (len(B) - 1) // LLAMA_BLOCK * t["layers"] * 2 * t["object_bytes"]
+    assert t["bytes_loaded"] == hit // LLAMA_BLOCK * t["layers"] * 2 * t["object_bytes"]

@@ -4,8 +4,9 @@ The geometry comes from the connector's own ``geometry_from_vllm`` on vLLM's rea
 tiny MLA model (``use_mla``: one KV head, head size 576 = 512 + 64). The per-layer tensors come
 from vLLM's own code: ``create_kv_cache_views`` over one raw buffer with an ``MLAAttentionSpec``
 (vLLM >= 0.32 hands every backend, CPU_MLA included, a 4-D ``[num_blocks, 1, block_size,
-576]`` view) for every ``KVCacheLayout``, and the 3-D ``[num_blocks, block_size, 576]`` of
-``MLACommonBackend.get_kv_cache_shape`` (what MLA backends allocated before 0.32). Each is
+576]`` view) for every ``KVCacheLayout``, and a plain 3-D ``[num_blocks, block_size, 576]``
+tensor (what MLA backends' ``get_kv_cache_shape`` allocated before vLLM 0.32; 0.32 has no such
+method). Each is
 registered and one block round-trips through tutti byte for byte, other blocks untouched, in
 float32, bfloat16 and fp8 (e4m3, the dtype vLLM's ``kv_cache_dtype="fp8"`` gives; vLLM's CPU
 MLA backend itself accepts only ``"auto"``). Prints JSON on the last line.
@@ -25,7 +26,6 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 import torch  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
-from vllm.model_executor.layers.attention.mla_attention import MLACommonBackend  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
     KVCacheTensor, MLAAttentionSpec, compute_layout_strides, create_kv_cache_views,
 )
@@ -97,7 +97,7 @@ def main(model_dir: str) -> None:
             raw = torch.zeros(size, dtype=torch.int8)
             views = create_kv_cache_views(raw, spec, NUM_BLOCKS, layout, kvt)
             res["layouts"][f"{layout.name}/{dname}"] = round_trip(views, g, layout.name)
-        shape = MLACommonBackend.get_kv_cache_shape(NUM_BLOCKS, g.tokens_per_block, 1, latent)
+        shape = (NUM_BLOCKS, g.tokens_per_block, latent)
         views = [torch.zeros(shape, dtype=torch_dtype) for _ in range(g.layers)]
         res["3d"][dname] = round_trip(views, g, None)
     print("\nRESULT " + json.dumps(res))
