@@ -16,10 +16,15 @@ Load it with SGLang's ``dynamic`` factory::
 (keys: :mod:`tutti._hicache.config`). What each call does:
 
 - ``register_mem_pool_host(pool)``: derives the pool's registration (:mod:`tutti._hicache.layout`;
-  ``layer_first``, ``page_first``, ``page_first_direct``, ``page_head``; MLA refused), opens the
+  MHA in ``layer_first``, ``page_first``, ``page_first_direct``, ``page_head``; MLA in
+  ``layer_first``, ``page_first``, ``page_first_direct``, :mod:`tutti._hicache.mla`), opens the
   pool (in this process, or as a client of tuttid) and registers the pool's memory under a
   cache identity of model name, SGLang layout, dtype, TP/PP/CP rank and tenant salt, so no
-  rank or layout ever reads another's bytes.
+  rank or layout ever reads another's bytes. An MLA pool's latents are the same on every TP
+  rank: its identity leaves the TP rank out, SGLang's controller writes from its one storage
+  writer (TP rank 0), a store of a page already stored (or being stored) by another rank is a
+  counted no-op (``pages_present``), and every rank loads. Registering the same host pool again
+  keeps the runtime, and so everything stored (a RAM pool's pages too).
 - ``batch_exists(keys)``: the leading run of keys stored; the run is pinned until the get
   that follows it (:mod:`tutti._hicache.pins`). Under the break-even rule (``load_policy``,
   :mod:`tutti._connector.breakeven`) only the part of the run expected to load faster than
@@ -37,7 +42,10 @@ found is ``False`` (SGLang uses the leading run of ``True`` and recomputes the r
 whose write failed is ``False`` and never becomes visible. A drive that times out is
 recovered by the gio executor before the job ends (the ``direct`` executor, which cannot,
 is refused). Keys that are not strings, host indices that are not whole pages of the pool,
-and pools tutti cannot address raise errors that say so.
+and pools tutti cannot address raise errors that say so. So do what tutti does not do:
+SGLang's head split across TP sizes (``tp_lcm_size`` with ``page_head``, refused when the
+backend is built) and ``set``/``get`` by raw host address (``target_location`` with
+``target_sizes``, refused at the call, :class:`UnsupportedCall`).
 """
 
 from __future__ import annotations
@@ -63,7 +71,7 @@ from ._hicache.config import ConfigError
 from ._hicache.keys import KeyTypeError, key_hashes
 from ._hicache.layout import PageIndexError, PoolLayout, UnsupportedPool, from_host_pool
 from ._hicache.pins import PinBook
-from .errors import Timeout, TuttiError
+from .errors import PoolError, Timeout, TuttiError
 from .runtime import Runtime, packed_hashes
 
 __all__ = [
@@ -72,6 +80,7 @@ __all__ = [
     "KeyTypeError",
     "PageIndexError",
     "UnsupportedPool",
+    "UnsupportedCall",
     "NotRegisteredError",
 ]
 
@@ -80,6 +89,26 @@ log = logging.getLogger("tutti.sglang")
 
 class NotRegisteredError(RuntimeError):
     """A data call came before ``register_mem_pool_host``."""
+
+
+class UnsupportedCall(TypeError):
+    """A call form this backend does not serve (``set``/``get`` by raw host address)."""
+
+
+RAW_ADDRESS_HINT = (
+    "pass page tensors (HostKVCache.get_data_page(i, flat=True)) or set 'interface_v1': 1 for the zero-copy "
+    "batch_get_v1/batch_set_v1, which take host pool indices"
+)
+
+
+def _refuse_raw(call: str, locations, sizes) -> None:
+    """Host pointers with byte counts (Mooncake-style ``target_location``/``target_sizes``) are refused."""
+    items = list(locations) if isinstance(locations, (list, tuple)) else [locations]
+    if sizes is not None or any(t is not None and not hasattr(t, "data_ptr") for t in items):
+        raise UnsupportedCall(
+            f"tutti.sglang: {call} by raw host address (target_location(s) {locations!r:.80} with target_sizes "
+            f"{sizes!r:.80}) is not supported; {RAW_ADDRESS_HINT}"
+        )
 
 
 class _PerToken:
@@ -128,11 +157,15 @@ class TuttiHiCacheStorage(HiCacheStorage):
         self.storage_config = storage_config
         sc = storage_config
         self.cfg = _config.parse(sc.extra_config, tp_size=int(sc.tp_size), pp_size=int(sc.pp_size))
-        if sc.is_mla_model:
-            raise UnsupportedPool(
-                "tutti.sglang: MLA models are not supported (their host pool holds one latent vector per token, "
-                "replicated across TP ranks, not a K/V pair per rank)"
+        if getattr(sc, "should_split_heads", False):
+            raise ConfigError(
+                f"tutti.sglang: SGLang asks for pages split by head group (tp_lcm_size={sc.tp_lcm_size} with "
+                f"--hicache-mem-layout page_head at TP {sc.tp_size}) so that other TP sizes share them; tutti does "
+                "not split pages: it keys each rank's pages under its own TP size. Drop 'tp_lcm_size' from "
+                f"{_config.WHERE} (pages are then shared only at the same TP size)"
             )
+        # SGLang's "rank replicated" KV (MLA): the same bytes on every TP rank.
+        self.replicated = bool(sc.is_mla_model)
         self.model = self.cfg.model or sc.model_name
         if not self.model:
             raise ConfigError(
@@ -166,11 +199,19 @@ class TuttiHiCacheStorage(HiCacheStorage):
 
     def register_mem_pool_host(self, mem_pool_host) -> None:
         layout = from_host_pool(mem_pool_host)
-        salt = _config.identity_salt(self.cfg, layout.name, layout.torch_dtype, self.ranks)
+        if layout.latent != self.replicated:
+            log.warning("tutti.sglang: SGLang says is_mla_model=%s but the host pool is %s; the pool decides",
+                        self.replicated, "MLA" if layout.latent else "MHA")
+        salt = _config.identity_salt(self.cfg, layout.name, layout.torch_dtype, self.ranks, latent=layout.latent)
         rcfg = self.cfg.runtime_config(layout.geometry, self.model)
         with self._lock:
-            self._close_locked()
-            rt = self._open(rcfg, layout)
+            if self.rt is not None and rcfg == self._runtime_cfg:
+                # The same pool again (SGLang re-attaching): keep the runtime, and with it every
+                # page stored (a RAM pool's too); only the registration is made anew.
+                rt = self._unregister_locked()
+            else:
+                self._close_locked()
+                rt = self._open(rcfg, layout)
             try:
                 rt.register_kv(
                     "strided", layout.num_blocks, model=self.model, k_bases=layout.k_bases,
@@ -197,11 +238,15 @@ class TuttiHiCacheStorage(HiCacheStorage):
             rt = shared.acquire(rcfg, name, rank=self._client_key)
         except (TuttiError, ValueError) as e:
             g = layout.geometry
+            hint = ""
+            if isinstance(e, PoolError) and "geometry" in str(e):
+                hint = (
+                    " A pool (or tuttid) formatted for another geometry refuses this one; a tuttid for this pool is "
+                    f"`tutti serve ... --layers {g.layers} --kv-heads {g.kv_heads} --head-dim {g.head_dim} "
+                    f"--block-tokens {g.tokens_per_block} --dtype {g.dtype}`"
+                )
             raise ConfigError(
-                f"tutti.sglang: opening the pool for SGLang's host pool ({layout.describe()}) failed: {e}. A pool "
-                "(or tuttid) formatted for another geometry refuses this one; a tuttid for this pool is "
-                f"`tutti serve ... --layers {g.layers} --kv-heads {g.kv_heads} --head-dim {g.head_dim} "
-                f"--block-tokens {g.tokens_per_block} --dtype {g.dtype}`"
+                f"tutti.sglang: opening the pool for SGLang's host pool ({layout.describe()}) failed: {e}.{hint}"
             ) from e
         with _held_lock:
             if id(rt) in _held:
@@ -218,10 +263,10 @@ class TuttiHiCacheStorage(HiCacheStorage):
             _held.discard(id(rt))
         shared.release(rcfg, rt, rank=self._client_key)
 
-    def _close_locked(self) -> None:
-        if self.rt is None:
-            return
-        rt, rcfg, pins = self.rt, self._runtime_cfg, self._pins
+    def _unregister_locked(self) -> Runtime:
+        """Drops pins and the registration; the runtime (and the pool it holds) stays open."""
+        rt, pins = self.rt, self._pins
+        assert rt is not None
         self.rt, self._pins = None, None
         if pins is not None:
             pins.release_all()
@@ -229,7 +274,13 @@ class TuttiHiCacheStorage(HiCacheStorage):
             rt.unregister_kv()
         except TuttiError as e:
             log.warning("tutti.sglang: unregistering the host pool: %s", e)
-        self._release(rcfg, rt)
+        return rt
+
+    def _close_locked(self) -> None:
+        if self.rt is None:
+            return
+        rcfg = self._runtime_cfg
+        self._release(rcfg, self._unregister_locked())
 
     def close(self) -> None:
         """Releases pins, the registration and this rank's runtime (SGLang calls it at detach)."""
@@ -415,6 +466,8 @@ class TuttiHiCacheStorage(HiCacheStorage):
     def batch_set(self, keys: List[str], values: Optional[Any] = None, target_locations: Optional[Any] = None,
                   target_sizes: Optional[Any] = None) -> bool:
         """Stores flat data pages (``HostKVCache.get_data_page(i, flat=True)``) under ``keys``."""
+        if target_locations is not None or target_sizes is not None:
+            _refuse_raw("batch_set", target_locations, target_sizes)
         key_hashes(keys)
         values = list(values or [])
         if len(values) != len(keys):
@@ -436,11 +489,15 @@ class TuttiHiCacheStorage(HiCacheStorage):
 
     def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
             target_sizes: Optional[Any] = None) -> bool:
+        if target_location is not None or target_sizes is not None:
+            _refuse_raw("set", target_location, target_sizes)
         return self.batch_set([key], [value])
 
     def batch_get(self, keys: List[str], target_locations: Optional[Any] = None,
                   target_sizes: Optional[Any] = None) -> List[Any]:
         """Flat data pages of ``keys`` (``None`` for a miss), into ``target_locations[i]`` when given."""
+        if target_locations is not None or target_sizes is not None:
+            _refuse_raw("batch_get", target_locations, target_sizes)
         key_hashes(keys)
         n = len(keys)
         targets = list(target_locations) if target_locations is not None else [None] * n
@@ -473,6 +530,8 @@ class TuttiHiCacheStorage(HiCacheStorage):
             pool.free(idx)
 
     def get(self, key: str, target_location: Optional[Any] = None, target_sizes: Optional[Any] = None):
+        if target_sizes is not None:
+            _refuse_raw("get", target_location, target_sizes)
         return self.batch_get([key], [target_location])[0]
 
     # --- housekeeping ---------------------------------------------------------------------

@@ -9,7 +9,9 @@ SPEC: {"engines": [ENGINE, ...]}; ENGINE: {"name", "model", "connector": {extra 
 "max_tokens", "llm": {more LLM(...) kwargs}; a prompt is a list of token ids or {"tokens": [...],
 "cache_salt": str}, "fail_loads": n (fail the next n emulated reads
 before batch 1), "tamper": bool (perturb every loaded block after it lands), "executor": str,
-"max_model_len", "kv_bytes", "ignore_eos": bool, "status_socket": path (report `tutti status --json`
+"max_model_len", "kv_bytes", "ignore_eos": bool, "check_loaded": bool (compare every loaded block, layer
+by layer, with the bytes vLLM computed for that chunk when it was saved: "loaded_checked",
+"loaded_mismatched"), "status_socket": path (report `tutti status --json`
 of that tuttid while the engine is up, as "daemon_status"), "force_zeroing": bool (vLLM zeroes every
 newly allocated block, as for Mamba or mixed-precision models), "by_name": bool (no
 kv_connector_module_path: vLLM finds TuttiConnector in its connector registry, where the installed
@@ -85,6 +87,47 @@ def _patch_tamper() -> None:
                 t[b] += 0.25
 
     WorkerSide.wait_layer = tampered
+
+
+CHECKS = {"saved": {}, "checked": 0, "mismatched": 0}
+
+
+def _patch_check_loaded() -> None:
+    """Every block a tutti load lands in is compared, layer by layer, with the bytes vLLM computed
+    for the same chunk when that block was saved (in this process): what the model reads after a
+    load is what it computed, whatever the attention backend then does with it."""
+    import hashlib
+
+    from tutti._connector.worker import WorkerSide
+
+    def digest(t, b) -> bytes:
+        return hashlib.blake2b(t[b].contiguous().view(-1).view(torch_u8()).numpy().tobytes(), digest_size=16).digest()
+
+    orig_save, orig_wait = WorkerSide.save_layer, WorkerSide.wait_layer
+
+    def save_layer(self, plan, layer_name, kv_layer):
+        for sv in (plan.saves if plan is not None else []):
+            for h, b in zip(sv.hashes, sv.block_ids):
+                CHECKS["saved"][(bytes(h), layer_name)] = digest(kv_layer, b)
+        return orig_save(self, plan, layer_name, kv_layer)
+
+    def wait_layer(self, layer_name):
+        orig_wait(self, layer_name)
+        t = self.kv_caches.get(layer_name)
+        for ld in self._loads:
+            for h, b in zip(ld.spec.hashes, ld.spec.block_ids):
+                want = CHECKS["saved"].get((bytes(h), layer_name))
+                if want is not None:
+                    CHECKS["checked"] += 1
+                    CHECKS["mismatched"] += int(digest(t, b) != want)
+
+    WorkerSide.save_layer, WorkerSide.wait_layer = save_layer, wait_layer
+
+
+def torch_u8():
+    import torch
+
+    return torch.uint8
 
 
 def _patch_zeroing() -> None:
@@ -212,6 +255,8 @@ def main() -> None:
         _patch_zeroing_check(counters)
     if any(e.get("tamper") for e in spec["engines"]):
         _patch_tamper()
+    if any(e.get("check_loaded") for e in spec["engines"]):
+        _patch_check_loaded()
     res = {"engines": []}
     for e in spec["engines"]:
         before = dict(counters)
@@ -223,6 +268,9 @@ def main() -> None:
             r = {"start_error": f"{type(ex).__name__}: {ex}", "trace": traceback.format_exc()[-3000:]}
         for k in counters:
             r[k] = counters[k] - before[k]
+        if e.get("check_loaded"):
+            r["loaded_checked"], r["loaded_mismatched"] = CHECKS["checked"], CHECKS["mismatched"]
+            CHECKS.update(saved={}, checked=0, mismatched=0)
         r["name"] = e.get("name")
         res["engines"].append(r)
     from installed_package import report

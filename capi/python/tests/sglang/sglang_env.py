@@ -35,12 +35,17 @@ set_rank()
 from sglang.srt.managers.cache_controller import HiCacheController  # noqa: E402
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig  # noqa: E402
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
 from sglang.srt.mem_cache.utils import get_hash_str  # noqa: E402
 
 LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
+# SGLang's MLA host pool layouts on the CPU (page_unified and Ascend's page_first_kv_split are refused).
+MLA_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
+# DeepSeek-V2/V3's latent: kv_lora_rank 512 + qk_rope_head_dim 64.
+KV_LORA_RANK, QK_ROPE_HEAD_DIM = 512, 64
 BACKEND = {"backend_name": "tutti", "module_path": "tutti.sglang", "class_name": "TuttiHiCacheStorage"}
 
 
@@ -59,12 +64,30 @@ def host_pool(dev: MHATokenToKVPool, layout: str, ratio: float = 2.0) -> MHAToke
     )
 
 
+def mla_device_pool(tokens=64, page=8, layers=3, dtype=torch.bfloat16, kv_lora_rank=KV_LORA_RANK,
+                    qk_rope_head_dim=QK_ROPE_HEAD_DIM) -> MLATokenToKVPool:
+    """SGLang's MLA device pool (DeepSeek's latent by default), on the CPU."""
+    return MLATokenToKVPool(
+        size=tokens, page_size=page, dtype=dtype, kv_lora_rank=kv_lora_rank, qk_rope_head_dim=qk_rope_head_dim,
+        layer_num=layers, device="cpu", enable_memory_saver=False,
+    )
+
+
+def mla_host_pool(dev: MLATokenToKVPool, layout: str, ratio: float = 2.0) -> MLATokenToKVPoolHost:
+    """SGLang's MLA host pool over ``dev``, built as SGLang's pool assembler builds it."""
+    info = dev.get_device_pool_infos()[0].buffer_info
+    return MLATokenToKVPoolHost(
+        info, ratio, 0, dev.page_size, layout, pin_memory=False, device="cpu",
+        device_capacity_tokens=dev.size, start_layer=0, end_layer=dev.layer_num, target_layer_num=dev.layer_num,
+    )
+
+
 def storage_config(extra: dict, *, model="tiny-model", tp_rank=0, tp_size=1, mla=False,
-                   metrics=False) -> HiCacheStorageConfig:
+                   metrics=False, **more) -> HiCacheStorageConfig:
     return HiCacheStorageConfig(
         tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
         is_mla_model=mla, enable_storage_metrics=metrics, is_page_first_layout=False, model_name=model,
-        extra_config=dict(extra),
+        extra_config=dict(extra), **more,
     )
 
 
@@ -77,14 +100,14 @@ def make_backend(host, extra: dict, **kw):
     return backend
 
 
-def fill_random(host: MHATokenToKVPoolHost, seed: int) -> None:
+def fill_random(host, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     raw = host.kv_buffer.view(-1).view(torch.uint8)
     raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=g))
 
 
-def page_bytes(host: MHATokenToKVPoolHost, first_token: int) -> bytes:
-    """Every byte of one page, K and V of every layer, read through SGLang's own accessor."""
+def page_bytes(host, first_token: int) -> bytes:
+    """Every byte of one page (K and V, or the latent, of every layer), read through SGLang's own accessor."""
     page = host.get_data_page(first_token, flat=True)
     return page.contiguous().view(torch.uint8).numpy().tobytes()
 

@@ -85,6 +85,15 @@ With a daemon, every rank stores and loads its own shard: the cache identity of 
 includes the rank layout (``tp_size``, ``pp_size``, ``tp_rank``, ``pp_rank``) when
 TP×PP > 1, so no rank ever loads another rank's bytes, and a pool entry stored by a
 TP=1 engine never serves a TP=2 one.
+
+MLA models (DeepSeek-V2/V3/R1, Kimi K2: vLLM's ``use_mla``) are the exception: every TP rank
+holds the same latent (``kv_lora_rank + qk_rope_head_dim`` per token and layer), vLLM hands
+each layer as ``[num_blocks, block_size, latent]``, and the pool keeps a block's latent run as
+two objects, its byte-exact halves (geometry KV heads 1, head dim latent / 2). The identity
+says "MLA latent" and leaves the TP rank out (the PP rank stays): the first rank to store a
+block writes it, the other ranks' stores of it are counted no-ops (``present``), every rank
+loads it, and a pool written at one TP size serves any other with the same latent, block size
+and dtype (another dtype, e.g. ``kv_cache_dtype="fp8"``, is another geometry: not shared).
 """
 
 from __future__ import annotations
@@ -233,6 +242,8 @@ class ConnectorConfig:
     load_policy: str = "breakeven"
     # The cluster tier (tutti.cluster.ClusterConfig), when 'mooncake' is set.
     mooncake: Any = None
+    # An MLA model: one latent per layer and token, the same on every TP rank.
+    latent: bool = False
 
     @property
     def uses_daemon(self) -> bool:
@@ -241,7 +252,11 @@ class ConnectorConfig:
     def rank_salt(self, tp_rank: int, pp_rank: int) -> bytes:
         """The tenant salt of one rank's cache identity: with TP×PP > 1 the rank layout is part
         of it, so each rank's shard is its own and never another layout's (TP=1 keeps the plain
-        salt, so pools stored before ranks existed keep hitting)."""
+        salt, so pools stored before ranks existed keep hitting). An MLA model's latents are the
+        same on every TP rank: its identity names them and leaves the TP rank out."""
+        if self.latent:
+            pp = f",pp{pp_rank}/{self.pp_size}" if self.pp_size > 1 else ""
+            return self.tenant_salt + f"\0tutti-mla-latent{pp}".encode()
         if self.tp_size * self.pp_size == 1:
             return self.tenant_salt
         return self.tenant_salt + (
@@ -337,6 +352,11 @@ def _dtype(name: Any) -> str:
     return _TORCH_DTYPES[key]
 
 
+def uses_mla(vllm_config: VllmConfig) -> bool:
+    """vLLM serves this model with MLA (a latent KV cache)."""
+    return bool(getattr(getattr(vllm_config, "model_config", None), "use_mla", False))
+
+
 def geometry_from_vllm(vllm_config: VllmConfig, extra: dict) -> Geometry:
     """Layers, KV heads, head size and dtype of this rank's KV cache, from vLLM's configs."""
     model = vllm_config.model_config
@@ -345,6 +365,16 @@ def geometry_from_vllm(vllm_config: VllmConfig, extra: dict) -> Geometry:
     layers = extra.get("layers") or model.get_num_layers(parallel)
     kv_heads = extra.get("kv_heads") or model.get_num_kv_heads(parallel)
     head_dim = extra.get("head_dim") or model.get_head_size()
+    if uses_mla(vllm_config) and not extra.get("head_dim"):
+        # One latent of get_head_size() elements per token (kv_lora_rank + qk_rope_head_dim), kept
+        # as two objects of half of it (the worker's split of vLLM's [blocks, block_size, latent]).
+        latent = int(head_dim)
+        if latent % 2 or int(kv_heads) != 1:
+            raise ConfigError(
+                f"MLA model with a latent of {latent} elements and {kv_heads} KV heads: tutti stores one "
+                "latent per token in two byte-exact halves, which needs an even latent and one KV head"
+            )
+        head_dim = latent // 2
     if extra.get("dtype"):
         dtype = _dtype(extra["dtype"])
     elif getattr(cache, "cache_dtype", "auto") not in (None, "auto"):
@@ -555,6 +585,7 @@ def from_vllm(vllm_config: VllmConfig) -> ConnectorConfig:
         )
     return ConnectorConfig(
         geometry=geometry_from_vllm(vllm_config, extra),
+        latent=uses_mla(vllm_config),
         model=str(extra.get("model") or vllm_config.model_config.model),
         tenant_salt=salt.encode() if isinstance(salt, str) else bytes(salt),
         emulated_drives=emulated,

@@ -108,6 +108,12 @@ def describe_vllm_layer(name: str, t: torch.Tensor, g: Geometry, backend: str | 
     two halves) and FlashInfer's ``[num_blocks, 2, B, H, D]``, the three inner dims possibly
     permuted (HND). Which dim is K/V is read from the strides, not from a dim being 2 (a
     model may have 2 KV heads, or a cache 2 blocks).
+
+    MLA models (vLLM's ``use_mla``: DeepSeek-V2/V3, Kimi K2) hand each layer as a 3-D
+    ``[num_blocks, block_size, latent]`` tensor (every MLA backend's ``get_kv_cache_shape``,
+    ``CPU_MLA`` included): one latent of ``kv_lora_rank + qk_rope_head_dim`` elements per token,
+    no K/V pair. A block is one dense run, stored as its two halves (the pool's geometry has one
+    KV head of ``latent / 2``), tagged ``vllm-mla-latent``.
     """
     v = view(t)
     shape, strides = tuple(v.shape), tuple(v.strides)
@@ -116,6 +122,8 @@ def describe_vllm_layer(name: str, t: torch.Tensor, g: Geometry, backend: str | 
         raise LayoutError(f"{where}: {v.element_size}-byte elements; the pool stores {g.dtype}")
     obj = g.tokens_per_block * g.kv_heads * g.head_dim  # elements of one K (or V) object
     es = v.element_size
+    if len(shape) == 3:
+        return _describe_latent(where, v, g, obj)
     if len(shape) == 4:
         blocks, heads, tokens, content = shape
         want = (g.kv_heads, g.tokens_per_block, 2 * g.head_dim)
@@ -151,8 +159,9 @@ def describe_vllm_layer(name: str, t: torch.Tensor, g: Geometry, backend: str | 
         return LayerLayout("strided", blocks, v.addr, v.addr + obj * es, s_b * es, f"vllm-packed-{order}")
     if len(shape) != 5:
         raise LayoutError(
-            f"{where}: {len(shape)} dims; tutti knows vLLM's 4-D packed-K|V layer view "
-            f"[num_blocks, H, N, 2*D] and the 5-D [2, num_blocks, N, H, D] / [num_blocks, 2, N, H, D]"
+            f"{where}: {len(shape)} dims; tutti knows vLLM's 3-D MLA latent [num_blocks, N, latent], the 4-D "
+            f"packed-K|V layer view [num_blocks, H, N, 2*D] and the 5-D [2, num_blocks, N, H, D] / "
+            f"[num_blocks, 2, N, H, D]"
         )
     inner = (g.tokens_per_block, g.kv_heads, g.head_dim)
     if tuple(shape[2:]) != inner:
@@ -181,6 +190,27 @@ def describe_vllm_layer(name: str, t: torch.Tensor, g: Geometry, backend: str | 
         f"{where}: neither [2, num_blocks, ...] with K and V as packed halves nor [num_blocks, 2, ...] "
         f"with packed blocks; register a packed KV cache"
     )
+
+
+def _describe_latent(where: str, v, g: Geometry, obj: int) -> LayerLayout:
+    """An MLA layer ``[num_blocks, block_size, latent]``: each block's latent run as two halves."""
+    blocks, tokens, content = v.shape
+    want = (g.tokens_per_block, 2 * g.head_dim)
+    if g.kv_heads != 1 or (tokens, content) != want:
+        raise LayoutError(
+            f"{where}: an MLA latent layer [num_blocks, block_size, latent] with (block_size, latent) = "
+            f"{(tokens, content)}; the pool's geometry needs one KV head and {want} (latent = 2 × head_dim: "
+            f"the geometry has {g.kv_heads} KV heads of {g.head_dim}; an MLA model's geometry comes from vLLM's "
+            "use_mla, and 'kv_heads'/'head_dim' overrides must say the same)"
+        )
+    s_b, s_n, s_c = v.strides
+    if s_c != 1 or (tokens > 1 and s_n != content):
+        raise LayoutError(f"{where}: one block's [block_size, latent] is not one dense run of memory")
+    run = tokens * content
+    if blocks > 1 and s_b < run:
+        raise LayoutError(f"{where}: blocks overlap (block stride {s_b} < {run} elements per block)")
+    es = v.element_size
+    return LayerLayout("strided", blocks, v.addr, v.addr + obj * es, s_b * es, "vllm-mla-latent")
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:

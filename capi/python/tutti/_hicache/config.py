@@ -11,7 +11,8 @@ takes: ``prefetch_threshold``, ``prefetch_timeout_*``, ``tp_lcm_size``, ...). Ke
                             (recommended); otherwise it calls ``batch_get``/``batch_set``
                             with page tensors, which this backend also serves
 ``emulated_drives``         number of emulated NVMe drives (no hardware)
-``emulated_capacity_bytes`` bytes per emulated drive (default 256 MiB)
+``emulated_capacity_bytes`` bytes per emulated drive (default 256 MiB; at least 4 MiB, whole
+                            512-byte blocks; whole MiB with a daemon)
 ``emulated_dir``            keep the emulated media in files here (survives restarts)
 ``vfio_drives``             PCI addresses of NVMe drives bound to vfio-pci (list or
                             comma-separated string)
@@ -70,6 +71,9 @@ from .._connector.config import (
 from ..runtime import Geometry
 
 WHERE = "hicache_storage_backend_extra_config"
+# libtutti's smallest emulated drive, and the logical block every drive size is a multiple of.
+MIN_EMULATED_BYTES = 4 << 20
+EMULATED_LBA_BYTES = 512
 
 SGLANG_KEYS = {"backend_name", "module_path", "class_name", "interface_v1"}
 KNOWN_KEYS = SGLANG_KEYS | POOL_KEYS | {
@@ -95,6 +99,30 @@ def _int(extra: dict, key: str, default: int, lo: int = 0, hi: int | None = None
         bound = f">= {lo}" if hi is None else f"in {lo}..{hi}"
         raise ConfigError(f"{where}[{key!r}] = {v!r} must be an integer {bound}")
     return iv
+
+
+def _capacity(extra: dict, daemon: str, *, who: str = "tutti.sglang", where: str = WHERE) -> int:
+    """``emulated_capacity_bytes``, checked here against what libtutti accepts, so the error names the key
+    and the minimum instead of surfacing later as a pool that will not open."""
+    v = extra.get("emulated_capacity_bytes", 256 << 20)
+    capacity = _int(extra, "emulated_capacity_bytes", 256 << 20, 1, where=where)
+    if capacity < MIN_EMULATED_BYTES:
+        raise ConfigError(
+            f"{who}: {where}['emulated_capacity_bytes'] = {v!r} is under the minimum of "
+            f"{MIN_EMULATED_BYTES} bytes (4 MiB) per emulated drive"
+        )
+    if capacity % EMULATED_LBA_BYTES:
+        raise ConfigError(
+            f"{who}: {where}['emulated_capacity_bytes'] = {v!r} is not a whole number of "
+            f"{EMULATED_LBA_BYTES}-byte blocks"
+        )
+    if daemon == "auto" and capacity % (1 << 20):
+        raise ConfigError(
+            f"{who}: {where}['emulated_capacity_bytes'] = {v!r} must be whole MiB with a daemon "
+            "(`tutti serve` takes MiB)"
+        )
+    return capacity
+
 
 
 def _choice(extra: dict, key: str, default: str, allowed: tuple[str, ...], *, where: str = WHERE) -> str:
@@ -203,9 +231,7 @@ def parse(
             "only through tuttid: set 'daemon_socket' (a running `tutti serve`), or 'emulated_dir' with "
             "'emulated_drives' (tuttid started on demand)"
         )
-    capacity = _i(extra, "emulated_capacity_bytes", 256 << 20, 1)
-    if daemon == "auto" and capacity % (1 << 20):
-        raise ConfigError(f"{who}: {where}['emulated_capacity_bytes'] must be whole MiB with a daemon")
+    capacity = _capacity(extra, daemon, who=who, where=where)
     executor = _c(extra, "executor", "gio", ("gio", "direct"))
     if executor == "direct":
         raise ConfigError(
@@ -266,9 +292,16 @@ def parse(
     )
 
 
-def identity_salt(cfg: BackendConfig, layout_name: str, torch_dtype: str, ranks: dict[str, Any]) -> bytes:
+def identity_salt(cfg: BackendConfig, layout_name: str, torch_dtype: str, ranks: dict[str, Any],
+                  latent: bool = False) -> bytes:
     """The tenant salt of one rank's cache identity: the user's salt, then what makes SGLang's
-    bytes mean what they mean (its layout name and dtype) and whose shard they are (the ranks)."""
+    bytes mean what they mean (its layout name and dtype) and whose shard they are (the ranks).
+
+    An MLA pool (``latent``) holds the same latents on every TP rank: its identity says so and
+    leaves the TP rank and size out, so every rank (and a deployment at another TP size) reads
+    the pages one rank wrote. PP and CP ranks stay: they hold other layers or tokens."""
     parts = [f"layout={layout_name}", f"dtype={torch_dtype}"]
-    parts += [f"{k}={v}" for k, v in ranks.items()]
+    if latent:
+        parts.append("kv=mla-latent")
+    parts += [f"{k}={v}" for k, v in ranks.items() if not (latent and k == "tp")]
     return cfg.tenant_salt + b"\0tutti-sglang:" + ";".join(parts).encode()

@@ -18,8 +18,9 @@ regions sit at a fixed offset from page 0's plus ``page × stride``: exactly tut
 The registration is derived from the layout, then checked against what
 ``get_page_buffer_meta`` reports for the first, second and last pages (and every byte
 against ``kv_buffer``'s extent): a pool whose pages are not where SGLang says is refused,
-never registered. MLA pools (one latent vector per token, no K/V pair) and layouts not in
-:data:`SUPPORTED` are refused with :class:`UnsupportedPool`.
+never registered. Layouts not in :data:`SUPPORTED` are refused with :class:`UnsupportedPool`.
+SGLang's MLA host pool (one latent vector per token, no K/V pair) has its own rules in
+:mod:`tutti._hicache.mla`.
 """
 
 from __future__ import annotations
@@ -66,16 +67,18 @@ class PoolLayout:
     v_bases: tuple[int, ...]
     block_stride: int
     torch_dtype: str
+    # MLA: each registered region is one latent run held as two objects (its halves), not K and V.
+    latent: bool = False
 
     @property
     def page_bytes(self) -> int:
-        """K and V of one page, every layer."""
+        """One page, every layer: K and V (MHA), or the latent run's two halves (MLA)."""
         return 2 * self.geometry.layers * self.geometry.object_bytes
 
     def describe(self) -> str:
         g = self.geometry
         return (
-            f"{self.name}: {self.num_blocks} pages of {self.page_size} tokens, {self.page_bytes} bytes each, "
+            f"{'MLA ' if self.latent else ''}{self.name}: {self.num_blocks} pages of {self.page_size} tokens, {self.page_bytes} bytes each, "
             f"as tutti geometry layers={g.layers} kv_heads={g.kv_heads} head_dim={g.head_dim} "
             f"tokens_per_block={g.tokens_per_block} dtype={g.dtype}, block stride {self.block_stride}"
         )
@@ -128,21 +131,21 @@ def _attr(pool: Any, name: str):
     return getattr(pool, name)
 
 
-def _refuse_mla(pool: Any) -> None:
+def is_mla_pool(pool: Any) -> bool:
+    """SGLang's MLA host pool (or one shaped like it: a latent of ``kv_lora_rank + qk_rope_head_dim``)."""
     try:
         from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
-    except ImportError:  # another SGLang layout; the attribute checks below still refuse
+    except ImportError:  # another SGLang layout; the attribute checks still decide
         MLATokenToKVPoolHost = ()
-    if (MLATokenToKVPoolHost and isinstance(pool, MLATokenToKVPoolHost)) or hasattr(pool, "kv_lora_rank"):
-        raise UnsupportedPool(
-            f"tutti.sglang: {type(pool).__name__} is an MLA host pool (one latent vector per token, no K/V pair, "
-            "replicated across TP ranks); tutti.sglang does not support MLA models yet"
-        )
+    return bool(MLATokenToKVPoolHost and isinstance(pool, MLATokenToKVPoolHost)) or hasattr(pool, "kv_lora_rank")
 
 
 def from_host_pool(pool: Any) -> PoolLayout:
     """The registration of ``pool`` (an SGLang ``HostKVCache``), checked against its own page metadata."""
-    _refuse_mla(pool)
+    if is_mla_pool(pool):
+        from .mla import from_mla_host_pool  # the latent pool's own rules
+
+        return from_mla_host_pool(pool)
     name = _attr(pool, "layout")
     if name not in SUPPORTED:
         raise UnsupportedPool(
@@ -183,25 +186,47 @@ def from_host_pool(pool: Any) -> PoolLayout:
         geometry = Geometry(1, L * H, D, ps, _DTYPES[dt])
         k_bases = (base,)
         stride = ps * L * token
-    obj = geometry.object_bytes
-    if obj % MIN_LBA_BYTES:
-        per_token = obj // ps
-        fit = next(p for p in range(ps + 1, ps * MIN_LBA_BYTES + 1) if p * per_token % MIN_LBA_BYTES == 0)
-        raise UnsupportedPool(
-            f"tutti.sglang: page size {ps} does not fit the pool's geometry: in layout {name!r} one tutti object "
-            f"(page size {ps} × {geometry.kv_heads} KV heads × head dim {D} × {e} bytes) is {obj} bytes, and the "
-            f"drives store objects in whole {MIN_LBA_BYTES}-byte logical blocks; use --page-size {fit} (or a multiple)"
-            + ("" if name != "layer_first" else ", or a page-major --hicache-mem-layout (one object per page)")
-        )
+    check_object_fits(geometry, name, f"page size {ps} × {geometry.kv_heads} KV heads × head dim {D} × {e} bytes")
     layout = PoolLayout(
         name=name, geometry=geometry, num_blocks=pages, page_size=ps, k_bases=k_bases,
         v_bases=tuple(k + v_off for k in k_bases), block_stride=stride, torch_dtype=dt,
     )
-    _check_against_meta(pool, layout, base, kv.numel() * e)
+    check_against_meta(pool, layout, base, kv.numel() * e)
     return layout
 
 
-def _check_against_meta(pool: Any, layout: PoolLayout, base: int, nbytes: int) -> None:
+def check_object_fits(geometry: Geometry, name: str, what: str) -> None:
+    """Refuses a page size whose objects are not whole logical blocks, naming the page size that fits."""
+    obj, ps = geometry.object_bytes, geometry.tokens_per_block
+    if obj % MIN_LBA_BYTES == 0:
+        return
+    per_token = obj // ps
+    fit = next(p for p in range(ps + 1, ps * MIN_LBA_BYTES + 1) if p * per_token % MIN_LBA_BYTES == 0)
+    raise UnsupportedPool(
+        f"tutti.sglang: page size {ps} does not fit the pool's geometry: in layout {name!r} one tutti object "
+        f"({what}) is {obj} bytes, and the drives store objects in whole {MIN_LBA_BYTES}-byte logical blocks; "
+        f"use --page-size {fit} (or a multiple)"
+        + ("" if name != "layer_first" else ", or a page-major --hicache-mem-layout (one object per page)")
+    )
+
+
+def expected_regions(layout: PoolLayout, page: int) -> tuple[list[int], list[int]]:
+    """The regions ``get_page_buffer_meta`` must report for ``page``: K and V per registered layer
+    (MHA), or one latent run per registered layer, both its halves (MLA)."""
+    obj, off = layout.geometry.object_bytes, page * layout.block_stride
+    ptrs: list[int] = []
+    sizes: list[int] = []
+    for k, v in zip(layout.k_bases, layout.v_bases):
+        if layout.latent:
+            ptrs.append(k + off)
+            sizes.append(2 * obj)
+        else:
+            ptrs += [k + off, v + off]
+            sizes += [obj, obj]
+    return ptrs, sizes
+
+
+def check_against_meta(pool: Any, layout: PoolLayout, base: int, nbytes: int) -> None:
     """Every region ``get_page_buffer_meta`` reports for a few pages must be the registered one."""
     import torch
 
@@ -212,21 +237,19 @@ def _check_against_meta(pool: Any, layout: PoolLayout, base: int, nbytes: int) -
         ptrs, sizes = pool.get_page_buffer_meta(indices)
     except Exception as e:  # noqa: BLE001 - SGLang's own refusal, reported as ours
         raise UnsupportedPool(f"tutti.sglang: {type(pool).__name__}.get_page_buffer_meta failed: {e}") from e
-    per_page = 2 * layout.geometry.layers
-    obj = layout.geometry.object_bytes
     want_p, want_s = [], []
     for p in sample:
-        for k, v in zip(layout.k_bases, layout.v_bases):
-            want_p += [k + p * layout.block_stride, v + p * layout.block_stride]
-            want_s += [obj, obj]
+        pp, ss = expected_regions(layout, p)
+        want_p += pp
+        want_s += ss
     got_p, got_s = [int(x) for x in ptrs], [int(x) for x in sizes]
-    if len(got_p) != per_page * len(sample) or got_p != want_p or got_s != want_s:
+    if got_p != want_p or got_s != want_s:
         raise UnsupportedPool(
             f"tutti.sglang: {type(pool).__name__} layout {layout.name!r} reports page regions tutti cannot address "
             f"as one strided registration (pages {sample}: got {len(got_p)} regions, first "
             f"{[hex(x - base) for x in got_p[:4]]} sizes {got_s[:4]}; expected {[hex(x - base) for x in want_p[:4]]} "
             f"sizes {want_s[:4]}, offsets from kv_buffer)"
         )
-    last = max(want_p) + obj
+    last = max(p + n for p, n in zip(want_p, want_s))
     if min(want_p) < base or last > base + nbytes:
         raise UnsupportedPool(f"tutti.sglang: page regions reach outside kv_buffer ({last - base} > {nbytes} bytes)")
