@@ -135,6 +135,7 @@ fn a_faulting_probe_falls_back_and_the_direct_backend_refuses_staging() {
     assert!(path.p2p_missing.unwrap().contains("the drive's Read into the target failed"));
     round_trip(&store, &kv, 3, 35);
     drop(store);
+    d.emus[0].iommu().set_device_reach(DeviceReach::Fault);
     let direct = KvStore::open(d.specs(), direct_options(g, OpenMode::OpenOrCreate)).unwrap();
     let e = register(&direct, &kv, P2pPolicy::Auto).unwrap_err().to_string();
     assert!(e.contains("staged data path") && e.contains("P2P probe"), "{e}");
