@@ -19,6 +19,7 @@ mod mapped;
 pub mod memory;
 pub mod p2p;
 pub mod pool;
+mod probe;
 pub mod registration;
 pub mod report;
 pub mod store;

@@ -81,7 +81,8 @@ impl PciSystem {
     pub fn check_bindable(&self, bdf: &Bdf, together: &[Bdf], opts: BindOptions) -> Result<DriveInfo> {
         let drive = self.drive(bdf)?;
         let f = &drive.function;
-        if !f.is_nvme() && !(opts.kv_device && f.class >> 16 != 0x06) {
+        let kv_device_ok = opts.kv_device && f.class >> 16 != 0x06; // 0x06: bridges
+        if !f.is_nvme() && !kv_device_ok {
             return Err(DriverError::Vfio(format!(
                 "{bdf} is a {} (class {:#08x}), not an NVMe controller (class 0x010802); tutti only \
                  binds NVMe drives, and with --kv-device the device holding KV memory (never a \

@@ -156,7 +156,7 @@ impl KvStore {
         let mut reg =
             unsafe { Registration::new(layout, identity, &spaces, &self.map, memory, kind, device)? };
         if let Some(dev) = reg.device.clone().filter(|_| !reg.staged()) {
-            if let Err(why) = crate::p2p::probe(&reg, &self.drives, &dev) {
+            if let Err(why) = crate::probe::probe(&reg, &self.drives, &dev) {
                 if dev.policy == P2pPolicy::Require {
                     return Err(ObjError::invalid("memory", format!("{why} (the p2p setting requires P2P)")));
                 }
