@@ -258,7 +258,9 @@ mod tests {
         let a =
             Cli::try_parse_from(["t", "bind", "00:04.0", "0000:00:05.0", "--force", "--json"]).unwrap().admin;
         assert!(a.json);
-        assert!(matches!(&a.command, AdminCommand::Bind { bdfs, force: true } if bdfs.len() == 2));
+        assert!(
+            matches!(&a.command, AdminCommand::Bind { bdfs, force: true, kv_device: false } if bdfs.len() == 2)
+        );
         let a = Cli::try_parse_from(["t", "--json", "list"]).unwrap().admin;
         assert!(a.json && matches!(a.command, AdminCommand::List));
         let a = Cli::try_parse_from(["t", "identify", "00:04.0", "--noiommu"]).unwrap().admin;

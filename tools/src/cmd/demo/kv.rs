@@ -144,7 +144,10 @@ impl Kv {
         };
         let total = if kind == LayoutKind::VllmPerLayer { per * g.layers as u64 } else { per };
         let offset = args.kv_device_offset;
-        if total.saturating_add(offset) > bar.len() as u64 || per % 4096 != 0 || offset % 4096 != 0 {
+        if total.saturating_add(offset) > bar.len() as u64
+            || !per.is_multiple_of(4096)
+            || !offset.is_multiple_of(4096)
+        {
             bail!(
                 "{}: {blocks} blocks of KV take {total} bytes ({per} per region, whole 4 KiB pages needed) \
                  from offset {offset} (page aligned); the BAR has {} bytes: lower --tokens",
