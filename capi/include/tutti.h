@@ -84,11 +84,12 @@
 // fields appended to `tutti_runtime_config_t` and `tutti_client_config_t`); minor 9 added the
 // names that follow one rule (`tutti_<object>_<verb>`, handles released by `_destroy`:
 // `tutti_load_submit`, `tutti_kv_register`, ..., `tutti_runtime_destroy`), the old names staying
-// as aliases (`aliases`).
+// as aliases (`aliases`); minor 10 added the P2P data path (`TUTTI_MEMORY_DEVICE_P2P`,
+// `TUTTI_DATA_PATH_P2P`, and `p2p_provider` appended to `tutti_data_path_t`).
 #define TUTTI_ABI_VERSION 1
 
 // The minor version of ABI 1 this library implements (see `TUTTI_ABI_VERSION`).
-#define TUTTI_ABI_MINOR 9
+#define TUTTI_ABI_MINOR 10
 
 // 32-bit float KV.
 #define TUTTI_DTYPE_F32 1
@@ -132,6 +133,14 @@
 // The drives DMA into pinned host staging slots; the executor copies each
 // chunk between a slot and the KV memory.
 #define TUTTI_DATA_PATH_STAGED 2
+
+// ABI 1.10: the drives DMA straight into another device's memory
+// (`TUTTI_MEMORY_DEVICE_P2P`), after a probe at registration checked the
+// bytes; `p2p_provider` names who mapped it.
+#define TUTTI_DATA_PATH_P2P 3
+
+// Bytes of `tutti_data_path_t::p2p_provider`, NUL included.
+#define TUTTI_DATA_PATH_PROVIDER_BYTES 64
 
 // Bytes of `tutti_data_path_t::p2p_missing`, NUL included.
 #define TUTTI_DATA_PATH_REASON_BYTES 256
@@ -211,6 +220,17 @@
 // staging slots (the staged data path, testable without a GPU). Needs a
 // gio executor.
 #define TUTTI_MEMORY_HOST_STAGED 3
+
+// ABI 1.10: memory of another device that this process has mapped at the
+// layout's addresses as a PFN map the CPU can read and write (a PCI BAR
+// mmapped through vfio-pci, a GPU BAR1 window GDRCopy mapped). It is mapped
+// for the drives (`VFIO_IOMMU_MAP_DMA` follows PFN maps) and probed: the data
+// path is `TUTTI_DATA_PATH_P2P` when the drives' DMA reaches it with every
+// byte right, `TUTTI_DATA_PATH_STAGED` otherwise (`p2p_missing` says what
+// the probe saw; needs a gio executor then). The environment variable
+// `TUTTI_P2P` = `auto` (default), `require` (fail instead of staging) or
+// `off` (staged) is read at registration.
+#define TUTTI_MEMORY_DEVICE_P2P 4
 
 // Most SGL descriptors one registration's table may hold:
 // `num_blocks × layers × 2 × chunks` (`tutti_runtime_info_t::chunks`) must
@@ -391,7 +411,8 @@ typedef struct tutti_client_config_t {
     uint32_t rsvd0;
 } tutti_client_config_t;
 
-// ABI 1.4. Set `struct_size = sizeof(tutti_data_path_t)`.
+// ABI 1.4 (304 bytes); 1.10 appended `p2p_provider` (368 bytes). Set
+// `struct_size = sizeof(tutti_data_path_t)`.
 typedef struct tutti_data_path_t {
     uint32_t struct_size;
     // `TUTTI_DATA_PATH_*`.
@@ -410,6 +431,9 @@ typedef struct tutti_data_path_t {
     uint64_t staged_bytes;
     // STAGED: what direct DMA lacks, NUL-terminated (cut at 255 bytes); else empty.
     char p2p_missing[TUTTI_DATA_PATH_REASON_BYTES];
+    // ABI 1.10. Device KV memory (P2P, or STAGED after a failed probe): who
+    // maps it for the drives, NUL-terminated (cut at 63 bytes); else empty.
+    char p2p_provider[TUTTI_DATA_PATH_PROVIDER_BYTES];
 } tutti_data_path_t;
 
 // A job's progress. Set `struct_size = sizeof(tutti_job_status_t)` (64 for

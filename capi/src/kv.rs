@@ -42,6 +42,16 @@ pub const TUTTI_MEMORY_CUDA: u32 = 2;
 /// staging slots (the staged data path, testable without a GPU). Needs a
 /// gio executor.
 pub const TUTTI_MEMORY_HOST_STAGED: u32 = 3;
+/// ABI 1.10: memory of another device that this process has mapped at the
+/// layout's addresses as a PFN map the CPU can read and write (a PCI BAR
+/// mmapped through vfio-pci, a GPU BAR1 window GDRCopy mapped). It is mapped
+/// for the drives (`VFIO_IOMMU_MAP_DMA` follows PFN maps) and probed: the data
+/// path is `TUTTI_DATA_PATH_P2P` when the drives' DMA reaches it with every
+/// byte right, `TUTTI_DATA_PATH_STAGED` otherwise (`p2p_missing` says what
+/// the probe saw; needs a gio executor then). The environment variable
+/// `TUTTI_P2P` = `auto` (default), `require` (fail instead of staging) or
+/// `off` (staged) is read at registration.
+pub const TUTTI_MEMORY_DEVICE_P2P: u32 = 4;
 
 /// Most SGL descriptors one registration's table may hold:
 /// `num_blocks × layers × 2 × chunks` (`tutti_runtime_info_t::chunks`) must
@@ -236,10 +246,11 @@ pub unsafe extern "C" fn tutti_kv_register(
                 KvMemoryKind::Cuda
             }
             TUTTI_MEMORY_HOST_STAGED => KvMemoryKind::HostUnmapped,
+            TUTTI_MEMORY_DEVICE_P2P => KvMemoryKind::DeviceP2p,
             n => {
                 return Err(CapiError::invalid(
                     "memory",
-                    format!("{n} is not a TUTTI_MEMORY_* value (1..=3)"),
+                    format!("{n} is not a TUTTI_MEMORY_* value (1..=4)"),
                 ))
             }
         };
@@ -252,7 +263,14 @@ pub unsafe extern "C" fn tutti_kv_register(
         let kv = unsafe { layout_of(&rt, c)? };
         // SAFETY: the caller keeps the memory alive and dedicated (this function's contract);
         // CUDA memory is refused above unless the executor is the GPU's.
-        let t: TableSizes = unsafe { rt.store.register_as(kv, model, salt, memory)? };
+        let t: TableSizes = if memory == KvMemoryKind::DeviceP2p {
+            let dev = caller_device_memory(&kv)?;
+            // SAFETY: as above: the caller keeps the device memory mapped at the layout's addresses.
+            unsafe { rt.store.register_device(kv, model, salt, dev)? }
+        } else {
+            // SAFETY: as above.
+            unsafe { rt.store.register_as(kv, model, salt, memory)? }
+        };
         *lock(&rt.registered, "registration")? =
             Some(Registered { model: model.to_string(), num_blocks: c.num_blocks });
         if let Some(s) = sizes {
@@ -483,5 +501,23 @@ pub unsafe extern "C" fn tutti_kv_unpin(rt: *mut tutti_runtime_t, pin: u64) -> i
         let rt = Runtime::get(rt)?;
         rt.store.unpin(pin)?;
         Ok(TUTTI_OK)
+    })
+}
+
+/// Device memory the caller mapped at `kv`'s addresses, reached through that
+/// mapping, under the `TUTTI_P2P` setting.
+fn caller_device_memory(kv: &tutti_objstore::KvLayout) -> Result<tutti_objstore::DeviceKvMemory> {
+    let regions = kv.regions();
+    let base = regions.iter().map(|r| r.addr).min().unwrap_or(0);
+    let end = regions.iter().map(|r| r.addr + r.len).max().unwrap_or(0);
+    let policy = match std::env::var("TUTTI_P2P") {
+        Ok(v) => tutti_objstore::P2pPolicy::parse(&v)?,
+        Err(_) => tutti_objstore::P2pPolicy::Auto,
+    };
+    Ok(tutti_objstore::DeviceKvMemory {
+        provider: "caller-mapped device memory".into(),
+        policy,
+        access: std::sync::Arc::new(tutti_objstore::CpuMapped { base, len: end - base }),
+        unreachable: false,
     })
 }

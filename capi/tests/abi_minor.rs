@@ -49,8 +49,8 @@ fn stats(rt: &Rt) -> tutti_stats_t {
 
 #[test]
 fn versions_and_sizes_of_each_minor() {
-    assert_eq!((tutti_abi_version(), tutti_abi_minor()), (1, 9));
-    assert_eq!((TUTTI_ABI_VERSION, TUTTI_ABI_MINOR), (1, 9));
+    assert_eq!((tutti_abi_version(), tutti_abi_minor()), (1, 10));
+    assert_eq!((TUTTI_ABI_VERSION, TUTTI_ABI_MINOR), (1, 10));
     // Each minor's structs end where the next one's fields begin.
     assert_eq!(offset_of!(tutti_stats_t, host_calls), STATS_V0);
     assert_eq!(offset_of!(tutti_job_status_t, host_calls), STATUS_V0);
@@ -77,6 +77,9 @@ fn versions_and_sizes_of_each_minor() {
     assert_eq!(offset_of!(tutti_client_config_t, exec_mode), 56);
     assert_eq!(offset_of!(tutti_client_config_t, cuda_driver), 72);
     assert_eq!(size_of::<tutti_client_config_t>(), 88);
+    // 1.10 appended the P2P provider to the data path.
+    assert_eq!(offset_of!(tutti_data_path_t, p2p_provider), 304);
+    assert_eq!(size_of::<tutti_data_path_t>(), 368);
 }
 
 #[test]

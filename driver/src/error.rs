@@ -49,6 +49,19 @@ pub enum DriverError {
     #[error("DMA ({space}): {what}")]
     Dma { space: String, what: String },
 
+    /// The kernel (or the emulated IOMMU) refused to map device memory (a
+    /// PFN-mapped range: another device's BAR, a GDRCopy mapping) for a drive.
+    #[error("DMA ({space}): device memory {what} at {vaddr:#x}+{len:#x} cannot be mapped for the drive: {call} failed with errno {errno}: {reason}")]
+    DeviceMemoryRefused {
+        space: String,
+        what: String,
+        vaddr: u64,
+        len: u64,
+        call: &'static str,
+        errno: i32,
+        reason: String,
+    },
+
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 

@@ -80,6 +80,34 @@ struct Region {
     peer: Option<Arc<Peer>>,
     /// The IOVA `map_remote` returned (the caller's address, page offset kept).
     handle: u64,
+    /// Mapped as device memory ([`DmaSpace::map_device`]): reached as
+    /// [`EmuIommu::set_device_reach`] says, and counted apart from host memory.
+    device: bool,
+}
+
+/// How the emulated platform routes DMA to regions mapped as device memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DeviceReach {
+    /// Peer DMA works: reads and writes reach the memory.
+    #[default]
+    Reachable,
+    /// Every access faults (the controller reports a Data Transfer Error).
+    Fault,
+    /// Accesses are dropped without an error (writes vanish, reads return
+    /// zeros), as QEMU 7.2's NVMe model does when the IOMMU blocks its DMA:
+    /// only a byte check can tell.
+    SilentDrop,
+}
+
+/// Bytes the controller moved to and from device-memory regions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct DeviceDmaCounts {
+    /// Bytes the controller wrote into device memory (reads from the drive).
+    pub written: u64,
+    /// Bytes the controller read from device memory (writes to the drive).
+    pub read: u64,
+    /// Accesses faulted or dropped under [`DeviceReach`].
+    pub blocked: u64,
 }
 
 #[derive(Default)]
@@ -92,6 +120,11 @@ struct Table {
     next: AtomicU64,
     /// Open pidfds by pid, shared by the regions of one process.
     peers: Mutex<HashMap<i32, std::sync::Weak<Peer>>>,
+    /// [`DeviceReach`] as a number (0 reachable, 1 fault, 2 silent drop).
+    device_reach: std::sync::atomic::AtomicU8,
+    device_written: AtomicU64,
+    device_read: AtomicU64,
+    device_blocked: AtomicU64,
 }
 
 impl Table {
@@ -104,6 +137,7 @@ impl Table {
         first: usize,
         owner: u64,
         peer: Option<Arc<Peer>>,
+        device: bool,
     ) -> Result<u64> {
         let span = (len.next_multiple_of(PAGE) + PAGE) as u64; // one unmapped guard page after
         let off = self
@@ -115,7 +149,7 @@ impl Table {
         let iova = IOVA_BASE + off;
         let mut regions =
             self.regions.write().map_err(|_| DriverError::dma("emulated iommu", "table lock poisoned"))?;
-        regions.insert(iova, Region { host, len, owner, peer, handle: iova + first as u64 });
+        regions.insert(iova, Region { host, len, owner, peer, handle: iova + first as u64, device });
         Ok(iova)
     }
     fn remove(&self, iova: u64) {
@@ -161,7 +195,12 @@ pub struct EmuIommu {
 /// Where a translated DMA goes.
 enum Target {
     Local(*mut u8),
-    Remote { peer: Arc<Peer>, addr: usize },
+    /// Memory of this process mapped as device memory.
+    Device(*mut u8),
+    Remote {
+        peer: Arc<Peer>,
+        addr: usize,
+    },
 }
 
 impl EmuIommu {
@@ -172,6 +211,47 @@ impl EmuIommu {
     /// How many DMA accesses faulted so far.
     pub fn fault_count(&self) -> u64 {
         self.table.faults.load(Ordering::Relaxed)
+    }
+
+    /// Sets how DMA to device-memory regions is routed (tests of the P2P
+    /// probe: a platform that faults peer DMA, or drops it silently).
+    pub fn set_device_reach(&self, reach: DeviceReach) {
+        let v = match reach {
+            DeviceReach::Reachable => 0,
+            DeviceReach::Fault => 1,
+            DeviceReach::SilentDrop => 2,
+        };
+        self.table.device_reach.store(v, Ordering::Relaxed);
+    }
+
+    /// Bytes moved to and from device-memory regions so far.
+    pub fn device_counts(&self) -> DeviceDmaCounts {
+        DeviceDmaCounts {
+            written: self.table.device_written.load(Ordering::Relaxed),
+            read: self.table.device_read.load(Ordering::Relaxed),
+            blocked: self.table.device_blocked.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether an access of `len` bytes to device memory goes through (`true`),
+    /// is dropped (`false`) or faults, under the current [`DeviceReach`]; counts it.
+    fn device_access(&self, iova: u64, len: usize, write: bool) -> std::result::Result<bool, IommuFault> {
+        match self.table.device_reach.load(Ordering::Relaxed) {
+            0 => {
+                let c = if write { &self.table.device_written } else { &self.table.device_read };
+                c.fetch_add(len as u64, Ordering::Relaxed);
+                Ok(true)
+            }
+            1 => {
+                self.table.device_blocked.fetch_add(1, Ordering::Relaxed);
+                Err(self.fault(iova, len, "device memory: peer DMA faulted (DeviceReach::Fault)"))
+            }
+            _ => {
+                self.table.device_blocked.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(iommu = %self.name, iova, len, "device memory: peer DMA dropped silently");
+                Ok(false)
+            }
+        }
     }
 
     fn fault(&self, iova: u64, len: usize, why: &str) -> IommuFault {
@@ -224,6 +304,7 @@ impl EmuIommu {
             return Err(self.fault(iova, len, "address mapped for another owner than the command's queue"));
         }
         Ok(match &region.peer {
+            None if region.device => (Target::Device((region.host + off) as *mut u8), None),
             None => {
                 let cached =
                     Cached { unmaps, base, len: region.len as u64, host: region.host, owner: region.owner };
@@ -289,6 +370,14 @@ impl EmuIommu {
             // SAFETY: `resolve` checked that the whole range lies in a live mapping;
             // the host promised (DmaSpace::map) to keep it allocated while mapped.
             Target::Local(src) => unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) },
+            Target::Device(src) => {
+                if self.device_access(iova, dst.len(), false)? {
+                    // SAFETY: as for `Local`: a live mapping of this process, kept allocated while mapped.
+                    unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) }
+                } else {
+                    dst.fill(0)
+                }
+            }
             Target::Remote { peer, addr } => {
                 self.remote_copy(iova, &peer, addr, dst.as_mut_ptr(), dst.len(), false)?
             }
@@ -305,6 +394,12 @@ impl EmuIommu {
         match target {
             // SAFETY: as in `dma_read`; the destination is device-writable memory by contract.
             Target::Local(dst) => unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) },
+            Target::Device(dst) => {
+                if self.device_access(iova, src.len(), true)? {
+                    // SAFETY: as for `Local`.
+                    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) }
+                }
+            }
             // process_vm_writev only reads the local buffer, despite the `*mut` in iovec.
             Target::Remote { peer, addr } => {
                 self.remote_copy(iova, &peer, addr, src.as_ptr().cast_mut(), src.len(), true)?
@@ -329,6 +424,13 @@ impl EmuIommu {
 
     fn store_target(&self, target: Target, iova: u64, value: u32) -> std::result::Result<(), IommuFault> {
         match target {
+            Target::Device(p) => {
+                if self.device_access(iova, 4, true)? {
+                    // SAFETY: in a live mapping and 4-byte aligned (IOVA and host share the page offset).
+                    unsafe { std::sync::atomic::AtomicU32::from_ptr(p.cast()) }
+                        .store(value, Ordering::Release)
+                }
+            }
             Target::Local(p) => {
                 // SAFETY: in a live mapping and 4-byte aligned (IOVA and host share the page offset).
                 unsafe { std::sync::atomic::AtomicU32::from_ptr(p.cast()) }.store(value, Ordering::Release)
@@ -367,7 +469,8 @@ impl EmuIommu {
         let start = addr & !(PAGE as u64 - 1);
         let end = end.next_multiple_of(PAGE as u64);
         let first = (addr - start) as usize;
-        let base = self.table.insert(start as usize, (end - start) as usize, first, owner, Some(peer))?;
+        let base =
+            self.table.insert(start as usize, (end - start) as usize, first, owner, Some(peer), false)?;
         tracing::debug!(iommu = %self.name, pid, owner, addr = format_args!("{addr:#x}"), len,
             iova = format_args!("{:#x}", base + first as u64), "remote region mapped");
         Ok(base + first as u64)
@@ -653,7 +756,7 @@ impl DmaSpace for EmuIommu {
         let pages = HostPages::alloc(&self.name, len, PAGE)?;
         let (ptr, size) = (pages.ptr(), pages.len());
         // Not mapped on failure: `pages` is freed as it drops.
-        let iova = self.table.insert(ptr.as_ptr() as usize, size, 0, LOCAL_OWNER, None)?;
+        let iova = self.table.insert(ptr.as_ptr() as usize, size, 0, LOCAL_OWNER, None, false)?;
         let release = Release { table: self.table.clone(), iova, _owned: Some(pages) };
         // SAFETY: zeroed, page-aligned, `size` bytes, mapped at `iova` until `release` drops.
         Ok(unsafe { DmaBuffer::from_raw(ptr, size, iova, Box::new(release)) })
@@ -668,18 +771,79 @@ impl DmaSpace for EmuIommu {
             .checked_add(len)
             .ok_or_else(|| DriverError::dma(&*self.name, "range wraps the address space"))?
             .next_multiple_of(PAGE);
-        let base = self.table.insert(start, end - start, vaddr as usize - start, LOCAL_OWNER, None)?;
+        let base = self.table.insert(start, end - start, vaddr as usize - start, LOCAL_OWNER, None, false)?;
         let iova = base + (vaddr as usize - start) as u64;
         let release = Release { table: self.table.clone(), iova: base, _owned: None };
         let segments = vec![IovaSegment { iova, len: len as u64 }];
         // SAFETY: the segment is where `resolve` will find this range; `release` unmaps it.
         Ok(unsafe { DmaMapping::from_raw(vaddr, len, segments, Box::new(release)) })
     }
+
+    /// Maps memory a test marks as device memory: any page-aligned range of
+    /// this process, reached under [`EmuIommu::set_device_reach`] and counted
+    /// in [`EmuIommu::device_counts`], never as host memory.
+    unsafe fn map_device(&self, vaddr: *mut u8, len: usize, what: &str) -> Result<DmaMapping> {
+        tutti_driver::transport::check_device_range(&self.name, vaddr, len, what, PAGE)?;
+        let base = self.table.insert(vaddr as usize, len, 0, LOCAL_OWNER, None, true)?;
+        let release = Release { table: self.table.clone(), iova: base, _owned: None };
+        let segments = vec![IovaSegment { iova: base, len: len as u64 }];
+        tracing::debug!(iommu = %self.name, what, iova = format_args!("{base:#x}"), len, "device memory mapped");
+        // SAFETY: the segment is where `resolve` will find this range; `release` unmaps it.
+        Ok(unsafe { DmaMapping::from_raw(vaddr, len, segments, Box::new(release)) })
+    }
+
+    /// Unmaps the region now; IOVAs are never handed out twice here, so
+    /// nothing else can appear at them before the mapping drops.
+    fn revoke(&self, mapping: &DmaMapping) -> Result<()> {
+        let [seg] = mapping.segments() else {
+            return Err(DriverError::dma(&*self.name, "only a one-segment mapping can be revoked"));
+        };
+        let base = seg.iova & !(PAGE as u64 - 1);
+        self.table.remove(base);
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn device_memory_is_counted_apart_and_obeys_its_reach() -> Result<()> {
+        let mmu = EmuIommu::new("t");
+        let host = mmu.alloc(4096)?;
+        let dev = HostPages::alloc("dev", 8192, PAGE)?;
+        let ptr = dev.ptr().as_ptr();
+        // SAFETY: `dev` outlives the mapping (dropped at the end of the test, after `m`).
+        let m = unsafe { mmu.map_device(ptr, 8192, "test device memory")? };
+        let at = m.segments()[0].iova;
+        let fault = |_| DriverError::invalid("fault");
+        mmu.dma_write(host.iova(), b"host").map_err(fault)?;
+        mmu.dma_write(at + 16, b"device").map_err(fault)?;
+        let mut back = [0u8; 6];
+        mmu.dma_read(at + 16, &mut back).map_err(fault)?;
+        assert_eq!(&back, b"device");
+        assert_eq!(mmu.device_counts(), DeviceDmaCounts { written: 6, read: 6, blocked: 0 });
+        // SAFETY: reading 6 bytes of our own 8 KiB allocation.
+        assert_eq!(unsafe { std::slice::from_raw_parts(ptr.add(16), 6) }, b"device");
+        mmu.set_device_reach(DeviceReach::SilentDrop);
+        mmu.dma_write(at + 16, b"XXXXXX").map_err(fault)?;
+        mmu.dma_read(at + 16, &mut back).map_err(fault)?;
+        assert_eq!(back, [0; 6], "dropped reads return zeros");
+        // SAFETY: as above.
+        assert_eq!(unsafe { std::slice::from_raw_parts(ptr.add(16), 6) }, b"device", "dropped write");
+        mmu.set_device_reach(DeviceReach::Fault);
+        assert!(mmu.dma_write(at, b"x").is_err());
+        assert_eq!(mmu.device_counts().blocked, 3);
+        mmu.dma_write(host.iova(), b"host").map_err(fault)?;
+        // Unaligned or empty ranges are refused with the range named.
+        // SAFETY: refused before anything is mapped.
+        let e = unsafe { mmu.map_device(ptr.add(1), 4096, "odd") }.map(|_| ()).unwrap_err();
+        assert!(matches!(e, DriverError::DeviceMemoryRefused { errno: libc::EINVAL, .. }), "{e}");
+        drop(m);
+        drop(dev);
+        Ok(())
+    }
 
     #[test]
     fn alloc_is_reachable_and_unmapped_on_drop() -> Result<()> {

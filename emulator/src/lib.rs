@@ -33,7 +33,7 @@ pub mod walk;
 
 pub use config::{CostModel, EmulatedConfig, MediaConfig, MixedModel, NamespaceConfig};
 pub use faults::{FaultAction, FaultInjector, FaultMatch};
-pub use iommu::{allow_peer_access, EmuIommu, RemoteSpace, LOCAL_OWNER};
+pub use iommu::{allow_peer_access, DeviceDmaCounts, DeviceReach, EmuIommu, RemoteSpace, LOCAL_OWNER};
 pub use regs::RegisterFile;
 pub use shared::{monotonic_ns, TraceSpan};
 

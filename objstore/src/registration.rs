@@ -40,6 +40,10 @@ pub enum KvMemoryKind {
     HostUnmapped,
     /// CUDA device memory: the executor's address space.
     Cuda,
+    /// Memory of another device that a provider maps for the drives (a
+    /// vfio-pci BAR, a GDRCopy mapping): peer-to-peer DMA when the probe at
+    /// registration passes ([`crate::p2p`]), staged otherwise.
+    DeviceP2p,
 }
 
 impl KvMemoryKind {
@@ -47,7 +51,7 @@ impl KvMemoryKind {
     /// cannot: the data path is then staged. Probed at registration.
     pub fn p2p_obstacle(self) -> Option<String> {
         match self {
-            KvMemoryKind::Host => None,
+            KvMemoryKind::Host | KvMemoryKind::DeviceP2p => None,
             KvMemoryKind::HostUnmapped => {
                 Some("host KV memory registered as not DMA-mappable (host-staged test kind)".into())
             }
@@ -69,6 +73,7 @@ impl KvMemoryKind {
             KvMemoryKind::Host => "host",
             KvMemoryKind::HostUnmapped => "host (unmapped)",
             KvMemoryKind::Cuda => "cuda",
+            KvMemoryKind::DeviceP2p => "device (p2p)",
         }
     }
 }
@@ -76,11 +81,15 @@ impl KvMemoryKind {
 /// The data path in force for a registration.
 #[derive(Clone, PartialEq, Eq, Debug, serde::Serialize)]
 pub struct DataPath {
-    /// `direct` (drives DMA into KV memory) or `staged` (through pinned host staging).
+    /// `direct` (drives DMA into host KV memory), `p2p` (drives DMA into
+    /// another device's memory, probed) or `staged` (through pinned host staging).
     pub mode: &'static str,
     pub memory: KvMemoryKind,
     /// When staged: what is missing for direct (P2P) DMA.
     pub p2p_missing: Option<String>,
+    /// Who maps device KV memory for the drives (`p2p`, or `staged` after a
+    /// failed probe): `vfio-pci 0000:00:09.0 BAR2`, ...
+    pub provider: Option<String>,
     /// When staged: the staging slots and their counters (gio_uring path).
     pub staging: Option<tutti_gio_uring::StagingStats>,
 }
@@ -120,6 +129,13 @@ pub(crate) struct Registration {
     /// What the KV memory is; when it is not `Host` the registration is
     /// staged: nothing is mapped for the drives and there are no SGL tables.
     pub memory_kind: KvMemoryKind,
+    /// Staged: the drives never see the KV memory (its kind cannot be
+    /// mapped, P2P was refused, or its probe failed).
+    staged: bool,
+    /// Why not direct or P2P, when staged.
+    pub p2p_missing: Option<String>,
+    /// Device KV memory and its provider ([`KvMemoryKind::DeviceP2p`]).
+    pub device: Option<crate::p2p::DeviceKvMemory>,
     /// Per drive, per layout region. Dropped before `_memory`.
     _mappings: Vec<Vec<DmaMapping>>,
     _memory: Option<Arc<HostKvMemory>>,
@@ -203,7 +219,14 @@ impl Registration {
         map: &StripeMap,
         memory: Option<Arc<HostKvMemory>>,
         memory_kind: KvMemoryKind,
+        device: Option<crate::p2p::DeviceKvMemory>,
     ) -> Result<Self> {
+        if (memory_kind == KvMemoryKind::DeviceP2p) != device.is_some() {
+            return Err(ObjError::invalid(
+                "memory",
+                "device KV memory is registered with its provider, and only device KV memory",
+            ));
+        }
         if identity.geometry != *layout.geometry() || identity.layout != layout.kind() {
             return Err(ObjError::invalid(
                 "identity",
@@ -216,29 +239,32 @@ impl Registration {
         // Bounded before anything is mapped or allocated.
         let views = if memory_kind.p2p_obstacle().is_some() { 1 } else { distinct_spaces(spaces) };
         let descriptors = check_table_bounds(&layout, map.chunks(), views)?;
-        if let Some(why) = memory_kind.p2p_obstacle() {
-            // Staged: the drives never see this memory; the executor copies
-            // each chunk through staging slots (io::gio builds that table).
-            tracing::info!(memory = memory_kind.name(), %why, "KV memory registered for the staged data path");
-            return Ok(Registration {
-                identity_id: identity.id(),
+        let refused = match &device {
+            Some(d) if d.policy == crate::p2p::P2pPolicy::Off => {
+                Some(format!("{}: P2P is off (the p2p setting); moved through staging", d.provider))
+            }
+            _ => memory_kind.p2p_obstacle(),
+        };
+        if let Some(why) = refused {
+            return Ok(Self::staged_with(
                 layout,
                 identity,
-                tables: Vec::new(),
-                table_of_drive: Vec::new(),
-                sizes: TableSizes { descriptors, ..Default::default() },
-                chunks: map.chunks(),
+                descriptors,
+                map.chunks(),
                 memory_kind,
-                _mappings: Vec::new(),
-                _memory: memory,
-            });
+                why,
+                device,
+                memory,
+            ));
         }
         // One mapping per distinct DMA space: drives sharing an IOMMU domain
         // (one VFIO container) share one `DmaSpace` and see one set of IOVAs.
         let mut mappings: Vec<Vec<DmaMapping>> = Vec::new();
         let mut space_of_drive = Vec::with_capacity(spaces.len());
         let mut seen: Vec<*const ()> = Vec::new();
-        for space in spaces {
+        // Device memory a drive's DMA space refused to map, under `P2pPolicy::Auto`: staged.
+        let mut map_refused: Option<String> = None;
+        'spaces: for space in spaces {
             let key = Arc::as_ptr(space) as *const ();
             if let Some(i) = seen.iter().position(|&k| k == key) {
                 space_of_drive.push(i);
@@ -246,12 +272,50 @@ impl Registration {
             }
             let mut per = Vec::new();
             for r in layout.regions() {
-                // SAFETY: the caller keeps every region allocated until this registration drops.
-                per.push(unsafe { space.map(r.addr as *mut u8, r.len as usize)? });
+                match &device {
+                    None => {
+                        // SAFETY: the caller keeps every region allocated until this registration drops.
+                        per.push(unsafe { space.map(r.addr as *mut u8, r.len as usize)? })
+                    }
+                    Some(d) => {
+                        let mapped = d.access.drive_view(r.addr, r.len).and_then(|at| {
+                            // SAFETY: the caller keeps the device memory mapped until this registration
+                            // drops (KvStore::register_device's contract).
+                            let m = unsafe { space.map_device(at, r.len as usize, &d.provider)? };
+                            if d.unreachable {
+                                space.revoke(&m)?;
+                            }
+                            Ok(m)
+                        });
+                        match mapped {
+                            Ok(m) => per.push(m),
+                            Err(e) if d.policy == crate::p2p::P2pPolicy::Require => return Err(e),
+                            Err(e) => {
+                                map_refused =
+                                    Some(format!("mapping {} for the drives failed: {e}", d.provider));
+                                break 'spaces;
+                            }
+                        }
+                    }
+                }
             }
             space_of_drive.push(mappings.len());
             mappings.push(per);
             seen.push(key);
+        }
+        if let Some(why) = map_refused {
+            drop(mappings);
+            let chunks = map.chunks();
+            return Ok(Self::staged_with(
+                layout,
+                identity,
+                descriptors,
+                chunks,
+                memory_kind,
+                why,
+                device,
+                memory,
+            ));
         }
         // One table per distinct device view of the memory.
         let mut tables: Vec<Arc<SglTable>> = Vec::new();
@@ -285,14 +349,66 @@ impl Registration {
             sizes,
             chunks: map.chunks(),
             memory_kind,
+            staged: false,
+            p2p_missing: None,
+            device,
             _mappings: mappings,
             _memory: memory,
         })
     }
 
+    /// A staged registration: the drives never see this memory; the executor
+    /// copies each chunk through staging slots (io::gio builds that table).
+    #[allow(clippy::too_many_arguments, reason = "the fields of a registration")]
+    fn staged_with(
+        layout: KvLayout,
+        identity: CacheIdentity,
+        descriptors: u64,
+        chunks: u32,
+        memory_kind: KvMemoryKind,
+        why: String,
+        device: Option<crate::p2p::DeviceKvMemory>,
+        memory: Option<Arc<HostKvMemory>>,
+    ) -> Registration {
+        tracing::info!(memory = memory_kind.name(), %why, "KV memory registered for the staged data path");
+        Registration {
+            identity_id: identity.id(),
+            layout,
+            identity,
+            tables: Vec::new(),
+            table_of_drive: Vec::new(),
+            sizes: TableSizes { descriptors, ..Default::default() },
+            chunks,
+            memory_kind,
+            staged: true,
+            p2p_missing: Some(why),
+            device,
+            _mappings: Vec::new(),
+            _memory: memory,
+        }
+    }
+
+    /// This registration moved to the staged path (a failed P2P probe said
+    /// `why`): the drives' mappings and tables are dropped.
+    pub(crate) fn into_staged(self, why: String) -> Registration {
+        let descriptors = self.sizes.descriptors;
+        let Registration { layout, identity, chunks, memory_kind, device, _mappings, _memory, .. } = self;
+        drop(_mappings);
+        Self::staged_with(layout, identity, descriptors, chunks, memory_kind, why, device, _memory)
+    }
+
     /// Whether the data path is staged (the drives cannot reach the KV memory).
     pub fn staged(&self) -> bool {
-        self.memory_kind != KvMemoryKind::Host
+        self.staged
+    }
+
+    /// `direct`, `p2p` or `staged`.
+    pub fn mode(&self) -> &'static str {
+        match (self.staged, self.memory_kind) {
+            (true, _) => "staged",
+            (false, KvMemoryKind::DeviceP2p) => "p2p",
+            _ => "direct",
+        }
     }
 
     /// The descriptor for chunk `c` of object `(block, layer, kv)` as drive `d` sees it.
@@ -405,6 +521,7 @@ mod tests {
                 &map,
                 Some(mem.clone()),
                 KvMemoryKind::Host,
+                None,
             )
         }
         .unwrap();

@@ -12,7 +12,13 @@
 //! once (each maps its own memory through the container the daemon passed),
 //! gives back everything of a client SIGKILLed mid-load, serves both plain
 //! namespaces of the multi-namespace controller, and on the one-pair
-//! controller moves a client's layers itself on its one pair. Skips with a reason when qemu-system-x86_64, a guest kernel
+//! controller moves a client's layers itself on its one pair. P2P: the guest binds an
+//! ivshmem device (its BAR2 is RAM shared with a file here) to vfio-pci, and the
+//! drives' DMA stores KV from and loads KV into that BAR through the virtual IOMMU
+//! (`tutti demo --kv-device`, both backends, data path `p2p`, every byte checked in the
+//! guest); the BAR's backing file is then checked here against the digest the guest
+//! printed. A target the IOMMU does not map for the drive is refused by the probe, and
+//! its KV moves through staging, every byte verified. Skips with a reason when qemu-system-x86_64, a guest kernel
 //! or mdadm/dmsetup cannot be had, and fails instead under CI=true
 //! (tests/support/skip.rs).
 
@@ -46,6 +52,56 @@ const IN_USE_CLEARED: &str = "IN-USE-CLEARED: ";
 /// (status without it, its queue pairs free again, no pins, its own DMA
 /// mappings unmapped by the daemon) and a later client verified its bytes.
 const TUTTID_KILLED: &str = "TUTTID-KILLED-CLIENT-RELEASED";
+/// The guest prints this once a KV device the drive cannot reach was refused by the probe
+/// and its KV moved through staging, every byte verified (in the negative section).
+const P2P_FALLBACK: &str = "P2P-FALLBACK-STAGED";
+/// `P2P-HOST-CHECK: <offset> <bytes> <non-zero bytes> <fnv1a64>` of the BAR after the P2P demos.
+const P2P_HOST_CHECK: &str = "P2P-HOST-CHECK: ";
+/// Verified P2P runs the log must have (before the negative test).
+const P2P_LINES: [(&str, &str); 4] = [
+    ("demo: p2p (direct): ", "data path: p2p (vfio-pci 0000:00:09.0 BAR2)"),
+    ("demo: p2p (direct): ", "every byte verified"),
+    ("demo: p2p (gio): ", "data path: p2p (vfio-pci 0000:00:09.0 BAR2)"),
+    ("demo: p2p (gio): ", "every byte verified"),
+];
+
+/// FNV-1a 64, as `tutti demo` digests device KV memory.
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// Checks the ivshmem BAR's backing file against the guest's `P2P-HOST-CHECK` line: the
+/// bytes the drives DMA'd into the BAR (and the guest verified) are the bytes the host sees.
+fn check_ivshmem(log: &str, file: &[u8]) -> Result<(), String> {
+    let line = log
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(P2P_HOST_CHECK))
+        .ok_or("the guest printed no P2P-HOST-CHECK digest of the device memory")?;
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let num = |i: usize| {
+        f.get(i).and_then(|v| v.parse::<u64>().ok()).ok_or(format!("bad P2P-HOST-CHECK line: {line}"))
+    };
+    let (offset, bytes, nonzero) = (num(0)?, num(1)?, num(2)?);
+    let want = f.get(3).and_then(|h| u64::from_str_radix(h, 16).ok()).ok_or(format!("bad digest: {line}"))?;
+    let region = file
+        .get(offset as usize..(offset + bytes) as usize)
+        .ok_or(format!("the backing file has {} bytes, the digest covers {offset}+{bytes}", file.len()))?;
+    let seen = region.iter().filter(|&&b| b != 0).count() as u64;
+    if bytes == 0 || nonzero < bytes / 2 {
+        return Err(format!(
+            "the digest covers {bytes} bytes of which only {nonzero} are non-zero: nothing to check"
+        ));
+    }
+    if fnv1a64(region) != want || seen != nonzero {
+        return Err(format!(
+            "the ivshmem backing file differs from what the guest verified in the BAR: fnv1a64 {:016x} \
+             ({seen} non-zero bytes) here, {want:016x} ({nonzero}) in the guest",
+            fnv1a64(region)
+        ));
+    }
+    Ok(())
+}
+
 /// Lines of tuttid's clients on VFIO drives the log must have (before the negative test).
 const TUTTID_LINES: [(&str, &str); 7] = [
     ("tuttid: selftest client 1: ", "every byte verified"),
@@ -76,6 +132,16 @@ fn check_console(log: &str) -> Result<(), String> {
     let negative = &log[begin..end];
     if !negative.contains("counted as FAILED") {
         return Err("the unmapped-IOVA Read was not reported as a failed command".into());
+    }
+    if !negative.lines().any(|l| l.trim() == P2P_FALLBACK) {
+        return Err(
+            "the probe did not refuse an unreachable KV device (or its staged load was not verified)".into(),
+        );
+    }
+    for (prefix, needle) in P2P_LINES {
+        if !log[..begin].lines().any(|l| l.starts_with(prefix) && l.contains(needle)) {
+            return Err(format!("the guest log has no `{prefix}... {needle}` line of the P2P demos"));
+        }
     }
     if let Some(line) = log[end..].lines().find(|l| l.contains(IOMMU_FAULT)) {
         return Err(format!("IOMMU fault after the negative test: {line}"));
@@ -121,6 +187,7 @@ fn summary(log: &str) -> Vec<&str> {
                 || l.starts_with("demo: ")
                 || l.starts_with("bench: ")
                 || l.starts_with("IN-USE-")
+                || l.starts_with("P2P-")
                 || l.starts_with("tuttid: ")
                 || l.contains("GUEST-")
                 || (l.starts_with("probe ") && (l.contains(" DIFF ") || l.contains(" probes, ")))
@@ -192,7 +259,9 @@ fn driver_runs_on_qemu_nvme_through_vfio() {
     assert!(pack.success(), "packing the initramfs failed");
 
     let log_path = cache.join("vfio-test.console.log");
+    let ivshmem = cache.join("ivshmem.bin");
     let run = Command::new(scripts.join("run"))
+        .env("TUTTI_QEMU_IVSHMEM", &ivshmem)
         .arg("-k")
         .arg(&kernel_root)
         .arg("-i")
@@ -204,7 +273,10 @@ fn driver_runs_on_qemu_nvme_through_vfio() {
     let log =
         std::fs::read_to_string(&log_path).unwrap_or_else(|_| String::from_utf8_lossy(&run.stdout).into());
     let verdict = match run.status.code() {
-        Some(0) => check_console(&log),
+        Some(0) => check_console(&log).and_then(|()| {
+            let file = std::fs::read(&ivshmem).map_err(|e| format!("reading {}: {e}", ivshmem.display()))?;
+            check_ivshmem(&log, &file)
+        }),
         Some(1) => Err("the guest reported failure".to_string()),
         Some(3) => Err("the guest timed out".to_string()),
         other => Err(format!(
@@ -241,8 +313,13 @@ fn console_check_requires_a_clean_log_before_the_negative_test() {
                 TUTTID-KILLED-CLIENT-RELEASED\n\
                 tuttid: two namespaces: selftest client 5: stored 4 chunks on 2 drives ...\n\
                 tuttid: one pair (0000:00:07.0, proxied): selftest client 6: stored 8 chunks on 1 drives ... every byte verified\n\
+                demo: p2p (direct): data path: p2p (vfio-pci 0000:00:09.0 BAR2)\n\
+                demo: p2p (direct): every byte verified\n\
+                demo: p2p (gio): data path: p2p (vfio-pci 0000:00:09.0 BAR2)\n\
+                demo: p2p (gio): every byte verified\n\
                 TUTTI-NEGATIVE-TEST-BEGIN\n\
                 DMAR: [DMA Write NO_PASID] Request device [00:05.0] fault addr 0x7f00000000\n\
+                P2P-FALLBACK-STAGED\n\
                 0000:00:05.0 qid 1 cid 0: Read completed ... counted as FAILED\n\
                 TUTTI-NEGATIVE-TEST-END\n\
                 demo: one pair (gio): every byte verified\n\
@@ -278,9 +355,18 @@ fn console_check_requires_a_clean_log_before_the_negative_test() {
             "a log without a `{prefix}` line fails"
         );
     }
+    let no_fallback = good.replace("P2P-FALLBACK-STAGED\n", "");
+    assert!(check_console(&no_fallback).unwrap_err().contains("unreachable KV device"));
+    for (prefix, needle) in P2P_LINES {
+        let missing = good.replace(&format!("{prefix}{needle}\n"), "");
+        assert!(
+            check_console(&missing).unwrap_err().contains("P2P demos"),
+            "a log without `{prefix}{needle}` fails"
+        );
+    }
     let not_released = good.replace("TUTTID-KILLED-CLIENT-RELEASED\n", "");
     assert!(check_console(&not_released).unwrap_err().contains("SIGKILLed"));
-    assert_eq!(summary(good).len(), 19);
+    assert_eq!(summary(good).len(), 24);
     let probes = "probe 0000:00:04.0: 29 probes, 1 differ from the spec\n\
                   probe 0000:00:04.0: read one block (PRP)   ok   got Generic/Successful Completion (0x0000)\n\
                   probe 0000:00:04.0: PRP1 offset not dword aligned   DIFF got ...\n";
@@ -291,4 +377,23 @@ fn console_check_requires_a_clean_log_before_the_negative_test() {
                     guest: === next\n\
                     selftest gio recovery: after recovery: host executor ... bytes verified on 0000:00:04.0\n";
     assert_eq!(summary(recovery).len(), 2, "the recovery of each drive and the pass after it are shown");
+}
+
+#[test]
+fn the_host_side_check_compares_the_backing_file_with_the_guest_digest() {
+    let mut file = vec![0u8; 64 << 10];
+    for (i, b) in file[4096..4096 + 8192].iter_mut().enumerate() {
+        *b = (i % 251) as u8 + 1;
+    }
+    let region = &file[4096..4096 + 8192];
+    let log = format!("P2P-HOST-CHECK: 4096 8192 8192 {:016x}\n", fnv1a64(region));
+    assert_eq!(check_ivshmem(&log, &file), Ok(()));
+    let mut changed = file.clone();
+    changed[4096 + 100] ^= 1;
+    assert!(check_ivshmem(&log, &changed).unwrap_err().contains("differs"));
+    assert!(check_ivshmem("", &file).unwrap_err().contains("no P2P-HOST-CHECK"));
+    let zeros = format!("P2P-HOST-CHECK: 0 4096 0 {:016x}\n", fnv1a64(&file[..4096]));
+    assert!(check_ivshmem(&zeros, &file).unwrap_err().contains("nothing to check"));
+    let past = format!("P2P-HOST-CHECK: 60000 8192 8192 {:016x}\n", fnv1a64(region));
+    assert!(check_ivshmem(&past, &file).unwrap_err().contains("backing file has"));
 }

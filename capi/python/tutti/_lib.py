@@ -44,7 +44,7 @@ ABI_VERSION = 1
 # the scheduler in the job path; 1.7: arbitration across tuttid's clients;
 # 1.8: every executor for tuttid clients, control-only clients, the executor
 # mode; 1.9: the names of one rule, the old ones kept as aliases); a library of an older minor would refuse their sizes or lack the calls.
-ABI_MINOR = 9
+ABI_MINOR = 10
 LIB_NAME = "libtutti.so"
 
 # Constants of tutti.h.
@@ -60,11 +60,19 @@ LAYOUT = {"vllm_per_layer": 1, "contiguous": 2, "strided": 3}
 MEMORY_HOST = 1
 MEMORY_CUDA = 2
 MEMORY_HOST_STAGED = 3
+MEMORY_DEVICE_P2P = 4
 # register_kv(memory=...): host memory the drives map (direct), CUDA device
-# memory (staged; needs executor "gio_cuda"), host memory kept from the drives (staged).
-MEMORY = {"host": MEMORY_HOST, "cuda": MEMORY_CUDA, "host_staged": MEMORY_HOST_STAGED}
-DATA_PATH = {0: "none", 1: "direct", 2: "staged"}
+# memory (staged; needs executor "gio_cuda"), host memory kept from the drives (staged),
+# another device's memory this process mapped (P2P when the probe passes, ABI 1.10).
+MEMORY = {
+    "host": MEMORY_HOST,
+    "cuda": MEMORY_CUDA,
+    "host_staged": MEMORY_HOST_STAGED,
+    "device_p2p": MEMORY_DEVICE_P2P,
+}
+DATA_PATH = {0: "none", 1: "direct", 2: "staged", 3: "p2p"}
 DATA_PATH_REASON_BYTES = 256
+DATA_PATH_PROVIDER_BYTES = 64
 DIR_LOAD = 1
 DIR_STORE = 2
 LOOKUP_PIN = 1
@@ -123,7 +131,7 @@ class RuntimeConfig(Structure):
 
 
 class DataPath(Structure):
-    """tutti_data_path_t (ABI 1.4): direct or staged, and what direct DMA lacks."""
+    """tutti_data_path_t (ABI 1.10): direct, p2p or staged, what direct DMA lacks, the P2P provider."""
 
     _fields_ = [
         ("struct_size", c_uint32),
@@ -135,6 +143,7 @@ class DataPath(Structure):
         ("staging_withheld", c_uint64),
         ("staged_bytes", c_uint64),
         ("p2p_missing", c_char * DATA_PATH_REASON_BYTES),
+        ("p2p_provider", c_char * DATA_PATH_PROVIDER_BYTES),
     ]
 
 

@@ -195,13 +195,16 @@ class DataPath:
     """How the registered KV memory moves (``Runtime.data_path``).
 
     ``mode`` is ``"none"`` (nothing registered), ``"direct"`` (the drives DMA into the KV
-    memory) or ``"staged"`` (through pinned host staging slots the executor copies);
-    ``p2p_missing`` says, when staged, what direct DMA lacks.
+    memory), ``"p2p"`` (the drives DMA into another device's memory, probed at registration)
+    or ``"staged"`` (through pinned host staging slots the executor copies);
+    ``p2p_missing`` says, when staged, what direct DMA lacks; ``provider`` names who maps
+    device KV memory for the drives.
     """
 
     mode: str
     memory: str | None
     p2p_missing: str
+    provider: str = ""
     staging_slots: int = 0
     staging_slot_bytes: int = 0
     staging_waits: int = 0

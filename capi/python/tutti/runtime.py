@@ -274,6 +274,7 @@ class Runtime(_Handle):
             mode=_lib.DATA_PATH.get(out.mode, str(out.mode)),
             memory=memories.get(out.memory) if out.memory else None,
             p2p_missing=out.p2p_missing.decode(errors="replace"),
+            provider=out.p2p_provider.decode(errors="replace"),
             staging_slots=out.staging_slots,
             staging_slot_bytes=out.staging_slot_bytes,
             staging_waits=out.staging_waits,

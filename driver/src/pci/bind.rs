@@ -20,6 +20,10 @@ const VIABLE_DRIVERS: [&str; 2] = [VFIO_PCI, "pcieport"];
 pub struct BindOptions {
     /// Bind even when the drive is in use (see [`super::Use`]), or whether it is cannot be told.
     pub force: bool,
+    /// Also bind functions that are not NVMe controllers: devices whose memory BAR holds KV
+    /// memory the drives reach peer to peer (`tutti admin bind --kv-device`; e.g. QEMU's
+    /// ivshmem). The IOMMU and group checks apply to them as to drives.
+    pub kv_device: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -77,10 +81,12 @@ impl PciSystem {
     pub fn check_bindable(&self, bdf: &Bdf, together: &[Bdf], opts: BindOptions) -> Result<DriveInfo> {
         let drive = self.drive(bdf)?;
         let f = &drive.function;
-        if !f.is_nvme() {
+        let kv_device_ok = opts.kv_device && f.class >> 16 != 0x06; // 0x06: bridges
+        if !f.is_nvme() && !kv_device_ok {
             return Err(DriverError::Vfio(format!(
                 "{bdf} is a {} (class {:#08x}), not an NVMe controller (class 0x010802); tutti only \
-                 binds NVMe drives — check the address with `tutti admin list`",
+                 binds NVMe drives, and with --kv-device the device holding KV memory (never a \
+                 bridge) — check the address with `tutti admin list`",
                 f.kind(),
                 f.class
             )));
@@ -370,7 +376,8 @@ mod tests {
     #[test]
     fn refuses_a_device_that_is_not_nvme() {
         let fake = machine();
-        let e = err_of(fake.system().bind(&[bdf("0000:00:00.0")], BindOptions { force: true }));
+        let e =
+            err_of(fake.system().bind(&[bdf("0000:00:00.0")], BindOptions { force: true, kv_device: true }));
         assert!(e.contains("0000:00:00.0 is a host bridge (class 0x060000), not an NVMe controller"), "{e}");
         assert!(e.contains("tutti admin list"), "{e}");
         let e = fake.system().unbind(&[bdf("0000:01:02.0")]).remove(0).1.unwrap_err().to_string();
@@ -380,7 +387,9 @@ mod tests {
     #[test]
     fn refuses_a_group_that_is_not_viable() {
         let fake = machine();
-        let e = err_of(fake.system().bind(&[bdf("0000:01:01.0")], BindOptions { force: true }));
+        let e = err_of(
+            fake.system().bind(&[bdf("0000:01:01.0")], BindOptions { force: true, ..Default::default() }),
+        );
         assert!(e.contains("IOMMU group 3 is not viable"), "{e}");
         // The other device is named with its driver; the bridge (no driver) is not a blocker.
         assert!(e.contains("0000:01:02.0 (device, bound to virtio-pci)"), "{e}");
@@ -440,7 +449,8 @@ mod tests {
         let e = err_of(fake.system().bind(&[bdf("0000:00:04.0")], BindOptions::default()));
         assert!(e.contains("swapoff /dev/nvme0n1p1"), "{e}");
 
-        let forced = fake.system().bind(&[bdf("0000:00:04.0")], BindOptions { force: true });
+        let forced =
+            fake.system().bind(&[bdf("0000:00:04.0")], BindOptions { force: true, ..Default::default() });
         assert!(forced[0].1.is_ok());
         assert_eq!(fake.driver("0000:00:04.0").as_deref(), Some("vfio-pci"));
     }
@@ -479,7 +489,8 @@ mod tests {
             let e = err_of(fake.system().bind(&[bdf("0000:00:04.0")], BindOptions::default()));
             assert!(e.contains("refusing to bind 0000:00:04.0") && e.contains(want), "{what}: {e}");
             assert_eq!(fake.driver("0000:00:04.0").as_deref(), Some("nvme"), "{what}: left alone");
-            let forced = fake.system().bind(&[bdf("0000:00:04.0")], BindOptions { force: true });
+            let forced =
+                fake.system().bind(&[bdf("0000:00:04.0")], BindOptions { force: true, ..Default::default() });
             assert!(forced[0].1.is_ok(), "{what}: {:?}", forced[0].1);
         }
     }

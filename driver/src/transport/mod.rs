@@ -154,4 +154,61 @@ pub trait DmaSpace: Send + Sync {
     /// and is not used for anything the device must not see, until the returned
     /// mapping is dropped.
     unsafe fn map(&self, vaddr: *mut u8, len: usize) -> Result<DmaMapping>;
+
+    /// Makes a caller's *device* memory reachable by the device: a range of
+    /// this process mapped with PFNs rather than pages (another PCI device's
+    /// BAR mmapped through vfio-pci, a GPU BAR1 window GDRCopy mapped), which
+    /// vfio type1 follows (`vaddr_get_pfns`), so the drive's DMA is routed
+    /// peer to peer. `vaddr` and `len` must be page aligned; `what` names the
+    /// memory in errors ([`DriverError::DeviceMemoryRefused`]). A successful
+    /// mapping says nothing about whether the platform routes the traffic:
+    /// callers probe it with real transfers.
+    ///
+    /// The default refuses: a DMA space that cannot tell device memory apart.
+    ///
+    /// # Safety
+    /// As [`map`](Self::map): the range stays mapped in this process until
+    /// the returned mapping is dropped.
+    unsafe fn map_device(&self, vaddr: *mut u8, len: usize, what: &str) -> Result<DmaMapping> {
+        Err(DriverError::DeviceMemoryRefused {
+            space: self.name().to_string(),
+            what: what.to_string(),
+            vaddr: vaddr as u64,
+            len: len as u64,
+            call: "map_device",
+            errno: libc::EOPNOTSUPP,
+            reason: "this DMA space has no way to map device memory".into(),
+        })
+    }
+
+    /// Testing a target the drives cannot reach: removes the device's view of
+    /// `mapping` (made by this space) now, keeping its IOVAs out of use until
+    /// it drops, so DMA to it faults as DMA to a range the IOMMU never mapped
+    /// does. The default refuses.
+    fn revoke(&self, mapping: &DmaMapping) -> Result<()> {
+        Err(DriverError::dma(self.name(), format!("{mapping:?} cannot be revoked by this DMA space")))
+    }
+}
+
+/// Checks what every `map_device` implementation requires: a non-empty,
+/// page-aligned range that does not wrap.
+pub fn check_device_range(space: &str, vaddr: *mut u8, len: usize, what: &str, page: usize) -> Result<()> {
+    let a = vaddr as usize;
+    let bad = len == 0
+        || a == 0
+        || !a.is_multiple_of(page)
+        || !len.is_multiple_of(page)
+        || a.checked_add(len).is_none();
+    if bad {
+        return Err(DriverError::DeviceMemoryRefused {
+            space: space.to_string(),
+            what: what.to_string(),
+            vaddr: a as u64,
+            len: len as u64,
+            call: "map_device",
+            errno: libc::EINVAL,
+            reason: format!("device memory must be a non-empty range of whole {page}-byte pages"),
+        });
+    }
+    Ok(())
 }

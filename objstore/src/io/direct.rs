@@ -323,6 +323,17 @@ impl LayerIo for DirectIo {
 
     fn attach(&mut self, reg: &Arc<Registration>, map: &StripeMap) -> Result<()> {
         self.accepts(reg.memory_kind)?;
+        if reg.staged() {
+            return Err(ObjError::invalid(
+                "memory",
+                format!(
+                    "{} KV memory is on the staged data path ({}), which the direct backend cannot run: the \
+                     host CPU would have to copy every chunk; use the gio backend",
+                    reg.memory_kind.name(),
+                    reg.p2p_missing.as_deref().unwrap_or("")
+                ),
+            ));
+        }
         self.attached = Some((reg.clone(), map.clone()));
         Ok(())
     }

@@ -93,6 +93,16 @@ impl LayerIo for ProxyIo {
 
     fn attach(&mut self, reg: &Arc<Registration>, _map: &StripeMap) -> Result<()> {
         self.accepts(reg.memory_kind)?;
+        if reg.staged() {
+            return Err(ObjError::invalid(
+                "memory",
+                format!(
+                    "{} KV memory is on the staged path ({}), which layers moved by the pool's owner cannot run",
+                    reg.memory_kind.name(),
+                    reg.p2p_missing.as_deref().unwrap_or("")
+                ),
+            ));
+        }
         self.service.attach(&LayoutSpec::of(&reg.layout))
     }
     fn detach(&mut self) -> Result<()> {
@@ -167,7 +177,7 @@ impl LayerHost {
         self.reg = None;
         // SAFETY: forwarded from the caller: the spaces map the engine's memory.
         let reg = Arc::new(unsafe {
-            Registration::new(layout, identity, spaces, &self.map, None, KvMemoryKind::Host)?
+            Registration::new(layout, identity, spaces, &self.map, None, KvMemoryKind::Host, None)?
         });
         self.io.attach(&reg, &self.map)?;
         self.reg = Some(reg);

@@ -368,9 +368,10 @@ impl KvStore {
         let (backend, io_mode, staging) =
             self.io.lock().map(|io| (io.name().to_string(), io.mode(), io.staging())).unwrap_or_default();
         let data_path = self.reg.read().ok().and_then(|r| r.clone()).map(|r| DataPath {
-            mode: if r.staged() { "staged" } else { "direct" },
+            mode: r.mode(),
             memory: r.memory_kind,
-            p2p_missing: r.memory_kind.p2p_obstacle(),
+            p2p_missing: r.p2p_missing.clone(),
+            provider: r.device.as_ref().map(|d| d.provider.clone()),
             staging,
         });
         PoolInfo {

@@ -7,6 +7,7 @@ use crate::error::{ObjError, Result};
 use crate::hash::CacheIdentity;
 use crate::layout::KvLayout;
 use crate::memory::HostKvMemory;
+use crate::p2p::{DeviceKvMemory, P2pPolicy};
 use crate::registration::{KvMemoryKind, Registration, TableSizes};
 use std::sync::Arc;
 
@@ -50,7 +51,7 @@ impl KvStore {
             }
         }
         // SAFETY: every region lies inside `memory`, which the registration keeps alive.
-        unsafe { self.register_inner(layout, model, tenant_salt, Some(memory), kind) }
+        unsafe { self.register_inner(layout, model, tenant_salt, Some(memory), kind, None) }
     }
 
     /// [`register`](Self::register) for memory of `kind`: `Host` is mapped for
@@ -69,7 +70,32 @@ impl KvStore {
         kind: KvMemoryKind,
     ) -> Result<TableSizes> {
         // SAFETY: forwarded from the caller.
-        unsafe { self.register_inner(layout, model, tenant_salt, None, kind) }
+        unsafe { self.register_inner(layout, model, tenant_salt, None, kind, None) }
+    }
+
+    /// Registers KV memory that lives in another device (a PCI BAR mapped
+    /// through vfio-pci, GPU memory a provider maps) for peer-to-peer DMA:
+    /// mapped for every drive with `DmaSpace::map_device`, then probed on
+    /// every drive ([`crate::p2p`]). The data path is `p2p` when the probe
+    /// passes; otherwise, under `P2pPolicy::Auto`, `staged` with the probe's
+    /// verdict as `p2p_missing` (which needs the gio backend), and under
+    /// `P2pPolicy::Require` an error naming it.
+    ///
+    /// # Safety
+    /// As [`register`](Self::register): every region of `layout` is device
+    /// memory `device.access` reaches, mapped in this process until the store
+    /// is unregistered or dropped.
+    pub unsafe fn register_device(
+        &self,
+        layout: KvLayout,
+        model: &str,
+        tenant_salt: &[u8],
+        device: DeviceKvMemory,
+    ) -> Result<TableSizes> {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            self.register_inner(layout, model, tenant_salt, None, KvMemoryKind::DeviceP2p, Some(device))
+        }
     }
 
     /// Registers the engine's KV memory described by `layout` under a cache
@@ -82,7 +108,7 @@ impl KvStore {
     /// drives must not touch, until the store is unregistered or dropped.
     pub unsafe fn register(&self, layout: KvLayout, model: &str, tenant_salt: &[u8]) -> Result<TableSizes> {
         // SAFETY: forwarded from the caller.
-        unsafe { self.register_inner(layout, model, tenant_salt, None, KvMemoryKind::Host) }
+        unsafe { self.register_inner(layout, model, tenant_salt, None, KvMemoryKind::Host, None) }
     }
 
     unsafe fn register_inner(
@@ -92,6 +118,7 @@ impl KvStore {
         tenant_salt: &[u8],
         memory: Option<Arc<HostKvMemory>>,
         kind: KvMemoryKind,
+        device: Option<DeviceKvMemory>,
     ) -> Result<TableSizes> {
         if *layout.geometry() != self.geometry {
             return Err(ObjError::invalid(
@@ -126,7 +153,18 @@ impl KvStore {
             crate::mapped::check_host_mapped(layout.regions())?;
         }
         // SAFETY: forwarded from the caller.
-        let reg = Arc::new(unsafe { Registration::new(layout, identity, &spaces, &self.map, memory, kind)? });
+        let mut reg =
+            unsafe { Registration::new(layout, identity, &spaces, &self.map, memory, kind, device)? };
+        if let Some(dev) = reg.device.clone().filter(|_| !reg.staged()) {
+            if let Err(why) = crate::probe::probe(&reg, &self.drives, &dev) {
+                if dev.policy == P2pPolicy::Require {
+                    return Err(ObjError::invalid("memory", format!("{why} (the p2p setting requires P2P)")));
+                }
+                tracing::warn!(provider = %dev.provider, %why, "P2P probe failed; KV memory moves through staging");
+                reg = reg.into_staged(why);
+            }
+        }
+        let reg = Arc::new(reg);
         // The old registration goes first, whether or not the new one is accepted.
         let mut slot = self.reg.write().map_err(|_| ObjError::Poisoned("registration"))?;
         let mut io = lock(&self.io, "io")?;

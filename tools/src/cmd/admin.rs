@@ -29,6 +29,10 @@ pub enum AdminCommand {
         /// open by a process) or its use cannot be checked.
         #[arg(long)]
         force: bool,
+        /// Also bind devices that are not NVMe controllers: a device whose memory BAR holds KV
+        /// memory the drives DMA into peer to peer (`tutti demo --kv-device`).
+        #[arg(long)]
+        kv_device: bool,
     },
     /// Give drives bound to vfio-pci back to the kernel's nvme driver.
     Unbind {
@@ -48,7 +52,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let sys = PciSystem::host();
     match &args.command {
         AdminCommand::List => list(&sys, args.json),
-        AdminCommand::Bind { bdfs, force } => bind(&sys, &parse_bdfs(bdfs)?, *force, args.json),
+        AdminCommand::Bind { bdfs, force, kv_device } => {
+            bind(&sys, &parse_bdfs(bdfs)?, BindOptions { force: *force, kv_device: *kv_device }, args.json)
+        }
         AdminCommand::Unbind { bdfs } => unbind(&sys, &parse_bdfs(bdfs)?, args.json),
         AdminCommand::Identify { bdf, noiommu } => identify(&bdf.parse()?, *noiommu, args.json),
     }
@@ -176,9 +182,9 @@ fn report_outcomes<T: serde::Serialize>(
     Ok(())
 }
 
-fn bind(sys: &PciSystem, bdfs: &[Bdf], force: bool, json: bool) -> anyhow::Result<()> {
+fn bind(sys: &PciSystem, bdfs: &[Bdf], opts: BindOptions, json: bool) -> anyhow::Result<()> {
     use tutti_driver::pci::BindOutcome;
-    let results = sys.bind(bdfs, BindOptions { force });
+    let results = sys.bind(bdfs, opts);
     let group_dev =
         |g: &Option<u32>| g.map_or(String::new(), |g| format!(", IOMMU group {g} (/dev/vfio/{g})"));
     report_outcomes(
@@ -252,7 +258,9 @@ mod tests {
         let a =
             Cli::try_parse_from(["t", "bind", "00:04.0", "0000:00:05.0", "--force", "--json"]).unwrap().admin;
         assert!(a.json);
-        assert!(matches!(&a.command, AdminCommand::Bind { bdfs, force: true } if bdfs.len() == 2));
+        assert!(
+            matches!(&a.command, AdminCommand::Bind { bdfs, force: true, kv_device: false } if bdfs.len() == 2)
+        );
         let a = Cli::try_parse_from(["t", "--json", "list"]).unwrap().admin;
         assert!(a.json && matches!(a.command, AdminCommand::List));
         let a = Cli::try_parse_from(["t", "identify", "00:04.0", "--noiommu"]).unwrap().admin;

@@ -344,9 +344,13 @@ class WorkerSide:
             else:
                 self.tier.register_memory([_span(kv_caches[n]) for n in names])
         path = self.rt.data_path() if hasattr(self.rt, "data_path") else None
+        detail = ""
+        if path and path.p2p_missing:
+            detail = f": {path.p2p_missing}"
+        elif path and getattr(path, "provider", ""):
+            detail = f" through {path.provider}"
         log.info("tutti: registered %d layers × %d blocks (%s %s, %s memory, %s data path%s)", len(names),
-                 num_blocks, kind, tag or "NHD", memory, path.mode if path else "?",
-                 f": {path.p2p_missing}" if path and path.p2p_missing else "")
+                 num_blocks, kind, tag or "NHD", memory, path.mode if path else "?", detail)
 
     def block_segments(self, block_id: int) -> list[tuple[int, int]]:
         """(address, bytes) runs of one engine block, every layer's K then V (adjacent runs merged):

@@ -11,7 +11,7 @@ use super::mem::{Memory, Pagemap, HUGE, PAGE};
 use super::options::{HugepagePolicy, IommuMode};
 use super::shared::Shared;
 use crate::error::{DriverError, Result};
-use crate::transport::{DmaBuffer, DmaMapping, DmaSpace, IovaSegment};
+use crate::transport::{check_device_range, DmaBuffer, DmaMapping, DmaSpace, IovaSegment};
 use std::sync::{Arc, Mutex};
 
 pub struct VfioDma {
@@ -24,6 +24,8 @@ pub struct VfioDma {
     probe: Mutex<Option<Memory>>,
     /// Ranges reserved for other processes and not released.
     client_ranges: std::sync::atomic::AtomicU64,
+    /// IOVAs of mappings [`DmaSpace::revoke`]d: already unmapped, freed when they drop.
+    revoked: Arc<Mutex<Vec<u64>>>,
 }
 
 enum Kind {
@@ -38,11 +40,18 @@ struct Type1Release {
     iova: u64,
     size: u64,
     memory: Option<Memory>,
+    revoked: Arc<Mutex<Vec<u64>>>,
 }
 
 impl Drop for Type1Release {
     fn drop(&mut self) {
-        if let Err(e) = self.shared.container.unmap_dma(self.iova, self.size) {
+        let was_revoked = self.revoked.lock().is_ok_and(|mut r| {
+            let at = r.iter().position(|&i| i == self.iova);
+            at.map(|i| r.swap_remove(i)).is_some()
+        });
+        let unmapped =
+            if was_revoked { Ok(()) } else { self.shared.container.unmap_dma(self.iova, self.size) };
+        if let Err(e) = unmapped {
             // The device may still reach these pages: keep them (and the IOVA range)
             // out of circulation rather than hand them to someone else.
             tracing::error!(device = %self.shared.name, error = %e, "DMA unmap failed; leaking the memory");
@@ -89,6 +98,7 @@ impl VfioDma {
             kind,
             probe: Mutex::new(None),
             client_ranges: Default::default(),
+            revoked: Default::default(),
         })
     }
 
@@ -244,6 +254,7 @@ impl DmaSpace for VfioDma {
                     iova,
                     size,
                     memory: Some(memory),
+                    revoked: self.revoked.clone(),
                 };
                 // SAFETY: `ptr..ptr+visible` is zeroed, page-aligned memory owned by
                 // `release`, mapped for the device at `iova` until `release` drops.
@@ -289,6 +300,7 @@ impl DmaSpace for VfioDma {
                     iova,
                     size,
                     memory: None,
+                    revoked: self.revoked.clone(),
                 };
                 let segments =
                     vec![IovaSegment { iova: iova + (vaddr as usize - start) as u64, len: len as u64 }];
@@ -322,5 +334,86 @@ impl DmaSpace for VfioDma {
                 Ok(unsafe { DmaMapping::from_raw(vaddr, len, segments, Box::new(())) })
             }
         }
+    }
+
+    unsafe fn map_device(&self, vaddr: *mut u8, len: usize, what: &str) -> Result<DmaMapping> {
+        check_device_range(&self.name, vaddr, len, what, PAGE)?;
+        let refused = |errno: i32, reason: String| DriverError::DeviceMemoryRefused {
+            space: self.name.clone(),
+            what: what.to_string(),
+            vaddr: vaddr as u64,
+            len: len as u64,
+            call: "VFIO_IOMMU_MAP_DMA",
+            errno,
+            reason,
+        };
+        let space =
+            match &self.kind {
+                Kind::Type1 { iova } => iova,
+                Kind::NoIommu { .. } => return Err(refused(
+                    libc::EOPNOTSUPP,
+                    "no-IOMMU mode gives the drive physical addresses, and a device's bus address is not \
+                     known from its mapping here; device memory needs type1"
+                        .into(),
+                )),
+            };
+        let size = len as u64;
+        let iova = space
+            .lock()
+            .map_err(|_| DriverError::dma(&self.name, "IOVA allocator poisoned"))?
+            .alloc(size, PAGE as u64)?;
+        if let Err(e) = self.shared.container.map_raw(vaddr, iova, size) {
+            if let Ok(mut s) = space.lock() {
+                s.free(iova, size);
+            }
+            let errno = e.raw_os_error().unwrap_or(0);
+            let reason = match errno {
+                libc::EFAULT => "the kernel could not follow the range to page frames: it is not mapped in \
+                                 this process, or not a PFN map type1 accepts (vaddr_get_pfns)"
+                    .to_string(),
+                libc::EINVAL => "the range or its IOVA was refused as malformed (alignment, size, or a \
+                                 window the IOMMU does not offer)"
+                    .to_string(),
+                libc::EEXIST => format!("IOVA {iova:#x} is already mapped (driver bug)"),
+                libc::ENOMEM | libc::ENOSPC => {
+                    "the container is out of DMA mappings or locked memory (dma_entry_limit, ulimit -l)"
+                        .to_string()
+                }
+                libc::EPERM | libc::EACCES => {
+                    "not permitted (run as root or give this user the VFIO group)".into()
+                }
+                _ => format!("{e}"),
+            };
+            return Err(refused(errno, format!("{e}; {reason}")));
+        }
+        tracing::info!(device = %self.shared.name, what, iova = format_args!("{iova:#x}"), len, "device memory mapped for DMA");
+        let release = Type1Release {
+            shared: self.shared.clone(),
+            iova_space: space.clone(),
+            iova,
+            size,
+            memory: None,
+            revoked: self.revoked.clone(),
+        };
+        let segments = vec![IovaSegment { iova, len: size }];
+        // SAFETY: the device sees `vaddr..vaddr+len` at `iova` until `release` (which
+        // unmaps it) drops; the caller keeps the range mapped (DmaSpace::map_device).
+        Ok(unsafe { DmaMapping::from_raw(vaddr, len, segments, Box::new(release)) })
+    }
+
+    fn revoke(&self, mapping: &DmaMapping) -> Result<()> {
+        let [seg] = mapping.segments() else {
+            return Err(DriverError::dma(&self.name, "only a one-segment type1 mapping can be revoked"));
+        };
+        if !matches!(self.kind, Kind::Type1 { .. }) || !seg.iova.is_multiple_of(PAGE as u64) {
+            return Err(DriverError::dma(&self.name, "only a page-aligned type1 mapping can be revoked"));
+        }
+        let size = seg.len.next_multiple_of(PAGE as u64);
+        let mut revoked =
+            self.revoked.lock().map_err(|_| DriverError::dma(&self.name, "revoked list poisoned"))?;
+        self.shared.container.unmap_dma(seg.iova, size)?;
+        revoked.push(seg.iova);
+        tracing::warn!(device = %self.shared.name, iova = seg.iova, size, "mapping revoked (testing): DMA to it faults");
+        Ok(())
     }
 }

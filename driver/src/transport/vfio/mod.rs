@@ -14,6 +14,7 @@
 //! - [`IommuMode::NoIommu`], only when asked for: no translation and no
 //!   protection; the device is given physical addresses of hugepages.
 
+mod bar;
 mod bar0;
 mod client;
 mod container;
@@ -27,6 +28,7 @@ mod mem;
 mod options;
 mod shared;
 
+pub use bar::VfioBar;
 pub use bar0::Bar0;
 pub use client::{ClientContainer, DoorbellBar};
 pub use dma::VfioDma;

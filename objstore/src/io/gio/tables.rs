@@ -39,7 +39,7 @@ impl GioIo {
         for r in regions {
             match reg.memory_kind {
                 MemoryKind::Cuda => bases.push(r.addr),
-                MemoryKind::Host | MemoryKind::HostUnmapped => {
+                MemoryKind::Host | MemoryKind::HostUnmapped | MemoryKind::DeviceP2p => {
                     // SAFETY: the registration keeps the region allocated while attached
                     // (KvStore::register's contract); the mapping is dropped at detach.
                     let m = unsafe {

@@ -103,6 +103,26 @@ pub struct Args {
     /// memory moved on the staged path (host-staged).
     #[arg(long, value_enum, default_value_t = KvMemoryFlag::Host)]
     pub kv_memory: KvMemoryFlag,
+    /// PCI address of a device bound to vfio-pci (`tutti admin bind --kv-device`) whose memory
+    /// BAR holds the engine's KV memory (e.g. QEMU's ivshmem): the drives DMA into it peer to
+    /// peer when the probe at registration passes, through staging otherwise. Replaces
+    /// --kv-memory.
+    #[arg(long, conflicts_with_all = ["cuda", "clients"])]
+    pub kv_device: Option<String>,
+    /// The memory BAR of --kv-device that holds the KV memory.
+    #[arg(long, default_value_t = 2, requires = "kv_device")]
+    pub kv_device_bar: u32,
+    /// Where in the BAR the KV memory starts: bytes, or with a K or M suffix (page aligned).
+    #[arg(long, default_value = "0", value_parser = parse_size, requires = "kv_device")]
+    pub kv_device_offset: u64,
+    /// P2P for --kv-device: `auto` (probe, fall back to staging), `require` (fail instead of
+    /// falling back) or `off` (staged).
+    #[arg(long, default_value = "auto", requires = "kv_device")]
+    pub p2p: String,
+    /// Testing the fallback: the drives' IOMMU mappings of the --kv-device memory are removed
+    /// right after they are made (a range the IOMMU never mapped), so the probe must refuse it.
+    #[arg(long, requires = "kv_device")]
+    pub kv_device_unreachable: bool,
     /// Tokens of the request whose KV is stored and retrieved.
     #[arg(long, default_value_t = 16384)]
     pub tokens: u32,
@@ -155,6 +175,19 @@ pub struct Args {
     pub client_of: Option<std::path::PathBuf>,
     #[arg(long, hide = true)]
     pub client_index: Option<u32>,
+}
+
+/// `4096`, `64K`, `8M`.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let (num, unit) = match s.trim().to_ascii_uppercase() {
+        t if t.ends_with('K') => (t[..t.len() - 1].to_string(), 1u64 << 10),
+        t if t.ends_with('M') => (t[..t.len() - 1].to_string(), 1u64 << 20),
+        t => (t, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit))
+        .ok_or_else(|| format!("{s:?} is not a size (bytes, or a number with K or M)"))
 }
 
 impl Args {

@@ -30,6 +30,8 @@ struct Report {
     store: Phase,
     retrieve: Phase,
     reopen: Option<Reopen>,
+    /// `--kv-device`: the device memory after the run, for a check from outside.
+    kv_device: Option<super::kv::KvDeviceReport>,
 }
 
 /// Why the pool cannot take the request, with remedies that exist for the
@@ -105,6 +107,7 @@ pub(super) fn run(args: &Args) -> anyhow::Result<()> {
         store: store_phase,
         retrieve: loaded.phase,
         reopen: None,
+        kv_device: None,
     };
 
     if !args.no_reopen {
@@ -125,6 +128,7 @@ pub(super) fn run(args: &Args) -> anyhow::Result<()> {
             controllers_restarted: restarted,
         });
     }
+    report.kv_device = kv.device_digest()?;
     if args.json {
         return print_json(&report);
     }
@@ -159,9 +163,10 @@ fn print(r: &Report) {
     println!("KV: {g}, {} layout", r.layout);
     println!("I/O: {}", p.io_mode);
     if let Some(dp) = &p.data_path {
-        match &dp.p2p_missing {
-            Some(why) => println!("data path: {} ({})", dp.mode, why),
-            None => println!("data path: {}", dp.mode),
+        match (&dp.p2p_missing, &dp.provider) {
+            (Some(why), _) => println!("data path: {} ({})", dp.mode, why),
+            (None, Some(provider)) => println!("data path: {} ({provider})", dp.mode),
+            (None, None) => println!("data path: {}", dp.mode),
         }
     }
     println!(
@@ -188,6 +193,12 @@ fn print(r: &Report) {
             o.journal_records,
             if o.controllers_restarted { " (controllers restarted from their files)" } else { "" },
             bytes(o.verified_bytes)
+        );
+    }
+    if let Some(d) = &r.kv_device {
+        println!(
+            "KV device memory: {}: {} bytes at BAR offset {}, {} of them non-zero, fnv1a64 {}",
+            d.provider, d.bytes, d.offset, d.nonzero, d.fnv1a64
         );
     }
     println!("every byte verified");
