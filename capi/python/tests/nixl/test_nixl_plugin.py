@@ -28,7 +28,7 @@ def keys(prefix: str, n: int) -> list[str]:
 def test_the_agent_loads_the_plugin_and_lists_its_memory_types(plugin_dir):
     a = nt.agent("lister", {})
     assert "TUTTI" in a.get_plugin_list()
-    assert sorted(a.get_plugin_mem_types("TUTTI")) == ["DRAM", "FILE", "OBJ"]
+    assert sorted(a.get_plugin_mem_types("TUTTI")) == ["DRAM_SEG", "FILE_SEG", "OBJ_SEG"]
     params = a.get_plugin_params("TUTTI")
     assert {"pool_dir", "daemon_socket", "drives", "layers", "model", "xfer_timeout_ms"} <= set(params)
 
@@ -68,10 +68,8 @@ def test_a_missing_key_is_not_found_and_moves_nothing(plugin_dir, tmp_path):
     region.buf[:] = 0xEE
     # One absent key among stored ones: not found, and not one byte of the stored ones lands.
     st = nt.read_keys(a, region, [4, 5, 6, 7], [devs[0], devs[1], devs[3], devs[2]])
-    assert st in ("nixlNotFoundError", "ERR"), st
+    assert st == "nixlNotFoundError", st
     assert (region.buf == 0xEE).all()
-    if st == "ERR":  # the agent reported an error; the exact status is the backend's NOT_FOUND
-        pass
     # The stored ones alone still load.
     assert nt.read_keys(a, region, [4, 5, 6], devs[:3]) == "DONE"
     assert all((region.block(4 + i) == nt.content(k)).all() for i, k in enumerate(ks))
@@ -84,11 +82,11 @@ def test_descriptors_that_are_not_whole_blocks_are_refused(plugin_dir):
     _, devs = nt.register_objects(a, ["shape/a"])
     half = a.get_xfer_descs([(region.addr, nt.BLOCK // 2, 0)], "DRAM")
     remote = a.get_xfer_descs([(0, nt.BLOCK // 2, devs[0])], "OBJ")
-    assert nt.transfer(a, "WRITE", half, remote) != "DONE"
+    assert nt.transfer(a, "WRITE", half, remote) == "nixlInvalidParamError"
     unaligned = a.get_xfer_descs([(region.addr + 512, nt.BLOCK, 0)], "DRAM")
-    assert nt.transfer(a, "WRITE", unaligned, a.get_xfer_descs([(0, nt.BLOCK, devs[0])], "OBJ")) != "DONE"
+    assert nt.transfer(a, "WRITE", unaligned, a.get_xfer_descs([(0, nt.BLOCK, devs[0])], "OBJ")) == "nixlInvalidParamError"
     # Nothing was stored under the key by the refused transfers.
-    assert nt.read_keys(a, region, [1], devs) != "DONE"
+    assert nt.read_keys(a, region, [1], devs) == "nixlNotFoundError"
     region.close()
 
 
@@ -106,7 +104,7 @@ def test_a_failed_block_is_an_error_never_stale_bytes(plugin_dir, tmp_path):
     region = nt.Region(b, 16)
     _, devs = nt.register_objects(b, ks)
     st = nt.read_keys(b, region, list(range(16)), devs)
-    assert st != "DONE", "a load whose blocks failed reported success"
+    assert st in ("ERR", "nixlBackendError"), f"a load whose blocks failed ended {st}"
     # Once the injected failures are spent the same transfer moves every byte.
     region.buf[:] = 0
     assert nt.read_keys(b, region, list(range(16)), devs) == "DONE"
@@ -166,10 +164,11 @@ def test_a_store_torn_by_sigkill_is_a_miss_on_reopen(plugin_dir, tmp_path):
     kept, torn = keys("kept", 8), keys("torn", 8)
     p = _worker("torn", {"pool_dir": pool}, [{"write": kept}, {"post_write": torn}, {"hang": True}])
     lines = []
-    for _ in range(3):
+    while len(lines) < 3:
         line = p.stdout.readline()
         assert line, f"worker ended early: {p.stderr.read()[-3000:]}"
-        lines.append(json.loads(line))
+        if line.startswith("{"):  # the agent logs to stdout too
+            lines.append(json.loads(line))
     assert lines[0] == {"step": "write", "state": "DONE"}
     assert lines[1]["step"] == "post_write" and lines[1]["state"] in ("PROC", "DONE")
     p.kill()  # SIGKILL: the posted store is never committed
@@ -182,7 +181,7 @@ def test_a_store_torn_by_sigkill_is_a_miss_on_reopen(plugin_dir, tmp_path):
     for i, k in enumerate(torn):
         region.block(8)[:] = 0xEE
         st = nt.read_keys(a, region, [8], [devs[8 + i]])
-        assert st in ("nixlNotFoundError", "ERR"), (k, st)
+        assert st == "nixlNotFoundError", (k, st)
         assert (region.block(8) == 0xEE).all()
     region.close()
 
@@ -215,7 +214,7 @@ def test_file_ranges_map_to_pool_objects_and_a_rewrite_is_never_stale(plugin_dir
         # A range never written is a miss, and nothing lands.
         region.buf[:] = 0xEE
         st = nt.transfer(a, "READ", region.descs([0]), ranges([5]))
-        assert st in ("nixlNotFoundError", "ERR"), st
+        assert st == "nixlNotFoundError", st
         assert (region.buf == 0xEE).all()
         # The file itself was never written: the bytes live in the pool.
         assert os.pread(fd, 16 * nt.BLOCK, 0) == bytes(16 * nt.BLOCK)
