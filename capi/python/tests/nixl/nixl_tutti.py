@@ -1,7 +1,7 @@
 """Driving libplugin_TUTTI.so through the real NIXL agent (the pinned wheel's Python API).
 
 The plugin directory is NIXL_PLUGIN_DIR (set before nixl is imported: the agent reads it once per
-process): this plugin beside symlinks to the wheel's own POSIX plugin, so one agent can hold both.
+process), holding this plugin only.
 """
 
 from __future__ import annotations
