@@ -95,6 +95,10 @@ def main() -> int:
     os.environ["NIXL_PLUGIN_DIR"] = str(plugins)
     from nixl._api import nixl_agent, nixl_agent_config
 
+    import logging
+
+    logging.getLogger("nixl").setLevel(logging.WARNING)  # its INFO lines would mix with the report
+
     work = Path(args.dir or tempfile.mkdtemp(prefix="tutti-bench-nixl-"))
     work.mkdir(parents=True, exist_ok=True)
     total = args.blocks * BLOCK
