@@ -7,6 +7,9 @@ symbol of .symtab at the addend's address. Pure virtual slots read '__cxa_pure_v
 
 import re
 import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[4]
 
 
 def _readelf(*args):

@@ -75,3 +75,28 @@ def test_only_the_entry_points_are_exported(plugin_dir, symbol):
     exported = {ln.split()[7] for ln in dyn.splitlines()
                 if len(ln.split()) >= 8 and ln.split()[6] != "UND" and ln.split()[4] in ("GLOBAL", "WEAK")}
     assert exported <= {"nixl_plugin_init", "nixl_plugin_fini"}, exported
+
+
+def test_a_plugin_built_from_a_changed_declaration_fails_the_check(plugin_dir, tmp_path):
+    """The negative control: the same plugin source compiled against a copy of nixl_abi.h whose
+    checkXfer and releaseReqH trade places (a reordered interface) emits a vtable the check
+    rejects, while the real header's passes (the tests above)."""
+    import shutil
+    import subprocess
+
+    src = ev.REPO / "capi" / "nixl"
+    for f in ("tutti_nixl.cpp", "params.h"):
+        shutil.copy(src / f, tmp_path / f)
+    hdr = (src / "nixl_abi.h").read_text()
+    check = "    virtual nixl_status_t checkXfer(nixlBackendReqH *handle) const = 0;\n"
+    release = "    virtual nixl_status_t releaseReqH(nixlBackendReqH *handle) const = 0;\n"
+    assert check + release in hdr
+    (tmp_path / "nixl_abi.h").write_text(hdr.replace(check + release, release + check))
+    so = tmp_path / "libplugin_CHANGED.so"
+    subprocess.run(["g++", "-std=c++17", "-O0", "-fPIC", "-shared", "-fvisibility=hidden",
+                    f"-I{ev.REPO / 'capi' / 'include'}", str(tmp_path / "tutti_nixl.cpp"), "-o", str(so)],
+                   check=True, capture_output=True, text=True)
+    _, want = _methods(nt.wheel_plugin_dir() / "libplugin_POSIX.so", "_ZTV15nixlPosixEngine")
+    _, got = _methods(so, "_ZTV15tuttiNixlEngine")
+    assert got != want
+    assert [i for i, (g, w) in enumerate(zip(got, want)) if g != w] == [13, 14]
