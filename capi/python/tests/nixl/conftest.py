@@ -5,7 +5,9 @@ the real NIXL agent, and `tutti serve`. These tests run with the NIXL venv's Pyt
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -51,6 +53,7 @@ def _prepare() -> None:
         _PLUGIN_ERR = f"libtutti is not at {lib} (cargo build -p tutti-capi, or set TUTTI_LIB)"
         return
     d = Path(tempfile.mkdtemp(prefix="tutti-nixl-plugins-"))
+    atexit.register(shutil.rmtree, d, ignore_errors=True)
     r = subprocess.run([str(REPO / "scripts" / "build-nixl-plugin"), str(lib), str(d)], capture_output=True, text=True)
     if r.returncode != 0:
         _PLUGIN_ERR = f"scripts/build-nixl-plugin failed: {r.stdout}{r.stderr}"
