@@ -41,6 +41,8 @@ inline const std::vector<std::pair<std::string, std::string>> &param_defaults() 
         /* Tests only: the next N reads of emulated drive 0 fail (a libtutti built with the
          * fault-injection feature, as scripts/test-python builds it; refused otherwise). */
         {"fault_fail_next_load", "0"},
+        /* Tests only, likewise: the next read of emulated drive 0 executes this many ms late. */
+        {"fault_delay_next_load_ms", "0"},
     };
     return d;
 }

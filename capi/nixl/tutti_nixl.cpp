@@ -370,23 +370,24 @@ private:
         block_bytes_ = info.file_bytes;
         layers_ = info.geometry.layers;
         uint32_t fail_loads = static_cast<uint32_t>(p.num("fault_fail_next_load", 1u << 20));
-        if (fail_loads > 0) inject_load_failures(fail_loads);
+        if (fail_loads > 0) inject("fault_fail_next_load", "tutti_emulated_fail_next", fail_loads);
+        uint32_t delay = static_cast<uint32_t>(p.num("fault_delay_next_load_ms", TUTTI_MAX_TIMEOUT_MS));
+        if (delay > 0) inject("fault_delay_next_load_ms", "tutti_emulated_delay_next", delay);
     }
 
-    /* tutti_emulated_fail_next is exported only by a fault-injection build of libtutti: look it
-     * up in the libtutti this plugin is linked with, and refuse the parameter without it. */
-    void inject_load_failures(uint32_t count) {
-        using fail_fn = int32_t (*)(tutti_runtime_t *, uint32_t, uint32_t, uint32_t);
+    /* The emulated drives' fault calls are exported only by a fault-injection build of libtutti:
+     * look them up in the libtutti this plugin is linked with, and refuse the parameter without. */
+    void inject(const char *param, const char *symbol, uint32_t arg) {
+        using fault_fn = int32_t (*)(tutti_runtime_t *, uint32_t, uint32_t, uint32_t);
         Dl_info info;
         void *lib = nullptr;
         if (dladdr(reinterpret_cast<void *>(&tutti_abi_version), &info) && info.dli_fname)
             lib = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
-        auto fn = lib ? reinterpret_cast<fail_fn>(dlsym(lib, "tutti_emulated_fail_next")) : nullptr;
+        auto fn = lib ? reinterpret_cast<fault_fn>(dlsym(lib, symbol)) : nullptr;
         if (lib) dlclose(lib);
-        if (!fn)
-            throw std::invalid_argument("fault_fail_next_load needs a libtutti built with the fault-injection feature");
-        int32_t rc = fn(rt_, 0, TUTTI_DIR_LOAD, count);
-        if (rc != TUTTI_OK) throw std::runtime_error(tutti_err("tutti_emulated_fail_next", rc));
+        if (!fn) throw std::invalid_argument(std::string(param) + " needs a libtutti built with the fault-injection feature");
+        int32_t rc = fn(rt_, 0, TUTTI_DIR_LOAD, arg);
+        if (rc != TUTTI_OK) throw std::runtime_error(tutti_err(symbol, rc));
     }
 
     nixl_status_t register_dram(const nixlBlobDesc &mem, nixlBackendMD *&out) {

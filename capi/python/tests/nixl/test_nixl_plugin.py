@@ -221,3 +221,42 @@ def test_file_ranges_map_to_pool_objects_and_a_rewrite_is_never_stale(plugin_dir
     finally:
         os.close(fd)
     region.close()
+
+
+def test_a_transfer_past_its_deadline_is_an_error_before_the_drive_answers(plugin_dir, tmp_path):
+    """A drive that executes a read 3 s late (injected) against xfer_timeout_ms=300: checkXfer
+    reports an error while the late read has not landed yet (not every DRAM block holds its
+    object's bytes: it did not wait for the drive); releasing the request then waits for the drive,
+    and the next load of the same keys is whole."""
+    pool = str(tmp_path / "pool")
+    ks = keys("slow", 4)
+    a = nt.tutti_agent("slow-writer", pool_dir=pool)
+    region = nt.Region(a, 8)
+    _, devs = nt.register_objects(a, ks)
+    assert nt.write_keys(a, region, ks, [0, 1, 2, 3], devs) == "DONE"
+    region.close()
+    del a, region
+    b = nt.tutti_agent("slow-reader", pool_dir=pool, xfer_timeout_ms="300", fault_delay_next_load_ms="3000",
+                       io_timeout_ms="10000")
+    region = nt.Region(b, 8)
+    _, devs = nt.register_objects(b, ks)
+    region.buf[:] = 0xEE
+    h = b.initialize_xfer("READ", region.descs([4, 5, 6, 7]), b.get_xfer_descs([(0, nt.BLOCK, d) for d in devs], "OBJ"),
+                          b.name)
+    st = b.transfer(h)
+    polls = 0
+    while st == "PROC" and polls < 200_000:
+        try:
+            st = b.check_xfer_state(h)
+        except Exception as e:
+            st = type(e).__name__
+        polls += 1
+    assert st in ("ERR", "nixlBackendError"), st
+    whole = [i for i, k in enumerate(ks) if (region.block(4 + i) == nt.content(k)).all()]
+    b.release_xfer_handle(h)  # waits for the late command (bounded by io_timeout_ms)
+    region.buf[:] = 0
+    assert nt.read_keys(b, region, [4, 5, 6, 7], devs) == "DONE"
+    assert all((region.block(4 + i) == nt.content(k)).all() for i, k in enumerate(ks))
+    region.close()
+    # The delayed command's block cannot have been whole when the error came.
+    assert len(whole) < 4, "every block had landed: the error waited for the drive"
