@@ -80,7 +80,7 @@ fn describe(rt: &Runtime, struct_size: u32) -> Result<tutti_data_path_t> {
         staged_bytes: 0,
         p2p_missing: [0; TUTTI_DATA_PATH_REASON_BYTES],
     };
-    let Some(path) = rt.store.info().data_path else { return Ok(d) };
+    let Some(path) = rt.current().store.info().data_path else { return Ok(d) };
     d.mode = if path.mode == "staged" { TUTTI_DATA_PATH_STAGED } else { TUTTI_DATA_PATH_DIRECT };
     d.memory = match path.memory {
         KvMemoryKind::Host => TUTTI_MEMORY_HOST,
