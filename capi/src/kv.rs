@@ -5,8 +5,9 @@ use crate::error::{guard, lock, CapiError, Result};
 use crate::io_config::{
     TUTTI_EXECUTOR_CONTROL, TUTTI_EXECUTOR_DIRECT, TUTTI_EXECUTOR_GIO_CUDA, TUTTI_EXECUTOR_GIO_HOST,
 };
+use crate::link::Registered;
 use crate::ptr::{self, SizePrefixed, TUTTI_MAX_BLOCKS_PER_CALL, TUTTI_MAX_TOKENS_PER_CALL};
-use crate::runtime::{tutti_runtime_t, Registered, Runtime};
+use crate::runtime::{tutti_runtime_t, Runtime};
 use crate::status::TUTTI_OK;
 use std::ffi::c_char;
 use tutti_objstore::layout::LayoutKind;

@@ -24,14 +24,47 @@
 //! refusal is first met, and once when it ends (or the deadline passes), not per call.
 
 use crate::error::{lock, CapiError, Result};
-use crate::runtime::{Current, Runtime};
-use crate::sched_gate;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tutti_objstore::{Backend, Geometry, ObjError};
+use tutti_daemon::arbitration::SharedArbitration;
+use tutti_objstore::{Backend, Geometry, KvLayout, KvMemoryKind, KvStore, ObjError};
+
+/// The store in use, and which connection it is on (0: the first; each reconnect adds 1).
+#[derive(Clone)]
+pub(crate) struct Current {
+    pub store: Arc<KvStore>,
+    pub epoch: u64,
+}
+
+/// The current KV registration: what the C layer checks against, and what a reconnected client
+/// registers again (the caller's memory stays registered until it unregisters or closes).
+#[derive(Clone, Debug)]
+pub(crate) struct Registered {
+    pub model: String,
+    pub num_blocks: u32,
+    pub layout: KvLayout,
+    pub salt: Vec<u8>,
+    pub memory: KvMemoryKind,
+}
+
+/// What a link needs of the runtime it reconnects (the runtime implements it).
+pub(crate) trait Host {
+    /// The store in use.
+    fn current(&self) -> Current;
+    /// Puts the store of a new connection in place; returns the one it replaces.
+    fn swap(&self, next: Current) -> Result<Current>;
+    /// The registration in force.
+    fn registered(&self) -> Result<Option<Registered>>;
+    /// Installs the runtime's scheduler on a new connection's store.
+    fn install_gate(&self, store: &KvStore, epoch: u64) -> Result<()>;
+    /// Arbitrates through a new daemon's board from now on.
+    fn reshare(&self, board: Arc<SharedArbitration>) -> Result<()>;
+    /// Keeps the counters of a store put out of use.
+    fn retire(&self, old: &KvStore);
+}
 
 /// The wait after the first failed attempt; it doubles after each failure up to the ceiling.
 pub(crate) const FIRST_BACKOFF: Duration = Duration::from_millis(10);
@@ -137,7 +170,7 @@ impl Link {
 
     /// `cur` if its daemon is there; else the store of a new connection when an attempt is due
     /// and works; else an error naming tuttid, at once.
-    pub(crate) fn ensure(&self, rt: &Runtime, cur: Current) -> Result<Current> {
+    pub(crate) fn ensure(&self, rt: &dyn Host, cur: Current) -> Result<Current> {
         let Some(why) = cur.store.owner_gone() else { return Ok(cur) };
         if !self.policy.enabled {
             // As before reconnecting existed: the store's own calls fail naming tuttid.
@@ -238,7 +271,7 @@ impl Link {
     }
 
     /// One attempt: a new connection, back in this runtime's state.
-    fn attempt(&self, rt: &Runtime, epoch: u64) -> Result<Current> {
+    fn attempt(&self, rt: &dyn Host, epoch: u64) -> Result<Current> {
         let (store, board) = match &self.role {
             Role::Control => (
                 tutti_daemon::remote::connect_control(
@@ -273,9 +306,8 @@ impl Link {
                 ),
             }));
         }
-        sched_gate::install(&store, &rt.sched, epoch)?;
-        let registered = lock(&rt.registered, "registration")?.clone();
-        if let Some(r) = registered {
+        rt.install_gate(&store, epoch)?;
+        if let Some(r) = rt.registered()? {
             // SAFETY: the caller of `tutti_kv_register` keeps this memory allocated and
             // dedicated until it unregisters, registers again, or releases the runtime (its
             // contract), none of which happened: it is still the registration in force. CUDA
@@ -283,9 +315,9 @@ impl Link {
             unsafe { store.register_as(r.layout, &r.model, &r.salt, r.memory)? };
         }
         if let Some(board) = board {
-            rt.sched.reshare(board)?;
+            rt.reshare(board)?;
         }
-        Ok(Current { store: std::sync::Arc::new(store), epoch })
+        Ok(Current { store: Arc::new(store), epoch })
     }
 }
 

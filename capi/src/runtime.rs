@@ -4,7 +4,7 @@
 use crate::config::{tutti_geometry_t, tutti_runtime_config_t, Rig, RuntimeConfig};
 use crate::error::{guard, CapiError, Result};
 use crate::handles::Registry;
-use crate::link::Link;
+use crate::link::{Current, Host, Link, Registered};
 use crate::profile_state::ProfileState;
 use crate::ptr::{self, SizePrefixed};
 use crate::sched_gate::{self, SchedGate};
@@ -12,7 +12,8 @@ use crate::status::TUTTI_OK;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use tutti_objstore::{Geometry, KvLayout, KvMemoryKind, KvStore, StoreStats};
+use tutti_daemon::arbitration::SharedArbitration;
+use tutti_objstore::{Geometry, KvStore, StoreStats};
 
 /// An open runtime (opaque).
 pub struct tutti_runtime_t {
@@ -47,24 +48,6 @@ pub(crate) struct Runtime {
     /// The scheduler every layer of every job asks before it goes to the drives.
     pub sched: Arc<SchedGate>,
     next_key: AtomicU64,
-}
-
-/// The current KV registration: what the C layer checks against, and what a reconnected client
-/// registers again (the caller's memory stays registered until it unregisters or closes).
-#[derive(Clone, Debug)]
-pub(crate) struct Registered {
-    pub model: String,
-    pub num_blocks: u32,
-    pub layout: KvLayout,
-    pub salt: Vec<u8>,
-    pub memory: KvMemoryKind,
-}
-
-/// The store in use, and which connection it is on (0: the first; each reconnect adds 1).
-#[derive(Clone)]
-pub(crate) struct Current {
-    pub store: Arc<KvStore>,
-    pub epoch: u64,
 }
 
 pub(crate) static RUNTIMES: Registry<Runtime> = Registry::new("tutti_runtime_t", 1);
@@ -154,6 +137,27 @@ impl Runtime {
                 m.insert(key, layers_left);
             }
         }
+    }
+}
+
+impl Host for Runtime {
+    fn current(&self) -> Current {
+        Runtime::current(self)
+    }
+    fn swap(&self, next: Current) -> Result<Current> {
+        Runtime::swap(self, next)
+    }
+    fn registered(&self) -> Result<Option<Registered>> {
+        Ok(crate::error::lock(&self.registered, "registration")?.clone())
+    }
+    fn install_gate(&self, store: &KvStore, epoch: u64) -> Result<()> {
+        sched_gate::install(store, &self.sched, epoch)
+    }
+    fn reshare(&self, board: Arc<SharedArbitration>) -> Result<()> {
+        self.sched.reshare(board)
+    }
+    fn retire(&self, old: &KvStore) {
+        Runtime::retire(self, old)
     }
 }
 
