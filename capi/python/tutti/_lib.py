@@ -44,7 +44,7 @@ ABI_VERSION = 1
 # the scheduler in the job path; 1.7: arbitration across tuttid's clients;
 # 1.8: every executor for tuttid clients, control-only clients, the executor
 # mode; 1.9: the names of one rule, the old ones kept as aliases); a library of an older minor would refuse their sizes or lack the calls.
-ABI_MINOR = 9
+ABI_MINOR = 10
 LIB_NAME = "libtutti.so"
 
 # Constants of tutti.h.
@@ -139,7 +139,7 @@ class DataPath(Structure):
 
 
 class ClientConfig(Structure):
-    """tutti_client_config_t (ABI 1.3, 1.8): how to connect to tuttid."""
+    """tutti_client_config_t (ABI 1.3, 1.8, 1.10): how to connect to tuttid."""
 
     _fields_ = [
         ("struct_size", c_uint32),
@@ -158,7 +158,16 @@ class ClientConfig(Structure):
         ("cuda_driver", c_char_p),
         ("staging_slots", c_uint32),
         ("rsvd0", c_uint32),
+        # ABI 1.10: reconnecting after the daemon went away
+        ("reconnect", c_uint32),
+        ("reconnect_backoff_ms", c_uint32),
+        ("reconnect_deadline_ms", c_uint32),
+        ("rsvd1", c_uint32),
     ]
+
+
+# tutti_client_config_t.reconnect (ABI 1.10)
+RECONNECT = {"auto": 0, "off": 1}
 
 
 class KvLayout(Structure):
@@ -278,6 +287,11 @@ class Stats(Structure):
         ("submit_ns", c_uint64),
         # ABI 1.2
         ("quarantined_files", c_uint64),
+        # ABI 1.10: a client of tuttid reconnecting
+        ("reconnects", c_uint64),
+        ("reconnect_attempts", c_uint64),
+        ("disconnected_ns", c_uint64),
+        ("disconnected", c_uint64),
     ]
 
 
