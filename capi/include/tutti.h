@@ -85,11 +85,21 @@
 // names that follow one rule (`tutti_<object>_<verb>`, handles released by `_destroy`:
 // `tutti_load_submit`, `tutti_kv_register`, ..., `tutti_runtime_destroy`), the old names staying
 // as aliases (`aliases`); minor 10 added the P2P data path (`TUTTI_MEMORY_DEVICE_P2P`,
-// `TUTTI_DATA_PATH_P2P`, and `p2p_provider` appended to `tutti_data_path_t`).
+// `TUTTI_DATA_PATH_P2P`, and `p2p_provider` appended to `tutti_data_path_t`); minor 11 added
+// reconnecting clients of tuttid (the `reconnect*` fields appended to `tutti_client_config_t`,
+// `TUTTI_RECONNECT_*`, and the reconnect counters appended to `tutti_stats_t`).
 #define TUTTI_ABI_VERSION 1
 
 // The minor version of ABI 1 this library implements (see `TUTTI_ABI_VERSION`).
-#define TUTTI_ABI_MINOR 10
+#define TUTTI_ABI_MINOR 11
+
+// `tutti_client_config_t::reconnect`: a client whose tuttid went away reconnects on its next
+// calls (the default; ABI 1.11).
+#define TUTTI_RECONNECT_AUTO 0
+
+// `tutti_client_config_t::reconnect`: it does not; once its daemon is gone every call fails
+// (`TUTTI_E_IO`, naming tuttid) until the runtime is closed, as before ABI 1.11.
+#define TUTTI_RECONNECT_OFF 1
 
 // 32-bit float KV.
 #define TUTTI_DTYPE_F32 1
@@ -372,7 +382,19 @@ typedef struct tutti_geometry_t {
 // How to connect to tuttid. Set `struct_size = sizeof(tutti_client_config_t)`.
 // (ABI 1.3; 1.8 appended the CUDA executor's and staging fields, the
 // executor mode, and accepts `TUTTI_EXECUTOR_GIO_CUDA` and
-// `TUTTI_EXECUTOR_CONTROL`.)
+// `TUTTI_EXECUTOR_CONTROL`; 1.11 appended the reconnect fields.)
+//
+// Reconnecting (ABI 1.11): when the daemon goes away (stopped, killed, restarted), the next
+// call that needs it connects again, with the same name, executor and geometry, and gets the
+// runtime back in its state: its queue pairs leased again, its KV memory registered again,
+// a new executor on the new queues, a new slot on the daemon's arbitration board. Jobs and
+// store sessions of before end as errors (their blocks are misses); pins of before are not
+// held (unpinning them is a no-op). The first attempt is made at once, later ones after a
+// backoff doubling from 10 ms to `reconnect_backoff_ms`, or at once when the socket file was
+// replaced (a new daemon bound it); calls in between fail at once with `TUTTI_E_IO` naming
+// tuttid and the last attempt. A daemon back with another geometry or another pool (other
+// media, or formatted again) is refused (the calls say so) and tried again at that pace.
+// After `reconnect_deadline_ms` from when the outage was seen, the client stops trying.
 typedef struct tutti_client_config_t {
     uint32_t struct_size;
     // `TUTTI_EXECUTOR_*`: how this process moves its layers (ABI 1.3: GIO_HOST
@@ -409,6 +431,15 @@ typedef struct tutti_client_config_t {
     uint32_t staging_slots;
     // Alignment padding (ignored; set 0).
     uint32_t rsvd0;
+    // ABI 1.11: `TUTTI_RECONNECT_*` (0 = `TUTTI_RECONNECT_AUTO`).
+    uint32_t reconnect;
+    // ABI 1.11: the longest wait in ms between two reconnect attempts (0 = 1000, at most 60000).
+    uint32_t reconnect_backoff_ms;
+    // ABI 1.11: how long in ms after its daemon went away a client goes on trying to reconnect
+    // (0 = 600000, ten minutes; `UINT32_MAX`, about 49 days, for as good as always).
+    uint32_t reconnect_deadline_ms;
+    // Alignment padding (ignored; set 0).
+    uint32_t rsvd1;
 } tutti_client_config_t;
 
 // ABI 1.4 (304 bytes); 1.10 appended `p2p_provider` (368 bytes). Set
@@ -751,7 +782,11 @@ typedef struct tutti_sched_stats_t {
 // Counters since the runtime opened. Set `struct_size = sizeof(tutti_stats_t)`
 // (136 for a caller built against ABI 1.0, which gets the fields up to
 // `stores_open`; 184 for ABI 1.1, which gets them up to `submit_ns`; 192
-// since ABI 1.2).
+// for ABI 1.2 to 1.9; 224 since ABI 1.11, with the reconnect counters).
+//
+// For a client of tuttid that reconnected, the counters of its earlier connections are
+// included (they never go down); the pool's own (`files*`, `evictions`) are the current
+// daemon's, and 0 while it is away.
 typedef struct tutti_stats_t {
     uint32_t struct_size;
     // Pool files (one KV block each).
@@ -813,6 +848,17 @@ typedef struct tutti_stats_t {
     // gio_uring executors a drive recovery settles the outcome first, so a
     // file is quarantined only when that recovery failed.
     uint64_t quarantined_files;
+    // ABI 1.11, a client of tuttid: times it reconnected to a daemon that came back (the same
+    // pool), each one back in its state (queues, KV registration, board slot).
+    uint64_t reconnects;
+    // ABI 1.11: reconnect attempts, those that failed included (a daemon not there yet, or
+    // one refused: another geometry or pool).
+    uint64_t reconnect_attempts;
+    // ABI 1.11: time spent disconnected, from when each outage was first seen to the
+    // reconnect (the current outage included), ns.
+    uint64_t disconnected_ns;
+    // ABI 1.11: 1 while the client is disconnected (its daemon gone and not reconnected).
+    uint64_t disconnected;
 } tutti_stats_t;
 
 // What a commit achieved. Set `struct_size = sizeof(tutti_store_report_t)`,
@@ -883,7 +929,8 @@ int32_t tutti_last_error_copy(char *buf, size_t capacity, size_t *needed);
 // memory. `TUTTI_EXECUTOR_CONTROL` (ABI 1.8) leases nothing and moves no
 // bytes (an engine's scheduler). A daemon that is not there, refuses, or
 // stops answering gives an error within `control_timeout_ms`, never a hang.
-// The pool's geometry must be `config->geometry`. Added in ABI 1.3.
+// The pool's geometry must be `config->geometry`. Added in ABI 1.3. Since ABI 1.11 the
+// runtime reconnects when its daemon goes away and comes back (see `tutti_client_config_t`).
 //
 // # Safety
 // `config` is NULL or points to a `tutti_client_config_t` whose string
@@ -1101,7 +1148,9 @@ int32_t tutti_kv_contains_identity(struct tutti_runtime_t *rt,
                                    size_t *out_hits);
 
 // Releases the pins of a `tutti_kv_lookup` (0 is a no-op; an unknown or
-// already released pin is `TUTTI_E_NOT_FOUND`).
+// already released pin is `TUTTI_E_NOT_FOUND`). A pin made before a client of tuttid
+// reconnected (ABI 1.11) is a no-op too: the daemon that held it is gone, and the new one
+// holds nothing of it.
 //
 // # Safety
 // `rt` is a runtime handle (checked).

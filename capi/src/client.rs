@@ -6,6 +6,7 @@
 use crate::config::{tutti_geometry_t, Rig};
 use crate::error::{guard, CapiError};
 use crate::io_config::{io_fields, TUTTI_EXECUTOR_CONTROL};
+use crate::link::{Link, Policy, Role};
 use crate::ptr::{self, SizePrefixed};
 use crate::runtime::{tutti_runtime_t, Runtime, RUNTIMES};
 use crate::status::TUTTI_OK;
@@ -19,11 +20,35 @@ use tutti_daemon::DaemonError;
 /// Default deadline of each request to the daemon.
 const DEFAULT_CONTROL_TIMEOUT_MS: u32 = 10_000;
 const MAX_CONTROL_TIMEOUT_MS: u32 = 600_000;
+/// Default ceiling of the wait between two reconnect attempts.
+const DEFAULT_RECONNECT_BACKOFF_MS: u32 = 1_000;
+const MAX_RECONNECT_BACKOFF_MS: u32 = 60_000;
+/// Default time a client goes on trying to reconnect after its daemon went away.
+const DEFAULT_RECONNECT_DEADLINE_MS: u32 = 600_000;
+
+/// `tutti_client_config_t::reconnect`: a client whose tuttid went away reconnects on its next
+/// calls (the default; ABI 1.11).
+pub const TUTTI_RECONNECT_AUTO: u32 = 0;
+/// `tutti_client_config_t::reconnect`: it does not; once its daemon is gone every call fails
+/// (`TUTTI_E_IO`, naming tuttid) until the runtime is closed, as before ABI 1.11.
+pub const TUTTI_RECONNECT_OFF: u32 = 1;
 
 /// How to connect to tuttid. Set `struct_size = sizeof(tutti_client_config_t)`.
 /// (ABI 1.3; 1.8 appended the CUDA executor's and staging fields, the
 /// executor mode, and accepts `TUTTI_EXECUTOR_GIO_CUDA` and
-/// `TUTTI_EXECUTOR_CONTROL`.)
+/// `TUTTI_EXECUTOR_CONTROL`; 1.11 appended the reconnect fields.)
+///
+/// Reconnecting (ABI 1.11): when the daemon goes away (stopped, killed, restarted), the next
+/// call that needs it connects again, with the same name, executor and geometry, and gets the
+/// runtime back in its state: its queue pairs leased again, its KV memory registered again,
+/// a new executor on the new queues, a new slot on the daemon's arbitration board. Jobs and
+/// store sessions of before end as errors (their blocks are misses); pins of before are not
+/// held (unpinning them is a no-op). The first attempt is made at once, later ones after a
+/// backoff doubling from 10 ms to `reconnect_backoff_ms`, or at once when the socket file was
+/// replaced (a new daemon bound it); calls in between fail at once with `TUTTI_E_IO` naming
+/// tuttid and the last attempt. A daemon back with another geometry or another pool (other
+/// media, or formatted again) is refused (the calls say so) and tried again at that pace.
+/// After `reconnect_deadline_ms` from when the outage was seen, the client stops trying.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct tutti_client_config_t {
@@ -62,6 +87,15 @@ pub struct tutti_client_config_t {
     pub staging_slots: u32,
     /// Alignment padding (ignored; set 0).
     pub rsvd0: u32,
+    /// ABI 1.11: `TUTTI_RECONNECT_*` (0 = `TUTTI_RECONNECT_AUTO`).
+    pub reconnect: u32,
+    /// ABI 1.11: the longest wait in ms between two reconnect attempts (0 = 1000, at most 60000).
+    pub reconnect_backoff_ms: u32,
+    /// ABI 1.11: how long in ms after its daemon went away a client goes on trying to reconnect
+    /// (0 = 600000, ten minutes; `UINT32_MAX`, about 49 days, for as good as always).
+    pub reconnect_deadline_ms: u32,
+    /// Alignment padding (ignored; set 0).
+    pub rsvd1: u32,
 }
 
 impl Default for tutti_client_config_t {
@@ -82,6 +116,10 @@ impl Default for tutti_client_config_t {
             cuda_driver: std::ptr::null(),
             staging_slots: 0,
             rsvd0: 0,
+            reconnect: 0,
+            reconnect_backoff_ms: 0,
+            reconnect_deadline_ms: 0,
+            rsvd1: 0,
         }
     }
 }
@@ -92,6 +130,7 @@ unsafe impl SizePrefixed for tutti_client_config_t {
     const NAME: &'static str = "tutti_client_config_t";
     const SIZES: &'static [u32] = &[
         std::mem::offset_of!(tutti_client_config_t, exec_mode) as u32,
+        std::mem::offset_of!(tutti_client_config_t, reconnect) as u32,
         std::mem::size_of::<tutti_client_config_t>() as u32,
     ];
 }
@@ -118,7 +157,8 @@ impl From<DaemonError> for CapiError {
 /// memory. `TUTTI_EXECUTOR_CONTROL` (ABI 1.8) leases nothing and moves no
 /// bytes (an engine's scheduler). A daemon that is not there, refuses, or
 /// stops answering gives an error within `control_timeout_ms`, never a hang.
-/// The pool's geometry must be `config->geometry`. Added in ABI 1.3.
+/// The pool's geometry must be `config->geometry`. Added in ABI 1.3. Since ABI 1.11 the
+/// runtime reconnects when its daemon goes away and comes back (see `tutti_client_config_t`).
 ///
 /// # Safety
 /// `config` is NULL or points to a `tutti_client_config_t` whose string
@@ -158,14 +198,17 @@ pub unsafe extern "C" fn tutti_runtime_connect(
         }
         let geometry = c.geometry.to_geometry()?;
         let timeout = Duration::from_millis(timeout_ms as u64);
-        let (store, board) = if c.executor == TUTTI_EXECUTOR_CONTROL {
+        let policy = policy_of(&c)?;
+        let (store, board, role) = if c.executor == TUTTI_EXECUTOR_CONTROL {
             if let Some(field) = data_field_set(&c) {
                 return Err(CapiError::invalid(
                     field,
                     "a TUTTI_EXECUTOR_CONTROL client moves no bytes: leave it 0",
                 ));
             }
-            (tutti_daemon::remote::connect_control(Path::new(socket), &name, timeout, Some(&geometry))?, None)
+            let store =
+                tutti_daemon::remote::connect_control(Path::new(socket), &name, timeout, Some(&geometry))?;
+            (store, None, Role::Control)
         } else {
             // SAFETY: `cuda_driver` is NULL or NUL-terminated per the field docs.
             let backend = unsafe { io_fields!(c).backend()? };
@@ -176,15 +219,45 @@ pub unsafe extern "C" fn tutti_runtime_connect(
                 timeout,
                 Some(&geometry),
             )?;
-            (store, Some(board))
+            (store, Some(board), Role::Data(backend))
         };
-        let rt = Runtime::new(store, Rig { emulated: Vec::new() }, c.executor, geometry)?;
+        let link = Link::new(Path::new(socket), &name, timeout, role, geometry, store.pool_id(), policy);
+        let rt = Runtime::new(store, Rig { emulated: Vec::new() }, c.executor, geometry, Some(link))?;
         if let Some(board) = board {
             // Its loads and stores defer to the other clients' on the same drives.
             rt.sched.share(board)?;
         }
         *out = RUNTIMES.insert(Arc::new(rt));
         Ok(TUTTI_OK)
+    })
+}
+
+/// The reconnect fields of `c`, checked.
+fn policy_of(c: &tutti_client_config_t) -> Result<Policy, CapiError> {
+    let enabled = match c.reconnect {
+        TUTTI_RECONNECT_AUTO => true,
+        TUTTI_RECONNECT_OFF => false,
+        n => {
+            return Err(CapiError::invalid(
+                "reconnect",
+                format!("{n} is not a TUTTI_RECONNECT_* value (0 = AUTO, 1 = OFF)"),
+            ))
+        }
+    };
+    let backoff =
+        if c.reconnect_backoff_ms == 0 { DEFAULT_RECONNECT_BACKOFF_MS } else { c.reconnect_backoff_ms };
+    if backoff > MAX_RECONNECT_BACKOFF_MS {
+        return Err(CapiError::invalid(
+            "reconnect_backoff_ms",
+            format!("{backoff} is more than {MAX_RECONNECT_BACKOFF_MS}"),
+        ));
+    }
+    let deadline =
+        if c.reconnect_deadline_ms == 0 { DEFAULT_RECONNECT_DEADLINE_MS } else { c.reconnect_deadline_ms };
+    Ok(Policy {
+        enabled,
+        max_backoff: Duration::from_millis(backoff as u64),
+        deadline: Duration::from_millis(deadline as u64),
     })
 }
 

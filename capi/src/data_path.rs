@@ -105,7 +105,7 @@ pub unsafe extern "C" fn tutti_runtime_data_path(
 
 fn describe(rt: &Runtime, struct_size: u32) -> Result<tutti_data_path_t> {
     let mut d = tutti_data_path_t { struct_size, ..Default::default() };
-    let Some(path) = rt.store.info().data_path else { return Ok(d) };
+    let Some(path) = rt.current().store.info().data_path else { return Ok(d) };
     d.mode = match path.mode {
         "staged" => TUTTI_DATA_PATH_STAGED,
         "p2p" => TUTTI_DATA_PATH_P2P,

@@ -12,7 +12,7 @@ use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tutti_objstore::{Direction, JobId, JobStatus};
+use tutti_objstore::{Direction, JobId, JobStatus, KvStore};
 
 /// A load: drive → engine memory.
 pub const TUTTI_DIR_LOAD: u32 = 1;
@@ -158,6 +158,9 @@ unsafe impl SizePrefixed for tutti_job_status_t {
 
 pub(crate) struct Job {
     rt: Arc<Runtime>,
+    /// The store the job was submitted on (a reconnected client's jobs of before the
+    /// reconnect stay on the old one, and fail with it).
+    store: Arc<KvStore>,
     key: u64,
     /// The object store's job; `None` when no block could be submitted.
     id: Option<JobId>,
@@ -190,6 +193,7 @@ pub(crate) fn layer_range(rt: &Runtime, first: u32, count: u32) -> Result<Range<
 
 /// What was handed to the object store for a new job.
 pub(crate) struct Submitted {
+    pub store: Arc<KvStore>,
     pub id: Option<JobId>,
     pub dir: Direction,
     pub blocks: u32,
@@ -212,9 +216,10 @@ impl Job {
     pub(crate) fn new(rt: Arc<Runtime>, s: Submitted) -> Job {
         let key = rt.next_key();
         rt.set_in_flight(key, if s.id.is_some() { s.layers.len() as u32 } else { 0 });
-        let Submitted { id, dir, blocks, submitted, layers, pin, session } = s;
+        let Submitted { store, id, dir, blocks, submitted, layers, pin, session } = s;
         let job = Job {
             rt,
+            store,
             key,
             id,
             dir,
@@ -278,21 +283,21 @@ impl Job {
     }
 
     fn poll(&self) -> Result<View> {
-        Ok(self.view(self.id.map(|id| self.rt.store.poll(id)).transpose()?))
+        Ok(self.view(self.id.map(|id| self.store.poll(id)).transpose()?))
     }
 
     /// As `poll`, also after tuttid is gone (the reasons of the job's failures).
     fn status(&self) -> Result<View> {
-        Ok(self.view(self.id.map(|id| self.rt.store.status(id)).transpose()?))
+        Ok(self.view(self.id.map(|id| self.store.status(id)).transpose()?))
     }
 
     fn wait(&self, timeout: Duration) -> Result<View> {
-        Ok(self.view(self.id.map(|id| self.rt.store.wait(id, timeout)).transpose()?))
+        Ok(self.view(self.id.map(|id| self.store.wait(id, timeout)).transpose()?))
     }
 
     fn wait_layer(&self, layer: u32, timeout: Duration) -> Result<View> {
         self.check_layer(layer)?;
-        Ok(self.view(self.id.map(|id| self.rt.store.wait_layer(id, layer, timeout)).transpose()?))
+        Ok(self.view(self.id.map(|id| self.store.wait_layer(id, layer, timeout)).transpose()?))
     }
 
     fn check_layer(&self, layer: u32) -> Result<()> {
@@ -317,7 +322,7 @@ impl Job {
     fn fill(&self, v: &View, out: &mut tutti_job_status_t) {
         let failed: u32 = v.failed.iter().map(|w| w.count_ones()).sum();
         let layers_done = v.st.as_ref().map_or(self.layers.len() as u32, |s| s.layers_done);
-        let obj = self.rt.store.stripe_map().object_bytes();
+        let obj = self.store.stripe_map().object_bytes();
         out.direction = match self.dir {
             Direction::Load => TUTTI_DIR_LOAD,
             Direction::Store => TUTTI_DIR_STORE,
@@ -389,7 +394,7 @@ unsafe fn words_out(words: &[u64], dst: *mut u64, capacity: u32, what: &'static 
 impl Drop for Job {
     fn drop(&mut self) {
         if let Some(id) = self.id {
-            let store = &self.rt.store;
+            let store = &self.store;
             // Cancels what was not submitted and waits (bounded) for the layers on the drives,
             // also when tuttid is gone: a command in flight may still move the job's bytes.
             match store.drain(id, DRAIN) {
@@ -401,7 +406,7 @@ impl Drop for Job {
                 tracing::warn!(job = id, error = %e, "a destroyed job could not be released");
             }
         }
-        if let Err(e) = self.rt.store.unpin(self.pin) {
+        if let Err(e) = self.store.unpin(self.pin) {
             tracing::warn!(pin = self.pin, error = %e, "a destroyed load's pin could not be released");
         }
         self.rt.set_in_flight(self.key, 0);
@@ -560,7 +565,7 @@ pub unsafe extern "C" fn tutti_job_cancel(job: *mut tutti_job_t) -> i32 {
     guard("tutti_job_cancel", || {
         let j = job_of(job)?;
         if let Some(id) = j.id {
-            j.rt.store.cancel(id)?;
+            j.store.cancel(id)?;
         }
         Ok(TUTTI_OK)
     })

@@ -5,8 +5,9 @@ use crate::error::{guard, lock, CapiError, Result};
 use crate::io_config::{
     TUTTI_EXECUTOR_CONTROL, TUTTI_EXECUTOR_DIRECT, TUTTI_EXECUTOR_GIO_CUDA, TUTTI_EXECUTOR_GIO_HOST,
 };
+use crate::link::Registered;
 use crate::ptr::{self, SizePrefixed, TUTTI_MAX_BLOCKS_PER_CALL, TUTTI_MAX_TOKENS_PER_CALL};
-use crate::runtime::{tutti_runtime_t, Registered, Runtime};
+use crate::runtime::{tutti_runtime_t, Runtime};
 use crate::status::TUTTI_OK;
 use std::ffi::c_char;
 use tutti_objstore::layout::LayoutKind;
@@ -261,18 +262,24 @@ pub unsafe extern "C" fn tutti_kv_register(
             unsafe { ptr::slice_in(c.tenant_salt, c.tenant_salt_len, "tenant_salt", MAX_SALT as u64)? };
         // SAFETY: forwarded from the caller.
         let kv = unsafe { layout_of(&rt, c)? };
+        let store = rt.store()?;
         // SAFETY: the caller keeps the memory alive and dedicated (this function's contract);
         // CUDA memory is refused above unless the executor is the GPU's.
         let t: TableSizes = if memory == KvMemoryKind::DeviceP2p {
             let dev = caller_device_memory(&kv)?;
             // SAFETY: as above: the caller keeps the device memory mapped at the layout's addresses.
-            unsafe { rt.store.register_device(kv, model, salt, dev)? }
+            unsafe { store.register_device(kv.clone(), model, salt, dev)? }
         } else {
             // SAFETY: as above.
-            unsafe { rt.store.register_as(kv, model, salt, memory)? }
+            unsafe { store.register_as(kv.clone(), model, salt, memory)? }
         };
-        *lock(&rt.registered, "registration")? =
-            Some(Registered { model: model.to_string(), num_blocks: c.num_blocks });
+        *lock(&rt.registered, "registration")? = Some(Registered {
+            model: model.to_string(),
+            num_blocks: c.num_blocks,
+            layout: kv,
+            salt: salt.to_vec(),
+            memory,
+        });
         if let Some(s) = sizes {
             *s = tutti_table_sizes_t {
                 struct_size: s.struct_size,
@@ -296,7 +303,9 @@ pub unsafe extern "C" fn tutti_kv_register(
 pub unsafe extern "C" fn tutti_kv_unregister(rt: *mut tutti_runtime_t) -> i32 {
     guard("tutti_kv_unregister", || {
         let rt = Runtime::get(rt)?;
-        rt.store.unregister()?;
+        // The current store only: a disconnected client's registration goes with it, and
+        // nothing is registered again when it reconnects.
+        rt.current().store.unregister()?;
         *lock(&rt.registered, "registration")? = None;
         Ok(TUTTI_OK)
     })
@@ -423,11 +432,12 @@ pub unsafe extern "C" fn tutti_kv_lookup(
         };
         // SAFETY: forwarded from the caller.
         let keys = unsafe { hashes_in(hashes, count)? };
+        let cur = rt.live()?;
         let (n, id) = if pin {
-            let l = rt.store.lookup(&keys)?;
-            (l.hits(), l.pin)
+            let l = cur.store.lookup(&keys)?;
+            (l.hits(), pin_of(cur.epoch, l.pin)?)
         } else {
-            (rt.store.contains(&keys)?, 0)
+            (cur.store.contains(&keys)?, 0)
         };
         *hits = n;
         if let Some(p) = pin_out {
@@ -485,13 +495,32 @@ pub unsafe extern "C" fn tutti_kv_contains_identity(
         // SAFETY: forwarded from the caller.
         let keys = unsafe { hashes_in(hashes, count)? };
         let id = CacheIdentity::new(model, rt.geometry, kind, salt).id();
-        *hits = rt.store.control().contains(id, &keys)?;
+        *hits = rt.store()?.control().contains(id, &keys)?;
         Ok(TUTTI_OK)
     })
 }
 
+/// Where a pin carries the connection it was made on (a client that reconnected, ABI 1.11):
+/// the daemon's own pin ids start again in each daemon, so a pin of the old one could name a
+/// pin of the new one.
+const PIN_EPOCH_SHIFT: u32 = 48;
+const PIN_MASK: u64 = (1 << PIN_EPOCH_SHIFT) - 1;
+
+/// The pin a caller gets for the daemon's (or the in-process pool's) `pin` on connection `epoch`.
+fn pin_of(epoch: u64, pin: u64) -> Result<u64> {
+    if pin == 0 || epoch == 0 {
+        return Ok(pin);
+    }
+    if pin > PIN_MASK || epoch >= 1 << (64 - PIN_EPOCH_SHIFT) {
+        return Err(CapiError::Io(format!("pin {pin:#x} of connection {epoch} does not fit a pin handle")));
+    }
+    Ok(epoch << PIN_EPOCH_SHIFT | pin)
+}
+
 /// Releases the pins of a `tutti_kv_lookup` (0 is a no-op; an unknown or
-/// already released pin is `TUTTI_E_NOT_FOUND`).
+/// already released pin is `TUTTI_E_NOT_FOUND`). A pin made before a client of tuttid
+/// reconnected (ABI 1.11) is a no-op too: the daemon that held it is gone, and the new one
+/// holds nothing of it.
 ///
 /// # Safety
 /// `rt` is a runtime handle (checked).
@@ -499,7 +528,19 @@ pub unsafe extern "C" fn tutti_kv_contains_identity(
 pub unsafe extern "C" fn tutti_kv_unpin(rt: *mut tutti_runtime_t, pin: u64) -> i32 {
     guard("tutti_kv_unpin", || {
         let rt = Runtime::get(rt)?;
-        rt.store.unpin(pin)?;
+        if pin == 0 {
+            return Ok(TUTTI_OK);
+        }
+        let cur = rt.current();
+        if rt.link.is_none() {
+            cur.store.unpin(pin)?;
+            return Ok(TUTTI_OK);
+        }
+        if pin >> PIN_EPOCH_SHIFT != cur.epoch {
+            // A pin of an earlier connection: its daemon is gone, and its pins with it.
+            return Ok(TUTTI_OK);
+        }
+        cur.store.unpin(pin & PIN_MASK)?;
         Ok(TUTTI_OK)
     })
 }

@@ -35,6 +35,7 @@ mod handles;
 mod io_config;
 mod jobs;
 mod kv;
+mod link;
 mod load;
 mod profile_state;
 mod profiler;
@@ -51,7 +52,7 @@ mod store;
 mod aliases;
 
 pub use aliases::*;
-pub use client::{tutti_client_config_t, tutti_runtime_connect};
+pub use client::{tutti_client_config_t, tutti_runtime_connect, TUTTI_RECONNECT_AUTO, TUTTI_RECONNECT_OFF};
 pub use config::*;
 pub use data_path::*;
 pub use error::CapiError;

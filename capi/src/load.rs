@@ -44,13 +44,14 @@ pub unsafe extern "C" fn tutti_load_submit(
         }
         let layers = layer_range(&rt, first_layer, num_layers)?;
         check_blocks(&rt, blocks)?;
-        let found = rt.store.lookup(&keys)?;
+        let store = rt.store()?;
+        let found = store.lookup(&keys)?;
         let hits = found.hits();
         let id = if hits > 0 {
-            match rt.store.submit_load(&found.files, &blocks[..hits], layers.clone()) {
+            match store.submit_load(&found.files, &blocks[..hits], layers.clone()) {
                 Ok(id) => Some(id),
                 Err(e) => {
-                    let _ = rt.store.unpin(found.pin);
+                    let _ = store.unpin(found.pin);
                     return Err(e.into());
                 }
             }
@@ -60,6 +61,7 @@ pub unsafe extern "C" fn tutti_load_submit(
         let job = Job::new(
             rt,
             Submitted {
+                store,
                 id,
                 dir: Direction::Load,
                 blocks: count as u32,

@@ -122,8 +122,9 @@ pub unsafe extern "C" fn tutti_sched_configure(
         let rt = Runtime::get(rt)?;
         // SAFETY: forwarded from the caller.
         let c = unsafe { ptr::sized_in(config)? };
-        let drives = rt.store.stripe_map().drive_count() as usize;
-        let arbiter = arbiter_from(c, drives, rt.geometry.layers, rt.store.stripe_map().object_bytes())?;
+        let store = rt.current().store;
+        let drives = store.stripe_map().drive_count() as usize;
+        let arbiter = arbiter_from(c, drives, rt.geometry.layers, store.stripe_map().object_bytes())?;
         let jobs = lock(&rt.in_flight, "jobs")?.len();
         if jobs > 0 {
             return Err(CapiError::Busy(format!(
@@ -141,7 +142,7 @@ fn hook(rt: *const tutti_runtime_t, f: impl FnOnce(&mut Arbiter, u64) -> Result<
     let rt = Runtime::get(rt)?;
     rt.sched.with(|a| f(a, now_ns()))??;
     // Writes the new window allows start now, even if no one polls their job.
-    rt.store.progress()?;
+    rt.current().store.progress()?;
     Ok(TUTTI_OK)
 }
 
@@ -248,8 +249,9 @@ pub unsafe extern "C" fn tutti_sched_stats(rt: *mut tutti_runtime_t, out: *mut t
         // SAFETY: forwarded from the caller.
         let mut out = unsafe { ptr::sized_out_prefix(out)? };
         // Reap finished layers first, so the counts are current.
-        rt.store.progress()?;
-        rt.sched.with(|a| fill(&mut out.val, a, rt.sched.board(), now_ns()))?;
+        rt.current().store.progress()?;
+        let board = rt.sched.board();
+        rt.sched.with(|a| fill(&mut out.val, a, board.as_ref(), now_ns()))?;
         out.commit();
         Ok(TUTTI_OK)
     })
@@ -260,7 +262,7 @@ pub unsafe extern "C" fn tutti_sched_stats(rt: *mut tutti_runtime_t, out: *mut t
 #[cfg(feature = "fault-injection")]
 #[doc(hidden)]
 pub fn sched_board(rt: *mut tutti_runtime_t) -> Result<Option<Arc<SharedArbitration>>> {
-    Ok(Runtime::get(rt)?.sched.board().cloned())
+    Ok(Runtime::get(rt)?.sched.board())
 }
 
 /// For tests in and of this crate: starts (or stops) recording the scheduler's decisions of
@@ -269,6 +271,6 @@ pub fn sched_board(rt: *mut tutti_runtime_t) -> Result<Option<Arc<SharedArbitrat
 #[doc(hidden)]
 pub fn sched_record(rt: *mut tutti_runtime_t, on: bool) -> Result<Vec<tutti_scheduler::Event>> {
     let rt = Runtime::get(rt)?;
-    rt.store.progress()?;
+    rt.current().store.progress()?;
     rt.sched.with(|a| a.record(on))
 }

@@ -8,7 +8,7 @@ use crate::error::{lock, CapiError, Result};
 use crate::ptr::{self, SizePrefixed};
 use std::ffi::c_char;
 use std::path::Path;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, RwLock};
 use tutti_daemon::arbitration::SharedArbitration;
 use tutti_objstore::report::GateWaits;
 use tutti_objstore::{Admit, Direction, GateUnit, IoGate, JobId, StoreAdmission};
@@ -96,7 +96,8 @@ unsafe impl SizePrefixed for tutti_sched_config_t {
 pub(crate) struct SchedGate {
     arbiter: Mutex<Arbiter>,
     /// The daemon's arbitration board, for a client of tuttid.
-    board: OnceLock<Arc<SharedArbitration>>,
+    /// A client that reconnected arbitrates through its new daemon's board.
+    board: RwLock<Option<Arc<SharedArbitration>>>,
     /// The waits of arbiters that `tutti_sched_configure` replaced, so that
     /// [`IoGate::waits`] never goes down (tuttid adds up its clients' reports).
     retired: Mutex<GateWaits>,
@@ -240,11 +241,21 @@ impl SchedGate {
     /// The default: arbitration only, until the engine configures more.
     pub(crate) fn new(drives: usize, layers: u32, object_bytes: u64) -> Result<SchedGate> {
         let arbiter = arbiter_from(&tutti_sched_config_t::default(), drives, layers, object_bytes)?;
-        Ok(SchedGate { arbiter: Mutex::new(arbiter), board: OnceLock::new(), retired: Mutex::default() })
+        Ok(SchedGate { arbiter: Mutex::new(arbiter), board: RwLock::new(None), retired: Mutex::default() })
     }
 
     /// Arbitrates with the other clients of a tuttid through its board, from now on.
     pub(crate) fn share(&self, board: Arc<SharedArbitration>) -> Result<()> {
+        if self.board().is_some() {
+            return Err(CapiError::Busy("the runtime arbitrates through a board already".into()));
+        }
+        self.reshare(board)
+    }
+
+    /// As [`share`](Self::share), in place of the board of an earlier connection (a client
+    /// that reconnected: the old daemon's board is gone with it). The arbiter publishes its
+    /// counts on the new board from its next change on (they are absolute, not increments).
+    pub(crate) fn reshare(&self, board: Arc<SharedArbitration>) -> Result<()> {
         let drives = self.with(|a| a.config().drives)?;
         if board.drives() != drives {
             return Err(CapiError::Io(format!(
@@ -252,15 +263,13 @@ impl SchedGate {
                 board.drives()
             )));
         }
-        if self.board.set(board.clone()).is_err() {
-            return Err(CapiError::Busy("the runtime arbitrates through a board already".into()));
-        }
+        *self.board.write().map_err(|_| CapiError::Poisoned("scheduler"))? = Some(board.clone());
         self.with(|a| a.set_peers(Some(Arc::new(BoardPeers(board)))))
     }
 
     /// The daemon's arbitration board, for a client of tuttid.
-    pub(crate) fn board(&self) -> Option<&Arc<SharedArbitration>> {
-        self.board.get()
+    pub(crate) fn board(&self) -> Option<Arc<SharedArbitration>> {
+        self.board.read().ok().and_then(|b| b.clone())
     }
 
     /// Puts `arbiter` in place of the current one (no unit may be in flight: the caller checks
@@ -338,7 +347,7 @@ impl IoGate for SchedGate {
         if let Ok(r) = self.retired.lock() {
             add_waits(&mut w, &r);
         }
-        if let Some(b) = self.board.get() {
+        if let Some(b) = self.board() {
             let bs = b.stats();
             w.stale_marks = bs.stale_words;
             w.stale_skips = bs.stale_skips;
@@ -347,7 +356,47 @@ impl IoGate for SchedGate {
     }
 }
 
-pub(crate) fn install(store: &tutti_objstore::KvStore, gate: &Arc<SchedGate>) -> Result<()> {
-    store.set_gate(Some(gate.clone() as Arc<dyn IoGate>))?;
+pub(crate) fn install(store: &tutti_objstore::KvStore, gate: &Arc<SchedGate>, epoch: u64) -> Result<()> {
+    let gate: Arc<dyn IoGate> = if epoch == 0 {
+        gate.clone()
+    } else {
+        Arc::new(EpochGate { gate: gate.clone(), base: epoch << EPOCH_SHIFT })
+    };
+    store.set_gate(Some(gate))?;
     Ok(())
+}
+
+/// Where the connection's epoch sits in the job ids the scheduler sees.
+const EPOCH_SHIFT: u32 = 48;
+
+/// The runtime's one scheduler as the store of a later connection (a client that reconnected)
+/// sees it: that store numbers its jobs from 1 again, so its ids are moved past those of the
+/// stores before it, whose jobs may still be finishing.
+struct EpochGate {
+    gate: Arc<SchedGate>,
+    base: u64,
+}
+
+impl EpochGate {
+    fn id(&self, job: JobId) -> JobId {
+        self.base | (job & ((1 << EPOCH_SHIFT) - 1))
+    }
+}
+
+impl IoGate for EpochGate {
+    fn accept_store(&self, job: JobId, bytes: u64) -> std::result::Result<StoreAdmission, String> {
+        self.gate.accept_store(self.id(job), bytes)
+    }
+    fn admit(&self, unit: &GateUnit<'_>, urgent: bool) -> Admit {
+        self.gate.admit(&GateUnit { job: self.id(unit.job), ..*unit }, urgent)
+    }
+    fn finished(&self, job: JobId, layer: u32) {
+        self.gate.finished(self.id(job), layer)
+    }
+    fn forget(&self, job: JobId) {
+        self.gate.forget(self.id(job))
+    }
+    fn waits(&self) -> GateWaits {
+        self.gate.waits()
+    }
 }

@@ -5,7 +5,7 @@
 use crate::runtime::Runtime;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use tutti_objstore::{JobId, StoreId};
+use tutti_objstore::{JobId, KvStore, StoreId};
 
 /// What a session has done so far.
 pub(crate) struct State {
@@ -17,6 +17,8 @@ pub(crate) struct State {
 /// A store session behind a `tutti_store_t`; its jobs hold it too.
 pub(crate) struct StoreSession {
     pub(crate) rt: Arc<Runtime>,
+    /// The store the reservation was made on (it stays there across a reconnect).
+    pub(crate) store: Arc<KvStore>,
     pub(crate) id: StoreId,
     pub(crate) blocks: u32,
     pub(crate) state: Mutex<State>,
@@ -29,7 +31,7 @@ impl Drop for StoreSession {
         let committed = self.state.get_mut().map(|s| s.committed).unwrap_or(false);
         if !committed {
             self.rt.stores_open.fetch_sub(1, Ordering::Relaxed);
-            if let Err(e) = self.rt.store.abort_store(self.id) {
+            if let Err(e) = self.store.abort_store(self.id) {
                 tracing::warn!(store = self.id, error = %e, "an abandoned store could not be aborted");
             }
         }

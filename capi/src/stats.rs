@@ -4,14 +4,18 @@
 
 use crate::error::{guard, lock, Result};
 use crate::ptr::{self, SizePrefixed};
-use crate::runtime::{tutti_runtime_t, Runtime};
+use crate::runtime::{add_counters, tutti_runtime_t, Runtime};
 use crate::status::TUTTI_OK;
 use std::sync::atomic::Ordering;
 
 /// Counters since the runtime opened. Set `struct_size = sizeof(tutti_stats_t)`
 /// (136 for a caller built against ABI 1.0, which gets the fields up to
 /// `stores_open`; 184 for ABI 1.1, which gets them up to `submit_ns`; 192
-/// since ABI 1.2).
+/// for ABI 1.2 to 1.9; 224 since ABI 1.11, with the reconnect counters).
+///
+/// For a client of tuttid that reconnected, the counters of its earlier connections are
+/// included (they never go down); the pool's own (`files*`, `evictions`) are the current
+/// daemon's, and 0 while it is away.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct tutti_stats_t {
@@ -75,6 +79,17 @@ pub struct tutti_stats_t {
     /// gio_uring executors a drive recovery settles the outcome first, so a
     /// file is quarantined only when that recovery failed.
     pub quarantined_files: u64,
+    /// ABI 1.11, a client of tuttid: times it reconnected to a daemon that came back (the same
+    /// pool), each one back in its state (queues, KV registration, board slot).
+    pub reconnects: u64,
+    /// ABI 1.11: reconnect attempts, those that failed included (a daemon not there yet, or
+    /// one refused: another geometry or pool).
+    pub reconnect_attempts: u64,
+    /// ABI 1.11: time spent disconnected, from when each outage was first seen to the
+    /// reconnect (the current outage included), ns.
+    pub disconnected_ns: u64,
+    /// ABI 1.11: 1 while the client is disconnected (its daemon gone and not reconnected).
+    pub disconnected: u64,
 }
 
 // SAFETY: repr(C) with `struct_size: u32` first.
@@ -83,12 +98,19 @@ unsafe impl SizePrefixed for tutti_stats_t {
     const SIZES: &'static [u32] = &[
         std::mem::offset_of!(tutti_stats_t, host_calls) as u32,
         std::mem::offset_of!(tutti_stats_t, quarantined_files) as u32,
+        std::mem::offset_of!(tutti_stats_t, reconnects) as u32,
         std::mem::size_of::<tutti_stats_t>() as u32,
     ];
 }
 
 fn collect(rt: &Runtime, struct_size: u32) -> Result<tutti_stats_t> {
-    let s = rt.store.stats();
+    // A reconnect is tried first (a client whose daemon is back reports the new one's pool).
+    let store = rt.store().unwrap_or_else(|_| rt.current().store);
+    let mut s = store.stats();
+    if let Ok(r) = rt.retired.lock() {
+        add_counters(&mut s, &r);
+    }
+    let link = rt.link.as_ref().map(|l| l.stats()).unwrap_or_default();
     let (jobs_in_flight, layers_in_flight) = {
         let m = lock(&rt.in_flight, "jobs")?;
         (m.len() as u64, m.values().map(|&l| l as u64).sum())
@@ -121,6 +143,10 @@ fn collect(rt: &Runtime, struct_size: u32) -> Result<tutti_stats_t> {
         setup_ns: s.setup_ns,
         submit_ns: s.submit_ns,
         quarantined_files: s.quarantined_files,
+        reconnects: link.reconnects,
+        reconnect_attempts: link.attempts,
+        disconnected_ns: link.disconnected_ns,
+        disconnected: link.disconnected as u64,
     })
 }
 

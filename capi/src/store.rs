@@ -88,10 +88,12 @@ pub unsafe extern "C" fn tutti_store_begin(
         if count == 0 {
             return Err(CapiError::invalid("count", "a store needs at least one block"));
         }
-        let id = rt.store.begin_store(&keys, blocks)?;
+        let store = rt.store()?;
+        let id = store.begin_store(&keys, blocks)?;
         rt.stores_open.fetch_add(1, Ordering::Relaxed);
         let s = StoreSession {
             rt,
+            store,
             id,
             blocks: count as u32,
             state: Mutex::new(State { committed: false, jobs: Vec::new() }),
@@ -124,12 +126,13 @@ pub unsafe extern "C" fn tutti_store_submit(
         if state.committed {
             return Err(CapiError::invalid("store", "the store was already committed"));
         }
-        let id = s.rt.store.submit_store(s.id, layers.clone())?;
+        let id = s.store.submit_store(s.id, layers.clone())?;
         state.jobs.push(id);
         drop(state);
         let job = Job::new(
             s.rt.clone(),
             Submitted {
+                store: s.store.clone(),
                 id: Some(id),
                 dir: Direction::Store,
                 blocks: s.blocks,
@@ -190,12 +193,12 @@ pub unsafe extern "C" fn tutti_store_commit(
         }
         // A job's end reaches the session when the job is next advanced.
         for &j in &state.jobs {
-            match s.rt.store.poll(j) {
+            match s.store.poll(j) {
                 Ok(_) | Err(ObjError::Unknown { .. }) => {}
                 Err(e) => return Err(e.into()),
             }
         }
-        let r = s.rt.store.commit_store(s.id)?;
+        let r = s.store.commit_store(s.id)?;
         state.committed = true;
         s.rt.stores_open.fetch_sub(1, Ordering::Relaxed);
         if let Some(out) = report {

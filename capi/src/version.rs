@@ -33,11 +33,13 @@
 /// names that follow one rule (`tutti_<object>_<verb>`, handles released by `_destroy`:
 /// `tutti_load_submit`, `tutti_kv_register`, ..., `tutti_runtime_destroy`), the old names staying
 /// as aliases (`aliases`); minor 10 added the P2P data path (`TUTTI_MEMORY_DEVICE_P2P`,
-/// `TUTTI_DATA_PATH_P2P`, and `p2p_provider` appended to `tutti_data_path_t`).
+/// `TUTTI_DATA_PATH_P2P`, and `p2p_provider` appended to `tutti_data_path_t`); minor 11 added
+/// reconnecting clients of tuttid (the `reconnect*` fields appended to `tutti_client_config_t`,
+/// `TUTTI_RECONNECT_*`, and the reconnect counters appended to `tutti_stats_t`).
 pub const TUTTI_ABI_VERSION: u32 = 1;
 
 /// The minor version of ABI 1 this library implements (see `TUTTI_ABI_VERSION`).
-pub const TUTTI_ABI_MINOR: u32 = 10;
+pub const TUTTI_ABI_MINOR: u32 = 11;
 
 /// The ABI version of the loaded library (`TUTTI_ABI_VERSION` it was built with).
 ///

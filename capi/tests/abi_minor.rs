@@ -49,14 +49,16 @@ fn stats(rt: &Rt) -> tutti_stats_t {
 
 #[test]
 fn versions_and_sizes_of_each_minor() {
-    assert_eq!((tutti_abi_version(), tutti_abi_minor()), (1, 10));
-    assert_eq!((TUTTI_ABI_VERSION, TUTTI_ABI_MINOR), (1, 10));
+    assert_eq!((tutti_abi_version(), tutti_abi_minor()), (1, 11));
+    assert_eq!((TUTTI_ABI_VERSION, TUTTI_ABI_MINOR), (1, 11));
     // Each minor's structs end where the next one's fields begin.
     assert_eq!(offset_of!(tutti_stats_t, host_calls), STATS_V0);
     assert_eq!(offset_of!(tutti_job_status_t, host_calls), STATUS_V0);
     assert_eq!(offset_of!(tutti_stats_t, quarantined_files), STATS_V1);
     assert_eq!(offset_of!(tutti_job_status_t, unknown), STATUS_V1);
-    assert_eq!((size_of::<tutti_stats_t>(), size_of::<tutti_job_status_t>()), (192, 136));
+    // 1.11 appended the reconnect counters to the stats (1.2's ended after quarantined_files).
+    assert_eq!(offset_of!(tutti_stats_t, reconnects), 192);
+    assert_eq!((size_of::<tutti_stats_t>(), size_of::<tutti_job_status_t>()), (224, 136));
     // 1.4 appended the CUDA executor and staging fields to the runtime config,
     // after the 1.3 struct's tail padding (now `rsvd0`).
     assert_eq!(offset_of!(tutti_runtime_config_t, rsvd0), 84);
@@ -76,10 +78,12 @@ fn versions_and_sizes_of_each_minor() {
     // client config (1.3's ended after the geometry).
     assert_eq!(offset_of!(tutti_client_config_t, exec_mode), 56);
     assert_eq!(offset_of!(tutti_client_config_t, cuda_driver), 72);
-    assert_eq!(size_of::<tutti_client_config_t>(), 88);
     // 1.10 appended the P2P provider to the data path.
     assert_eq!(offset_of!(tutti_data_path_t, p2p_provider), 304);
     assert_eq!(size_of::<tutti_data_path_t>(), 368);
+    // 1.11 appended the reconnect fields (1.8's ended after `rsvd0`).
+    assert_eq!(offset_of!(tutti_client_config_t, reconnect), 88);
+    assert_eq!(size_of::<tutti_client_config_t>(), 104);
 }
 
 #[test]
@@ -90,7 +94,7 @@ fn sizes_between_versions_are_refused() {
         buf[0] = size as u64; // struct_size is the first u32 (little endian)
                               // SAFETY: a live handle; `buf` is 256 writable, aligned bytes.
         let code = unsafe { tutti_get_stats(rt.0, buf.as_mut_ptr() as *mut tutti_stats_t) };
-        expect(code, TUTTI_E_STRUCT_SIZE, "expects 136 or 184 or 192");
+        expect(code, TUTTI_E_STRUCT_SIZE, "expects 136 or 184 or 192 or 224");
     }
 }
 

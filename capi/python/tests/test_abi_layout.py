@@ -38,6 +38,7 @@ CONSTANTS = {
     "TUTTI_DIR_LOAD": _lib.DIR_LOAD,
     "TUTTI_DIR_STORE": _lib.DIR_STORE,
     "TUTTI_LOOKUP_PIN": _lib.LOOKUP_PIN,
+    **{f"TUTTI_RECONNECT_{k.upper()}": v for k, v in _lib.RECONNECT.items()},
     **{f"TUTTI_SCHED_{k.upper()}": v for k, v in _lib.SCHED_MODE.items()},
     **{f"TUTTI_BACKLOG_{k.upper()}": v for k, v in _lib.BACKLOG_FULL.items()},
     "TUTTI_SCHED_POLICY_ON": 0,

@@ -75,3 +75,65 @@ def test_a_geometry_other_than_the_pools_is_refused(daemon, geometry):
     )
     with pytest.raises(tutti.errors.InvalidArgument, match="geometry"):
         tutti.Runtime.connect(daemon, other)
+
+
+def _serve(exe, sock, pool, g) -> subprocess.Popen:
+    args = [str(exe), "serve", "--json", "--socket", str(sock), "--dir", str(pool)]
+    args += ["--emulated", "2", "--capacity-mib", "8", "--layers", str(g.layers), "--kv-heads", str(g.kv_heads)]
+    args += ["--head-dim", str(g.head_dim), "--block-tokens", str(g.tokens_per_block), "--dtype", g.dtype]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+    hello = json.loads(proc.stdout.readline())
+    assert hello["pid"] == proc.pid
+    return proc
+
+
+def test_a_client_reconnects_after_tutti_serve_is_killed_and_restarted(library, geometry, tmp_path):
+    """`tutti serve` SIGKILLed under a connected runtime, then started again on the same pool
+    directory and socket: while it is away every call raises IoError at once naming tuttid; the
+    first call after it is back reconnects (nothing done here but calling), the KV memory is
+    registered again, what was stored before the kill loads byte for byte, and the counters say
+    one reconnect. A daemon of another geometry on that socket meanwhile is refused, naming it."""
+    exe = require_tutti_bin()
+    sock, pool = tmp_path / "tuttid.sock", tmp_path / "pool"
+    proc = _serve(exe, sock, pool, geometry)
+    rt = tutti.Runtime.connect(str(sock), geometry, client_name="survivor", reconnect_backoff_ms=100)
+    others = []
+    try:
+        layers = vllm_layers(geometry)
+        rt.register_kv("vllm_per_layer", NUM_BLOCKS, model="m", k_bases=[t.data_ptr() for t in layers],
+                       keepalive=layers)
+        hashes = tutti.chain_hashes(list(range(2 * geometry.tokens_per_block)), geometry.tokens_per_block)
+        written = {b: fill_block(geometry, layers, NUM_BLOCKS, b, seed=30 + b) for b in (0, 1)}
+        store(rt, hashes, [0, 1])
+        proc.kill()
+        proc.wait(timeout=30)
+        for _ in range(5):
+            t0 = time.monotonic()
+            with pytest.raises(tutti.errors.IoError, match="tuttid"):
+                rt.lookup(hashes).close()
+            assert time.monotonic() - t0 < 2, "a call while the daemon is away fails at once"
+        assert rt.stats().disconnected == 1
+        other = tutti.Geometry(layers=geometry.layers + 1, kv_heads=geometry.kv_heads, head_dim=geometry.head_dim,
+                               tokens_per_block=geometry.tokens_per_block, dtype=geometry.dtype)
+        wrong = _serve(exe, sock, tmp_path / "pool-other", other)
+        others.append(wrong)
+        with pytest.raises(tutti.errors.IoError, match="formatted for"):
+            rt.lookup(hashes).close()
+        stop_tuttid(wrong)
+        proc = _serve(exe, sock, pool, geometry)
+        with rt.lookup(hashes) as found:
+            assert found.hits == 2
+        for b in (0, 1):
+            fill_block(geometry, layers, NUM_BLOCKS, 6 + b, seed=99)
+        with rt.load(hashes, [6, 7]) as job:
+            assert job.wait().failed == 0
+        assert block_bytes(geometry, layers, NUM_BLOCKS, 6) == written[0]
+        assert block_bytes(geometry, layers, NUM_BLOCKS, 7) == written[1]
+        s = rt.stats()
+        assert (s.reconnects, s.disconnected) == (1, 0) and s.reconnect_attempts >= 2 and s.disconnected_ns > 0, s
+    finally:
+        rt.close()
+        for p in others:
+            if p.poll() is None:
+                p.kill()
+        stop_tuttid(proc)

@@ -573,6 +573,52 @@ def test_tensor_parallel_2_through_the_daemon_each_rank_its_own_client(main_run,
     assert all(leases) and not set(leases[0]) & set(leases[1]), "each rank leases its own queue pairs"
 
 
+def _serve_args(d: Path, tp: int) -> list[str]:
+    """`tutti serve` for the test model's per-rank geometry under TP=tp, its pool in ``d``."""
+    cfg = json.loads((Path(MODEL) / "config.json").read_text())
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    kv_heads = cfg.get("num_key_value_heads", cfg["num_attention_heads"]) // tp
+    return ["serve", "--json", "--socket", str(d / "tuttid.sock"), "--dir", str(d / "media"), "--emulated", "2",
+            "--capacity-mib", "64", "--layers", str(cfg["num_hidden_layers"]), "--kv-heads", str(kv_heads),
+            "--head-dim", str(head_dim), "--block-tokens", str(BLOCK), "--dtype", "f32"]
+
+
+def test_tensor_parallel_2_survives_a_tuttid_kill_and_restart(vllm_python, tmp_path):
+    """TP=2 through a `tutti serve` the scenario runs ("daemon_socket"); before the third batch it
+    is SIGKILLed and started again on the same media and socket, the engine left alone. The
+    scheduler side and both workers reconnect by themselves on their next calls: B2, sharing W's
+    stored prefix, comes back from the pool stored before the kill (cached = the prefix), its
+    tokens as without tutti (a baseline engine in the same run), and the restarted daemon knows
+    all three clients by their names, each worker with queue pairs of its own again. The source
+    tree's package (PYTHONPATH, the connector by module path) and the workspace's libtutti."""
+    d = tmp_path / "pool"
+    (d / "media").mkdir(parents=True)
+    sock = d / "tuttid.sock"
+    llm = {"distributed_executor_backend": "mp", "tensor_parallel_size": 2}
+    base = engine("base", [[W], [B], [B2]])
+    e = dict(engine("tp2-restart", [[W], [B], [B2]], {"daemon_socket": str(sock), "daemon_reconnect_backoff_ms": 200},
+                    prefix_cache=False, status_socket=str(sock), llm=llm),
+             executor="mp", own_daemon={"args": _serve_args(d, 2), "restart_before_batch": 2})
+    env = dict(VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_CPU_OMP_THREADS_BIND="0|1",
+               PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+    res = run(vllm_python, tmp_path, "tp2-restart", [base, e], env=env)
+    b, e = res["engines"]
+    tutti_lines = [l for l in res["log"].splitlines() if "tutti" in l.lower()][-40:]
+    assert len(e.get("daemon_pids", [])) == 2, e
+    assert results(e, 1)[0]["cached"] == HIT, "\n".join(tutti_lines)
+    # After the restart: the prefix W stored before the kill, loaded from the recovered pool.
+    assert results(e, 2)[0]["cached"] == HIT, "\n".join(tutti_lines)
+    for batch in range(3):
+        assert results(b, batch)[0]["tokens"] == results(e, batch)[0]["tokens"]
+    st = e["daemon_status"]
+    assert st["pid"] == e["daemon_pids"][1], "the status is the restarted daemon's"
+    names = sorted(c["name"].split("-pid")[0] for c in st["clients"])
+    assert names == ["tutti status", "vllm-scheduler-tp0-pp0", "vllm-worker-tp0-pp0", "vllm-worker-tp1-pp0"], st
+    workers = [c for c in st["clients"] if c["name"].startswith("vllm-worker")]
+    leases = [tuple(map(tuple, c["queues"])) for c in workers]
+    assert all(leases) and not set(leases[0]) & set(leases[1]), "each rank leased its own queue pairs again"
+
+
 # ---- every KV layout vLLM can build, as vLLM builds it -------------------------------------------------
 
 def test_every_vllm_kv_layout_is_recognised_or_refused_by_name(vllm_python, tmp_path):

@@ -38,13 +38,14 @@ from pathlib import Path
 from .errors import OK, IN_PROGRESS, AbiMismatch, LibraryNotFound, exception_class
 
 ABI_VERSION = 1
-# The structs here are those of ABI 1.9 (1.1: the host-work counters; 1.2:
+# The structs here are those of ABI 1.11 (1.1: the host-work counters; 1.2:
 # quarantined files and unknown-outcome blocks; 1.3: clients of tuttid; 1.4:
 # the staged data path, the CUDA executor; 1.5: the emulated cost model; 1.6:
 # the scheduler in the job path; 1.7: arbitration across tuttid's clients;
 # 1.8: every executor for tuttid clients, control-only clients, the executor
-# mode; 1.9: the names of one rule, the old ones kept as aliases); a library of an older minor would refuse their sizes or lack the calls.
-ABI_MINOR = 10
+# mode; 1.9: the names of one rule, the old ones kept as aliases; 1.10: the P2P data path;
+# 1.11: reconnecting clients of tuttid); a library of an older minor would refuse their sizes or lack the calls.
+ABI_MINOR = 11
 LIB_NAME = "libtutti.so"
 
 # Constants of tutti.h.
@@ -148,7 +149,7 @@ class DataPath(Structure):
 
 
 class ClientConfig(Structure):
-    """tutti_client_config_t (ABI 1.3, 1.8): how to connect to tuttid."""
+    """tutti_client_config_t (ABI 1.3, 1.8, 1.11): how to connect to tuttid."""
 
     _fields_ = [
         ("struct_size", c_uint32),
@@ -167,7 +168,16 @@ class ClientConfig(Structure):
         ("cuda_driver", c_char_p),
         ("staging_slots", c_uint32),
         ("rsvd0", c_uint32),
+        # ABI 1.11: reconnecting after the daemon went away
+        ("reconnect", c_uint32),
+        ("reconnect_backoff_ms", c_uint32),
+        ("reconnect_deadline_ms", c_uint32),
+        ("rsvd1", c_uint32),
     ]
+
+
+# tutti_client_config_t.reconnect (ABI 1.11)
+RECONNECT = {"auto": 0, "off": 1}
 
 
 class KvLayout(Structure):
@@ -287,6 +297,11 @@ class Stats(Structure):
         ("submit_ns", c_uint64),
         # ABI 1.2
         ("quarantined_files", c_uint64),
+        # ABI 1.11: a client of tuttid reconnecting
+        ("reconnects", c_uint64),
+        ("reconnect_attempts", c_uint64),
+        ("disconnected_ns", c_uint64),
+        ("disconnected", c_uint64),
     ]
 
 

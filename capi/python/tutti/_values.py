@@ -188,6 +188,13 @@ class Stats:
     # ABI 1.2: files out of service because a write into them has an unknown
     # outcome (the drive may still execute it); back only after the pool is reopened.
     quarantined_files: int = 0
+    # ABI 1.11, a client of tuttid: reconnects to a daemon that came back (the same pool),
+    # attempts (failed ones too), time disconnected (ns, the current outage included), and
+    # 1 while disconnected.
+    reconnects: int = 0
+    reconnect_attempts: int = 0
+    disconnected_ns: int = 0
+    disconnected: int = 0
 
 
 @dataclass

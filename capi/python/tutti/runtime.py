@@ -206,6 +206,9 @@ class Runtime(_Handle):
         cuda_driver: str | None = None,
         cuda_block_threads: int = 0,
         staging_slots: int = 0,
+        reconnect: str = "auto",
+        reconnect_backoff_ms: int = 0,
+        reconnect_deadline_ms: int = 0,
     ) -> "Runtime":
         """A runtime that is a client of the tuttid listening at ``socket`` (``tutti serve``).
 
@@ -218,9 +221,19 @@ class Runtime(_Handle):
         pins and stats work; ``register_kv`` raises :class:`~tutti.errors.Unsupported`.
         ``exec_mode`` None picks as for an in-process :class:`Runtime` (inline for ``"gio"``
         with one lane block).
+
+        When the daemon goes away and comes back on the same socket and media, the runtime
+        reconnects by itself on its next call (``reconnect="auto"``; ``"off"`` keeps it
+        disconnected): its KV memory registered again, its queue pairs leased again. Until then
+        calls raise :class:`~tutti.errors.IoError` at once; attempts are spaced by a backoff
+        doubling from 10 ms up to ``reconnect_backoff_ms`` (0 = 1000), and stop
+        ``reconnect_deadline_ms`` after the outage was seen (0 = 600000). A daemon back with
+        another geometry or pool is refused. :meth:`stats` counts ``reconnects``.
         """
         if executor not in _lib.EXECUTOR:
             raise ValueError(f"executor {executor!r} is not one of {', '.join(_lib.EXECUTOR)}")
+        if reconnect not in _lib.RECONNECT:
+            raise ValueError(f"reconnect {reconnect!r} is not one of {', '.join(_lib.RECONNECT)}")
         exec_mode = _exec_mode(executor, exec_mode, host_lane_blocks)
         cfg = sized(
             _lib.ClientConfig,
@@ -237,6 +250,9 @@ class Runtime(_Handle):
             cuda_block_threads=cuda_block_threads,
             cuda_driver=cuda_driver.encode() if cuda_driver is not None else None,
             staging_slots=staging_slots,
+            reconnect=_lib.RECONNECT[reconnect],
+            reconnect_backoff_ms=reconnect_backoff_ms,
+            reconnect_deadline_ms=reconnect_deadline_ms,
         )
         out = c_void_p()
         lib().call("tutti_runtime_connect", byref(cfg), byref(out))

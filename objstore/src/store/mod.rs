@@ -324,7 +324,7 @@ impl KvStore {
     /// recovered for them and none is blamed: their outcome stays unknown. Cleanup
     /// ([`cancel`](Self::cancel), [`drain`](Self::drain), [`release`](Self::release),
     /// [`abort_store`](Self::abort_store)) still works. Reconnecting is the caller's: a new
-    /// store on a new connection.
+    /// store on a new connection (the C ABI's clients do it themselves, `tutti-capi`'s `link`).
     pub fn owner_gone(&self) -> Option<String> {
         if let Some(why) = self.gone.get() {
             return Some(why.clone());
@@ -332,7 +332,7 @@ impl KvStore {
         let why = self.control.gone()?;
         if self.gone.set(why.clone()).is_ok() {
             tracing::error!(pool = %self.name, reason = %why,
-                "the pool's owner is gone: this store is disconnected; reconnect to go on");
+                "the pool's owner is gone: this store is disconnected");
         }
         self.gone.get().cloned()
     }
@@ -449,10 +449,16 @@ impl KvStore {
     pub fn stats(&self) -> StoreStats {
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let pool = self.control.stats().unwrap_or_else(|e| {
-            tracing::warn!(error = %e, "the pool's counters could not be read");
+        // With the pool's owner gone its counters are not there to read (said once, by
+        // `owner_gone`); this process's own counters still are.
+        let pool = if self.owner_gone().is_some() {
             Default::default()
-        });
+        } else {
+            self.control.stats().unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "the pool's counters could not be read");
+                Default::default()
+            })
+        };
         StoreStats {
             index: pool.index,
             lookups: get(&c.lookups),

@@ -15,7 +15,10 @@ by layer, with the bytes vLLM computed for that chunk when it was saved: "loaded
 of that tuttid while the engine is up, as "daemon_status"), "force_zeroing": bool (vLLM zeroes every
 newly allocated block, as for Mamba or mixed-precision models), "by_name": bool (no
 kv_connector_module_path: vLLM finds TuttiConnector in its connector registry, where the installed
-package's vllm.general_plugins entry point put it)}.
+package's vllm.general_plugins entry point put it), "own_daemon": {"args": [tutti's arguments, e.g.
+"serve", ...], "restart_before_batch": i} (start `tutti serve` before the engine, SIGKILL it and
+start it again with the same arguments before batch i, stop it after the engine; the pids are
+reported as "daemon_pids")}.
 The result also says which tutti package, library and binary the process used ("tutti_package").
 Per engine it reports "preemptions" (vLLM's scheduler preempted a request), "preempted_mid_prefill"
 (the victim had computed part of its prompt) and
@@ -173,9 +176,36 @@ def _prompt(p):
     if isinstance(p, dict):
         return TokensPrompt(prompt_token_ids=p["tokens"], cache_salt=p["cache_salt"])
     return TokensPrompt(prompt_token_ids=p)
+def _start_daemon(args: list[str]):
+    """`tutti serve` with ``args`` (it prints one JSON line once it serves)."""
+    import subprocess
+
+    from tutti._connector.shared import find_tutti_bin
+
+    p = subprocess.Popen([find_tutti_bin(), *args], stdout=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    if not line:
+        raise RuntimeError(f"tutti {' '.join(args)} did not start (exit {p.wait(timeout=30)})")
+    assert json.loads(line)["pid"] == p.pid
+    return p
 
 
 def run_engine(spec: dict) -> dict:
+    own = spec.get("own_daemon")
+    daemons = [_start_daemon(own["args"])] if own else []
+    try:
+        out = _run_engine(spec, daemons)
+    finally:
+        for p in daemons:
+            if p.poll() is None:
+                p.terminate()
+                p.wait(timeout=30)
+    if own:
+        out["daemon_pids"] = [p.pid for p in daemons]
+    return out
+
+
+def _run_engine(spec: dict, daemons: list) -> dict:
     from vllm import LLM, SamplingParams
 
     kw = dict(
@@ -198,6 +228,12 @@ def run_engine(spec: dict) -> dict:
     out = {"batches": []}
     conn = _connector()
     for i, batch in enumerate(spec["batches"]):
+        if daemons and i == spec["own_daemon"].get("restart_before_batch"):
+            # SIGKILL under the running engine, then the same daemon again on the same media and
+            # socket; the engine is left alone.
+            daemons[-1].kill()
+            daemons[-1].wait(timeout=30)
+            daemons.append(_start_daemon(spec["own_daemon"]["args"]))
         if i == 1 and spec.get("fail_loads"):
             conn.runtime.emulated_fail_next(0, "load", spec["fail_loads"])
             conn.runtime.emulated_fail_next(1, "load", spec["fail_loads"])

@@ -76,6 +76,12 @@ overridden in the extra config. Keys of ``kv_connector_extra_config``:
                             its multiprocess executor or TP×PP > 1, ``"off"`` otherwise
 ``daemon_idle_exit_s``      the idle exit of a daemon started by ``"auto"`` (default 30)
 ``daemon_start_timeout_s``  how long to wait for the daemon's socket (default 60)
+``daemon_reconnect_backoff_ms`` a client whose tuttid went away reconnects on its next calls
+                            (queue pairs, KV registration, executor back); between attempts
+                            calls fail at once (loads miss, stores are dropped), the wait
+                            doubling from 10 ms to this ceiling (default 1000)
+``daemon_reconnect_deadline_s`` how long after the daemon went away to go on trying (default
+                            600); 0 turns reconnecting off
 ``mooncake``                Mooncake Store as the cluster tier above this node's pool: a dict
                             with ``master`` (host:port) and ``metadata_server``
                             (http://host:port/metadata), see :func:`tutti.cluster.parse_config`
@@ -148,6 +154,8 @@ POOL_KEYS = frozenset({
 })
 
 KNOWN_KEYS = POOL_KEYS | {
+    "daemon_reconnect_backoff_ms",
+    "daemon_reconnect_deadline_s",
     "cuda_device",
     "cuda_sm_count",
     "cuda_driver",
@@ -221,6 +229,10 @@ class ConnectorConfig:
     daemon_socket: str | None = None
     daemon_idle_exit_s: int = 30
     daemon_start_timeout_s: float = 60.0
+    # Reconnecting to a tuttid that went away (libtutti's defaults: 1000 ms, 600 s); a deadline
+    # of 0 turns it off.
+    daemon_reconnect_backoff_ms: int = 0
+    daemon_reconnect_deadline_s: int | None = None
     tp_size: int = 1
     pp_size: int = 1
     multiprocess: bool = False
@@ -304,6 +316,17 @@ class ConnectorConfig:
                       cuda_block_threads=self.cuda_block_threads, exec_mode=self.cuda_mode)
         elif self.executor == "gio" and self.host_mode is not None:
             kw.update(exec_mode=self.host_mode)
+        return kw
+
+    def reconnect_kwargs(self) -> dict:
+        """How a client of tuttid reconnects: the keywords of :meth:`Runtime.connect`."""
+        kw: dict[str, Any] = {}
+        if self.daemon_reconnect_backoff_ms:
+            kw.update(reconnect_backoff_ms=self.daemon_reconnect_backoff_ms)
+        if self.daemon_reconnect_deadline_s == 0:
+            kw.update(reconnect="off")
+        elif self.daemon_reconnect_deadline_s is not None:
+            kw.update(reconnect_deadline_ms=min(self.daemon_reconnect_deadline_s * 1000, 2**32 - 1))
         return kw
 
     def runtime_kwargs(self) -> dict:
@@ -612,6 +635,9 @@ def from_vllm(vllm_config: VllmConfig) -> ConnectorConfig:
         daemon_socket=socket,
         daemon_idle_exit_s=_int(extra, "daemon_idle_exit_s", 30, 1),
         daemon_start_timeout_s=float(_int(extra, "daemon_start_timeout_s", 60, 1)),
+        daemon_reconnect_backoff_ms=_int(extra, "daemon_reconnect_backoff_ms", 0),
+        daemon_reconnect_deadline_s=(_int(extra, "daemon_reconnect_deadline_s", 600)
+                                     if "daemon_reconnect_deadline_s" in extra else None),
         tp_size=tp,
         pp_size=pp,
         multiprocess=multiprocess,

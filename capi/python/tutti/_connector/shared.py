@@ -293,6 +293,7 @@ def _refuse(cfg: ConnectorConfig, socket: str, e: TuttiError) -> ConfigError:
 
 def _connect(cfg: ConnectorConfig, socket: str, name: str, control: bool = False) -> Runtime:
     kw = dict(executor="control") if control else cfg.io_kwargs()
+    kw.update(cfg.reconnect_kwargs())
     return Runtime.connect(socket, cfg.geometry, client_name=name, **kw)
 
 
