@@ -69,7 +69,8 @@ from ._connector.breakeven import BreakEven, Observations, slack_prior
 from ._hicache import config as _config
 from ._hicache.config import ConfigError
 from ._hicache.keys import KeyTypeError, key_hashes
-from ._hicache.layout import PageIndexError, PoolLayout, UnsupportedPool, from_host_pool
+from ._hicache.layout import PageIndexError, PoolLayout, UnsupportedPool, from_host_pool, is_mla_pool
+from ._hicache.mla import from_mla_host_pool
 from ._hicache.pins import PinBook
 from .errors import PoolError, Timeout, TuttiError
 from .runtime import Runtime, packed_hashes
@@ -198,7 +199,7 @@ class TuttiHiCacheStorage(HiCacheStorage):
     # --- registration ---------------------------------------------------------------------
 
     def register_mem_pool_host(self, mem_pool_host) -> None:
-        layout = from_host_pool(mem_pool_host)
+        layout = from_mla_host_pool(mem_pool_host) if is_mla_pool(mem_pool_host) else from_host_pool(mem_pool_host)
         if layout.latent != self.replicated:
             log.warning("tutti.sglang: SGLang says is_mla_model=%s but the host pool is %s; the pool decides",
                         self.replicated, "MLA" if layout.latent else "MHA")

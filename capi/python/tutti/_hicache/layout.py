@@ -141,11 +141,8 @@ def is_mla_pool(pool: Any) -> bool:
 
 
 def from_host_pool(pool: Any) -> PoolLayout:
-    """The registration of ``pool`` (an SGLang ``HostKVCache``), checked against its own page metadata."""
-    if is_mla_pool(pool):
-        from .mla import from_mla_host_pool  # the latent pool's own rules
-
-        return from_mla_host_pool(pool)
+    """The registration of ``pool`` (an SGLang MHA ``HostKVCache``), checked against its own page
+    metadata. An MLA pool (:func:`is_mla_pool`) has its own rules: ``mla.from_mla_host_pool``."""
     name = _attr(pool, "layout")
     if name not in SUPPORTED:
         raise UnsupportedPool(
