@@ -96,7 +96,7 @@ fn memory_an_executor_cannot_move_is_refused_with_the_reason() {
     // Nor can the host executor address CUDA memory.
     let rt = Rt::open(&config());
     expect(register(&rt, &mem, TUTTI_MEMORY_CUDA), TUTTI_E_UNSUPPORTED, "TUTTI_EXECUTOR_GIO_HOST");
-    expect(register(&rt, &mem, 4), TUTTI_E_INVALID_ARG, "not a TUTTI_MEMORY_* value (1..=3)");
+    expect(register(&rt, &mem, 5), TUTTI_E_INVALID_ARG, "not a TUTTI_MEMORY_* value (1..=4)");
 }
 
 #[test]
