@@ -64,6 +64,8 @@ pub(crate) trait Host {
     fn reshare(&self, board: Arc<SharedArbitration>) -> Result<()>;
     /// Keeps the counters of a store put out of use.
     fn retire(&self, old: &KvStore);
+    /// Drops the scheduler's record of every job of connections before `epoch`.
+    fn abandon_before(&self, epoch: u64) -> Result<usize>;
 }
 
 /// The wait after the first failed attempt; it doubles after each failure up to the ceiling.
@@ -235,8 +237,14 @@ impl Link {
                 drop(st);
                 self.reconnects.fetch_add(1, Ordering::Relaxed);
                 rt.retire(&old.store);
+                // The old connection's units in flight never complete: they must not hold
+                // their drives in the scheduler (a read would keep every write waiting).
+                let abandoned = rt.abandon_before(next.epoch).unwrap_or_else(|e| {
+                    tracing::error!(error = %e, "could not drop the old connection's jobs from the scheduler");
+                    0
+                });
                 tracing::warn!(socket = %self.socket.display(), tries,
-                    disconnected_ms = outage.as_millis() as u64, epoch = next.epoch,
+                    disconnected_ms = outage.as_millis() as u64, epoch = next.epoch, abandoned,
                     "reconnected to tuttid: queue pairs leased, KV memory registered again");
                 // The old store goes here, or with the last job or store session made on it.
                 drop(old);

@@ -159,6 +159,9 @@ impl Host for Runtime {
     fn retire(&self, old: &KvStore) {
         Runtime::retire(self, old)
     }
+    fn abandon_before(&self, epoch: u64) -> Result<usize> {
+        self.sched.abandon_before(epoch)
+    }
 }
 
 /// Adds the counters of `from` (a store's, since it opened) to `into`; the pool's own

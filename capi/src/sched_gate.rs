@@ -8,6 +8,7 @@ use crate::error::{lock, CapiError, Result};
 use crate::ptr::{self, SizePrefixed};
 use std::ffi::c_char;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use tutti_daemon::arbitration::SharedArbitration;
 use tutti_objstore::report::GateWaits;
@@ -101,6 +102,9 @@ pub(crate) struct SchedGate {
     /// The waits of arbiters that `tutti_sched_configure` replaced, so that
     /// [`IoGate::waits`] never goes down (tuttid adds up its clients' reports).
     retired: Mutex<GateWaits>,
+    /// Jobs with ids below this are of connections gone for good (a client that reconnected):
+    /// the arbiter dropped them, and they are not let back in (see [`SchedGate::abandon_before`]).
+    floor: AtomicU64,
 }
 
 /// An arbiter's waits, as reports count them.
@@ -241,7 +245,12 @@ impl SchedGate {
     /// The default: arbitration only, until the engine configures more.
     pub(crate) fn new(drives: usize, layers: u32, object_bytes: u64) -> Result<SchedGate> {
         let arbiter = arbiter_from(&tutti_sched_config_t::default(), drives, layers, object_bytes)?;
-        Ok(SchedGate { arbiter: Mutex::new(arbiter), board: RwLock::new(None), retired: Mutex::default() })
+        Ok(SchedGate {
+            arbiter: Mutex::new(arbiter),
+            board: RwLock::new(None),
+            retired: Mutex::default(),
+            floor: AtomicU64::new(0),
+        })
     }
 
     /// Arbitrates with the other clients of a tuttid through its board, from now on.
@@ -287,6 +296,20 @@ impl SchedGate {
         Ok(())
     }
 
+    /// The connection of `epoch` is now the runtime's: the jobs of every earlier one are dropped
+    /// from the arbiter (their units in flight will never complete: the old daemon took their
+    /// queue pairs with it, so they would hold their drives' reads or writes forever), and
+    /// their later calls pass the arbiter by (those jobs fail at their dead store).
+    pub(crate) fn abandon_before(&self, epoch: u64) -> Result<usize> {
+        let bound = epoch_base(epoch);
+        self.floor.fetch_max(bound, Ordering::AcqRel);
+        self.with(|a| a.abandon_before(bound))
+    }
+
+    fn stale(&self, job: JobId) -> bool {
+        job < self.floor.load(Ordering::Acquire)
+    }
+
     pub(crate) fn with<T>(&self, f: impl FnOnce(&mut Arbiter) -> T) -> Result<T> {
         Ok(f(&mut *lock(&self.arbiter, "scheduler")?))
     }
@@ -294,6 +317,9 @@ impl SchedGate {
 
 impl IoGate for SchedGate {
     fn accept_store(&self, job: JobId, bytes: u64) -> std::result::Result<StoreAdmission, String> {
+        if self.stale(job) {
+            return Err("the tuttid connection this store was made on is gone".into());
+        }
         let mut a = self.arbiter.lock().map_err(|_| "the scheduler's lock is poisoned".to_string())?;
         match a.accept_store(bytes) {
             Ok(Some(key)) => {
@@ -309,6 +335,10 @@ impl IoGate for SchedGate {
     }
 
     fn admit(&self, unit: &GateUnit<'_>, urgent: bool) -> Admit {
+        if self.stale(unit.job) {
+            // Its store's daemon is gone: the unit fails there, holding no drive here.
+            return Admit::Go;
+        }
         let Ok(mut a) = self.arbiter.lock() else {
             tracing::error!("the scheduler's lock is poisoned; I/O goes unscheduled");
             return Admit::Go;
@@ -329,6 +359,9 @@ impl IoGate for SchedGate {
     }
 
     fn finished(&self, job: JobId, layer: u32) {
+        if self.stale(job) {
+            return;
+        }
         if let Ok(mut a) = self.arbiter.lock() {
             if let Err(e) = a.complete(job, layer) {
                 tracing::debug!(job, layer, error = %e, "completion of a unit the scheduler did not start");
@@ -337,6 +370,9 @@ impl IoGate for SchedGate {
     }
 
     fn forget(&self, job: JobId) {
+        if self.stale(job) {
+            return;
+        }
         if let Ok(mut a) = self.arbiter.lock() {
             a.forget(job);
         }
@@ -360,7 +396,7 @@ pub(crate) fn install(store: &tutti_objstore::KvStore, gate: &Arc<SchedGate>, ep
     let gate: Arc<dyn IoGate> = if epoch == 0 {
         gate.clone()
     } else {
-        Arc::new(EpochGate { gate: gate.clone(), base: epoch << EPOCH_SHIFT })
+        Arc::new(EpochGate { gate: gate.clone(), base: epoch_base(epoch) })
     };
     store.set_gate(Some(gate))?;
     Ok(())
@@ -368,6 +404,11 @@ pub(crate) fn install(store: &tutti_objstore::KvStore, gate: &Arc<SchedGate>, ep
 
 /// Where the connection's epoch sits in the job ids the scheduler sees.
 const EPOCH_SHIFT: u32 = 48;
+
+/// The first job id the scheduler sees from the connection of `epoch`.
+fn epoch_base(epoch: u64) -> u64 {
+    epoch << EPOCH_SHIFT
+}
 
 /// The runtime's one scheduler as the store of a later connection (a client that reconnected)
 /// sees it: that store numbers its jobs from 1 again, so its ids are moved past those of the

@@ -211,6 +211,11 @@ fn a_client_reconnects_to_a_restarted_tuttid_and_refuses_another_pool() {
     let mut inflight = null_mut();
     // SAFETY: valid buffers and a live handle.
     ok(unsafe { tutti_load_submit(rt.0, keys.as_ptr(), to.as_ptr(), CHUNKS, 0, LAYERS, &mut inflight) });
+    // And one the engine does not look at again until long after the reconnect: its reads
+    // were admitted on every drive, and must not keep the new connection's writes waiting.
+    let mut unwatched = null_mut();
+    // SAFETY: as above.
+    ok(unsafe { tutti_load_submit(rt.0, keys.as_ptr(), to.as_ptr(), CHUNKS, 0, LAYERS, &mut unwatched) });
     kill(&mut d1);
 
     // The job ends failed, naming tuttid; none of its blocks is reported loaded without its bytes.
@@ -282,6 +287,14 @@ fn a_client_reconnects_to_a_restarted_tuttid_and_refuses_another_pool() {
     let rep = common::store_all(&rt, &keys2, &from2);
     assert_eq!(rep.stored as usize, CHUNKS, "{rep:?}");
     load_and_check(&rt, &mut mem, &keys2, &to, &want2);
+
+    // The job of before ends failed when it is looked at, whatever the new connection did.
+    let mut st = common::status();
+    // SAFETY: a live job and a status (no bitmap asked for).
+    let code = unsafe { tutti_job_wait(unwatched, 60_000, &mut st) };
+    expect(code, TUTTI_E_IO, "tuttid");
+    // SAFETY: a live job, destroyed once.
+    ok(unsafe { tutti_job_destroy(unwatched) });
 
     let after = stats(&rt);
     assert_eq!((after.reconnects, after.disconnected), (1, 0), "{after:?}");

@@ -441,3 +441,31 @@ fn pass_mode_ignores_the_peers() {
     assert_eq!(reader.request(&unit(1, 0, IoKind::Read, [1000, 0]), false, 0).unwrap(), Decision::Go);
     assert_eq!(reader.stats().xproc_waits, 0);
 }
+
+#[test]
+fn abandoning_earlier_jobs_frees_their_drives_and_backlog_and_keeps_later_ones() {
+    let bound = 1u64 << 48;
+    let mut a = arb(Mode::Arbitrate, 0);
+    // A dead connection's jobs: a write running on both drives, a read ready, a store's bytes.
+    bind(&mut a, 1000, 3);
+    assert_eq!(a.request(&unit(3, 0, IoKind::Write, [100, 100]), false, 0).unwrap(), Decision::Go);
+    assert_eq!(a.request(&unit(4, 0, IoKind::Read, [100, 0]), false, 0).unwrap(), Decision::Wait);
+    // A job of the new connection waits behind them.
+    let new_read = unit(bound | 1, 0, IoKind::Read, [0, 100]);
+    assert_eq!(a.request(&new_read, false, 0).unwrap(), Decision::Wait);
+    assert_eq!(a.backlog_bytes(), 1000);
+
+    assert_eq!(a.abandon_before(bound), 2, "the running write and the ready read");
+    assert_eq!(a.backlog_bytes(), 0, "the dead store's bytes are released");
+    // The new connection's read is still ready (it was not dropped) and now goes.
+    assert_eq!(a.drive_state()[1], (0, 0, 1));
+    assert_eq!(a.request(&new_read, false, 0).unwrap(), Decision::Go);
+    assert_eq!(a.drive_state(), vec![(0, 0, 0), (1, 0, 0)]);
+    // A late completion of an abandoned unit changes nothing.
+    assert!(a.complete(3, 0).is_err());
+    assert_eq!(a.drive_state(), vec![(0, 0, 0), (1, 0, 0)]);
+    a.complete(bound | 1, 0).unwrap();
+    assert_eq!(a.drive_state(), vec![(0, 0, 0), (0, 0, 0)]);
+    assert_eq!(a.abandon_before(bound), 0);
+    check_log(&a.record(false), 2);
+}
