@@ -219,8 +219,13 @@
 #define TUTTI_MEMORY_HOST 1
 
 // CUDA device memory of the runtime's GPU (ABI 1.4: needs
-// `TUTTI_EXECUTOR_GIO_CUDA`; moved on the staged data path, since vfio
-// type1 cannot map it for the drives). Other executors refuse it with
+// `TUTTI_EXECUTOR_GIO_CUDA`). Its GPU pages are pinned and mapped through
+// GDRCopy where it can be loaded (`libgdrapi.so.2`, or the library
+// `TUTTI_GDRAPI` names; no ABI addition: the data path reports P2P since
+// 1.10), then mapped for the drives and probed as
+// `TUTTI_MEMORY_DEVICE_P2P` is: `TUTTI_DATA_PATH_P2P` (provider `gdrcopy`)
+// when the probe passes, else the staged data path with `p2p_missing`
+// saying why; `TUTTI_P2P` applies as there. Other executors refuse it with
 // `TUTTI_E_UNSUPPORTED` (gio on the host) or `TUTTI_E_INVALID_ARG`
 // (direct), naming why.
 #define TUTTI_MEMORY_CUDA 2

@@ -33,8 +33,13 @@ pub const TUTTI_LAYOUT_STRIDED: u32 = 3;
 /// Host memory of this process, mapped for the drives (direct DMA).
 pub const TUTTI_MEMORY_HOST: u32 = 1;
 /// CUDA device memory of the runtime's GPU (ABI 1.4: needs
-/// `TUTTI_EXECUTOR_GIO_CUDA`; moved on the staged data path, since vfio
-/// type1 cannot map it for the drives). Other executors refuse it with
+/// `TUTTI_EXECUTOR_GIO_CUDA`). Its GPU pages are pinned and mapped through
+/// GDRCopy where it can be loaded (`libgdrapi.so.2`, or the library
+/// `TUTTI_GDRAPI` names; no ABI addition: the data path reports P2P since
+/// 1.10), then mapped for the drives and probed as
+/// `TUTTI_MEMORY_DEVICE_P2P` is: `TUTTI_DATA_PATH_P2P` (provider `gdrcopy`)
+/// when the probe passes, else the staged data path with `p2p_missing`
+/// saying why; `TUTTI_P2P` applies as there. Other executors refuse it with
 /// `TUTTI_E_UNSUPPORTED` (gio on the host) or `TUTTI_E_INVALID_ARG`
 /// (direct), naming why.
 pub const TUTTI_MEMORY_CUDA: u32 = 2;
@@ -269,6 +274,11 @@ pub unsafe extern "C" fn tutti_kv_register(
             let dev = caller_device_memory(&kv)?;
             // SAFETY: as above: the caller keeps the device memory mapped at the layout's addresses.
             unsafe { store.register_device(kv.clone(), model, salt, dev)? }
+        } else if memory == KvMemoryKind::Cuda {
+            let provider = cuda_provider(&kv)?;
+            // SAFETY: as above; the GDRCopy pins are held by the registration and released
+            // before it drops, so before the caller may free the memory.
+            unsafe { store.register_cuda(kv.clone(), model, salt, provider)? }
         } else {
             // SAFETY: as above.
             unsafe { store.register_as(kv.clone(), model, salt, memory)? }
@@ -547,14 +557,48 @@ pub unsafe extern "C" fn tutti_kv_unpin(rt: *mut tutti_runtime_t, pin: u64) -> i
 
 /// Device memory the caller mapped at `kv`'s addresses, reached through that
 /// mapping, under the `TUTTI_P2P` setting.
+fn p2p_policy() -> Result<tutti_objstore::P2pPolicy> {
+    match std::env::var("TUTTI_P2P") {
+        Ok(v) => Ok(tutti_objstore::P2pPolicy::parse(&v)?),
+        Err(_) => Ok(tutti_objstore::P2pPolicy::Auto),
+    }
+}
+
+/// CUDA KV memory's way to the drives: its GPU pages pinned and mapped through GDRCopy
+/// (`TUTTI_GDRAPI`, else libgdrapi.so.2), unless `TUTTI_P2P=off`. `Ok(Err(why))` when there
+/// is none and staging will do; an error when `TUTTI_P2P=require` and there is none.
+fn cuda_provider(
+    kv: &tutti_objstore::KvLayout,
+) -> Result<std::result::Result<tutti_objstore::DeviceKvMemory, String>> {
+    use tutti_objstore::{gdr::GdrMapped, P2pPolicy};
+    let policy = p2p_policy()?;
+    let obstacle = KvMemoryKind::Cuda.p2p_obstacle().unwrap_or_default();
+    if policy == P2pPolicy::Off {
+        return Ok(Err(format!(
+            "CUDA memory: P2P is off (TUTTI_P2P=off), so no GDRCopy mapping is made; {obstacle}"
+        )));
+    }
+    let regions: Vec<(u64, u64)> = kv.regions().iter().map(|r| (r.addr, r.len)).collect();
+    let library = GdrMapped::library_from_env();
+    match GdrMapped::pin(&library, &regions) {
+        Ok(m) => Ok(Ok(tutti_objstore::DeviceKvMemory {
+            provider: "gdrcopy".into(),
+            policy,
+            access: std::sync::Arc::new(m),
+            unreachable: false,
+        })),
+        Err(e) if policy == P2pPolicy::Require => {
+            Err(CapiError::invalid("memory", format!("{e} (TUTTI_P2P=require needs a GDRCopy mapping)")))
+        }
+        Err(e) => Ok(Err(format!("CUDA memory: no GDRCopy mapping for the drives ({e}); {obstacle}"))),
+    }
+}
+
 fn caller_device_memory(kv: &tutti_objstore::KvLayout) -> Result<tutti_objstore::DeviceKvMemory> {
     let regions = kv.regions();
     let base = regions.iter().map(|r| r.addr).min().unwrap_or(0);
     let end = regions.iter().map(|r| r.addr + r.len).max().unwrap_or(0);
-    let policy = match std::env::var("TUTTI_P2P") {
-        Ok(v) => tutti_objstore::P2pPolicy::parse(&v)?,
-        Err(_) => tutti_objstore::P2pPolicy::Auto,
-    };
+    let policy = p2p_policy()?;
     Ok(tutti_objstore::DeviceKvMemory {
         provider: "caller-mapped device memory".into(),
         policy,

@@ -369,3 +369,62 @@ fn a_gpu_client_killed_mid_load_and_mid_store_is_released_and_the_others_go_on()
     drop(daemon);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A client whose CUDA KV memory GDRCopy maps (the stand-in's gdrapi): stores 4 blocks and
+/// loads them back byte for byte, with the drives' DMA going straight into the mapping (P2P,
+/// no staging slot), then holds everything until it is killed.
+fn p2p_client(socket: &str) {
+    // This child's only thread reads the environment from here on.
+    std::env::set_var("TUTTI_GDRAPI", Standin::load().expect("the stand-in libcuda.so").path);
+    std::env::remove_var("TUTTI_P2P");
+    let rt = connect_gpu(socket, "gpu-p2p");
+    let dev = cuda_kv(&rt, 23);
+    let d = data_path(&rt);
+    let text = |b: &[std::ffi::c_char]| -> String {
+        b.iter().take_while(|&&c| c != 0).map(|&c| c as u8 as char).collect()
+    };
+    assert_eq!((d.mode, d.memory), (TUTTI_DATA_PATH_P2P, TUTTI_MEMORY_CUDA), "{}", text(&d.p2p_missing));
+    assert_eq!(text(&d.p2p_provider), "gdrcopy");
+    let keys = keys_of(23);
+    let rep = store_all(&rt, &keys, &[0, 1, 2, 3]);
+    assert_eq!((rep.stored, rep.failed), (4, 0));
+    let ran = load_cuda_and_check(&rt, &dev, &keys, 23);
+    assert_eq!(data_path(&rt).staged_bytes, 0, "no byte through a staging slot");
+    println!("gpu-p2p ready launches={ran}");
+    std::thread::sleep(Duration::from_secs(120));
+}
+
+#[test]
+fn a_gpu_client_moves_cuda_kv_memory_peer_to_peer_and_a_killed_one_leaves_no_mapping() {
+    const TEST: &str = "a_gpu_client_moves_cuda_kv_memory_peer_to_peer_and_a_killed_one_leaves_no_mapping";
+    if let Some(args) = child_role() {
+        assert_eq!(args[0], "p2p");
+        p2p_client(&args[1]);
+        return;
+    }
+    if nvrtc_missing() {
+        return;
+    }
+    let (daemon, dir) = start_daemon("gpup2p");
+    let socket = daemon.socket().to_str().unwrap().to_string();
+    let free = free_pairs(&daemon);
+    let (mut c, mut said) = child(TEST, "p2p", &socket);
+    let ready = line_of(&mut said, "gpu-p2p ready");
+    assert!(field(&ready, "launches") > 0, "the loads ran no kernel: {ready}");
+    let pid = c.id() as i32;
+    let status = daemon.status();
+    let me = status.clients.iter().find(|x| x.pid == pid).expect("the P2P client is a client");
+    // Its GPU memory (one allocation, whole GPU pages) mapped as device memory for each drive.
+    let drives = status.controllers.len();
+    assert!(
+        me.device_mappings >= drives,
+        "its GPU memory is mapped as device memory on {drives} drives: {me:?}"
+    );
+    assert!(me.mappings > me.device_mappings, "and its queues and staging as host memory: {me:?}");
+    c.kill().unwrap();
+    c.wait().unwrap();
+    // Killed holding it all: the daemon drops every mapping, device memory's too.
+    await_released(&daemon, &free);
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(dir);
+}

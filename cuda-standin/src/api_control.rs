@@ -122,7 +122,8 @@ pub unsafe extern "C" fn tt_standin_violation(index: u64, buf: *mut c_char, len:
 /// Reads a statistic: `launches`, `blocks_run`, `legacy_writes`,
 /// `late_landings`, `launches_before_landing`, `pending_writes`,
 /// `peak_resident` and `resident` (blocks of context `ctx`; `ctx` 0 for the
-/// most of any context). 0 on success, -1 for an unknown name.
+/// most of any context), `gdr_pins` and `gdr_maps` (live GDRCopy pins and mappings).
+/// 0 on success, -1 for an unknown name.
 ///
 /// # Safety
 /// `name` is a NUL-terminated string; `out` a valid out pointer.
@@ -130,6 +131,19 @@ pub unsafe extern "C" fn tt_standin_violation(index: u64, buf: *mut c_char, len:
 pub unsafe extern "C" fn tt_standin_stat(name: *const c_char, ctx: u64, out: *mut u64) -> c_int {
     guard(-1, || {
         let ctx = ctx as usize;
+        match text(name) {
+            Some("gdr_pins") | Some("gdr_maps") => {
+                let (pins, maps) = crate::api_gdr::live();
+                if out.is_null() {
+                    return -1;
+                }
+                let v = if text(name) == Some("gdr_pins") { pins } else { maps };
+                // SAFETY: non-null, valid per the contract.
+                unsafe { out.write(v) };
+                return 0;
+            }
+            _ => {}
+        }
         let v = {
             let ledger = crate::device::ledger();
             let s = &ledger.stats;

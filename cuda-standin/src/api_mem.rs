@@ -123,6 +123,18 @@ fn free(call_name: &str, base: usize, kinds: &[MemKind]) -> Result<()> {
     sync_context(call_name, ctx)?;
     let mut st = driver().state();
     let a = st.memory.take(base, kinds, call_name)?;
+    let pinned: Vec<u64> = st.memory.pins.iter().filter(|(_, p)| p.base == base).map(|(&h, _)| h).collect();
+    if !pinned.is_empty() {
+        // The real driver revokes the pages under the pin (gdrdrv's callback): the
+        // mapping's user would see its memory vanish.
+        st.violation(format!(
+            "{call_name} of {base:#x} while GDRCopy pins {} of its ranges (gdr_unpin_buffer first)",
+            pinned.len()
+        ));
+        for h in pinned {
+            st.memory.pins.remove(&h);
+        }
+    }
     st.memory.release(base, a);
     Ok(())
 }

@@ -63,6 +63,7 @@
 mod api_control;
 mod api_ctx;
 mod api_exec;
+mod api_gdr;
 mod api_mem;
 mod context;
 pub mod control;

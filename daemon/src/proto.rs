@@ -45,6 +45,16 @@ pub enum Request {
         addr: u64,
         len: u64,
     },
+    /// Map `len` bytes of device memory (a PFN map: a GDRCopy window, a BAR) at `addr` of the
+    /// client's address space into emulated controller `ctrl`'s IOMMU, counted as device
+    /// memory; `what` names it in errors. Page-aligned whole pages. Given back with `Unmap`.
+    /// (A VFIO client maps its device memory itself, as its host memory.)
+    MapDevice {
+        ctrl: u32,
+        addr: u64,
+        len: u64,
+        what: String,
+    },
     /// Give back a mapping (emulated) or an IOVA range (VFIO: whatever is
     /// still mapped in it is unmapped by the daemon).
     Unmap {
@@ -163,6 +173,7 @@ impl Request {
             Request::Hello { .. } => "hello",
             Request::Pool => "pool",
             Request::Map { .. } => "map",
+            Request::MapDevice { .. } => "map-device",
             Request::Unmap { .. } => "unmap",
             Request::VfioFds { .. } => "vfio-fds",
             Request::ReserveIova { .. } => "reserve-iova",
@@ -363,6 +374,9 @@ pub struct ClientStatus {
     /// Leased queue pairs: (controller name, qid).
     pub queues: Vec<(String, u16)>,
     pub mappings: usize,
+    /// Of `mappings`, those of device memory (`MapDevice`).
+    #[serde(default)]
+    pub device_mappings: usize,
     pub pins: usize,
     /// Open store reservations (stores in flight).
     pub reservations: usize,

@@ -184,6 +184,14 @@ impl DmaBroker for RemoteMaps {
     fn unmap_checked(&self, iova: u64) -> tutti_driver::Result<()> {
         self.client.call(Request::Unmap { ctrl: self.ctrl, iova }).map(|_| ()).map_err(driver_err)
     }
+    fn map_device(&self, addr: u64, len: usize, what: &str) -> tutti_driver::Result<u64> {
+        let req = Request::MapDevice { ctrl: self.ctrl, addr, len: len as u64, what: what.to_string() };
+        match self.client.call(req) {
+            Ok(Response::Iova(i)) => Ok(i),
+            Ok(r) => Err(driver_err(unexpected("map-device", &r))),
+            Err(e) => Err(driver_err(e)),
+        }
+    }
 }
 
 /// DMA mappings of one VFIO controller, made by this process in IOVA ranges
@@ -265,6 +273,11 @@ impl DmaBroker for VfioMaps {
             tracing::warn!(ctrl = self.ctrl, iova = base, error = %e, "giving an IOVA range back to tuttid failed");
         }
         Ok(())
+    }
+    /// Device memory goes the way host memory does: this process maps it in the container
+    /// itself, and VFIO_IOMMU_MAP_DMA follows its PFN map (a BAR, a GDRCopy window).
+    fn map_device(&self, addr: u64, len: usize, _what: &str) -> tutti_driver::Result<u64> {
+        self.map(addr, len)
     }
 }
 

@@ -201,6 +201,11 @@ enum Target {
         peer: Arc<Peer>,
         addr: usize,
     },
+    /// Memory of another process mapped as device memory.
+    RemoteDevice {
+        peer: Arc<Peer>,
+        addr: usize,
+    },
 }
 
 impl EmuIommu {
@@ -310,6 +315,9 @@ impl EmuIommu {
                     Cached { unmaps, base, len: region.len as u64, host: region.host, owner: region.owner };
                 (Target::Local((region.host + off) as *mut u8), Some(cached))
             }
+            Some(peer) if region.device => {
+                (Target::RemoteDevice { peer: peer.clone(), addr: region.host + off }, None)
+            }
             Some(peer) => (Target::Remote { peer: peer.clone(), addr: region.host + off }, None),
         })
     }
@@ -381,6 +389,13 @@ impl EmuIommu {
             Target::Remote { peer, addr } => {
                 self.remote_copy(iova, &peer, addr, dst.as_mut_ptr(), dst.len(), false)?
             }
+            Target::RemoteDevice { peer, addr } => {
+                if self.device_access(iova, dst.len(), false)? {
+                    self.remote_copy(iova, &peer, addr, dst.as_mut_ptr(), dst.len(), false)?
+                } else {
+                    dst.fill(0)
+                }
+            }
         }
         Ok(())
     }
@@ -403,6 +418,11 @@ impl EmuIommu {
             // process_vm_writev only reads the local buffer, despite the `*mut` in iovec.
             Target::Remote { peer, addr } => {
                 self.remote_copy(iova, &peer, addr, src.as_ptr().cast_mut(), src.len(), true)?
+            }
+            Target::RemoteDevice { peer, addr } => {
+                if self.device_access(iova, src.len(), true)? {
+                    self.remote_copy(iova, &peer, addr, src.as_ptr().cast_mut(), src.len(), true)?
+                }
             }
         }
         Ok(())
@@ -439,6 +459,12 @@ impl EmuIommu {
                 let bytes = value.to_ne_bytes();
                 self.remote_copy(iova, &peer, addr, bytes.as_ptr().cast_mut(), 4, true)?
             }
+            Target::RemoteDevice { peer, addr } => {
+                if self.device_access(iova, 4, true)? {
+                    let bytes = value.to_ne_bytes();
+                    self.remote_copy(iova, &peer, addr, bytes.as_ptr().cast_mut(), 4, true)?
+                }
+            }
         }
         Ok(())
     }
@@ -474,6 +500,34 @@ impl EmuIommu {
         tracing::debug!(iommu = %self.name, pid, owner, addr = format_args!("{addr:#x}"), len,
             iova = format_args!("{:#x}", base + first as u64), "remote region mapped");
         Ok(base + first as u64)
+    }
+
+    /// [`map_remote`](Self::map_remote) for device memory of process `pid` (a GDRCopy
+    /// window or a BAR it mapped; page-aligned whole pages): reached under
+    /// [`EmuIommu::set_device_reach`] and counted apart from host memory, as
+    /// [`DmaSpace::map_device`] is for this process's own.
+    pub fn map_remote_device(&self, pid: i32, addr: u64, len: usize, owner: u64, what: &str) -> Result<u64> {
+        tutti_driver::transport::check_device_range(&self.name, addr as *mut u8, len, what, PAGE)?;
+        if owner == LOCAL_OWNER
+            || pid <= 0
+            || addr.checked_add(len as u64).is_none_or(|e| e > USER_ADDR_LIMIT)
+        {
+            return Err(DriverError::dma(
+                &*self.name,
+                format!("{what}: {len} bytes at {addr:#x} of pid {pid} owner {owner}"),
+            ));
+        }
+        if self.regions_of(owner) >= MAX_REMOTE_REGIONS {
+            return Err(DriverError::dma(
+                &*self.name,
+                format!("owner {owner} already holds {MAX_REMOTE_REGIONS} regions"),
+            ));
+        }
+        let peer = self.peer(pid)?;
+        let base = self.table.insert(addr as usize, len, 0, owner, Some(peer), true)?;
+        tracing::debug!(iommu = %self.name, pid, owner, what, iova = format_args!("{base:#x}"), len,
+            "remote device memory mapped");
+        Ok(base)
     }
 
     /// The shared pidfd of `pid`, opened anew if the one we had is of a process that exited.

@@ -8,6 +8,7 @@ pub mod control;
 mod drives;
 pub mod error;
 pub mod gate;
+pub mod gdr;
 pub mod geometry;
 pub mod hash;
 pub mod index;

@@ -96,38 +96,14 @@ impl CpuMapped {
 impl DeviceAccess for CpuMapped {
     fn read(&self, addr: u64, dst: &mut [u8]) -> Result<()> {
         let p = self.check(addr, dst.len())?;
-        let mut i = 0;
-        while i < dst.len() {
-            // Whole aligned words where possible: device memory may be uncached.
-            if (p as usize + i).is_multiple_of(8) && dst.len() - i >= 8 {
-                // SAFETY: in bounds (checked) and 8-byte aligned; volatile, as the device may change it.
-                let w = unsafe { p.add(i).cast::<u64>().read_volatile() };
-                dst[i..i + 8].copy_from_slice(&w.to_ne_bytes());
-                i += 8;
-            } else {
-                // SAFETY: in bounds of the mapping (checked).
-                dst[i] = unsafe { p.add(i).read_volatile() };
-                i += 1;
-            }
-        }
+        // SAFETY: `dst.len()` bytes at `p` are inside the mapping (checked).
+        unsafe { volatile_read(p, dst) };
         Ok(())
     }
     fn write(&self, addr: u64, src: &[u8]) -> Result<()> {
         let p = self.check(addr, src.len())?;
-        let mut i = 0;
-        while i < src.len() {
-            if (p as usize + i).is_multiple_of(8) && src.len() - i >= 8 {
-                let mut w = [0u8; 8];
-                w.copy_from_slice(&src[i..i + 8]);
-                // SAFETY: in bounds (checked) and 8-byte aligned.
-                unsafe { p.add(i).cast::<u64>().write_volatile(u64::from_ne_bytes(w)) };
-                i += 8;
-            } else {
-                // SAFETY: in bounds of the mapping (checked).
-                unsafe { p.add(i).write_volatile(src[i]) };
-                i += 1;
-            }
-        }
+        // SAFETY: as in `read`.
+        unsafe { volatile_write(p, src) };
         Ok(())
     }
     fn drive_view(&self, addr: u64, len: u64) -> Result<*mut u8> {
@@ -152,5 +128,47 @@ pub struct DeviceKvMemory {
 impl std::fmt::Debug for DeviceKvMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "DeviceKvMemory({}, p2p {})", self.provider, self.policy.name())
+    }
+}
+
+/// Copies `dst.len()` bytes out of device memory at `p`: whole aligned words
+/// where possible (device memory may be uncached), volatile throughout.
+///
+/// # Safety
+/// `p .. p + dst.len()` is mapped readable memory.
+pub(crate) unsafe fn volatile_read(p: *mut u8, dst: &mut [u8]) {
+    let mut i = 0;
+    while i < dst.len() {
+        if (p as usize + i).is_multiple_of(8) && dst.len() - i >= 8 {
+            // SAFETY: in bounds (the caller's contract) and 8-byte aligned.
+            let w = unsafe { p.add(i).cast::<u64>().read_volatile() };
+            dst[i..i + 8].copy_from_slice(&w.to_ne_bytes());
+            i += 8;
+        } else {
+            // SAFETY: in bounds (the caller's contract).
+            dst[i] = unsafe { p.add(i).read_volatile() };
+            i += 1;
+        }
+    }
+}
+
+/// Copies `src` into device memory at `p`, as [`volatile_read`] reads.
+///
+/// # Safety
+/// `p .. p + src.len()` is mapped writable memory.
+pub(crate) unsafe fn volatile_write(p: *mut u8, src: &[u8]) {
+    let mut i = 0;
+    while i < src.len() {
+        if (p as usize + i).is_multiple_of(8) && src.len() - i >= 8 {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&src[i..i + 8]);
+            // SAFETY: in bounds (the caller's contract) and 8-byte aligned.
+            unsafe { p.add(i).cast::<u64>().write_volatile(u64::from_ne_bytes(w)) };
+            i += 8;
+        } else {
+            // SAFETY: in bounds (the caller's contract).
+            unsafe { p.add(i).write_volatile(src[i]) };
+            i += 1;
+        }
     }
 }

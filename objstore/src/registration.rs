@@ -134,10 +134,12 @@ pub(crate) struct Registration {
     staged: bool,
     /// Why not direct or P2P, when staged.
     pub p2p_missing: Option<String>,
-    /// Device KV memory and its provider ([`KvMemoryKind::DeviceP2p`]).
-    pub device: Option<crate::p2p::DeviceKvMemory>,
-    /// Per drive, per layout region. Dropped before `_memory`.
+    /// Per drive, per layout region. Dropped before `device` and `_memory`.
     _mappings: Vec<Vec<DmaMapping>>,
+    /// Device KV memory and its provider ([`KvMemoryKind::DeviceP2p`], or
+    /// [`KvMemoryKind::Cuda`] that GDRCopy mapped). Dropped after the drives'
+    /// mappings of it.
+    pub device: Option<crate::p2p::DeviceKvMemory>,
     _memory: Option<Arc<HostKvMemory>>,
 }
 
@@ -221,10 +223,16 @@ impl Registration {
         memory_kind: KvMemoryKind,
         device: Option<crate::p2p::DeviceKvMemory>,
     ) -> Result<Self> {
-        if (memory_kind == KvMemoryKind::DeviceP2p) != device.is_some() {
+        let provided = match memory_kind {
+            KvMemoryKind::DeviceP2p => device.is_some(),
+            // CUDA memory with a provider (GDRCopy) or without (staged).
+            KvMemoryKind::Cuda => true,
+            _ => device.is_none(),
+        };
+        if !provided {
             return Err(ObjError::invalid(
                 "memory",
-                "device KV memory is registered with its provider, and only device KV memory",
+                "device KV memory is registered with its provider, and only device or CUDA KV memory",
             ));
         }
         if identity.geometry != *layout.geometry() || identity.layout != layout.kind() {
@@ -237,14 +245,16 @@ impl Registration {
             return Err(ObjError::invalid("layout", "its geometry differs from the pool's"));
         }
         // Bounded before anything is mapped or allocated.
-        let views = if memory_kind.p2p_obstacle().is_some() { 1 } else { distinct_spaces(spaces) };
-        let descriptors = check_table_bounds(&layout, map.chunks(), views)?;
         let refused = match &device {
             Some(d) if d.policy == crate::p2p::P2pPolicy::Off => {
                 Some(format!("{}: P2P is off (the p2p setting); moved through staging", d.provider))
             }
-            _ => memory_kind.p2p_obstacle(),
+            // A provider maps it for the drives: the probe decides.
+            Some(_) => None,
+            None => memory_kind.p2p_obstacle(),
         };
+        let views = if refused.is_some() { 1 } else { distinct_spaces(spaces) };
+        let descriptors = check_table_bounds(&layout, map.chunks(), views)?;
         if let Some(why) = refused {
             return Ok(Self::staged_with(
                 layout,
@@ -397,6 +407,14 @@ impl Registration {
         Self::staged_with(layout, identity, descriptors, chunks, memory_kind, why, device, _memory)
     }
 
+    /// A staged registration's reason, replaced by a more precise one (CUDA
+    /// memory whose provider could not be set up says why).
+    pub(crate) fn set_p2p_missing(&mut self, why: String) {
+        if self.staged {
+            self.p2p_missing = Some(why);
+        }
+    }
+
     /// Whether the data path is staged (the drives cannot reach the KV memory).
     pub fn staged(&self) -> bool {
         self.staged
@@ -406,7 +424,7 @@ impl Registration {
     pub fn mode(&self) -> &'static str {
         match (self.staged, self.memory_kind) {
             (true, _) => "staged",
-            (false, KvMemoryKind::DeviceP2p) => "p2p",
+            (false, _) if self.device.is_some() => "p2p",
             _ => "direct",
         }
     }

@@ -326,5 +326,58 @@ def test_the_connector_moves_gpu_kv_caches_through_the_cuda_executor(library, ge
         path = engine.worker.runtime.data_path()
         assert (path.mode, path.memory) == ("staged", "cuda")
         assert path.staged_bytes >= 2 * 3 * 2 * geometry.layers * geometry.object_bytes
+        assert "GDRCopy" in path.p2p_missing, path.p2p_missing
+    finally:
+        engine.close()
+
+
+def test_the_connector_moves_gpu_kv_caches_peer_to_peer_where_gdrcopy_maps_them(library, geometry, monkeypatch):
+    """As above, with GDRCopy (the stand-in's gdrapi, which maps the stand-in's device memory a second
+    time as BAR1 would): the worker's KV tensors go P2P, the drives DMA straight into them (no byte
+    through a staging slot), and the second request loads exactly the first one's bytes."""
+    import ctypes
+    import sys
+
+    if "torch" not in sys.modules:
+        fake = SimpleNamespace(cuda=SimpleNamespace(Event=_Event, current_stream=lambda device=None: None))
+        monkeypatch.setitem(sys.modules, "torch", fake)
+    from ctypes import byref, c_int, c_size_t, c_uint64, c_void_p
+
+    from vllm_standins import MiniEngine, Request, assert_blocks_hold, prompt
+
+    driver = _standin_driver()
+    monkeypatch.setenv("TUTTI_GDRAPI", driver)
+    monkeypatch.delenv("TUTTI_P2P", raising=False)
+    cu = ctypes.CDLL(driver, mode=ctypes.RTLD_GLOBAL)
+    cu.cuMemcpyHtoD_v2.argtypes = [c_uint64, c_void_p, c_size_t]
+    cu.cuMemcpyDtoH_v2.argtypes = [c_void_p, c_uint64, c_size_t]
+    cu.cuMemsetD8_v2.argtypes = [c_uint64, ctypes.c_ubyte, c_size_t]
+    cu.cuMemAlloc_v2.argtypes = [ctypes.POINTER(c_uint64), c_size_t]
+    extra = dict(EXTRA, executor="gio_cuda", cuda_driver=driver, cuda_sm_count=1, cuda_block_threads=32,
+                 staging_slots=8)
+    assert cu.cuInit(0) == 0
+    dev, ctx = c_int(), c_void_p()
+    assert cu.cuDeviceGet(byref(dev), 0) == 0
+    assert cu.cuDevicePrimaryCtxRetain(byref(ctx), dev) == 0
+    assert cu.cuCtxPushCurrent_v2(ctx) == 0
+    # 128 blocks: each layer's tensor spans whole 64 KiB GPU pages, which GDRCopy pins.
+    engine = MiniEngine(geometry, extra, num_blocks=128,
+                        tensor=lambda shape, size: _StandinCudaTensor(cu, shape, size))
+    try:
+        path = engine.worker.runtime.data_path()
+        assert (path.mode, path.memory, path.provider) == ("p2p", "cuda", "gdrcopy"), path
+        B = engine.B
+        a = Request("a", prompt(11, 3 * B + 1))
+        r = engine.step(new=[a])
+        assert r.matched == {"a": 0} and len(r.meta.saves) == 1
+        b = Request("b", prompt(11, 3 * B) + [9])
+        r = engine.step(new=[b])
+        assert r.matched == {"b": 3 * B}
+        (load,) = r.meta.loads
+        assert set(load.block_ids).isdisjoint(engine.blocks["a"])
+        assert r.load_errors == set()
+        assert_blocks_hold(engine, b, range(3))
+        path = engine.worker.runtime.data_path()
+        assert path.mode == "p2p" and path.staged_bytes == 0, path
     finally:
         engine.close()

@@ -19,6 +19,37 @@ impl Service {
         ok(Response::Iova(iova))
     }
 
+    /// `MapDevice`: the client's device memory (a PFN map in its address space) into an
+    /// emulated controller's IOMMU, reached as device memory.
+    pub(super) fn map_device(
+        &self,
+        client: u64,
+        peer: &PeerCred,
+        ctrl: u32,
+        addr: u64,
+        len: u64,
+        what: &str,
+    ) -> Reply {
+        if self.served(ctrl)?.vfio.is_some() {
+            return Err(invalid(format!(
+                "controller {ctrl} is a VFIO device: a client maps its device memory there itself                  (VFIO_IOMMU_MAP_DMA in a range reserve-iova gives), as its host memory"
+            )));
+        }
+        let emu = self.emulated(ctrl)?;
+        if len == 0 || len > MAX_MAP_LEN || addr.checked_add(len).is_none() || what.len() > 256 {
+            return Err(invalid(format!(
+                "device mapping {addr:#x}+{len:#x} is empty, too large or wraps, or its name is too long"
+            )));
+        }
+        let iova =
+            emu.iommu().map_remote_device(peer.pid, addr, len as usize, client, what).map_err(from_driver)?;
+        self.with_client(client, |c| {
+            c.maps.insert((ctrl, iova));
+            c.device_maps.insert((ctrl, iova));
+        });
+        ok(Response::Iova(iova))
+    }
+
     /// `Unmap`: gives back a mapping (emulated) or a reserved range (VFIO).
     pub(super) fn unmap(&self, client: u64, ctrl: u32, iova: u64) -> Reply {
         if self.served(ctrl)?.vfio.is_some() {
@@ -30,7 +61,11 @@ impl Service {
 
     fn unmap_emulated(&self, client: u64, ctrl: u32, iova: u64) -> Reply {
         let emu = self.emulated(ctrl)?;
-        if !self.with_client(client, |c| c.maps.remove(&(ctrl, iova))).unwrap_or(false) {
+        let known = self.with_client(client, |c| {
+            c.device_maps.remove(&(ctrl, iova));
+            c.maps.remove(&(ctrl, iova))
+        });
+        if !known.unwrap_or(false) {
             return Err(invalid(format!("IOVA {iova:#x} of controller {ctrl} is not this client's")));
         }
         emu.iommu().unmap(iova, client).map_err(from_driver)?;

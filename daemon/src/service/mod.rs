@@ -132,6 +132,9 @@ impl Service {
             Request::Status => ok(Response::Status(Box::new(self.status()))),
             Request::Stats => self.stats(),
             Request::Map { ctrl, addr, len } => self.map(client, peer, ctrl, addr, len),
+            Request::MapDevice { ctrl, addr, len, what } => {
+                self.map_device(client, peer, ctrl, addr, len, &what)
+            }
             Request::Unmap { ctrl, iova } => self.unmap(client, ctrl, iova),
             Request::VfioFds { ctrl } => self.vfio_fds(ctrl),
             Request::ReserveIova { ctrl, len } => self.reserve_iova(client, ctrl, len),

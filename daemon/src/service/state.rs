@@ -42,6 +42,8 @@ pub(super) struct ClientState {
     pub qids: HashMap<(u32, u16), bool>,
     /// IOVAs mapped for the client, per controller.
     pub maps: HashSet<(u32, u64)>,
+    /// Of `maps`, those of the client's device memory.
+    pub device_maps: HashSet<(u32, u64)>,
     /// IOVA ranges reserved for the client on VFIO controllers, by (ctrl, iova).
     pub iovas: HashMap<(u32, u64), IovaRange>,
     /// Live queue pairs on VFIO controllers: (ctrl, qid) → the IOVA ranges

@@ -32,6 +32,7 @@ impl Service {
                     q
                 },
                 mappings: c.maps.len() + c.iovas.len(),
+                device_mappings: c.device_maps.len(),
                 pins: c.pins.len(),
                 reservations: c.reservations.len(),
                 loading_files: c.loads.len(),

@@ -27,6 +27,21 @@ pub trait DmaBroker: Send + Sync {
         self.unmap(iova);
         Ok(())
     }
+    /// Map `len` bytes of device memory (a PFN map: a BAR, a GDRCopy window)
+    /// at this process's `addr`, named `what` in errors; unmapped with
+    /// [`unmap`](Self::unmap) like host memory. The default refuses: a broker
+    /// whose owner cannot reach device memory of this process.
+    fn map_device(&self, addr: u64, len: usize, what: &str) -> Result<u64> {
+        Err(DriverError::DeviceMemoryRefused {
+            space: "brokered DMA".into(),
+            what: what.to_string(),
+            vaddr: addr,
+            len: len as u64,
+            call: "map_device",
+            errno: libc::EOPNOTSUPP,
+            reason: "the owner of this device maps no device memory for its clients".into(),
+        })
+    }
 }
 
 /// A [`DmaSpace`] whose mappings a [`DmaBroker`] makes.
@@ -122,6 +137,22 @@ impl DmaSpace for BrokeredDma {
             return Err(DriverError::dma(
                 &self.name,
                 format!("broker mapped {vaddr:p} at IOVA {iova:#x}, a different offset in the page"),
+            ));
+        }
+        let release = Release { broker: self.broker.clone(), space: self.name.clone(), iova, owned: None };
+        let segments = vec![IovaSegment { iova, len: len as u64 }];
+        // SAFETY: the broker maps the range contiguously at `iova`; `release` unmaps it.
+        Ok(unsafe { DmaMapping::from_raw(vaddr, len, segments, Box::new(release)) })
+    }
+
+    unsafe fn map_device(&self, vaddr: *mut u8, len: usize, what: &str) -> Result<DmaMapping> {
+        crate::transport::check_device_range(&self.name, vaddr, len, what, self.page)?;
+        let iova = self.broker.map_device(vaddr as u64, len, what)?;
+        if !iova.is_multiple_of(self.page as u64) {
+            let _ = self.broker.unmap_checked(iova);
+            return Err(DriverError::dma(
+                &self.name,
+                format!("broker mapped device memory at IOVA {iova:#x}"),
             ));
         }
         let release = Release { broker: self.broker.clone(), space: self.name.clone(), iova, owned: None };

@@ -51,7 +51,7 @@ impl KvStore {
             }
         }
         // SAFETY: every region lies inside `memory`, which the registration keeps alive.
-        unsafe { self.register_inner(layout, model, tenant_salt, Some(memory), kind, None) }
+        unsafe { self.register_inner(layout, model, tenant_salt, Some(memory), kind, Ok(None)) }
     }
 
     /// [`register`](Self::register) for memory of `kind`: `Host` is mapped for
@@ -70,7 +70,7 @@ impl KvStore {
         kind: KvMemoryKind,
     ) -> Result<TableSizes> {
         // SAFETY: forwarded from the caller.
-        unsafe { self.register_inner(layout, model, tenant_salt, None, kind, None) }
+        unsafe { self.register_inner(layout, model, tenant_salt, None, kind, Ok(None)) }
     }
 
     /// Registers KV memory that lives in another device (a PCI BAR mapped
@@ -94,7 +94,7 @@ impl KvStore {
     ) -> Result<TableSizes> {
         // SAFETY: forwarded from the caller.
         unsafe {
-            self.register_inner(layout, model, tenant_salt, None, KvMemoryKind::DeviceP2p, Some(device))
+            self.register_inner(layout, model, tenant_salt, None, KvMemoryKind::DeviceP2p, Ok(Some(device)))
         }
     }
 
@@ -108,9 +108,32 @@ impl KvStore {
     /// drives must not touch, until the store is unregistered or dropped.
     pub unsafe fn register(&self, layout: KvLayout, model: &str, tenant_salt: &[u8]) -> Result<TableSizes> {
         // SAFETY: forwarded from the caller.
-        unsafe { self.register_inner(layout, model, tenant_salt, None, KvMemoryKind::Host, None) }
+        unsafe { self.register_inner(layout, model, tenant_salt, None, KvMemoryKind::Host, Ok(None)) }
     }
 
+    /// Registers CUDA KV memory (the CUDA executor's): peer to peer when
+    /// `provider` maps it for the drives (GDRCopy) and the probe passes, as
+    /// [`register_device`](Self::register_device) does; staged otherwise, with
+    /// the provider's failure (`Err`) or the probe's verdict as `p2p_missing`.
+    ///
+    /// # Safety
+    /// As [`register_as`](Self::register_as) with `KvMemoryKind::Cuda`; the
+    /// provider's mappings stay valid until the registration drops (it holds them).
+    pub unsafe fn register_cuda(
+        &self,
+        layout: KvLayout,
+        model: &str,
+        tenant_salt: &[u8],
+        provider: std::result::Result<DeviceKvMemory, String>,
+    ) -> Result<TableSizes> {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            self.register_inner(layout, model, tenant_salt, None, KvMemoryKind::Cuda, provider.map(Some))
+        }
+    }
+
+    /// `device`: the provider of device memory, if any; `Err` says why CUDA
+    /// memory has none (the staged registration's reason).
     unsafe fn register_inner(
         &self,
         layout: KvLayout,
@@ -118,8 +141,12 @@ impl KvStore {
         tenant_salt: &[u8],
         memory: Option<Arc<HostKvMemory>>,
         kind: KvMemoryKind,
-        device: Option<DeviceKvMemory>,
+        device: std::result::Result<Option<DeviceKvMemory>, String>,
     ) -> Result<TableSizes> {
+        let (device, no_provider) = match device {
+            Ok(d) => (d, None),
+            Err(why) => (None, Some(why)),
+        };
         if *layout.geometry() != self.geometry {
             return Err(ObjError::invalid(
                 "layout",
@@ -146,8 +173,11 @@ impl KvStore {
             .collect::<Result<Vec<_>>>()?;
         // Refused before anything is mapped or built: tables past the bound, and host memory
         // this process does not have (the drives, or the executor's copies, would use every byte).
-        let views =
-            if kind.p2p_obstacle().is_some() { 1 } else { crate::registration::distinct_spaces(&spaces) };
+        let views = if kind.p2p_obstacle().is_some() && device.is_none() {
+            1
+        } else {
+            crate::registration::distinct_spaces(&spaces)
+        };
         crate::registration::check_table_bounds(&layout, self.map.chunks(), views)?;
         if kind != KvMemoryKind::Cuda {
             crate::mapped::check_host_mapped(layout.regions())?;
@@ -155,6 +185,9 @@ impl KvStore {
         // SAFETY: forwarded from the caller.
         let mut reg =
             unsafe { Registration::new(layout, identity, &spaces, &self.map, memory, kind, device)? };
+        if let Some(why) = no_provider {
+            reg.set_p2p_missing(why);
+        }
         if let Some(dev) = reg.device.clone().filter(|_| !reg.staged()) {
             if let Err(why) = crate::probe::probe(&reg, &self.drives, &dev) {
                 if dev.policy == P2pPolicy::Require {

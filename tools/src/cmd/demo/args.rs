@@ -31,6 +31,10 @@ pub enum KvMemoryFlag {
     /// CUDA device memory (cuMemAlloc, HBM on a GPU), reached through the staged data path:
     /// the drives DMA into pinned staging, the kernels copy staging <-> KV. Needs --cuda.
     Cuda,
+    /// CUDA device memory whose GPU pages GDRCopy pins and maps (libgdrapi.so.2, or the
+    /// library TUTTI_GDRAPI names) for the drives: peer to peer when the probe at registration
+    /// passes, the staged path (naming why) otherwise. Needs --cuda.
+    CudaGdr,
     /// Host memory kept out of the drives' reach and moved on the staged data path, as CUDA
     /// memory is (the staged path on a machine without a GPU).
     HostStaged,

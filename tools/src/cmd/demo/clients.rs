@@ -285,7 +285,7 @@ pub fn run(args: &Args, n: u32) -> anyhow::Result<()> {
     if args.tokens < g.tokens_per_block {
         bail!("--tokens {} is less than one block of {} tokens", args.tokens, g.tokens_per_block);
     }
-    if args.kv_memory == KvMemoryFlag::Cuda && !args.cuda.cuda {
+    if matches!(args.kv_memory, KvMemoryFlag::Cuda | KvMemoryFlag::CudaGdr) && !args.cuda.cuda {
         bail!("--kv-memory cuda needs --cuda (the CUDA executor copies between staging and CUDA memory)");
     }
     let blocks = args.tokens / g.tokens_per_block;

@@ -31,6 +31,9 @@ enum KvMem {
     Cuda {
         mem: Box<dyn ExecMemory>,
         _exec: Arc<CudaExecutor>,
+        /// `--kv-memory cuda-gdr`: each registration pins and maps it through GDRCopy for the
+        /// drives (P2P when the probe passes, staged with the reason otherwise).
+        gdr: bool,
     },
     /// A vfio-pci device's BAR (`--kv-device`), registered for P2P.
     Device {
@@ -89,9 +92,25 @@ impl KvMem {
             KvMem::Host(m, kind) => store.register_host_as(m.clone(), layout.clone(), model, b"", *kind)?,
             // SAFETY: the layout lies inside `mem` (Kv::new), which lives as long as the Kv,
             // past every store that registers it (the demo drops its stores first).
-            KvMem::Cuda { .. } => unsafe {
+            KvMem::Cuda { gdr: false, .. } => unsafe {
                 store.register_as(layout.clone(), model, b"", KvMemoryKind::Cuda)?
             },
+            KvMem::Cuda { gdr: true, .. } => {
+                use tutti_objstore::gdr::GdrMapped;
+                let regions: Vec<(u64, u64)> = layout.regions().iter().map(|r| (r.addr, r.len)).collect();
+                let library = GdrMapped::library_from_env();
+                let provider = GdrMapped::pin(&library, &regions)
+                    .map(|m| DeviceKvMemory {
+                        provider: "gdrcopy".into(),
+                        policy: tutti_objstore::P2pPolicy::Auto,
+                        access: Arc::new(m),
+                        unreachable: false,
+                    })
+                    .map_err(|e| format!("CUDA memory: no GDRCopy mapping for the drives ({e})"));
+                // SAFETY: as for `cuda` above; the registration holds the GDRCopy pins and
+                // releases them when it drops, before the memory is freed.
+                unsafe { store.register_cuda(layout.clone(), model, b"", provider)? }
+            }
             // SAFETY: the layout lies inside the BAR mapping, which the Kv keeps until after every
             // store that registers it is dropped.
             KvMem::Device { dev, .. } => unsafe {
@@ -125,8 +144,9 @@ impl Kv {
         if let Some(bdf) = &args.kv_device {
             return Kv::on_device(args, bdf, g, blocks);
         }
-        let cuda = (args.kv_memory == KvMemoryFlag::Cuda).then_some(&args.cuda);
-        Kv::new(g, args.layout, blocks, cuda, args.kv_memory.host_kind())
+        let gdr = args.kv_memory == KvMemoryFlag::CudaGdr;
+        let cuda = (args.kv_memory == KvMemoryFlag::Cuda || gdr).then_some(&args.cuda);
+        Kv::new(g, args.layout, blocks, cuda, args.kv_memory.host_kind(), gdr)
     }
 
     /// KV memory in BAR `--kv-device-bar` of the vfio-pci device `bdf`, from the BAR's start.
@@ -199,6 +219,7 @@ impl Kv {
         blocks: u32,
         cuda: Option<&CudaArgs>,
         host: KvMemoryKind,
+        gdr: bool,
     ) -> anyhow::Result<Kv> {
         let (kind, per) = match kind {
             LayoutFlag::Vllm => {
@@ -221,7 +242,7 @@ impl Kv {
                 let exec = Arc::new(CudaExecutor::new(cfg).context("the CUDA executor for the KV memory")?);
                 let mem =
                     exec.alloc(MemKind::Private, total as usize).context("allocating CUDA KV memory")?;
-                KvMem::Cuda { mem, _exec: exec }
+                KvMem::Cuda { mem, _exec: exec, gdr }
             }
         };
         let layout = match kind {

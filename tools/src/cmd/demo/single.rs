@@ -59,7 +59,7 @@ pub(super) fn run(args: &Args) -> anyhow::Result<()> {
     let per_drive = request_bytes.div_ceil(namespaces) + request_bytes / 8 + (64 << 20);
     let rig = Rig::start(args, per_drive)?;
     let backend = backend(args);
-    if args.kv_memory == KvMemoryFlag::Cuda && !args.cuda.cuda {
+    if matches!(args.kv_memory, KvMemoryFlag::Cuda | KvMemoryFlag::CudaGdr) && !args.cuda.cuda {
         bail!("--kv-memory cuda needs --cuda (the CUDA executor copies between staging and CUDA memory)");
     }
     // The engine's KV memory exists before the store starts its executor, as in an engine. On
