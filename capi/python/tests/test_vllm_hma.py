@@ -68,7 +68,15 @@ class Plans:
 
     def __init__(self, e: Engine):
         self.steps: list = []
-        e.step_hook = lambda out: self.steps.append(out.kv_connector_metadata)
+        self.tables: dict[str, list[list[int]]] = {}  # vLLM's block tables of a loading request, then
+        groups = len(e.kv_cache_config.kv_cache_groups)
+
+        def hook(out):
+            self.steps.append(out.kv_connector_metadata)
+            for ld in out.kv_connector_metadata.loads:
+                self.tables[ld.req_id] = [e.block_ids(ld.req_id, g) for g in range(groups)]
+
+        e.step_hook = hook
 
     def loads(self, req_id: str) -> dict[int, list]:
         out: dict[int, list] = {}
@@ -128,6 +136,7 @@ def test_each_group_is_stored_and_loaded_under_its_own_keys(library, async_sched
         window = [b for ld in loads[1] for b in ld.block_ids]
         assert len(full) == 8
         assert len(window) == 8 - window_start(8) == 3  # the window's blocks only
+        assert window == plans.tables["b"][1][5:8] and set(plans.tables["b"][1][:5]) == {0}
         assert 0 not in full + window and not set(full) & set(window)
         # Every layer's blocks were checked after the load, the sliding ones over their window.
         assert all(e.checked[layer] > before.get(layer, 0) for layer in range(4)), e.checked
@@ -135,6 +144,23 @@ def test_each_group_is_stored_and_loaded_under_its_own_keys(library, async_sched
         longer = p + toks(2, 5 * B)
         assert serve(e, "c", longer) == 8 * B
         assert serve(e, "d", longer) == 13 * B
+        e.assert_empty()
+
+
+def test_a_hit_past_vllms_own_cache_loads_the_rest_of_each_group(library):
+    """vLLM's prefix cache holds 4 blocks, tutti 8: the full group loads blocks 4-7, the sliding
+    group the window's blocks at 8 (vLLM gave it its null block below the window)."""
+    with engine(POOL, block_size=B, windows=HYBRID) as e:
+        plans = Plans(e)
+        p = toks(10, 8 * B + 1)
+        assert serve(e, "a", p) == 0
+        assert serve(e, "q", p[:4 * B + 1]) == 4 * B  # a cold cache: from tutti; now vLLM holds 4 blocks
+        assert serve(e, "x", p[:8 * B] + toks(11, B + 1), reset=False) == 4 * B
+        loads = plans.loads("x")
+        ids = {g: [b for ld in loads[g] for b in ld.block_ids] for g in loads}
+        full, sliding = plans.tables["x"]
+        assert ids[0] == full[4:8]
+        assert ids[1] == sliding[window_start(8):8] and set(sliding[:window_start(8)]) == {0}
         e.assert_empty()
 
 
@@ -259,4 +285,24 @@ def test_a_failed_load_is_recomputed_and_never_served(library):
         assert serve(e, "b", p) == 6 * B  # reported, then recomputed by vLLM (serve() checked every block)
         assert failed == [{"b"}], failed  # vLLM handed the failure back by request
         assert serve(e, "c", p) == 6 * B  # the pool still serves the prefix
+        e.assert_empty()
+
+
+def test_through_a_daemon_each_group_is_asked_under_the_workers_identity(library, tmp_path):
+    """With tuttid the scheduler side holds no KV and asks the pool under the workers' identities
+    (vLLM's handshake), without pinning: the same per-group hits and loads."""
+    from conftest import require_tutti_bin
+
+    require_tutti_bin()  # the connector starts `tutti serve` ($TUTTI_BIN)
+    extra = dict(POOL, daemon="auto", emulated_dir=str(tmp_path / "pool"), daemon_idle_exit_s=5)
+    extra.pop("open_mode")
+    with engine(extra, block_size=B, windows=HYBRID) as e:
+        e.connector.set_xfer_handshake_metadata({0: e.worker.get_handshake_metadata()})
+        plans = Plans(e)
+        p = toks(12, 6 * B + 1)
+        assert serve(e, "a", p) == 0
+        assert serve(e, "b", p) == 6 * B
+        loads = plans.loads("b")
+        assert [len(ld.block_ids) for ld in loads[0]] == [6]
+        assert [len(ld.block_ids) for ld in loads[1]] == [6 - window_start(6)]
         e.assert_empty()

@@ -565,8 +565,9 @@ class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
         w.start_loads(plan)
         self._clock.loads_submitted(w.loading_bytes(), t0)
         self._clock.in_hook(time.monotonic() - t0)
-        self._stats.data["loads"] += sum(1 for ld in plan.loads if ld.hashes or ld.remote_hashes)
-        self._stats.data["saves"] += sum(1 for sv in plan.saves if sv.hashes)
+        # Requests, not specs: with several KV-cache groups a request has one spec per group.
+        self._stats.data["loads"] += len({ld.req_id for ld in plan.loads if ld.hashes or ld.remote_hashes})
+        self._stats.data["saves"] += len({sv.req_id for sv in plan.saves if sv.hashes})
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Blocks until layer ``layer_name`` of every load of this step has landed (or failed)."""
