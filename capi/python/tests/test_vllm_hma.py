@@ -306,3 +306,25 @@ def test_through_a_daemon_each_group_is_asked_under_the_workers_identity(library
         assert [len(ld.block_ids) for ld in loads[0]] == [6]
         assert [len(ld.block_ids) for ld in loads[1]] == [6 - window_start(6)]
         e.assert_empty()
+
+
+@pytest.mark.parametrize("async_sched", [False, True], ids=["sync", "async"])
+def test_a_request_preempted_mid_prefill_stores_each_groups_own_blocks(library, async_sched):
+    """Under real block pressure vLLM preempts PB in the middle of its prefill and resumes it with
+    new block tables (its prefix cache is off): what it stores after resuming is its own KV in
+    both groups, which a later request loads, every byte checked."""
+    from test_vllm_real_scheduler import _preempting
+
+    with engine(POOL, block_size=B, windows=HYBRID, num_blocks=14, max_batched=32, max_seqs=2,
+                async_sched=async_sched, reserve_full_prompt=False, prefix_cache=False) as e:
+        seen = _preempting(e)
+        pa, pb = toks(13, 2 * B + 1), toks(14, 8 * B + 1)
+        e.add("pa", pa, max_tokens=60)
+        e.add("pb", pb, max_tokens=3)
+        e.run()
+        assert not e.wrong, "; ".join(map(str, e.wrong))
+        mid = [s for s in seen if s[0] == "pb" and 0 < s[1] < s[2]]
+        assert mid, f"vLLM did not preempt PB in the middle of its prefill: {seen}"
+        assert mid[0][1] < 8 * B
+        assert serve(e, "later", pb) == 8 * B
+        e.assert_empty()

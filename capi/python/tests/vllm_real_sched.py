@@ -325,7 +325,10 @@ class Engine:
     def _execute(self, out) -> ModelRunnerOutput:
         if self.step_hook is not None:
             self.step_hook(out)
-        reqs = {rid: self.sched.requests[rid] for rid in out.num_scheduled_tokens}
+        # With async scheduling a request scheduled here may have finished since, on the output of
+        # the step before (vLLM discards what this step computes for it): nothing is computed for it.
+        reqs = {rid: self.sched.requests[rid] for rid in out.num_scheduled_tokens if rid in self.sched.requests}
+        gone = [rid for rid in out.num_scheduled_tokens if rid not in reqs]
         # vLLM advanced num_computed_tokens when it scheduled: what it counted before the step.
         starts = {rid: req.num_computed_tokens - out.num_scheduled_tokens[rid] for rid, req in reqs.items()}
         wrong_before = len(self.wrong)
@@ -358,6 +361,8 @@ class Engine:
             req = reqs[rid]
             done = starts[rid] + out.num_scheduled_tokens[rid] >= req.num_prompt_tokens
             sampled.append([self._next_token(req, starts[rid] + out.num_scheduled_tokens[rid])] if done else [])
+        ids += gone
+        sampled += [[] for _ in gone]
         return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                  sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
                                  pooler_output=[], kv_connector_output=kv_out)
