@@ -11,8 +11,9 @@ off for a connector that is not a ``SupportsHMA``.
 
 What each test guards against, reintroduced, fails it: groups keyed alike (group 1's chunks read
 group 0's bytes), a hit whose sliding window is not in the pool, a sliding-window group loaded or
-stored outside what vLLM holds (its null block), a Mamba group skipped instead of refused, and
-vLLM turning HMA off for the connector.
+stored outside what vLLM holds (its null block), a layer's save written before its own group's
+layer is computed, a resumed request's block tables appended to its old ones, a Mamba group
+skipped instead of refused, and vLLM turning HMA off for the connector.
 
 Runs with the vLLM venv's Python (scripts/test-python); without vLLM it skips, and fails under
 CI=true.
