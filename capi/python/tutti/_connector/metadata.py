@@ -12,22 +12,30 @@ from dataclasses import dataclass, field
 @dataclass
 class LoadSpec:
     """Load chunk ``hashes[i]`` into engine block ``block_ids[i]`` for every layer; then, from the
-    cluster tier (Mooncake), chunk ``remote_hashes[i]`` into block ``remote_block_ids[i]``."""
+    cluster tier (Mooncake), chunk ``remote_hashes[i]`` into block ``remote_block_ids[i]``.
+    ``group``: the KV-cache group whose block table the ids are from (0 with one group).
+    ``notify``: vLLM loads the request asynchronously (it waits outside the batch): the worker
+    reports it once all its loads are done, as failed if a block did not load (a hybrid KV
+    cache: vLLM takes failed block ids from one group only)."""
 
     req_id: str
     hashes: list[bytes]
     block_ids: list[int]
     remote_hashes: list[bytes] = field(default_factory=list)
     remote_block_ids: list[int] = field(default_factory=list)
+    group: int = 0
+    notify: bool = False
 
 
 @dataclass
 class SaveSpec:
-    """Store engine block ``block_ids[i]`` as chunk ``hashes[i]`` once its layers are computed."""
+    """Store engine block ``block_ids[i]`` as chunk ``hashes[i]`` once its layers are computed
+    (the layers of KV-cache group ``group``)."""
 
     req_id: str
     hashes: list[bytes]
     block_ids: list[int]
+    group: int = 0
 
 
 @dataclass

@@ -17,6 +17,17 @@ Per request, from the first time vLLM asks about it until it finishes:
   the prompt blocks completed by this step that tutti does not hold yet.
 * ``finished`` — the pin is released.
 
+With vLLM's hybrid allocator (several KV-cache groups, :mod:`.groups`) each group has its own
+keys and block table, and every step above is done per group: a hit of ``n`` blocks needs the
+first ``n`` blocks of every full-attention group and, of every sliding-window group, the blocks
+its window needs at ``n`` (the longest such ``n`` is reported, and the break-even rule's answer
+is lowered to one); loads and saves name their group, and move only the blocks vLLM holds (a
+sliding-window group's table has vLLM's null block where the window has passed). vLLM maps a
+failed block id back to its request only with one group, so hybrid loads are vLLM's asynchronous
+ones: the request waits outside the batch until the worker reports its loads done (within the
+step they are planned in), or failed — vLLM then recomputes it and tutti reports no hit for it
+again.
+
 Saves finish inside the step that scheduled them (the worker waits for them
 in ``wait_for_save``), so vLLM may free a finished request's blocks at once —
 unless saves are deferred: then the saves of a step finish at the start of
@@ -34,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..errors import NotRegistered, TuttiError
 from ..runtime import Runtime
 from .breakeven import BreakEven, Observations
+from .groups import NULL_BLOCK, SLIDING, Groups
 from .keys import Unkeyable, request_hashes
 from .metadata import LoadSpec, SaveSpec, StepPlan
 
@@ -59,6 +71,14 @@ class RequestState:
     remote_from: int | None = None  # blocks from this index on come from the cluster tier
     decided: tuple[int, int] | None = None  # (blocks vLLM's cache held, blocks reported) of the decision
     scheduled: bool = False  # vLLM has scheduled it: asked again, it was preempted and waits to resume
+    # Hybrid KV cache (several groups) only: each group's keys and block table (``hashes`` and
+    # ``block_ids`` are group 0's), pins past the first, and which keys of each sliding-window
+    # group the pool holds (by block index, up to the full groups' hit).
+    keys: list[list[bytes]] = field(default_factory=list)
+    tables: list[list[int]] = field(default_factory=list)
+    more_pins: list[int] = field(default_factory=list)
+    present: dict[int, list[bool]] = field(default_factory=dict)
+    pending_loads: list[LoadSpec] = field(default_factory=list)
 
 
 def _token_ids(request: Request) -> list[int]:
@@ -69,12 +89,21 @@ def _token_ids(request: Request) -> list[int]:
 
 
 def _first_group(block_ids: Any) -> list[int]:
-    """vLLM gives block ids per KV-cache group (a tuple of lists); tutti serves the first group."""
+    """vLLM gives block ids per KV-cache group (a tuple of lists); with one group, its list."""
     if block_ids is None:
         return []
     if len(block_ids) and isinstance(block_ids[0], (list, tuple)):
         return list(block_ids[0])
     return list(block_ids)
+
+
+def _per_group(block_ids: Any, groups: int) -> list[list[int]]:
+    """vLLM's block ids of every KV-cache group (a tuple of lists, or None: no new blocks)."""
+    if block_ids is None:
+        return [[] for _ in range(groups)]
+    if len(block_ids) != groups:
+        raise ValueError(f"vLLM gave block ids of {len(block_ids)} KV-cache groups; the config has {groups}")
+    return [list(ids) for ids in block_ids]
 
 
 class SchedulerSide:
@@ -90,7 +119,12 @@ class SchedulerSide:
 
     def __init__(self, runtime: Runtime, tokens_per_block: int, deferred_saves: bool = False,
                  identities: Callable[[], list[tuple[str, bytes, str]]] | None = None, ranks: int = 1,
-                 remote: Callable[[list[bytes]], int] | None = None, rule: BreakEven | None = None):
+                 remote: Callable[[list[bytes]], int] | None = None, rule: BreakEven | None = None,
+                 groups: Groups | None = None):
+        """``groups``: the KV-cache groups of a hybrid model (None: one group, every block)."""
+        if groups is not None and remote is not None:
+            raise ValueError("the cluster tier serves one KV-cache group; this KV cache has several")
+        self.groups = groups
         self.rt = runtime
         self.rule = rule
         self.step = 0  # plans built so far; each plan carries its number to the workers
@@ -107,8 +141,9 @@ class SchedulerSide:
         self._warned_unregistered = False
 
     def _unpin(self, st: RequestState) -> None:
-        if st.pin:
-            pin, st.pin = st.pin, 0
+        pins = ([st.pin] if st.pin else []) + [p for p in st.more_pins if p]
+        st.pin, st.more_pins = 0, []
+        for pin in pins:
             try:
                 self.rt.unpin(pin)
             except TuttiError as e:
@@ -128,12 +163,17 @@ class SchedulerSide:
                 # table follows the scheduler output alone, where a resumed request's is given anew.
                 self._unpin(st)
                 table = st.block_ids
-            st = RequestState(req_id, self._keys(request, tokens), len(tokens), block_ids=table)
+            if self.groups is not None:
+                st = self._hybrid_state(request, tokens, st)
+            else:
+                st = RequestState(req_id, self._keys(request, tokens), len(tokens), block_ids=table)
             self.requests[req_id] = st
             # Never all tokens: the last one must be computed for its logits.
             usable = (len(tokens) - 1) // self.B
             try:
-                if self.identities is not None:
+                if self.groups is not None:
+                    st.hits = self._hybrid_hits(st, usable)
+                elif self.identities is not None:
                     st.hits = self._all_ranks_hold(st.hashes[:usable])
                 else:
                     found = self.rt.lookup(st.hashes[:usable], pin=True)
@@ -156,18 +196,131 @@ class SchedulerSide:
             reported = st.hits
             if self.rule is not None and st.hits > first:
                 reported = self.rule.decide(first, st.hits, st.tokens, self._backlog_bytes())
+                while self.groups is not None and reported > first and not self._window_held(st, reported):
+                    reported -= 1  # a hit must end where every sliding window's blocks are held
             st.decided = (first, reported)
-        return max(0, st.decided[1] * self.B - num_computed_tokens), False
+        tokens = max(0, st.decided[1] * self.B - num_computed_tokens)
+        return tokens, self.groups is not None and tokens > 0
 
-    def _keys(self, request: Request, tokens: list[int]) -> list[bytes]:
-        """The request's block keys under its identity (:mod:`.keys`); none (no lookup, no store)
-        when a fact of its identity cannot be encoded."""
+    def _keys(self, request: Request, tokens: list[int], group: tuple | None = None) -> list[bytes]:
+        """The request's block keys under its identity (:mod:`.keys`) and, with several KV-cache
+        groups, the group's facts; none (no lookup, no store) when a fact of its identity cannot be
+        encoded."""
         try:
-            return request_hashes(request, tokens, self.B)
+            return request_hashes(request, tokens, self.B, group)
         except Unkeyable as e:
             log.warning("tutti: request %s is not cached by tutti (no lookup, no store): its identity holds "
                         "a %s, which tutti cannot key deterministically", request.request_id, e)
             return []
+
+    # --- hybrid KV caches (several groups) ---------------------------------------------------
+
+    def _hybrid_state(self, request: Request, tokens: list[int], old: RequestState | None) -> RequestState:
+        assert self.groups is not None
+        keys = [self._keys(request, tokens, g.facts()) for g in self.groups.groups]
+        if not all(keys):
+            keys = [[] for _ in keys]  # unkeyable (warned once per group): nothing is looked up or stored
+        tables = old.tables if old is not None else [[] for _ in keys]
+        return RequestState(request.request_id, keys[0], len(tokens), block_ids=tables[0], keys=keys, tables=tables)
+
+    def _leading(self, st: RequestState, hashes: list[bytes]) -> int:
+        """How many leading ``hashes`` the pool holds (for every rank, with a daemon); pinned
+        until the request is done with them, without a daemon."""
+        if not hashes:
+            return 0
+        if self.identities is not None:
+            return self._all_ranks_hold(hashes)
+        found = self.rt.lookup(hashes, pin=True)
+        if st.pin:
+            st.more_pins.append(found.pin)
+        else:
+            st.pin = found.pin
+        return found.hits
+
+    def _hybrid_hits(self, st: RequestState, usable: int) -> int:
+        """The longest hit of at most ``usable`` blocks every group can serve: the full-attention
+        groups' leading blocks, and each sliding-window group's blocks inside its window."""
+        assert self.groups is not None
+        n = min(usable, len(st.hashes))
+        for g in self.groups.groups:
+            if g.kind != SLIDING:
+                n = min(n, self._leading(st, st.keys[g.index][:n]))
+        for g in self.groups.groups:
+            if g.kind == SLIDING:
+                st.present[g.index] = self._held(st, st.keys[g.index][:n])
+        while n > 0 and not self._window_held(st, n):
+            n -= 1
+        return n
+
+    def _held(self, st: RequestState, hashes: list[bytes]) -> list[bool]:
+        """Which of ``hashes`` the pool holds, each: runs of leading lookups, one per missing key."""
+        held = [False] * len(hashes)
+        i = 0
+        while i < len(hashes):
+            run = self._leading(st, hashes[i:])
+            held[i:i + run] = [True] * run
+            i += run + 1
+        return held
+
+    def _window_held(self, st: RequestState, n: int) -> bool:
+        """A hit of ``n`` blocks finds, in every sliding-window group, the blocks its window needs."""
+        assert self.groups is not None
+        for g in self.groups.groups:
+            if g.kind == SLIDING:
+                held = st.present.get(g.index, [])
+                if len(held) < n or not all(held[g.window_start(n, self.B):n]):
+                    return False
+        return True
+
+    def _hybrid_loads(self, st: RequestState, blocks: Any, first: int, last: int) -> list[LoadSpec]:
+        """Per group, the hit blocks past vLLM's own cache that vLLM holds: a sliding-window group's
+        table has the null block below its window, and every block from the window on."""
+        assert self.groups is not None
+        loads = []
+        tables = _per_group(blocks, len(self.groups.groups))
+        for g in self.groups.groups:
+            ids = tables[g.index]
+            if len(ids) < last:
+                raise ValueError(
+                    f"request {st.req_id}: {len(ids)} blocks allocated in KV-cache group {g.index}, "
+                    f"the loaded prefix needs {last}"
+                )
+            need = max(first, g.window_start(last, self.B))
+            nulls = [i for i in range(need, last) if ids[i] == NULL_BLOCK]
+            if nulls:
+                raise ValueError(
+                    f"request {st.req_id}: vLLM gave KV-cache group {g.index} ({g.kind}) its null block at block "
+                    f"indices {nulls[:8]}, which the hit of {last} blocks needs"
+                )
+            keep = [i for i in range(first, last) if ids[i] != NULL_BLOCK]
+            loads.append(LoadSpec(st.req_id, [st.keys[g.index][i] for i in keep], [ids[i] for i in keep],
+                                  group=g.index, notify=True))
+        return loads
+
+    def loads_failed(self, req_ids: set[str]) -> None:
+        """The workers could not load these requests (vLLM recomputes them): no hit is reported
+        for them again, and what they compute is stored anew."""
+        for req_id in req_ids:
+            st = self.requests.get(req_id)
+            if st is None:
+                continue
+            log.warning("tutti: request %s: its load failed; vLLM recomputes it, and tutti reports no hit for it",
+                        req_id)
+            self._unpin(st)
+            st.hits = st.saved_blocks = 0
+            st.decided = None
+            st.present = {}
+
+    def _hybrid_saves(self, st: RequestState, start: int, end: int) -> list[SaveSpec]:
+        """Blocks ``start``..``end`` of every group that vLLM holds (not its null block)."""
+        assert self.groups is not None
+        saves = []
+        for g in self.groups.groups:
+            ids, keys = st.tables[g.index], st.keys[g.index]
+            keep = [i for i in range(start, end) if ids[i] != NULL_BLOCK]
+            if keep:
+                saves.append(SaveSpec(st.req_id, [keys[i] for i in keep], [ids[i] for i in keep], group=g.index))
+        return saves
 
     def _backlog_bytes(self) -> int:
         """Reads the drives owe before a load granted now: loads granted in this pass, and those of
@@ -220,7 +373,13 @@ class SchedulerSide:
                 f"request {st.req_id}: vLLM allocated {num_external_tokens} external tokens but tutti "
                 f"holds only {st.hits} blocks ({st.hits * self.B} tokens)"
             )
-        ids = _first_group(blocks.get_block_ids() if hasattr(blocks, "get_block_ids") else blocks)
+        raw = blocks.get_block_ids() if hasattr(blocks, "get_block_ids") else blocks
+        if self.groups is not None:
+            st.pending_loads = self._hybrid_loads(st, raw, first, last)
+            if self.rule is not None:
+                self._pass_bytes += sum(len(ld.hashes) for ld in st.pending_loads) * self.rule.block_bytes
+            return
+        ids = _first_group(raw)
         if len(ids) < last:
             raise ValueError(
                 f"request {st.req_id}: {len(ids)} blocks allocated, the loaded prefix needs {last}"
@@ -243,6 +402,9 @@ class SchedulerSide:
             if st.pending_load is not None:
                 plan.loads.append(st.pending_load)
                 st.pending_load = None
+            # Every request vLLM waits for gets at least one spec: the worker reports it done.
+            plan.loads += [ld for ld in st.pending_loads if ld.hashes] or st.pending_loads[:1]
+            st.pending_loads = []
         num_scheduled = scheduler_output.num_scheduled_tokens or {}
         plan.scheduled_tokens = sum(num_scheduled.values())
         for req_id, block_ids, computed, resumed in _scheduled(scheduler_output):
@@ -250,7 +412,11 @@ class SchedulerSide:
             if st is None:
                 continue
             st.scheduled = True
-            if resumed:  # a new request's table, or one given anew after a preemption
+            if self.groups is not None:
+                new = _per_group(block_ids, len(self.groups.groups))
+                st.tables = new if resumed else [t + n for t, n in zip(st.tables, new)]
+                st.block_ids = st.tables[0]
+            elif resumed:  # a new request's table, or one given anew after a preemption
                 st.block_ids = _first_group(block_ids)
             else:
                 st.block_ids += _first_group(block_ids)
@@ -262,6 +428,12 @@ class SchedulerSide:
                 plan.decode_context_tokens += computed + scheduled
             done_tokens = min(computed + scheduled, st.tokens)
             full = min(done_tokens // self.B, len(st.hashes), len(st.block_ids))
+            if self.groups is not None:
+                full = min([full] + [len(t) for t in st.tables])
+                if full > st.saved_blocks:
+                    plan.saves += self._hybrid_saves(st, st.saved_blocks, full)
+                    st.saved_blocks = full
+                continue
             if full > st.saved_blocks:
                 s = st.saved_blocks
                 plan.saves.append(SaveSpec(req_id, st.hashes[s:full], st.block_ids[s:full]))

@@ -18,6 +18,15 @@ A load block whose failure has an unknown outcome (its NVMe command timed
 out: the drive may still write that block until the pool is reopened) is
 reported the same way, with a warning naming it; ``unknown_load_blocks``
 keeps every such block id for the life of the worker.
+
+With vLLM's hybrid allocator (several KV-cache groups, :mod:`.groups`) the registered layers are
+the groups' overlaid tensors: slot ``j`` is the ``j``-th layer of every group, which vLLM places
+at one address. Every load and save belongs to one group (its block ids are that group's); a
+layer waits for its own group's loads only, and a group's save of slot ``j`` is written once that
+group's ``j``-th layer is computed. vLLM takes failed block ids from one group only, so these
+loads are vLLM's asynchronous ones (``LoadSpec.notify``): their requests wait outside the batch,
+no layer waits for them, and once the step's loads are done each request is reported finished
+loading (``take_recving``), a request with a block that did not load as failed.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from ..errors import Timeout, TuttiError, Unsupported
 from ..jobs import JobStatus
 from ..runtime import Geometry, Job, Runtime, Store
 from ..tensors import mark_written, view
+from .groups import Groups
 from .metadata import LoadSpec, SaveSpec, StepPlan
 
 if TYPE_CHECKING:  # vLLM's types, for type checkers only: no import of vLLM at run time
@@ -259,7 +269,12 @@ class WorkerSide:
         deferred_saves: bool = False,
         tier: Any = None,
         store_local: bool = True,
+        groups: Groups | None = None,
     ):
+        if groups is not None and tier is not None:
+            raise ValueError("the cluster tier serves one KV-cache group; this KV cache has several")
+        self.groups = groups
+        self._group_of: dict[str, int] = {}  # layer name → KV-cache group (empty: one group)
         self.rt = runtime
         # The cluster tier (tutti.cluster.MooncakeTier): remote loads, and publication of saves.
         self.tier = tier
@@ -276,12 +291,16 @@ class WorkerSide:
         self._loads: list[_Load] = []
         self._saves: list[_Save] = []
         self._saves_begun = False
-        self._written: list[tuple[int, Any]] = []  # computed layers waiting for their kernels
+        self._written: list[tuple[int, int, Any]] = []  # (group, layer) computed, waiting for its kernels
         self.deferred = deferred_saves
         self._pending: list[_Save] = []
         self._cur_save_ids: set[str] = set()
         self._prev_save_ids: set[str] = set()
         self._load_errors: set[int] = set()
+        # Asynchronous loads (LoadSpec.notify): requests loading, done, and done with a failure.
+        self._recving: set[str] = set()
+        self._recved: set[str] = set()
+        self._recv_failed: set[str] = set()
         # Engine blocks a drive may still write (loads of unknown outcome), until the pool is reopened.
         self.unknown_load_blocks: set[int] = set()
         self.layout_tag = ""
@@ -294,6 +313,10 @@ class WorkerSide:
     def register(self, kv_caches: dict[str, torch.Tensor], backends: dict[str, str] | None = None,
                  vllm_layout: str | None = None) -> None:
         names = list(kv_caches)
+        if self.groups is not None:
+            index, by_layer, on_gpu = self._describe_groups(kv_caches, backends, vllm_layout)
+            self._register(kv_caches, names, index, by_layer, on_gpu)
+            return
         if len(names) != self.g.layers:
             raise LayoutError(f"vLLM registered {len(names)} KV layers; the pool's geometry has {self.g.layers}")
         index = layer_index_map(names)
@@ -304,6 +327,39 @@ class WorkerSide:
                 name, kv_caches[name], self.g, (backends or {}).get(name), vllm_layout
             )
             on_gpu |= view(kv_caches[name]).on_gpu
+        self._register(kv_caches, names, index, by_layer, on_gpu)
+
+    def _describe_groups(self, kv_caches: dict[str, torch.Tensor], backends: dict[str, str] | None,
+                         vllm_layout: str | None) -> tuple[dict[str, int], list[LayerLayout], bool]:
+        """Each slot's layout, from the layers vLLM overlays there (they must be one tensor)."""
+        assert self.groups is not None
+        where = self.groups.slot_of()
+        missing = sorted(set(where) - set(kv_caches))
+        extra = sorted(set(kv_caches) - set(where))
+        if missing or extra:
+            raise LayoutError(
+                f"vLLM registered KV layers that do not match its KV-cache groups ({self.groups.describe()}): "
+                f"missing {missing[:4]}, not in any group {extra[:4]}"
+            )
+        by_slot: list[LayerLayout | None] = [None] * self.g.layers
+        first: list[str] = [""] * self.g.layers
+        on_gpu = False
+        for name, (group, slot) in sorted(where.items(), key=lambda kv: kv[1]):
+            d = describe_vllm_layer(name, kv_caches[name], self.g, (backends or {}).get(name), vllm_layout)
+            on_gpu |= view(kv_caches[name]).on_gpu
+            if by_slot[slot] is None:
+                by_slot[slot], first[slot] = d, name
+            elif by_slot[slot] != d:
+                raise LayoutError(
+                    f"layer {name!r} (KV-cache group {group}) and layer {first[slot]!r} are layer {slot} of their "
+                    f"groups but not the same memory ({d} vs {by_slot[slot]}); tutti serves vLLM's hybrid "
+                    "allocator where the groups overlay one KV tensor per layer position"
+                )
+        self._group_of = {name: group for name, (group, _) in where.items()}
+        return {name: slot for name, (_, slot) in where.items()}, by_slot, on_gpu
+
+    def _register(self, kv_caches: dict[str, torch.Tensor], names: list[str], index: dict[str, int],
+                  by_layer: list[LayerLayout], on_gpu: bool) -> None:
         shapes = {(d.kind, d.blocks, d.block_stride, d.tag) for d in by_layer}
         if len(shapes) != 1:
             raise LayoutError(f"layers disagree on layout (kind, blocks, block stride, order): {sorted(shapes)}")
@@ -343,6 +399,9 @@ class WorkerSide:
                 self.tier = None
             else:
                 self.tier.register_memory([_span(kv_caches[n]) for n in names])
+        if self.groups is not None:
+            log.info("tutti: vLLM's hybrid KV cache: %s; the pool's %d layers are the groups' shared tensors",
+                     self.groups.describe(), self.g.layers)
         path = self.rt.data_path() if hasattr(self.rt, "data_path") else None
         detail = ""
         if path and path.p2p_missing:
@@ -372,10 +431,24 @@ class WorkerSide:
     def layer_of(self, layer_name: str) -> int | None:
         return self.layers.get(layer_name)
 
+    def group_of(self, layer_name: str) -> int:
+        return self._group_of.get(layer_name, 0)
+
     # --- loads ---------------------------------------------------------------------------
+
+    def _failed(self, spec: LoadSpec, blocks) -> None:
+        """Blocks of ``spec`` did not load: handed to vLLM by id, or (asynchronous) its request."""
+        blocks = list(blocks)
+        if spec.notify:
+            if blocks:
+                self._recv_failed.add(spec.req_id)
+        else:
+            self._load_errors.update(blocks)
 
     def start_loads(self, plan: StepPlan) -> None:
         for spec in plan.loads:
+            if spec.notify:
+                self._recving.add(spec.req_id)
             if spec.remote_hashes:
                 self._load_remote(spec)
             if not spec.hashes:
@@ -384,7 +457,7 @@ class WorkerSide:
                 job = self.rt.load(spec.hashes, spec.block_ids)
             except TuttiError as e:
                 log.warning("tutti: loading %d blocks of request %s failed: %s", len(spec.block_ids), spec.req_id, e)
-                self._load_errors.update(spec.block_ids)
+                self._failed(spec, spec.block_ids)
                 continue
             self._loads.append(_Load(spec, job))
 
@@ -431,7 +504,9 @@ class WorkerSide:
                 log.info("tutti: keeping request %s's Mooncake blocks locally failed: %s", spec.req_id, e)
 
     def _absorb(self, ld: _Load, st: JobStatus) -> None:
-        self._load_errors.update(ld.spec.block_ids[i] for i in st.failed_blocks)
+        self._failed(ld.spec, (ld.spec.block_ids[i] for i in st.failed_blocks))
+        if ld.spec.notify and st.unknown_blocks:
+            self._recv_failed.add(ld.spec.req_id)
         new = sorted({ld.spec.block_ids[i] for i in st.unknown_blocks} - ld.unknown)
         if new:
             ld.unknown.update(new)
@@ -446,7 +521,7 @@ class WorkerSide:
     def _abandon(self, ld: _Load, why: Exception) -> None:
         """The load cannot be trusted any more: every block of it is reported failed."""
         log.warning("tutti: load of request %s abandoned: %s", ld.spec.req_id, why)
-        self._load_errors.update(ld.spec.block_ids)
+        self._failed(ld.spec, ld.spec.block_ids)
         job, ld.job = ld.job, None
         if job is None:
             return
@@ -460,8 +535,9 @@ class WorkerSide:
         layer = self.layer_of(layer_name)
         if layer is None:
             return
+        group = self.group_of(layer_name)
         for ld in self._loads:
-            if ld.job is None or layer in ld.waited:
+            if ld.job is None or layer in ld.waited or ld.spec.group != group or ld.spec.notify:
                 continue
             try:
                 st = ld.job.wait_layer(layer, self.timeout_s)
@@ -484,8 +560,17 @@ class WorkerSide:
             ld.job.close()
             ld.job = None
         self._loads.clear()
+        self._recved |= self._recving
+        self._recving = set()
         if self._remote_done:
             self._store_remote_locally()
+
+    def take_recving(self) -> tuple[set[str], set[str]]:
+        """(requests whose asynchronous loads are done, those of them with a block that did not
+        load) since the last call."""
+        done, failed = self._recved, self._recv_failed & self._recved
+        self._recved, self._recv_failed = set(), self._recv_failed - done
+        return done, failed
 
     def loads_complete(self) -> bool:
         """Every load of the step has landed (its last layer is in), or there is none."""
@@ -551,19 +636,19 @@ class WorkerSide:
         layer = self.layer_of(layer_name)
         if layer is None or not self._saves:
             return
-        self._written.append((layer, mark_written(kv_layer)))
+        self._written.append((self.group_of(layer_name), layer, mark_written(kv_layer)))
         self._submit_written(wait=False)
 
     def _submit_written(self, wait: bool) -> None:
         while self._written:
-            layer, marker = self._written[0]
+            group, layer, marker = self._written[0]
             if marker is not None and not marker.done():
                 if not wait:
                     return
                 marker.wait()
             self._written.pop(0)
             for sv in self._saves:
-                if layer not in sv.layers:
+                if sv.spec.group == group and layer not in sv.layers:
                     self._submit(sv, range(layer, layer + 1))
 
     def finish_saves(self, plan: StepPlan | None) -> None:
