@@ -56,7 +56,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     for c in others {
         let queues: Vec<String> = c.queues.iter().map(|(d, q)| format!("{d}/q{q}")).collect();
         println!(
-            "  #{} {} pid {} uid {}: {} s, {} requests, queues [{}], {} mappings, {} pins, {} stores in flight, {} files loading",
+            "  #{} {} pid {} uid {}: {} s, {} requests, queues [{}], {} mappings ({} of device memory), {} pins, {} stores in flight, {} files loading",
             c.id,
             c.name,
             c.pid,
@@ -65,6 +65,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             c.requests,
             queues.join(" "),
             c.mappings,
+            c.device_mappings,
             c.pins,
             c.reservations,
             c.loading_files
