@@ -559,7 +559,7 @@ def test_tensor_parallel_2_through_the_daemon_each_rank_its_own_client(main_run,
     _no_daemon_left(d)
     _installed_package_was_used(res, installed)
     # This once failed under heavy load (cached 0): the message carries what diagnoses it.
-    tutti_lines = [l for l in res["log"].splitlines() if "tutti" in l.lower()][-40:]
+    tutti_lines = _tutti_lines(res["log"])
     assert results(e, 1)[0]["cached"] == HIT, dict(
         tutti=e.get("tutti"), worker=e.get("reported_worker"), scheduler=e.get("reported_scheduler"),
         log="\n".join(tutti_lines))
@@ -583,6 +583,12 @@ def _serve_args(d: Path, tp: int) -> list[str]:
             "--head-dim", str(head_dim), "--block-tokens", str(BLOCK), "--dtype", "f32"]
 
 
+def _tutti_lines(log: str, n: int = 40) -> list[str]:
+    """The last ``n`` lines tutti logged (its connector's ``tutti:`` lines and the Rust side's
+    ``tutti_*`` targets), not every line naming a path under ~/.cache/tutti."""
+    return [l for l in log.splitlines() if "tutti:" in l or "tutti_" in l][-n:]
+
+
 def test_tensor_parallel_2_survives_a_tuttid_kill_and_restart(vllm_python, tmp_path):
     """TP=2 through a `tutti serve` the scenario runs ("daemon_socket"); before the third batch it
     is SIGKILLed and started again on the same media and socket, the engine left alone. The
@@ -596,14 +602,16 @@ def test_tensor_parallel_2_survives_a_tuttid_kill_and_restart(vllm_python, tmp_p
     sock = d / "tuttid.sock"
     llm = {"distributed_executor_backend": "mp", "tensor_parallel_size": 2}
     base = engine("base", [[W], [B], [B2]])
-    e = dict(engine("tp2-restart", [[W], [B], [B2]], {"daemon_socket": str(sock), "daemon_reconnect_backoff_ms": 200},
+    # B and B2 load the same prefix twice: "always", as the module's note says.
+    conn = {"daemon_socket": str(sock), "daemon_reconnect_backoff_ms": 200, "load_policy": "always"}
+    e = dict(engine("tp2-restart", [[W], [B], [B2]], conn,
                     prefix_cache=False, status_socket=str(sock), llm=llm),
              executor="mp", own_daemon={"args": _serve_args(d, 2), "restart_before_batch": 2})
     env = dict(VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_CPU_OMP_THREADS_BIND="0|1",
                PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
     res = run(vllm_python, tmp_path, "tp2-restart", [base, e], env=env)
     b, e = res["engines"]
-    tutti_lines = [l for l in res["log"].splitlines() if "tutti" in l.lower()][-40:]
+    tutti_lines = _tutti_lines(res["log"])
     assert len(e.get("daemon_pids", [])) == 2, e
     assert results(e, 1)[0]["cached"] == HIT, "\n".join(tutti_lines)
     # After the restart: the prefix W stored before the kill, loaded from the recovered pool.
