@@ -613,45 +613,21 @@ impl Arbiter {
     /// daemon). A late [`Arbiter::complete`] of such a unit is an `UnknownUnit` error, nothing
     /// more. Returns how many units (ready or running) were dropped.
     pub fn abandon_before(&mut self, bound: u64) -> usize {
-        let mut dropped = 0;
-        let ready: Vec<(u64, u32)> = self.ready.range(..(bound, 0)).map(|(k, _)| *k).collect();
-        let mut touched_drives: Vec<usize> = Vec::new();
-        for k in ready {
-            if let Some(drives) = self.ready.remove(&k) {
-                for &d in &drives {
-                    self.drives[d].reads_ready = self.drives[d].reads_ready.saturating_sub(1);
-                }
-                touched_drives.extend(drives);
-                dropped += 1;
-            }
-        }
         let running: Vec<(u64, u32)> = self.running.keys().filter(|(j, _)| *j < bound).copied().collect();
-        for k in running {
-            let Some(unit) = self.running.remove(&k) else { continue };
-            for d in touched(&unit.drive_bytes) {
-                let st = &mut self.drives[d];
-                match unit.kind {
-                    IoKind::Read => st.reads_in_flight = st.reads_in_flight.saturating_sub(1),
-                    IoKind::Write => st.writes_in_flight = st.writes_in_flight.saturating_sub(1),
-                }
-                if st.reads_in_flight == 0 && st.writes_in_flight == 0 {
-                    st.busy_until_ns = 0;
-                }
-                touched_drives.push(d);
-            }
-            let (job, layer, kind) = (k.0, k.1, unit.kind);
-            self.log(|seq| Event::Complete { seq, job, layer, kind });
-            dropped += 1;
+        let ready = self.ready.range(..(bound, 0)).count();
+        // As if each running unit had completed (a write's bytes released with it), then each
+        // job were forgotten (its ready reads withdrawn, the rest of its store bytes released).
+        for &(job, layer) in &running {
+            let _ = self.complete(job, layer);
         }
-        let stores: Vec<u64> = self.stores.keys().filter(|j| **j < bound).copied().collect();
-        for job in stores {
-            if let Some(left) = self.stores.get(&job).map(|s| s.bytes_left) {
-                self.release(job, left);
-            }
+        let mut jobs: Vec<u64> = self.ready.range(..(bound, 0)).map(|(k, _)| k.0).collect();
+        jobs.extend(self.stores.keys().filter(|j| **j < bound));
+        jobs.sort_unstable();
+        jobs.dedup();
+        for job in jobs {
+            self.forget(job);
         }
-        touched_drives.sort_unstable();
-        touched_drives.dedup();
-        self.publish(touched_drives);
+        let dropped = running.len() + ready;
         if dropped > 0 {
             tracing::info!(bound, dropped, "scheduler dropped the units of jobs that will not complete");
         }
